@@ -1,0 +1,47 @@
+"""The `specgen` command line: a thin argparse front end over specgen.commands."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from . import __version__
+from .commands import COMMANDS
+from .errors import EXIT_USAGE, SpecgenError
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specgen",
+        description="Kernel specs in, verified CUDA kernels and installable wheels out.",
+    )
+    parser.add_argument("--version", action="version", version=f"specgen {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"specgen.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except SpecgenError as error:
+        err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

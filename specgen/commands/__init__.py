@@ -1,0 +1,7 @@
+"""One module per CLI command; each defines register(subparsers) and run(args)."""
+
+# Order is the order shown in `specgen --help`.
+COMMANDS = [
+    "check",
+    "init",
+]
