@@ -1,0 +1,56 @@
+"""Run a spec's `reference:` block as its own module.
+
+The source is compiled with blank lines in front, so Python's own line numbers are the
+YAML file's line numbers: tracebacks and errors point straight into the spec.
+"""
+from __future__ import annotations
+
+import traceback
+import types
+from typing import Callable
+
+from .errors import Location, SpecError
+
+_cache: dict[tuple[str, str], Callable] = {}
+
+
+def reference_module(spec) -> types.ModuleType:
+    filename = str(spec.path or f"<{spec.name}>")
+    padded = "\n" * (spec.reference_line - 1) + spec.reference_source
+    module = types.ModuleType(f"specgen_reference_{spec.name}")
+    module.__file__ = filename
+    try:
+        code = compile(padded, filename, "exec")
+    except SyntaxError as error:
+        raise SpecError(f"syntax error in the reference: {error.msg}",
+                        location=Location(filename, error.lineno, error.offset), field="reference") from None
+    try:
+        exec(code, module.__dict__)
+    except Exception as error:  # the user's code: report where it failed, in the YAML
+        raise reference_failure(spec, error, "while loading the reference") from None
+    return module
+
+
+def load_reference(spec) -> Callable:
+    key = (spec.name, spec.hash())
+    if key in _cache:
+        return _cache[key]
+    module = reference_module(spec)
+    fn = getattr(module, "reference", None)
+    if not callable(fn):
+        raise SpecError("the reference block must define a function named `reference`",
+                        location=Location(spec.path or spec.name, spec.reference_line), field="reference",
+                        hint="def reference(x, weight, eps=1e-5): ...")
+    _cache[key] = fn
+    return fn
+
+
+def reference_failure(spec, error: BaseException, doing: str) -> SpecError:
+    """A SpecError at the deepest traceback line that lies in the spec file."""
+    filename = str(spec.path or f"<{spec.name}>")
+    line = spec.reference_line
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename == filename:
+            line = frame.lineno
+    return SpecError(f"{type(error).__name__} {doing}: {error}", location=Location(filename, line),
+                     field="reference")

@@ -1,0 +1,252 @@
+"""The kernel spec: a YAML file validated into a `KernelSpec`.
+
+Every error names the file, the line (and column where known) and the field, and says how
+to fix it. Validation here needs no GPU; running the reference is `reference.py`'s job.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import Location, SpecError, UsageError
+from .signature import FLOAT_DTYPES, Signature, SignatureSyntaxError, parse_signature
+from .yamlpos import Positions, load_yaml_with_positions
+
+ABI_VERSION = 1
+FloatDtype = Literal["float32", "float16", "bfloat16", "float64"]
+Library = Literal["cublas", "cublasLt", "cudnn", "cufft", "curand", "cusparse", "cusolver"]
+
+# Defaults per working dtype; the verifier widens them to 4x the reference's own error.
+DEFAULT_TOLERANCE = {
+    "float64": (1e-10, 1e-10),
+    "float32": (1e-5, 1e-5),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (8e-3, 8e-3),
+}
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class PartialTolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+
+
+class KernelSpec(BaseModel):
+    """A validated spec. `signature` is the parsed Signature; `path` the YAML file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    signature_text: str = Field(alias="signature")
+    dtypes: list[FloatDtype] = Field(min_length=1)
+    dims: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    reference_source: str = Field(alias="reference")
+    backward: Literal["kernel", "reference", "none"] = "none"
+    tolerance: dict[FloatDtype, PartialTolerance] = Field(default_factory=dict)
+    benchmark: list[dict[str, int]] = Field(default_factory=list)
+    deterministic: bool = True
+    libraries: list[Library] = Field(default_factory=list)
+
+    @field_validator("dims", mode="before")
+    @classmethod
+    def _dims_as_ranges(cls, value):
+        # `D: 4096` fixes a dim; `D: [1, 4096]` is an inclusive range.
+        if isinstance(value, dict):
+            return {k: (v, v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in value.items()}
+        return value
+
+    # Set by load_spec, not by YAML.
+    path: Path | None = Field(default=None, exclude=True)
+    reference_line: int = Field(default=1, exclude=True)  # YAML line of the reference's first line
+
+    @cached_property
+    def signature(self) -> Signature:
+        return parse_signature(self.signature_text)
+
+    @property
+    def op(self) -> str:
+        return self.name
+
+    def tolerance_for(self, dtype: str) -> Tolerance:
+        atol, rtol = DEFAULT_TOLERANCE[dtype]
+        given = self.tolerance.get(dtype)
+        if given is not None:
+            atol = given.atol if given.atol is not None else atol
+            rtol = given.rtol if given.rtol is not None else rtol
+        return Tolerance(atol=atol, rtol=rtol)
+
+    def canonical(self) -> dict:
+        """The parsed spec as plain data: what the lock's spec hash covers."""
+        data = self.model_dump(mode="json", by_alias=True)
+        data["signature"] = str(self.signature)
+        data["abi_version"] = ABI_VERSION
+        return data
+
+    def hash(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def reference_fn(self):
+        from .reference import load_reference
+
+        return load_reference(self)
+
+
+SPEC_FIELDS = [name if f.alias is None else f.alias for name, f in KernelSpec.model_fields.items()
+               if name not in ("path", "reference_line")]
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _check_keys(data: dict, pos: Positions) -> None:
+    for key in data:
+        if key not in SPEC_FIELDS:
+            raise SpecError(f"unknown key {key!r}", location=pos.location((key,), value=False), field=str(key),
+                            hint=f"{_suggest(str(key), SPEC_FIELDS)}the keys of a spec are: {', '.join(SPEC_FIELDS)}")
+    missing = [k for k in ("name", "description", "signature", "dtypes", "reference") if k not in data]
+    if missing:
+        raise SpecError(f"missing required key(s): {', '.join(missing)}", location=Location(pos.path, 1, 1),
+                        field=missing[0], hint="`specgen init NAME` writes a commented starter spec")
+
+
+def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
+    first = error.errors()[0]
+    loc = tuple(first["loc"])
+    field_path = tuple(("signature" if p == "signature_text" else "reference" if p == "reference_source" else p)
+                       for p in loc)
+    message = first["msg"]
+    hints = {
+        "dtypes": f"list working dtypes from {', '.join(FLOAT_DTYPES)}",
+        "tolerance": "per dtype, e.g. tolerance: {bfloat16: {atol: 2e-2, rtol: 2e-2}}",
+        "dims": "each symbol maps to [lo, hi] (inclusive) or one fixed size, e.g. dims: {N: [1, 4096], D: 768}",
+        "benchmark": "a list of shapes, e.g. benchmark: [{N: 16384, D: 4096}]",
+        "backward": "one of kernel, reference, none",
+        "libraries": "libraries a kernel may call: cublas, cublasLt, cudnn, cufft, curand, cusparse, cusolver",
+    }
+    if first["type"] == "literal_error" and "input" in first:
+        message = f"{first['input']!r} is not allowed: {message.lower()}"
+    elif "input" in first and first["type"] not in ("missing",):
+        message = f"{message} (got {first['input']!r})"
+    return SpecError(message, location=pos.location(field_path), field=".".join(str(p) for p in field_path),
+                     hint=hints.get(str(field_path[0])))
+
+
+def _signature_error(error: SignatureSyntaxError, spec_text: str, pos: Positions) -> SpecError:
+    loc = pos.location(("signature",))
+    style = pos.styles.get(("signature",))
+    if style in (None, '"', "'") and "\n" not in spec_text.strip():
+        loc = Location(loc.path, loc.line, (loc.column or 1) + error.offset + (1 if style else 0))
+    return SpecError(f"{error.message}\n    {error.caret().replace(chr(10), chr(10) + '    ')}",
+                     location=loc, field="signature",
+                     hint="see the signature language in README.md: "
+                          "op(x: Tensor[N, D], w: Tensor[D], eps: float = 1e-5) -> Tensor[N, D]")
+
+
+def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
+    sig = spec.signature
+    if sig.name != spec.name:
+        raise SpecError(f"the signature names the op {sig.name!r} but name is {spec.name!r}",
+                        location=pos.location(("signature",)), field="signature",
+                        hint="use the same identifier in both places")
+    if not spec.name.isidentifier():
+        raise SpecError(f"{spec.name!r} is not a valid identifier", location=pos.location(("name",)), field="name",
+                        hint="use letters, digits and underscores, starting with a letter")
+    symbols = sig.symbols()
+    missing = [s for s in symbols if s not in spec.dims]
+    if missing:
+        raise SpecError(f"no range given for dimension(s) {', '.join(missing)}",
+                        location=pos.location(("dims",), value=False) if ("dims",) in pos.keys
+                        else Location(pos.path, 1, 1), field="dims",
+                        hint="add e.g. dims: {" + ", ".join(f"{s}: [1, 4096]" for s in missing) + "}")
+    divisors = sig.symbol_divisors()
+    for symbol, (lo, hi) in spec.dims.items():
+        where = pos.location(("dims", symbol))
+        if symbol not in symbols:
+            raise SpecError(f"dimension {symbol!r} does not appear in the signature", location=where,
+                            field=f"dims.{symbol}",
+                            hint=f"{_suggest(symbol, symbols)}the signature's dimensions are: {', '.join(symbols)}")
+        if lo < 0 or hi < lo:
+            raise SpecError(f"range [{lo}, {hi}] is empty or negative", location=where, field=f"dims.{symbol}",
+                            hint="write [lo, hi] with 0 <= lo <= hi")
+        step = divisors.get(symbol, 1)
+        if hi // step * step < lo:
+            raise SpecError(f"no size in [{lo}, {hi}] is a multiple of {step}, which the signature needs",
+                            location=where, field=f"dims.{symbol}")
+    for index, shape in enumerate(spec.benchmark):
+        where = pos.location(("benchmark", index))
+        for symbol in symbols:
+            if symbol not in shape:
+                raise SpecError(f"benchmark shape {index + 1} does not set {symbol!r}", location=where,
+                                field=f"benchmark[{index}]", hint=f"give every dimension: {', '.join(symbols)}")
+        for symbol, value in shape.items():
+            if symbol not in symbols:
+                raise SpecError(f"benchmark shape {index + 1} sets unknown dimension {symbol!r}", location=where,
+                                field=f"benchmark[{index}]", hint=f"{_suggest(symbol, symbols)}")
+            if value % divisors.get(symbol, 1):
+                raise SpecError(f"benchmark {symbol}={value} is not a multiple of {divisors[symbol]}",
+                                location=where, field=f"benchmark[{index}]")
+    if spec.backward == "kernel":
+        if not any(p.type.is_floating for p in sig.inputs):
+            raise SpecError("backward: kernel needs a floating input to differentiate",
+                            location=pos.location(("backward",)), field="backward", hint="use backward: none")
+
+
+def load_spec(path: str | Path) -> KernelSpec:
+    """Read and validate one spec file. Raises SpecError pointing into the file."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    data, pos = load_yaml_with_positions(path)
+    if not isinstance(data, dict):
+        raise SpecError("a spec is a YAML mapping of keys (name, description, signature, ...)",
+                        location=Location(path, 1, 1), hint="`specgen init NAME` writes a starter spec")
+    _check_keys(data, pos)
+    for key in ("signature", "reference", "description", "name"):
+        if not isinstance(data.get(key), str):
+            raise SpecError(f"{key} must be text (got {type(data.get(key)).__name__})",
+                            location=pos.location((key,)), field=key)
+    reference_line = pos.values[("reference",)][0] + (1 if pos.styles.get(("reference",)) in ("|", ">") else 0)
+    try:
+        spec = KernelSpec.model_validate({**data, "path": path, "reference_line": reference_line})
+    except ValidationError as error:
+        raise _pydantic_error(error, pos) from None
+    try:
+        spec.signature
+    except SignatureSyntaxError as error:
+        raise _signature_error(error, data["signature"], pos) from None
+    _check_semantics(spec, pos)
+    return spec
+
+
+def find_spec_files(paths: list[str | Path]) -> list[Path]:
+    """Spec files named or found (non-recursively, *.yaml / *.yml) in the folders named."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+            if not files:
+                raise UsageError(f"{path}: no spec files (*.yaml) in this folder; "
+                                 f"`specgen init NAME` writes one")
+            found += files
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"{path}: no such file or folder")
+    return found
