@@ -32,7 +32,7 @@ def reference_module(spec) -> types.ModuleType:
 
 
 def load_reference(spec) -> Callable:
-    key = (spec.name, spec.hash())
+    key = (str(spec.path), spec.hash())  # the path too: tracebacks must name this file
     if key in _cache:
         return _cache[key]
     module = reference_module(spec)

@@ -14,11 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .abi import ABI_VERSION
 from .errors import Location, SpecError, UsageError
 from .signature import FLOAT_DTYPES, Signature, SignatureSyntaxError, parse_signature
 from .yamlpos import Positions, load_yaml_with_positions
 
-ABI_VERSION = 1
 FloatDtype = Literal["float32", "float16", "bfloat16", "float64"]
 Library = Literal["cublas", "cublasLt", "cudnn", "cufft", "curand", "cusparse", "cusolver"]
 

@@ -4,4 +4,6 @@
 COMMANDS = [
     "check",
     "init",
+    "header",
+    "compile",
 ]

@@ -1,0 +1,80 @@
+"""The kernel ABI: deterministic golden headers, and ctypes structs laid out exactly as C lays them out."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from specgen import abi
+from specgen.toolchain import find_cuda_toolkit
+from specgen.spec import load_spec
+
+from conftest import REPO, SPECS
+
+GOLDEN = REPO / "tests" / "golden"
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm", "cross_entropy", "rope"])
+def test_header_matches_golden(op):
+    spec = load_spec(SPECS / f"{op}.yaml")
+    assert abi.header_text(spec) == (GOLDEN / f"{op}_abi.h").read_text(), (
+        "the ABI header changed: if that is intended, bump ABI_VERSION when the layout changes and "
+        "rewrite the golden file with `specgen header specs/OP.yaml -o tests/golden`")
+
+
+def test_backward_struct_holds_inputs_outputs_and_gradients():
+    spec = load_spec(SPECS / "add_rmsnorm.yaml")
+    names = [(f.name, f.role) for f in abi.fields(spec, "backward")]
+    assert names == [("x", "input"), ("residual", "input"), ("weight", "input"), ("eps", "scalar"),
+                     ("N", "dim"), ("D", "dim"), ("out", "fwd_output"), ("residual_out", "fwd_output"),
+                     ("grad_out", "grad_output"), ("grad_residual_out", "grad_output"),
+                     ("grad_x", "grad_input"), ("grad_residual", "grad_input"), ("grad_weight", "grad_input")]
+    # integer inputs (cross-entropy targets) get no gradient
+    ce = load_spec(SPECS / "cross_entropy.yaml")
+    assert abi.grad_input_names(ce) == ["grad_logits"]
+
+
+def _c_layout(spec, direction, tmp_path):
+    """offsetof/sizeof of every field, as the C compiler lays the struct out."""
+    (tmp_path / abi.header_filename(spec)).write_text(abi.header_text(spec))
+    struct = abi.struct_name(spec, direction)
+    prints = [f'printf("sizeof %zu\\n", sizeof({struct}));']
+    prints += [f'printf("{f.name} %zu\\n", offsetof({struct}, {f.name}));' for f in abi.fields(spec, direction)]
+    (tmp_path / "probe.c").write_text(
+        f'#include <stdio.h>\n#include <stddef.h>\n#include "{abi.header_filename(spec)}"\n'
+        f"int main(void) {{ {' '.join(prints)} return 0; }}\n")
+    include = str(find_cuda_toolkit().include_dir)
+    subprocess.run(["cc", "-I", str(tmp_path), "-I", include, str(tmp_path / "probe.c"), "-o", str(tmp_path / "probe")],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(tmp_path / "probe")], check=True, capture_output=True, text=True).stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+@pytest.mark.nvcc  # needs the CUDA toolkit's headers
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.parametrize("op, direction", [("add_rmsnorm", "forward"), ("add_rmsnorm", "backward"),
+                                           ("cross_entropy", "forward"), ("swiglu", "backward")])
+def test_ctypes_layout_matches_the_c_compiler(op, direction, tmp_path):
+    spec = load_spec(SPECS / f"{op}.yaml")
+    c = _c_layout(spec, direction, tmp_path)
+    struct = abi.ctypes_struct(spec, direction)
+    assert int(c.pop("sizeof")) == ctypes.sizeof(struct)
+    for name, offset in c.items():
+        assert getattr(struct, name).offset == int(offset), name
+
+
+def test_pack_args_describes_the_tensors():
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    x = torch.randn(6, 10)[1:]  # an offset view
+    w = torch.randn(10)
+    out = torch.empty(5, 10, dtype=torch.bfloat16)
+    packed = abi.pack_args(spec, "forward", {"x": x, "weight": w, "out": out}, {"eps": 1e-3}, {"N": 5, "D": 10})
+    assert packed.x.data == x.data_ptr() and packed.x.ndim == 2
+    assert list(packed.x.sizes[:2]) == [5, 10] and list(packed.x.strides[:2]) == [10, 1]
+    assert packed.out.dtype == abi.DTYPE_CODES["bfloat16"] and packed.eps == pytest.approx(1e-3)
+    assert (packed.N, packed.D) == (5, 10)
+    with pytest.raises(KeyError, match="weight"):
+        abi.pack_args(spec, "forward", {"x": x, "out": out}, {}, {"N": 5, "D": 10})
