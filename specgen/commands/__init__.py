@@ -6,4 +6,5 @@ COMMANDS = [
     "init",
     "header",
     "compile",
+    "generate",
 ]
