@@ -6,5 +6,7 @@ COMMANDS = [
     "init",
     "header",
     "compile",
+    "verify",
+    "bench",
     "generate",
 ]

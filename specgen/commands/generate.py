@@ -1,0 +1,167 @@
+"""`specgen generate SPEC... --agent NAME`: write a kernel for each spec with an agent.
+
+Runs the generate → compile → verify → measure → improve loop and writes the winner
+through the lock (specs/kernels/<op>.cu + specs/specgen.lock). Without a GPU only the
+compile feedback runs: the first candidate that compiles is written without a
+verification record (unless that would replace an existing kernel).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "generate", help="write a kernel for each spec with an agent (LLM or built-in)",
+        description="Generate, compile, verify and measure kernels for SPEC files with an agent, "
+                    "feeding each attempt's compiler errors, counterexample and timings back into "
+                    "the next; the best verified kernel goes into the lock.")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files or folders of specs")
+    p.add_argument("--agent", default="builtin",
+                   help="builtin (default, offline), openai, anthropic, openai-compatible, replay")
+    p.add_argument("--model", default=None, help="model name (default: per agent, see models.toml)")
+    p.add_argument("--base-url", default=None, metavar="URL",
+                   help="server URL (openai-compatible: e.g. http://localhost:8000/v1)")
+    p.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key (default: OPENAI_API_KEY / "
+                        "ANTHROPIC_API_KEY; openai-compatible: none)")
+    p.add_argument("--transcript", default=None, metavar="FILE", help="replay: the transcript to rerun")
+    p.add_argument("--attempts", type=_positive_int, default=8, help="candidates per spec (default 8)")
+    p.add_argument("--samples", type=_positive_int, default=1,
+                   help="candidates proposed in parallel per round (default 1)")
+    p.add_argument("--budget-usd", type=float, default=None, metavar="X", help="stop once a spec cost X USD")
+    p.add_argument("--wall-time", type=float, default=None, metavar="S", help="stop a spec after S seconds")
+    p.add_argument("--target-roofline", type=float, default=0.8, metavar="F",
+                   help="stop once a verified kernel reaches this fraction of the memory roofline "
+                        "(default 0.8)")
+    p.add_argument("--transcript-dir", default=".specgen/transcripts", metavar="DIR",
+                   help="where the JSONL transcripts go (default .specgen/transcripts)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per LLM request (default 600)")
+    p.add_argument("--retries", type=int, default=4, help="per LLM request on 429/5xx/timeouts (default 4)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
+    p.add_argument("--regenerate", action="store_true",
+                   help="replace a hand-edited kernel, or a locked one with an unverified one")
+    p.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def run(args) -> int:
+    from ..agents.registry import AgentOptions, create_agent, load_catalog
+    from ..spec import find_spec_files, load_spec
+
+    if args.target_roofline is not None and not 0 < args.target_roofline <= 1:
+        raise UsageError(f"--target-roofline {args.target_roofline}: give a fraction in (0, 1]")
+    console = Console(highlight=False)
+    catalog = load_catalog()
+    options = AgentOptions(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
+                           timeout_s=args.timeout, max_retries=args.retries, temperature=args.temperature,
+                           transcript=Path(args.transcript) if args.transcript else None, catalog=catalog)
+    agent = create_agent(args.agent, options)
+    if args.budget_usd is not None and agent.model and catalog.info(agent.model).input_per_mtok is None \
+            and args.agent not in ("builtin", "replay"):
+        console.print(f"[yellow]warning:[/] no price known for model {escape(agent.model)}; "
+                      f"--budget-usd counts it as free (add it to {escape(str(catalog.source or 'models.toml'))})")
+    code = EXIT_OK
+    for path in find_spec_files(args.specs):
+        code = max(code, generate_one(load_spec(path), agent, args, console))
+    return code
+
+
+def generate_one(spec, agent, args, console: Console) -> int:
+    from .. import abi, lock
+    from ..agents.base import Candidate, KernelTask
+    from ..agents.evaluate import KernelEvaluator, gpu_facts
+    from ..agents.loop import Budget, run_loop
+    from ..agents.transcript import Transcript, default_path
+
+    status = lock.status(spec)
+    baseline = None
+    if status.entry is not None and status.kernel_path and Path(status.kernel_path).is_file():
+        baseline = Candidate(Path(status.kernel_path).read_text(), status.entry.agent, status.entry.model)
+    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
+                      gpu=gpu_facts(), baseline=baseline)
+    evaluator = KernelEvaluator(task, arch=args.arch)
+    if baseline is not None and evaluator.can_verify:
+        task.baseline_timings = _baseline_timings(evaluator, baseline)
+    budget = Budget(attempts=args.attempts, samples=args.samples, wall_time_s=args.wall_time,
+                    cost_usd=args.budget_usd, target_roofline=args.target_roofline)
+    transcript_path = default_path(Path(args.transcript_dir), spec.name)
+    console.print(f"[bold]{escape(spec.name)}[/]: agent {agent.name}"
+                  + (f" ({escape(agent.model)})" if agent.model else "")
+                  + ("" if evaluator.can_verify else " — no GPU here: compile feedback only"))
+
+    def show(number, attempt):
+        console.print(f"  attempt {number}: {_outcome(attempt)}")
+
+    result = run_loop(task, agent, evaluator, budget, Transcript(transcript_path), on_attempt=show)
+    usage = result.usage
+    console.print(f"  stopped: {escape(result.stopped)}; {usage.input_tokens}+{usage.output_tokens} tokens, "
+                  f"${usage.cost_usd:.4f}; transcript {escape(str(transcript_path))}")
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}")
+
+    if result.winner is not None:
+        if result.beats_baseline is False:
+            console.print(f"  kept the locked kernel by {escape(baseline.agent)}: it is faster")
+            return EXIT_OK
+        records = evaluator.lock_records(result.winner, result.winner_attempt.details)
+        kernel = lock.write_kernel(spec, result.winner.source, agent=result.winner.agent,
+                                   model=result.winner.model, records=records, regenerate=args.regenerate)
+        console.print(f"  [green]wrote[/] {escape(str(kernel))} (verified"
+                      + (", recorded in the lock)" if records else ")"))
+        return EXIT_OK
+    if result.compiled is not None and not result.verified:
+        if baseline is not None and not args.regenerate:
+            console.print("  [yellow]not written[/]: it compiled but cannot be verified here, and the lock "
+                          "already has a kernel; pass --regenerate to replace it")
+            return EXIT_OK
+        kernel = lock.write_kernel(spec, result.compiled.source, agent=result.compiled.agent,
+                                   model=result.compiled.model, regenerate=args.regenerate)
+        console.print(f"  [yellow]wrote[/] {escape(str(kernel))} [yellow]unverified[/] (no GPU here): "
+                      f"run `specgen verify` on a GPU machine")
+        return EXIT_OK
+    console.print(f"  [red]no kernel[/] for {escape(spec.name)}: {escape(result.stopped)}; the package "
+                  f"keeps the reference path for this op")
+    return EXIT_REJECTED
+
+
+def _baseline_timings(evaluator, baseline) -> dict | None:
+    """Time the locked kernel once, so the prompt can name the time to beat."""
+    compiled = evaluator.compile(baseline)
+    if not compiled.ok:
+        return None
+    try:
+        return evaluator.measure(baseline, compiled.library)
+    except Exception:  # noqa: BLE001 - a baseline that cannot be timed is just not shown
+        return None
+
+
+def _outcome(attempt) -> str:
+    from ..agents.prompts import format_timings
+
+    if attempt.stage == "extract":
+        return "[yellow]no usable code[/] in the answer"
+    if attempt.stage == "compile":
+        if attempt.ok:
+            return "[green]compiled[/] (not verified: no GPU)"
+        first = (attempt.details.get("diagnostics") or "").splitlines()
+        return "[red]compile error[/]: " + escape(first[1] if len(first) > 1 else (first or [""])[0])
+    if attempt.stage == "verify":
+        return "[red]wrong[/]: " + escape((attempt.details.get("reason") or "").splitlines()[0][:200]
+                                          if attempt.details.get("reason") else "")
+    if attempt.stage == "measure":
+        return "[yellow]correct, timing failed[/]: " + escape(attempt.details.get("reason", ""))
+    slower = " [yellow](slower than eager)[/]" if attempt.details.get("slower_than_eager") else ""
+    return "[green]correct[/]: " + escape(format_timings(attempt.details.get("timings"))) + slower
