@@ -1,0 +1,92 @@
+"""Renders templates/package/ for a PackageModel into a package tree (atomic file writes).
+
+Tree: pyproject.toml, setup.py, MANIFEST.in, build.toml, README.md,
+torch-ext/torch_binding.cpp (the one C++ translation unit), torch-ext/<pkg>/ (Python API,
+registrations, embedded references, tests) and kernels/<op>/<op>.cu + <op>_abi.h.
+"""
+from __future__ import annotations
+
+import pprint
+import shutil
+from pathlib import Path
+
+import jinja2
+
+from ..fsutil import write_atomic
+from .model import SCALAR_TYPES, PackageModel
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
+
+
+def _templates_dir() -> Path:
+    if TEMPLATES.is_dir():
+        return TEMPLATES
+    return Path(__file__).resolve().parents[2] / "templates" / "package"  # a source checkout
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates_dir())), trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    env.filters["pyrepr"] = lambda value: pprint.pformat(value, width=100, sort_dicts=False)
+    return env
+
+
+def render_files(pkg: PackageModel) -> dict[str, str]:
+    """Relative path -> text, for every file of the package tree."""
+    env = environment()
+    context = {"pkg": pkg, "scalar_types": SCALAR_TYPES,
+               "ops_data": {op.name: op.data() for op in pkg.ops}}
+    py = f"torch-ext/{pkg.name}"
+    files = {
+        "pyproject.toml": env.get_template("pyproject.toml.j2").render(context),
+        "setup.py": env.get_template("setup.py.j2").render(context),
+        "MANIFEST.in": env.get_template("MANIFEST.in.j2").render(context),
+        "build.toml": env.get_template("build.toml.j2").render(context),
+        "README.md": env.get_template("README.md.j2").render(_with_provenance(context)),
+        f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(_with_provenance(context)),
+        f"{py}/_ops.py": env.get_template("torch-ext/pkg/_ops.py.j2").render(context),
+        f"{py}/_spec_data.py": env.get_template("torch-ext/pkg/_spec_data.py.j2").render(context),
+        f"{py}/tests/__init__.py": "",
+        f"{py}/tests/test_ops.py": env.get_template("torch-ext/pkg/tests/test_ops.py.j2").render(context),
+    }
+    if pkg.has_kernels:
+        files["torch-ext/torch_binding.cpp"] = env.get_template("torch-ext/torch_binding.cpp.j2").render(context)
+        files["torch-ext/glibc_compat.h"] = env.get_template("torch-ext/glibc_compat.h.j2").render(context)
+    reference = env.get_template("torch-ext/pkg/_reference.py.j2")
+    for op in pkg.ops:
+        files[f"{py}/_reference_{op.name}.py"] = reference.render(context, op=op)
+        if op.has_kernel:
+            files[f"kernels/{op.name}/{op.name}.cu"] = op.kernel_source
+            files[f"kernels/{op.name}/{op.name}_abi.h"] = op.header_text
+    return files
+
+
+class _Provenance(dict):
+    """Attribute access with None for what is missing, so templates stay simple."""
+
+    def __getattr__(self, key):
+        value = self.get(key)
+        return _Provenance(value) if isinstance(value, dict) else value
+
+
+def _with_provenance(context: dict) -> dict:
+    # OpModel is frozen; templates read op.provenance.<key>, missing keys are None.
+    pkg = context["pkg"]
+    for op in pkg.ops:
+        if not isinstance(op.provenance, _Provenance):
+            object.__setattr__(op, "provenance", _Provenance(op.provenance))
+    return context
+
+
+def emit_package(pkg: PackageModel, out_dir: str | Path, *, clean: bool = True) -> Path:
+    """Write the package tree into out_dir (emptied first when `clean`); returns out_dir."""
+    out = Path(out_dir)
+    files = render_files(pkg)
+    if clean and out.exists():
+        for child in out.iterdir():
+            if child.name in ("build", "dist") or child.name.endswith(".egg-info"):
+                continue  # keep build caches: ninja reuses unchanged objects
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    for relative, text in files.items():
+        write_atomic(out / relative, text)
+    return out

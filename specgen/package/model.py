@@ -1,0 +1,385 @@
+"""The package as data: what the templates in templates/package/ are rendered from.
+
+`package_model(specs, kernels, ...)` turns validated specs and their kernel sources into
+plain objects (ops, tensor args, scalars, shapes as C++ and Python expressions), so the
+templates hold no logic beyond loops and the rules live here, where they can be tested.
+"""
+from __future__ import annotations
+
+import keyword
+import re
+from dataclasses import dataclass, field
+
+from .. import abi
+from ..errors import UsageError
+from ..signature import Dim, Param, TensorType, format_scalar
+
+# Stable ABI floor: the wheel's binding only uses what torch 2.10 already had.
+TORCH_TARGET_VERSION = (2, 10)
+DEFAULT_ARCH_LIST = "8.0;9.0+PTX"  # Ampere, Hopper, and PTX so newer GPUs JIT the Hopper code
+# torch::headeronly::ScalarType names of the dtype names the signature language knows
+SCALAR_TYPES = {"float32": "Float", "float16": "Half", "bfloat16": "BFloat16", "float64": "Double",
+                "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
+                "bool": "Bool"}
+CPP_SCALARS = {"float": "double", "int": "int64_t", "bool": "bool"}
+SCHEMA_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
+PY_SCALARS = {"float": "float", "int": "int", "bool": "bool"}
+PACKAGE_NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class DimModel:
+    """One axis of a tensor: how it relates to its symbol, in C++ and Python spelling."""
+
+    text: str  # as in the signature: "2*H"
+    symbol: str | None
+    mul: int
+    div: int
+    add: int
+
+    @property
+    def literal(self) -> int | None:
+        return self.add if self.symbol is None else None
+
+    def size_expr(self, dims: str = "") -> str:
+        """The size this axis must have, from resolved symbols (`dims` prefixes them)."""
+        if self.symbol is None:
+            return str(self.add)
+        text = f"{dims}{self.symbol}"
+        if self.mul != 1:
+            text = f"{text} * {self.mul}"
+        if self.div != 1:
+            text = f"({text}) / {self.div}"
+        if self.add:
+            text = f"({text} + {self.add})" if self.add > 0 else f"({text} - {-self.add})"
+        return text
+
+    def py_size_expr(self, dims: str = "") -> str:
+        return self.size_expr(dims).replace(" / ", " // ")
+
+
+@dataclass(frozen=True)
+class SymbolBinding:
+    """Where a symbol's value comes from: `size` of input `arg`, axis `axis`."""
+
+    symbol: str
+    arg: str
+    axis: int
+    dim: DimModel
+
+    def cpp_expr(self, size: str) -> str:
+        """The symbol's value from the size (C++); divisibility is checked separately."""
+        d = self.dim
+        text = size if not d.add else f"({size} - ({d.add}))"
+        if d.div != 1:
+            text = f"{text} * {d.div}"
+        if d.mul != 1:
+            text = f"({text}) / {d.mul}"
+        return text
+
+
+@dataclass(frozen=True)
+class TensorArgModel:
+    name: str
+    dims: tuple[DimModel, ...]
+    dtype: str | None  # None: the working dtype
+    value_range: tuple[DimModel, DimModel] | None  # integer tensors: [lo, hi)
+    signature_type: str  # "Tensor[N, D]"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    @property
+    def is_floating(self) -> bool:
+        return self.dtype is None or self.dtype in ("float32", "float16", "bfloat16", "float64")
+
+    @property
+    def scalar_type(self) -> str | None:
+        return SCALAR_TYPES[self.dtype] if self.dtype else None
+
+    @property
+    def shape_text(self) -> str:
+        return "[" + ", ".join(d.text for d in self.dims) + "]"
+
+
+@dataclass(frozen=True)
+class ScalarArgModel:
+    name: str
+    kind: str  # float | int | bool
+    default: str | None  # Python literal, None when the argument is required
+
+    @property
+    def cpp_type(self) -> str:
+        return CPP_SCALARS[self.kind]
+
+    @property
+    def schema(self) -> str:
+        text = f"{SCHEMA_SCALARS[self.kind]} {self.name}"
+        return text if self.default is None else f"{text}={self.default}"
+
+    @property
+    def py_param(self) -> str:
+        text = f"{self.name}: {PY_SCALARS[self.kind]}"
+        return text if self.default is None else f"{text} = {self.default}"
+
+
+@dataclass(frozen=True)
+class OpModel:
+    name: str
+    description: str
+    signature: str
+    dtypes: tuple[str, ...]
+    dim_ranges: dict[str, tuple[int, int]]
+    tolerances: dict[str, tuple[float, float]]
+    params: tuple  # TensorArgModel | ScalarArgModel, in signature order
+    symbols: tuple[str, ...]  # in ABI order
+    bindings: tuple[SymbolBinding, ...]
+    outputs: tuple[TensorArgModel, ...]
+    backward: str  # kernel | reference | none
+    kernel_source: str | None  # None: no verified kernel, CUDA runs the reference
+    header_text: str
+    reference_source: str
+    provenance: dict = field(default_factory=dict)  # agent, model, verification, benchmark
+
+    @property
+    def inputs(self) -> tuple[TensorArgModel, ...]:
+        return tuple(p for p in self.params if isinstance(p, TensorArgModel))
+
+    @property
+    def scalars(self) -> tuple[ScalarArgModel, ...]:
+        return tuple(p for p in self.params if isinstance(p, ScalarArgModel))
+
+    @property
+    def floating_inputs(self) -> tuple[TensorArgModel, ...]:
+        return tuple(t for t in self.inputs if t.is_floating)
+
+    @property
+    def floating_outputs(self) -> tuple[TensorArgModel, ...]:
+        return tuple(t for t in self.outputs if t.is_floating)
+
+    @property
+    def working_inputs(self) -> tuple[TensorArgModel, ...]:
+        """Inputs that take the working dtype: the first one sets it for the call."""
+        return tuple(t for t in self.inputs if t.dtype is None)
+
+    @property
+    def has_kernel(self) -> bool:
+        return self.kernel_source is not None
+
+    @property
+    def has_backward_kernel(self) -> bool:
+        return self.has_kernel and self.backward == "kernel"
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward != "none" and bool(self.floating_inputs) and bool(self.floating_outputs)
+
+    @property
+    def schema(self) -> str:
+        args = ", ".join(f"Tensor {p.name}" if isinstance(p, TensorArgModel) else p.schema
+                         for p in self.params)
+        return f"({args}) -> {_schema_returns(len(self.outputs))}"
+
+    @property
+    def backward_name(self) -> str:
+        return f"{self.name}_backward"
+
+    @property
+    def backward_schema(self) -> str:
+        """inputs, scalars (no defaults), forward outputs, output grads -> input grads."""
+        args = [f"Tensor {t.name}" for t in self.inputs]
+        args += [f"{SCHEMA_SCALARS[s.kind]} {s.name}" for s in self.scalars]
+        args += [f"Tensor {o.name}" for o in self.outputs]
+        args += [f"Tensor grad_{o.name}" for o in self.floating_outputs]
+        return f"({', '.join(args)}) -> {_schema_returns(len(self.floating_inputs))}"
+
+    @property
+    def py_params(self) -> str:
+        return ", ".join(f"{p.name}: torch.Tensor" if isinstance(p, TensorArgModel) else p.py_param
+                         for p in self.params)
+
+    @property
+    def py_return(self) -> str:
+        if len(self.outputs) == 1:
+            return "torch.Tensor"
+        return "tuple[" + ", ".join("torch.Tensor" for _ in self.outputs) + "]"
+
+    @property
+    def call_args(self) -> str:
+        return ", ".join(p.name for p in self.params)
+
+    def data(self) -> dict:
+        """Plain data for the package's Python side (_spec_data.py): fake shapes, tests."""
+        def dims(t):
+            return [(d.symbol, d.mul, d.div, d.add) for d in t.dims]
+
+        def tensor(t):
+            entry = {"name": t.name, "dims": dims(t), "dtype": t.dtype, "floating": t.is_floating}
+            if t.value_range:
+                entry["range"] = [(d.symbol, d.mul, d.div, d.add) for d in t.value_range]
+            return entry
+
+        return {
+            "name": self.name, "signature": self.signature, "description": self.description,
+            "schema": self.schema, "backward_schema": self.backward_schema if self.has_backward else None,
+            "dtypes": list(self.dtypes), "dims": {k: list(v) for k, v in self.dim_ranges.items()},
+            "tolerance": {k: list(v) for k, v in self.tolerances.items()},
+            "params": [("tensor" if isinstance(p, TensorArgModel) else "scalar", p.name) for p in self.params],
+            "inputs": [tensor(t) for t in self.inputs],
+            "scalars": [{"name": s.name, "kind": s.kind,
+                         "default": None if s.default is None else _literal(s.default)} for s in self.scalars],
+            "outputs": [tensor(t) for t in self.outputs],
+            "bindings": [(b.symbol, b.arg, b.axis, b.dim.mul, b.dim.div, b.dim.add) for b in self.bindings],
+            "backward": self.backward, "has_backward": self.has_backward,
+            "has_kernel": self.has_kernel, "has_backward_kernel": self.has_backward_kernel and self.has_backward,
+        }
+
+
+@dataclass(frozen=True)
+class PackageModel:
+    name: str  # Python package and torch.ops namespace
+    version: str
+    ops: tuple[OpModel, ...]
+    arch_list: str
+    torch_target: tuple[int, int] = TORCH_TARGET_VERSION
+    specgen_version: str = ""
+
+    @property
+    def archs(self) -> list[tuple[str, bool]]:
+        """[(\"90\", with_ptx)] from \"8.0;9.0+PTX\"."""
+        return parse_arch_list(self.arch_list)
+
+    @property
+    def cuda_capabilities(self) -> list[str]:
+        return [f"{num[:-1]}.{num[-1]}" for num, _ in self.archs]
+
+    @property
+    def torch_target_hex(self) -> str:
+        major, minor = self.torch_target
+        return f"0x{major:02x}{minor:02x}000000000000"
+
+    @property
+    def torch_requirement(self) -> str:
+        return f"torch>={self.torch_target[0]}.{self.torch_target[1]}"
+
+    @property
+    def has_kernels(self) -> bool:
+        return any(op.has_kernel for op in self.ops)
+
+
+def _literal(text: str):
+    if text in ("True", "False"):
+        return text == "True"
+    if text in ("inf", "-inf", "nan"):
+        return float(text)
+    return float(text) if any(c in text for c in ".eE") else int(text)
+
+
+def _schema_returns(count: int) -> str:
+    if count == 1:
+        return "Tensor"
+    return "(" + ", ".join("Tensor" for _ in range(count)) + ")"
+
+
+def parse_arch_list(text: str) -> list[tuple[str, bool]]:
+    """`"8.0;9.0+PTX"` -> [("80", False), ("90", True)]; raises UsageError when malformed."""
+    archs = []
+    for item in re.split(r"[;,\s]+", text.strip()):
+        if not item:
+            continue
+        match = re.fullmatch(r"(\d+)\.(\d+)([a-z]?)(\+PTX)?", item)
+        if not match:
+            raise UsageError(f"--arch-list: {item!r} is not a CUDA capability; "
+                             f"write e.g. \"8.0;9.0+PTX\" (major.minor, +PTX to embed PTX)")
+        archs.append((match.group(1) + match.group(2) + match.group(3), bool(match.group(4))))
+    if not archs:
+        raise UsageError("--arch-list is empty; write e.g. \"8.0;9.0+PTX\"")
+    return archs
+
+
+def _dim_model(dim: Dim) -> DimModel:
+    return DimModel(str(dim), dim.symbol, dim.mul, dim.div, dim.add)
+
+
+def _tensor_model(name: str, t: TensorType) -> TensorArgModel:
+    value_range = (_dim_model(t.value_range[0]), _dim_model(t.value_range[1])) if t.value_range else None
+    return TensorArgModel(name, tuple(_dim_model(d) for d in t.dims), t.dtype, value_range, str(t))
+
+
+def _param_model(p: Param):
+    if p.is_tensor:
+        return _tensor_model(p.name, p.type)
+    default = format_scalar(p.default) if p.has_default else None
+    return ScalarArgModel(p.name, p.type.kind, default)
+
+
+def _bindings(spec, inputs: tuple[TensorArgModel, ...]) -> tuple[SymbolBinding, ...]:
+    """Bind each symbol at its first plain appearance in an input shape (else its first use)."""
+    found: dict[str, SymbolBinding] = {}
+    for plain_only in (True, False):
+        for t in inputs:
+            for axis, d in enumerate(t.dims):
+                if d.symbol and d.symbol not in found and (not plain_only or (d.mul, d.div, d.add) == (1, 1, 0)):
+                    found[d.symbol] = SymbolBinding(d.symbol, t.name, axis, d)
+    missing = [s for s in spec.signature.symbols() if s not in found]
+    if missing:
+        raise UsageError(f"{spec.path or spec.name}: signature: the symbol(s) {', '.join(missing)} appear in no "
+                         f"input shape, so the package cannot resolve them from the arguments; "
+                         f"use them in an input's shape")
+    return tuple(found[s] for s in spec.signature.symbols())
+
+
+def op_model(spec, kernel_source: str | None, provenance: dict | None = None) -> OpModel:
+    sig = spec.signature
+    params = tuple(_param_model(p) for p in sig.params)
+    inputs = tuple(p for p in params if isinstance(p, TensorArgModel))
+    for t in inputs + tuple(_tensor_model(o.name, o.type) for o in sig.outputs):
+        if t.ndim > abi.MAX_DIMS:
+            raise UsageError(f"{spec.path or spec.name}: signature: {t.name} has {t.ndim} dims; the kernel ABI "
+                             f"allows at most {abi.MAX_DIMS}")
+    if not inputs:
+        raise UsageError(f"{spec.path or spec.name}: signature: the op takes no tensor; the package needs at "
+                         f"least one tensor input to place its outputs on a device")
+    return OpModel(
+        name=spec.name,
+        description=" ".join(spec.description.split()),
+        signature=str(sig),
+        dtypes=tuple(spec.dtypes),
+        dim_ranges={k: tuple(v) for k, v in spec.dims.items()},
+        tolerances={d: (spec.tolerance_for(d).atol, spec.tolerance_for(d).rtol) for d in spec.dtypes},
+        params=params,
+        symbols=tuple(sig.symbols()),
+        bindings=_bindings(spec, inputs),
+        outputs=tuple(_tensor_model(o.name, o.type) for o in sig.outputs),
+        backward=spec.backward,
+        kernel_source=kernel_source,
+        header_text=abi.header_text(spec),
+        reference_source=spec.reference_source,
+        provenance=dict(provenance or {}),
+    )
+
+
+def check_package_name(name: str) -> str:
+    if not PACKAGE_NAME.fullmatch(name) or keyword.iskeyword(name):
+        raise UsageError(f"--name {name!r}: the package name is also the Python module and the torch.ops "
+                         f"namespace, so it must be a lowercase identifier such as my_kernels")
+    return name
+
+
+def package_model(name: str, specs, kernels: dict[str, str | None], *, version: str = "0.1.0",
+                  arch_list: str = DEFAULT_ARCH_LIST, provenance: dict[str, dict] | None = None) -> PackageModel:
+    """`kernels` maps op name -> .cu source (None: the op runs its reference on CUDA too)."""
+    from .. import __version__
+
+    check_package_name(name)
+    parse_arch_list(arch_list)
+    seen: set[str] = set()
+    ops = []
+    for spec in specs:
+        if spec.name in seen:
+            raise UsageError(f"two specs define the op {spec.name!r}; op names must be unique in a package")
+        seen.add(spec.name)
+        ops.append(op_model(spec, kernels.get(spec.name), (provenance or {}).get(spec.name)))
+    return PackageModel(name=name, version=version, ops=tuple(ops), arch_list=arch_list,
+                        specgen_version=__version__)

@@ -1,0 +1,49 @@
+"""Builds the wheel of an emitted package tree with `python -m build` (no isolation: the
+torch already installed is the one the extension compiles against)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import EnvironmentMissing, Rejected
+
+
+def cuda_home() -> str:
+    """The toolkit root, from specgen.toolchain (torch's own guess can be an nvcc wrapper)."""
+    try:
+        from ..toolchain import find_cuda_toolkit
+
+        return str(find_cuda_toolkit().root)
+    except ImportError:  # pragma: no cover - toolchain.py is another module
+        return os.environ.get("CUDA_HOME", "/usr/local/cuda")
+
+
+def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
+                timeout: float = 3600) -> Path:
+    """Build `tree` into a wheel in `out_dir`; returns the wheel path. The log sits next to it."""
+    tree, out_dir = Path(tree), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    if needs_cuda:
+        env["CUDA_HOME"] = cuda_home()
+    if jobs:
+        env["MAX_JOBS"] = str(jobs)
+    before = set(out_dir.glob("*.whl"))
+    command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out_dir), str(tree)]
+    log_path = out_dir / f"{tree.name}.build.log"
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as error:  # pragma: no cover
+        raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
+    log_path.write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
+        if "No module named build" in tail:
+            raise EnvironmentMissing("the `build` package is missing: pip install build")
+        raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")
+    wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
+    if not wheels:
+        raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
+    return wheels[-1]
