@@ -1,0 +1,105 @@
+"""The verifier: every kernel specgen ships passes through `verify_kernel`.
+
+Static checks first (compile, symbols, entry points: no GPU needed), then, on the GPU,
+optionally compute-sanitizer, then the worker's run of every correctness and anti-cheat
+check. The result is a `Verdict` with one stable reason (see verdict.REASONS).
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .verdict import (COMPILE_ERROR, ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, PASSED, REASONS, Counterexample, Failure,
+                      Verdict)
+
+DEFAULT_EXAMPLES = 30
+VERIFIER_VERSION = "1"  # bump when a check changes meaning: lock records are keyed by it
+
+
+def defined_dynamic_symbols(library: Path) -> set[str]:
+    """Names the library exports (defined, global or weak) per `readelf --dyn-syms`."""
+    from ..toolchain import _binutil
+
+    out = subprocess.run([_binutil("readelf"), "-W", "--dyn-syms", str(library)], capture_output=True, text=True,
+                         timeout=60).stdout
+    found = set()
+    for line in out.splitlines():
+        m = re.match(r"^\s*\d+:\s+[0-9a-fA-F]+\s+\d+\s+\w+\s+(GLOBAL|WEAK)\s+\w+\s+(\S+)\s+([^\s@]+)", line)
+        if m and m.group(2) != "UND":
+            found.add(m.group(3))
+    return found
+
+
+def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:
+    """Compile, symbols, entry points. Returns (a rejecting verdict or None, the CompiledKernel or None)."""
+    from ..abi import write_header
+    from ..toolchain import CompileError, compile_kernel
+    from .checks import check_entry_points, check_library_symbols
+
+    with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
+        write_header(spec, header_dir)
+        source_name = str(kernel) if isinstance(kernel, Path) or "\n" not in str(kernel) else f"{spec.name}.cu"
+        try:
+            compiled = compile_kernel(kernel, include_dirs=[Path(header_dir)], arch=arch, name=spec.name,
+                                      source_name=source_name, cache_dir=cache_dir)
+        except CompileError as error:
+            return Verdict(COMPILE_ERROR, str(error), log=error.log[-4000:]), None
+    timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
+    try:
+        check_library_symbols(compiled.library, spec)
+        check_entry_points(defined_dynamic_symbols(compiled.library), spec)
+    except Failure as failure:
+        return Verdict.from_failure(failure, timings=timings), compiled
+    return None, compiled
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, sanitize: bool = False,
+                  arch: str | None = None, worker=None, budget: int | None = None, idle_timeout: float | None = None,
+                  cache_dir: Path | None = None, on_progress=None) -> Verdict:
+    """Verify one candidate (`kernel`: a .cu path or its source text) against `spec`.
+
+    Raises EnvironmentMissing when the static checks pass but there is no GPU to run it on.
+    """
+    from ..errors import EnvironmentMissing
+    from .sanitize import run_sanitizer
+    from .strategies import DEFAULT_BUDGET_ELEMENTS
+    from .worker import IDLE_TIMEOUT_S, shared_worker
+
+    started = time.perf_counter()
+    verdict, compiled = static_checks(spec, kernel, arch=arch, cache_dir=cache_dir)
+    label = {"spec": str(spec.path), "kernel": str(kernel) if "\n" not in str(kernel) else "<source>"}
+    if verdict is not None:
+        verdict.spec, verdict.kernel = label["spec"], label["kernel"]
+        return verdict
+    timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
+    if not gpu_available():
+        raise EnvironmentMissing("no CUDA GPU is visible: the kernel compiled and its symbols are clean, but "
+                                 "verifying it means running it. Run `specgen verify` on a machine with a GPU")
+    if sanitize:
+        try:
+            timings["sanitize_s"] = run_sanitizer(spec, compiled.library, seed=seed)
+        except Failure as failure:
+            return Verdict.from_failure(failure, timings=timings, **label)
+    worker = worker or shared_worker()
+    options = {"examples": examples, "seed": seed, "budget": budget or DEFAULT_BUDGET_ELEMENTS}
+    verdict = worker.verify(spec.path, compiled.library, options, idle_timeout=idle_timeout or IDLE_TIMEOUT_S,
+                            on_progress=on_progress)
+    verdict.timings = {**timings, **verdict.timings, "total_s": round(time.perf_counter() - started, 3)}
+    verdict.spec, verdict.kernel = label["spec"], label["kernel"]
+    return verdict
+
+
+__all__ = ["DEFAULT_EXAMPLES", "VERIFIER_VERSION", "REASONS", "Counterexample", "Failure", "Verdict", "defined_dynamic_symbols",
+           "gpu_available", "static_checks", "verify_kernel", "PASSED"]

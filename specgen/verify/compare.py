@@ -1,0 +1,151 @@
+"""Comparing a kernel's outputs with the float64 truth, and saying where they differ.
+
+Tolerance = max(the spec's atol, 4 x the reference's own error in the working dtype) with
+the spec's rtol: a kernel may be as inexact as the reference itself, and no more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+REFERENCE_ERROR_FACTOR = 4.0
+_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as integers: NaN == NaN and -0 != +0, as a bitwise check wants."""
+    tensor = tensor.contiguous()
+    if tensor.dtype == torch.bool:
+        return tensor.view(torch.uint8)
+    return tensor.view(_INT_VIEW[tensor.element_size()])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
+
+
+def differing_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mask of elements whose bits differ."""
+    return bits(a) != bits(b)
+
+
+def reference_error(reference: torch.Tensor, truth: torch.Tensor) -> float:
+    """Max abs error of the reference in the working dtype against the float64 truth (finite parts)."""
+    if not reference.is_floating_point():
+        return 0.0
+    ref = reference.double()
+    finite = torch.isfinite(ref) & torch.isfinite(truth)
+    if not bool(finite.any()):
+        return 0.0
+    return float((ref - truth).abs()[finite].max())
+
+
+def effective_atol(spec_atol: float, reference_err: float) -> float:
+    return max(spec_atol, REFERENCE_ERROR_FACTOR * reference_err)
+
+
+@dataclass
+class Mismatch:
+    bad: int
+    total: int
+    max_abs: float
+    max_rel: float
+    index: list[int]
+    expected: float
+    got: float
+    where: list[str] = field(default_factory=list)
+
+
+def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float) -> Mismatch | None:
+    """None when every element is within tolerance (NaN/Inf must match the truth's exactly)."""
+    if not got.is_floating_point():
+        bad = got.to(truth.dtype) != truth
+        err = (got.double() - truth.double()).abs()
+    else:
+        g = got.double()
+        t = truth.double()
+        err = (g - t).abs()
+        finite_truth = torch.isfinite(t)
+        within = err <= atol + rtol * t.abs()
+        # Non-finite truth: the same NaN / the same infinity.
+        same_special = (torch.isnan(t) & torch.isnan(g)) | (torch.isinf(t) & (g == t))
+        bad = torch.where(finite_truth, within & torch.isfinite(g), same_special).logical_not()
+    count = int(bad.sum())
+    if count == 0:
+        return None
+    finite_err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
+    max_abs = float(finite_err.max()) if finite_err.numel() else 0.0
+    rel = finite_err / truth.double().abs().clamp_min(1e-30)
+    max_rel = float(torch.where(bad, rel, torch.zeros_like(rel)).max())
+    # The worst element: the largest error, or the first non-finite one.
+    score = torch.where(bad, torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf"))),
+                        torch.full_like(err, -1.0))
+    flat = int(score.flatten().argmax())
+    index = list(unravel(flat, tuple(got.shape)))
+    expected = float(truth.flatten()[flat])
+    value = float(got.flatten()[flat].double())
+    where = locate(bad)
+    if got.is_floating_point():
+        nonfinite = bad & ~torch.isfinite(got.double()) & torch.isfinite(truth.double())
+        nans = int((nonfinite & torch.isnan(got.double())).sum())
+        infs = int(nonfinite.sum()) - nans
+        if nans:
+            where.append(f"NaN in {nans} element(s) where the reference is finite")
+        if infs:
+            where.append(f"Inf in {infs} element(s) where the reference is finite")
+    return Mismatch(count, bad.numel(), max_abs, max_rel, index, expected, value, where)
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size if size else 0)
+        flat //= size if size else 1
+    return tuple(reversed(index))
+
+
+def locate(mask: torch.Tensor) -> list[str]:
+    """Where the True elements of a mask lie, in words: tail, first row, columns, every row."""
+    total = mask.numel()
+    count = int(mask.sum())
+    if count == 0 or total == 0:
+        return []
+    if mask.dim() == 0:
+        return ["the 0-d output"]
+    flat = mask.flatten()
+    positions = flat.nonzero().flatten()
+    first, last = int(positions[0]), int(positions[-1])
+    where: list[str] = []
+    if count == total:
+        return ["every element"]
+    if last == total - 1 and count == total - first:
+        where.append(f"tail: flat elements {first}..{total - 1} of {total}")
+    elif first == 0 and count == last + 1:
+        where.append(f"head: flat elements 0..{last} of {total}; the rest is fine")
+    if mask.dim() >= 2:
+        rows = mask.reshape(-1, mask.shape[-1])
+        bad_rows = rows.any(dim=1).nonzero().flatten()
+        bad_cols = rows.any(dim=0).nonzero().flatten()
+        n_rows, width = rows.shape
+        r0, r1 = int(bad_rows[0]), int(bad_rows[-1])
+        c0, c1 = int(bad_cols[0]), int(bad_cols[-1])
+        if r0 == r1:
+            where.append("first row only" if r0 == 0 else f"row {r0} only")
+        elif len(bad_rows) == n_rows:
+            where.append(f"every row ({n_rows})")
+        else:
+            where.append(f"{len(bad_rows)} of {n_rows} rows (rows {r0}..{r1})")
+        if c0 > 0 and c1 == width - 1 and r0 != r1:
+            where.append(f"the end of each row: columns {c0}..{width - 1} of {width}")
+        elif len(bad_cols) < width:
+            where.append(f"columns {c0}..{c1} of {width}")
+    elif not where:
+        where.append(f"flat elements {first}..{last} of {total}")
+    return where
+
+
+def unwritten(out_a: torch.Tensor, out_b: torch.Tensor, fill_a: torch.Tensor, fill_b: torch.Tensor) -> torch.Tensor:
+    """Elements left unwritten: still fill A after the run filled with A, and still fill B after
+    the run filled with B. A correct NaN result is NaN in both runs, so it is not confused."""
+    return (bits(out_a) == bits(fill_a)) & (bits(out_b) == bits(fill_b))

@@ -1,0 +1,13 @@
+// spec: gelu_tanh
+// expect: cuda-error
+// The bug: 2048 threads per block (the limit is 1024): the launch fails and the error is returned.
+#include "_gelu_common.h"
+template <typename T> __global__ void k(const T* x, T* y, int64_t n) {
+  GRID_STRIDE(i, n) store(y, i, gelu(load(x, i)));
+}
+extern "C" cudaError_t gelu_tanh_forward(const gelu_tanh_args* a, cudaStream_t s) {
+  int64_t n = a->N * a->D;
+  DISPATCH(a->x.dtype, k<T><<<blocks_for(n), 2048, 0, s>>>((const T*)a->x.data, (T*)a->out.data, n));
+  return cudaGetLastError();
+}
+STUB_BACKWARD

@@ -1,0 +1,72 @@
+"""The verifier's cases: boundary sizes always present, every case legal and within budget."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from conftest import SPECS
+from specgen.spec import load_spec
+from specgen.verify.strategies import (boundary_cases, boundary_sizes, case_elements, case_strategy, large_case,
+                                       LARGE_CASE_FACTOR,
+                                       smoke_case)
+
+SPEC_NAMES = ["gelu_tanh", "rope", "swiglu", "cross_entropy", "linear_bias_relu", "softmax"]
+BUDGET = 1 << 20
+
+
+def test_boundary_sizes_cover_the_edges():
+    sizes = boundary_sizes(1, 16384)
+    for size in (1, 31, 32, 33, 127, 128, 129, 1023, 1024, 1025, 4095, 4097, 16383, 16384):
+        assert size in sizes
+    assert any(s % 2 and s > 33 and s & (s - 1) for s in sizes)  # odd, not near a power of two
+    assert all(1 <= s <= 16384 for s in sizes)
+
+
+def test_boundary_sizes_respect_divisibility_and_range():
+    assert all(s % 2 == 0 and 2 <= s <= 256 for s in boundary_sizes(2, 256, 2))
+    assert boundary_sizes(5, 5) == [5]
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_boundary_cases_are_legal_within_budget_and_cover_every_dtype(name):
+    spec = load_spec(SPECS / f"{name}.yaml")
+    cases = boundary_cases(spec, BUDGET)
+    steps = spec.signature.symbol_divisors()
+    for case in cases:
+        dims = case.dim_map
+        for symbol, (lo, hi) in spec.dims.items():
+            assert lo <= dims[symbol] <= hi and dims[symbol] % steps.get(symbol, 1) == 0
+        assert case_elements(spec.signature, dims) <= BUDGET
+    assert {c.dtype for c in cases} == set(spec.dtypes)
+    assert any(c.offset for c in cases) and any(c.distribution != "normal" for c in cases)
+    # the largest allowed size of each dim appears (others shrunk to fit the budget)
+    for symbol, (lo, hi) in spec.dims.items():
+        if case_elements(spec.signature, {s: (hi if s == symbol else spec.dims[s][0]) for s in spec.dims}) <= BUDGET:
+            assert any(c.dim_map[symbol] == hi for c in cases), symbol
+    for symbol in spec.dims:
+        assert any(c.dim_map[symbol] in (31, 32, 33) for c in cases) or spec.dims[symbol][1] < 31
+
+
+@pytest.mark.parametrize("name", ["rope", "swiglu"])
+def test_drawn_cases_are_legal(name):
+    spec = load_spec(SPECS / f"{name}.yaml")
+    steps = spec.signature.symbol_divisors()
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(case_strategy(spec, BUDGET))
+    def check(case):
+        dims = case.dim_map
+        assert case.dtype in spec.dtypes
+        assert case_elements(spec.signature, dims) <= BUDGET
+        for symbol, (lo, hi) in spec.dims.items():
+            assert lo <= dims[symbol] <= hi and dims[symbol] % steps.get(symbol, 1) == 0
+    check()
+
+
+def test_smoke_and_large_cases():
+    spec = load_spec(SPECS / "softmax.yaml")
+    assert smoke_case(spec).dim_map == {"N": 37, "D": 37}
+    large = large_case(spec, BUDGET)
+    assert case_elements(spec.signature, large.dim_map) <= BUDGET * LARGE_CASE_FACTOR
+    assert large.dim_map["D"] == spec.benchmark[0]["D"]  # rows as wide as benchmarked: many blocks per row
+    assert large.dim_map["N"] >= 64

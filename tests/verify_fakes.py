@@ -1,0 +1,144 @@
+"""Python stand-ins for compiled kernels, so the verifier's logic runs on a CPU.
+
+A `PyKernel` has the interface the verifier calls on a loaded library (`call`, `has`,
+`error_name`, `clear_error`); its `impl` writes the outputs in place, honestly or with one
+of the cheats the adversarial .cu kernels commit on the GPU.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+class PyKernel:
+    def __init__(self, spec, impl, backward=None):
+        self.spec, self.impl, self.backward_impl = spec, impl, backward or gelu_backward
+        self.calls = 0
+
+    def has(self, direction: str) -> bool:
+        return True
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        self.calls += 1
+        fn = self.impl if direction == "forward" else self.backward_impl
+        return int(fn(self, tensors, dims) or 0)
+
+    def error_name(self, code: int) -> str:
+        return {9: "cudaErrorInvalidConfiguration", 700: "cudaErrorIllegalAddress"}.get(code, f"cudaError {code}")
+
+    def clear_error(self) -> None:
+        pass
+
+
+def _gelu(x):
+    return F.gelu(x.float(), approximate="tanh").to(x.dtype)
+
+
+def gelu_forward(k, t, dims):
+    t["out"].copy_(_gelu(t["x"]))
+
+
+def gelu_backward(k, t, dims):
+    x = t["x"].detach().float().clone().requires_grad_(True)
+    with torch.enable_grad():
+        y = F.gelu(x, approximate="tanh")
+        (g,) = torch.autograd.grad(y, x, t["grad_out"].float())
+    t["grad_x"].copy_(g.to(t["grad_x"].dtype))
+
+
+def does_nothing(k, t, dims):
+    return 0
+
+
+def first_256_only(k, t, dims):
+    flat = t["out"].view(-1)
+    flat[:256].copy_(_gelu(t["x"]).view(-1)[:256])
+
+
+def drops_tail(k, t, dims):
+    flat = t["out"].view(-1)
+    n = flat.numel() // 4 * 4
+    flat[:n].copy_(_gelu(t["x"]).view(-1)[:n])
+
+
+def mutates_input(k, t, dims):
+    y = _gelu(t["x"])
+    t["x"].copy_(y)
+    t["out"].copy_(y)
+
+
+def half_math(k, t, dims):
+    t["out"].copy_(_gelu(t["x"].half()).to(t["out"].dtype))
+
+
+def noisy(k, t, dims):
+    y = _gelu(t["x"])
+    if k.calls % 2:  # every other run, one ulp up: an atomics-order difference
+        y = torch.nextafter(y, torch.full_like(y, float("inf")))
+    t["out"].copy_(y)
+
+
+def pointer_cache(k, t, dims):
+    key = (t["x"].data_ptr(), t["out"].data_ptr(), t["x"].numel())
+    state = k.__dict__.setdefault("cache", {"key": None, "repeats": 0})
+    if key == state["key"]:
+        state["repeats"] += 1
+        if state["repeats"] >= 8:
+            return 0
+    else:
+        state["key"], state["repeats"] = key, 1
+    gelu_forward(k, t, dims)
+
+
+def narrow_rows(k, t, dims):
+    """Right for rows up to 64 wide; beyond, zeros: a kernel tuned for one shape."""
+    y = _gelu(t["x"])
+    if dims["D"] > 64:
+        y[:, 64:] = 0
+    t["out"].copy_(y)
+
+
+def bad_config(k, t, dims):
+    return 9
+
+
+def illegal_address(k, t, dims):
+    return 700
+
+
+def wrong_backward(k, t, dims):
+    x = t["x"].float()
+    t["grad_x"].copy_((t["grad_out"].float() * 0.5 * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x ** 3))))
+                      .to(t["grad_x"].dtype))
+
+
+def wide_rows_wrong(k, t, dims):
+    """Wrong only when D > 300: Hypothesis must find it and shrink D to just above 300."""
+    gelu_forward(k, t, dims)
+    if dims["D"] > 300:
+        t["out"][..., -1] += 1.0
+
+
+# ---- factories for the worker process (`py:verify_fakes:<name>`)
+
+def correct(spec):
+    return PyKernel(spec, gelu_forward)
+
+
+def segfaults(spec):
+    def impl(k, t, dims):
+        os.abort()  # the process dies as from a segfault in a kernel library
+    return PyKernel(spec, impl)
+
+
+def hangs(spec):
+    def impl(k, t, dims):
+        time.sleep(3600)
+    return PyKernel(spec, impl)
+
+
+def lost_context(spec):
+    return PyKernel(spec, illegal_address)

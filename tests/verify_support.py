@@ -1,0 +1,73 @@
+"""The adversarial and good kernels the verifier's tests run, read from the kernels themselves.
+
+Each adversarial `.cu` starts with `// key: value` lines: `spec` (an example spec's name),
+`expect` (the verdict reason), optionally `sanitize: yes` and `direction: backward`.
+`record()` appends results to the JSON file named by $SPECGEN_VERIFY_SUMMARY (the GPU
+suite's summary); without it, nothing is written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+ADVERSARIAL = TESTS / "adversarial"
+GOOD = TESTS / "kernels"
+STATIC_REASONS = ("compile-error", "forbidden-symbol", "entry-point-missing")
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    path: Path
+    spec: str
+    expect: str
+    sanitize: bool = False
+    direction: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def spec_path(self) -> Path:
+        return REPO / "specs" / f"{self.spec}.yaml"
+
+
+def _header(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^//\s*(spec|expect|sanitize|direction):\s*(\S+)", line)
+        if m:
+            found[m.group(1)] = m.group(2)
+        elif not line.startswith("//"):
+            break
+    return found
+
+
+def adversarial_kernels() -> list[KernelCase]:
+    cases = []
+    for path in sorted(ADVERSARIAL.glob("*.cu")):
+        meta = _header(path)
+        cases.append(KernelCase(path, meta["spec"], meta["expect"], meta.get("sanitize") == "yes",
+                                meta.get("direction")))
+    return cases
+
+
+def good_kernels() -> list[KernelCase]:
+    return [KernelCase(path, path.stem, "passed") for path in sorted(GOOD.glob("*.cu"))]
+
+
+def record(section: str, key: str, value) -> None:
+    target = os.environ.get("SPECGEN_VERIFY_SUMMARY")
+    if not target:
+        return
+    path = Path(target)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault(section, {})[key] = value
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
