@@ -7,7 +7,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kChunk = 512;  // columns per block
 template <typename T> __global__ void partial_sums(const T* x, float* sums, int64_t D) {
   __shared__ float partial[kThreads / 32];
-  int64_t row = blockIdx.y, start = blockIdx.x * kChunk;
+  int64_t row = blockIdx.x, start = blockIdx.y * kChunk;  // rows on x: N can pass 65535
   float ss = 0.f;
   for (int64_t j = start + threadIdx.x; j < D && j < start + kChunk; j += kThreads) {
     float v = load(x, row * D + j);
@@ -23,7 +23,7 @@ template <typename T> __global__ void partial_sums(const T* x, float* sums, int6
   }
 }
 template <typename T> __global__ void normalize(const T* x, const T* w, const float* sums, T* y, int64_t D, float eps) {
-  int64_t row = blockIdx.y, j = blockIdx.x * (int64_t)kThreads + threadIdx.x;
+  int64_t row = blockIdx.x, j = blockIdx.y * (int64_t)kThreads + threadIdx.x;
   if (j >= D) return;
   float rstd = rsqrtf(sums[row] / (float)D + eps);
   store(y, row * D + j, load(x, row * D + j) * rstd * load(w, j));
@@ -34,8 +34,8 @@ extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t s) {
   cudaError_t err = cudaMallocAsync((void**)&sums, a->N * sizeof(float), s);
   if (err != cudaSuccess) return err;
   cudaMemsetAsync(sums, 0, a->N * sizeof(float), s);
-  dim3 grid1((unsigned)((a->D + kChunk - 1) / kChunk), (unsigned)a->N);
-  dim3 grid2((unsigned)((a->D + kThreads - 1) / kThreads), (unsigned)a->N);
+  dim3 grid1((unsigned)a->N, (unsigned)((a->D + kChunk - 1) / kChunk));
+  dim3 grid2((unsigned)a->N, (unsigned)((a->D + kThreads - 1) / kThreads));
   DISPATCH(a->x.dtype,
            partial_sums<T><<<grid1, kThreads, 0, s>>>((const T*)a->x.data, sums, a->D);
            normalize<T><<<grid2, kThreads, 0, s>>>((const T*)a->x.data, (const T*)a->weight.data, sums,

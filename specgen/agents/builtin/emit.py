@@ -1,0 +1,685 @@
+"""Emit CUDA for row programs: one .cu per spec, both directions, every dtype.
+
+Per direction: a row kernel `template <T, VEC, TPR, ITEMS>` (TPR threads per row, VEC
+elements per 16-byte access, ITEMS vector chunks per thread held in registers, or
+ITEMS == 0 for a looped pass that re-reads very wide rows), an optional finalize kernel
+for reductions over rows (deterministic: per-slot partials, then a fixed-order sum), and
+a host entry point that dispatches on the dtype and picks the schedule from the width.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import abi
+from .ir import Node, Program, Store
+from .prelude import PRELUDE
+
+
+C_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+           "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+           "bool": "bool"}
+DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloat16": "SPECGEN_BFLOAT16",
+              "float64": "SPECGEN_FLOAT64"}
+
+# (TPR, ITEMS) schedules instantiated for the vectorized path, smallest first; the host
+# takes the first whose capacity TPR * ITEMS * VEC covers the row. ITEMS == 0: looped.
+VEC_SCHEDULES = [(4, 1), (8, 1), (32, 1), (32, 4), (128, 4), (256, 2), (256, 4), (512, 1), (512, 2), (512, 4),
+                 (512, 8), (512, 0)]
+SCALAR_SCHEDULES = [(32, 1), (256, 0)]  # unaligned or odd widths
+ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of the autotuner's space: which schedules the host may pick, how many
+    rows share a block for narrow rows, and how many chunks a thread may hold in registers."""
+
+    name: str
+    schedules: tuple = tuple(VEC_SCHEDULES)
+    row_block: int = ROW_BLOCK
+    items_cap: int = 8
+
+
+DEFAULT_VARIANT = Variant("default")
+VARIANTS = [
+    DEFAULT_VARIANT,
+    Variant("rows256", row_block=256),  # more rows in flight per block for narrow rows
+    Variant("regs4", items_cap=4),  # fewer registers per thread: more warps per SM, wider row groups
+    Variant("wide", schedules=tuple(s for s in VEC_SCHEDULES if s[0] >= 32)),  # no sub-warp rows
+]
+
+
+def dim_expr(d, prefix: str = "A.") -> str:
+    if d.symbol is None:
+        return f"(int64_t){d.add}"
+    text = f"{prefix}{d.symbol}"
+    if d.mul != 1:
+        text = f"{text} * {d.mul}"
+    if d.div != 1:
+        text = f"({text}) / {d.div}"
+    if d.add:
+        text = f"({text} + {d.add})"
+    return f"((int64_t)({text}))"
+
+
+def _float_literal(value: float) -> str:
+    if math.isinf(value):
+        return "(acc_t)INFINITY" if value > 0 else "(acc_t)(-INFINITY)"
+    if math.isnan(value):
+        return "(acc_t)NAN"
+    return f"(acc_t){float(value)!r}"
+
+
+@dataclass
+class Ctx:
+    """How to name values while emitting one scope."""
+
+    names: dict[int, str] = field(default_factory=dict)  # node id -> C variable
+    loads: dict[int, str] = field(default_factory=dict)  # elem load id -> expression for the current element
+
+
+class DirectionEmitter:
+    def __init__(self, spec, program: Program, direction: str):
+        self.spec = spec
+        self.p = program
+        self.direction = direction
+        self.args_t = abi.struct_name(spec, direction)
+        self.kname = f"{spec.name}_{'fwd' if direction == 'forward' else 'bwd'}"
+        self.nodes = program.nodes()
+        self.by_id = {n.id: n for n in self.nodes}
+        self.types = {f.name: f.tensor for f in abi.fields(spec, direction) if f.is_tensor}
+        self.elem_loads = self._unique_loads()
+        self.colreduces = [n for n in self.nodes if n.op == "colreduce"]
+        self.globalreduces = [n for n in self.nodes if n.op == "globalreduce"]
+        self.users: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            for a in n.args:
+                self.users.setdefault(a.id, []).append(n)
+
+    # ------------------------------------------------------------ naming
+    def var(self, node: Node) -> str:
+        base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in (node.name or node.op))
+        return f"{base}_{node.id}"
+
+    def ctype_of(self, fld: str) -> str:
+        t = self.types[fld]
+        return "T" if t.dtype is None else C_TYPES[t.dtype]
+
+    def load_key(self, n: Node):
+        off = n.attrs.get("offset")
+        return (n.attrs["field"], n.attrs["kind"], self.expr(off, Ctx()) if off is not None else "0",
+                tuple(str(d) for d in n.attrs.get("row_div", [])))
+
+    def _unique_loads(self) -> dict:
+        """Elem/col loads, shared when they read the same tensor at the same offset."""
+        found: dict = {}
+        for n in self.nodes:
+            if n.op == "load" and n.level == "elem":
+                found.setdefault(self.load_key(n), []).append(n)
+        return found
+
+    # ------------------------------------------------------------ expressions
+    def expr(self, node: Node, ctx: Ctx) -> str:
+        if node.id in ctx.names:
+            return ctx.names[node.id]
+        if node.id in ctx.loads:
+            return ctx.loads[node.id]
+        op, a = node.op, node.attrs
+        if op == "const":
+            v = a["value"]
+            if node.dtype == "bool":
+                return "true" if v else "false"
+            if node.dtype == "int":
+                return f"(int64_t){int(v)}"
+            return _float_literal(v)
+        if op == "scalar":
+            return f"(acc_t)A.{a['field']}"
+        if op == "dim":
+            return dim_expr(a["dim"])
+        if op == "iota":
+            return "j"
+        if op == "load" and a["kind"] == "global":
+            return f"(acc_t)sg::to_acc(*(const {self.ctype_of(a['field'])}*)A.{a['field']}.data)"
+        if op == "load" and a["kind"] == "row":
+            t = self.ctype_of(a["field"])
+            conv = "(acc_t)sg::to_acc" if node.dtype == "float" else f"(int64_t)"
+            return f"{conv}(((const {t}*)A.{a['field']}.data)[{self.row_index(a['row_div'])}])"
+        args = [self.expr(x, ctx) for x in node.args]
+        return self.op_expr(node, args)
+
+    def op_expr(self, node: Node, x: list[str]) -> str:
+        op = node.op
+        binary = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
+                  "ge": ">=", "and": "&&", "or": "||"}
+        if op in binary:
+            return f"({x[0]} {binary[op]} {x[1]})"
+        if op == "div":
+            if node.dtype == "int":
+                return f"({x[0]} / {x[1]})"
+            return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
+        if op == "floordiv":
+            return f"({x[0]} / {x[1]})"  # sizes: non-negative
+        if op == "pow":
+            exponent = node.args[1]
+            if exponent.op == "const" and exponent.attrs["value"] in (2, 2.0):
+                return f"({x[0]} * {x[0]})"
+            if exponent.op == "const" and exponent.attrs["value"] in (3, 3.0):
+                return f"({x[0]} * {x[0]} * {x[0]})"
+            return f"sg::pow_((acc_t)({x[0]}), (acc_t)({x[1]}))"
+        unary = {"exp": "sg::exp_", "log": "sg::log_", "tanh": "sg::tanh_", "rsqrt": "sg::rsqrt_",
+                 "sqrt": "sg::sqrt_", "erf": "sg::erf_"}
+        if op in unary:
+            return f"{unary[op]}((acc_t)({x[0]}))"
+        simple = {"neg": "(-{0})", "abs": "fabs((acc_t)({0}))", "not": "(!{0})",
+                  "reciprocal": "((acc_t)1 / (acc_t)({0}))",
+                  "sigmoid": "((acc_t)1 / ((acc_t)1 + sg::exp_(-(acc_t)({0}))))",
+                  "log1p": "log1p((acc_t)({0}))", "expm1": "expm1((acc_t)({0}))", "sin": "sin((acc_t)({0}))",
+                  "cos": "cos((acc_t)({0}))", "exp2": "exp2((acc_t)({0}))", "floor": "floor((acc_t)({0}))",
+                  "ceil": "ceil((acc_t)({0}))",
+                  "sign": "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))"}
+        if op in simple:
+            return simple[op].format(x[0])
+        if op == "maximum":
+            return f"sg::max_((acc_t)({x[0]}), (acc_t)({x[1]}))"
+        if op == "minimum":
+            return f"sg::min_((acc_t)({x[0]}), (acc_t)({x[1]}))"
+        if op == "atan2":
+            return f"atan2((acc_t)({x[0]}), (acc_t)({x[1]}))"
+        if op == "fmod":
+            return f"fmod((acc_t)({x[0]}), (acc_t)({x[1]}))"
+        if op == "where":
+            return f"({x[0]} ? {x[1]} : {x[2]})"
+        if op == "cast":
+            return {"float": f"(acc_t)({x[0]})", "int": f"(int64_t)({x[0]})", "bool": f"(({x[0]}) != 0)"}[
+                node.dtype]
+        raise AssertionError(f"emit: no expression for {op}")
+
+    def ctype_var(self, node: Node) -> str:
+        return {"float": "acc_t", "int": "int64_t", "bool": "bool"}[node.dtype]
+
+    def row_index(self, row_div) -> str:
+        if not row_div:
+            return "row"
+        span = " * ".join(dim_expr(d) for d in row_div)
+        return f"(row / ({span}))"
+
+    # ------------------------------------------------------------ scopes
+    def closure(self, roots: list[Node], level: str) -> list[Node]:
+        """Nodes of `level` needed by `roots`, in topo order. Reductions are boundaries:
+        their results are values of the enclosing scope, not recomputed."""
+        boundary = ("rowreduce", "gather", "colreduce", "globalreduce")
+        want: set[int] = set()
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if n.id in want or n.level != level or n.op in boundary:
+                continue
+            want.add(n.id)
+            stack.extend(n.args)
+        return [n for n in self.nodes if n.id in want]
+
+    def elem_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        lines = []
+        for n in self.closure(roots, "elem"):
+            if n.op == "load" or n.op == "iota":
+                continue
+            if n.id in ctx.names:
+                continue
+            name = self.var(n)
+            lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+            ctx.names[n.id] = name
+        return lines
+
+    # ------------------------------------------------------------ the row kernel
+    def pointer_name(self, key) -> str:
+        fld, kind, off, div = key
+        index = list(self.elem_loads).index(key)
+        return f"p_{fld}_{index}"
+
+    def emit_pass(self, consumers: list[tuple[str, Node, str]], ctx_row: Ctx, stores: list[Store],
+                  col_nodes: list[Node]) -> list[str]:
+        """One sweep over the row's columns. consumers: (kind, node, accumulator) with kind
+        sum|max|min (row reductions). Elem stores and col reductions are done in the final pass."""
+        roots = [n.args[0] for _, n, _ in consumers] + [s.value for s in stores] + [c.args[0] for c in col_nodes]
+        needed = {n.id for n in self.closure(roots, "elem")}
+        loads = [(key, ns) for key, ns in self.elem_loads.items() if any(x.id in needed for x in ns)]
+        out = []
+        for mode in ("reg", "loop"):
+            body = []
+            ind = "        "
+            if mode == "reg":
+                body.append("      #pragma unroll")
+                body.append("      for (int k = 0; k < ITEMS; ++k) {")
+                body.append("        const int64_t c = (int64_t)k * TPR + lane;")
+                body.append("        if (c * VEC < W) {")
+            else:
+                body.append("      for (int64_t c = lane; c * VEC < W; c += TPR) {")
+                body.append("        {")
+                for key, ns in loads:
+                    body.append(f"{ind}acc_t l_{self.pointer_name(key)}[VEC];")
+                    body.append(f"{ind}sg::load_vec<VEC>({self.pointer_name(key)} + c * VEC, "
+                                f"l_{self.pointer_name(key)});")
+            for i, s in enumerate(stores):
+                body.append(f"{ind}acc_t st_{i}[VEC];")
+            body.append(f"{ind}#pragma unroll")
+            body.append(f"{ind}for (int v = 0; v < VEC; ++v) {{")
+            inner = ind + "  "
+            body.append(f"{inner}const int64_t j = c * VEC + v; (void)j;")
+            ctx = Ctx(dict(ctx_row.names))
+            for key, ns in loads:
+                ref = f"r_{self.pointer_name(key)}[k][v]" if mode == "reg" else f"l_{self.pointer_name(key)}[v]"
+                for n in ns:
+                    ctx.loads[n.id] = ref
+            body += self.elem_statements(roots, ctx, inner)
+            for kind, n, acc in consumers:
+                val = self.expr(n.args[0], ctx)
+                if kind == "sum":
+                    body.append(f"{inner}{acc} += {val};")
+                else:
+                    body.append(f"{inner}{acc} = sg::{kind}_({acc}, (acc_t)({val}));")
+            for i, s in enumerate(stores):
+                body.append(f"{inner}st_{i}[v] = (acc_t)({self.expr(s.value, ctx)});")
+            for i, c in enumerate(col_nodes):
+                val = self.expr(c.args[0], ctx)
+                if mode == "reg":
+                    body.append(f"{inner}cacc_{i}[k][v] += {val};")
+                else:
+                    body.append(f"{inner}cpart_{i}[c * VEC + v] += {val};")
+            body.append(f"{ind}}}")
+            for i, s in enumerate(stores):
+                body.append(f"{ind}sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
+            body.append("        }")
+            body.append("      }")
+            out.append(body)
+        return ["      if constexpr (ITEMS > 0) {"] + out[0] + ["      } else {"] + out[1] + ["      }"]
+
+    def emit_row_kernel(self) -> str:
+        p = self.p
+        lines: list[str] = []
+        elem_stores = [s for s in p.stores if s.kind == "elem"]
+        row_stores = [s for s in p.stores if s.kind == "row"]
+        lines.append(f"// One row group of TPR threads per row; {self.describe_rows()}.")
+        lines.append("template <typename T, int VEC, int TPR, int ITEMS>")
+        lines.append(f"__global__ void __launch_bounds__(512) {self.kname}_rows(const {self.args_t} A, "
+                     f"float* __restrict__ partials, int64_t rows_per_group)")
+        lines.append("{")
+        lines.append("  using acc_t = typename sg::Acc<T>::type;")
+        lines.append("  __shared__ acc_t red_smem[33];")
+        lines.append("  (void)red_smem; (void)partials;")
+        lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
+        lines.append("  const int lane = threadIdx.x % TPR;")
+        lines.append("  const int rg = threadIdx.x / TPR;")
+        lines.append("  const int rpb = blockDim.x / TPR;")
+        lines.append("  const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;")
+        lines.append("  const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;")
+        # global-level values
+        ctx = Ctx()
+        for n in self.nodes:
+            if n.level == "global" and n.op not in ("dim", "stride"):
+                name = self.var(n)
+                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = name
+        for i, c in enumerate(self.colreduces):
+            lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
+            lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
+                         f"cacc_{i}[k][v] = 0;")
+            lines.append(f"  float* cpart_{i} = partials + ({i} * slots + slot) * W;")
+            lines.append(f"  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) "
+                         f"for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = 0.f;")
+        for i, g in enumerate(self.globalreduces):
+            lines.append(f"  acc_t gacc_{i} = 0;")
+        lines.append("  // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.")
+        lines.append("  for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; "
+                     "local += (int64_t)gridDim.x * rpb) {")
+        lines.append("    const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;")
+        for key, ns in self.elem_loads.items():
+            fld, kind, off, div = key
+            pn = self.pointer_name(key)
+            ttype = self.types[fld]
+            pitch = dim_expr(ttype.dims[-1])
+            base = f"(const {self.ctype_of(fld)}*)A.{fld}.data"
+            if kind == "col":
+                lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + {off};")
+            else:
+                lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + "
+                             f"{self.row_index(ns[0].attrs['row_div'])} * {pitch} + {off};")
+        for i, s in enumerate(elem_stores):
+            pitch = dim_expr(self.types[s.field].dims[-1])
+            off = self.expr(s.offset, ctx) if s.offset is not None else "0"
+            lines.append(f"    {self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
+                         f"row * {pitch} + {off};")
+        for key in self.elem_loads:
+            pn = self.pointer_name(key)
+            lines.append(f"    acc_t r_{pn}[ITEMS > 0 ? ITEMS : 1][VEC];")
+        if self.elem_loads:
+            lines.append("    if constexpr (ITEMS > 0) {  // the row stays in registers across passes")
+            lines.append("      #pragma unroll")
+            lines.append("      for (int k = 0; k < ITEMS; ++k) {")
+            lines.append("        const int64_t c = (int64_t)k * TPR + lane;")
+            lines.append("        if (c * VEC < W) {")
+            for key in self.elem_loads:
+                pn = self.pointer_name(key)
+                lines.append(f"          sg::load_vec<VEC>({pn} + c * VEC, r_{pn}[k]);")
+            lines.append("        }")
+            lines.append("      }")
+            lines.append("    }")
+        # row scope: compute row nodes, with passes for the reductions
+        row_nodes = [n for n in self.nodes if n.level == "row"]
+        done = set(ctx.names)
+        pending = list(row_nodes)
+        pass_no = 0
+        while pending:
+            progressed = False
+            for n in list(pending):
+                if n.op in ("rowreduce",):
+                    continue
+                if all(self.ready(a, done) for a in n.args) and (n.op != "gather" or self.gather_ready(n, done)):
+                    lines += self.emit_row_node(n, ctx)
+                    done.add(n.id)
+                    pending.remove(n)
+                    progressed = True
+            batch = [n for n in pending if n.op == "rowreduce" and self.elem_ready(n.args[0], done)]
+            if batch:
+                pass_no += 1
+                lines.append(f"    // pass {pass_no}: {', '.join(n.attrs['kind'] for n in batch)} over the row")
+                consumers = []
+                for n in batch:
+                    acc = self.var(n)
+                    init = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}[
+                        n.attrs["kind"]]
+                    lines.append(f"    acc_t {acc} = {init};")
+                    consumers.append((n.attrs["kind"], n, acc))
+                lines += self.emit_pass(consumers, ctx, [], [])
+                for kind, n, acc in consumers:
+                    op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}[kind]
+                    lines.append(f"    {acc} = sg::group_reduce<TPR>({acc}, {op}, red_smem);")
+                    ctx.names[n.id] = acc
+                    done.add(n.id)
+                    pending.remove(n)
+                progressed = True
+            if not progressed:
+                raise AssertionError(f"emit: cannot schedule row nodes {pending}")
+        if elem_stores or self.colreduces:
+            lines.append("    // final pass: outputs" + (" and column partials" if self.colreduces else ""))
+            lines += self.emit_pass([], ctx, elem_stores, self.colreduces)
+        for s in row_stores:
+            t = self.ctype_of(s.field)
+            lines.append(f"    if (lane == 0) (({t}*)A.{s.field}.data)[row] = sg::from_acc<{t}>"
+                         f"({self.expr(s.value, ctx)});")
+        for i, g in enumerate(self.globalreduces):
+            lines.append(f"    gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});")
+        lines.append("  }")
+        for i, c in enumerate(self.colreduces):
+            lines.append("  if constexpr (ITEMS > 0) {")
+            lines.append("    for (int k = 0; k < ITEMS; ++k) {")
+            lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
+            lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = "
+                         f"(float)cacc_{i}[k][v];")
+            lines.append("    }")
+            lines.append("  }")
+        for i, g in enumerate(self.globalreduces):
+            base = len(self.colreduces)
+            lines.append(f"  if (lane == 0) partials[{base} * slots * W + {i} * slots + slot] = (float)gacc_{i};")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def describe_rows(self) -> str:
+        rows = " * ".join(str(d) for d in self.p.row_dims) or "1"
+        return f"rows = {rows}, columns = {self.p.width.attrs.get('dim', self.p.width_example)}"
+
+    def ready(self, n: Node, done: set) -> bool:
+        return n.level in ("const", "global") or n.id in done or n.level == "elem" and self.elem_ready(n, done)
+
+    def elem_ready(self, n: Node, done: set) -> bool:
+        for m in self.closure([n], "elem") or [n]:
+            for a in m.args:
+                if a.level == "row" and a.id not in done:
+                    return False
+        if n.level == "row":
+            return n.id in done
+        return True
+
+    def gather_ready(self, n: Node, done: set) -> bool:
+        return self.elem_ready(n.args[0], done) and self.ready(n.args[1], done)
+
+    def emit_row_node(self, n: Node, ctx: Ctx) -> list[str]:
+        name = self.var(n)
+        if n.op == "gather":
+            # Evaluate the column expression at one column per row, reading inputs directly.
+            lines = [f"    {self.ctype_var(n)} {name};", "    {",
+                     f"      const int64_t j = {self.expr(n.args[1], ctx)};"]
+            inner = Ctx(dict(ctx.names))
+            for key, ns in self.elem_loads.items():
+                pn = self.pointer_name(key)
+                for m in ns:
+                    inner.loads[m.id] = f"(acc_t)sg::to_acc({pn}[j])"
+            lines += self.elem_statements([n.args[0]], inner, "      ")
+            lines.append(f"      {name} = {self.expr(n.args[0], inner)};")
+            lines.append("    }")
+            ctx.names[n.id] = name
+            return lines
+        line = f"    const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};"
+        ctx.names[n.id] = name
+        return [line]
+
+    # ------------------------------------------------------------ finalize kernels
+    def post_stores(self) -> list[Store]:
+        return [s for s in self.p.stores if s.kind in ("col", "global")]
+
+    def emit_finalize(self) -> str:
+        if not self.post_stores():
+            return ""
+        lines = []
+        col = [s for s in self.post_stores() if s.kind == "col"]
+        glob = [s for s in self.post_stores() if s.kind == "global"]
+        ncol = len(self.colreduces)
+        if col:
+            lines.append("// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue.")
+            lines.append("template <typename T>")
+            lines.append(f"__global__ void {self.kname}_finalize_cols(const {self.args_t} A, "
+                         "const float* __restrict__ partials, int64_t slots, int64_t groups)")
+            lines.append("{")
+            lines.append("  using acc_t = typename sg::Acc<T>::type;")
+            lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
+            lines.append("  const int64_t per_group = slots / groups;")
+            lines.append("  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; "
+                         "idx += (int64_t)gridDim.x * blockDim.x) {")
+            lines.append("    const int64_t g = idx / W, j = idx % W;")
+            ctx = Ctx()
+            for i, c in enumerate(self.colreduces):
+                lines.append(f"    acc_t {self.var(c)} = 0;")
+                lines.append(f"    for (int64_t s = 0; s < per_group; ++s) {self.var(c)} += "
+                             f"(acc_t)partials[({i} * slots + g * per_group + s) * W + j];")
+                ctx.names[c.id] = self.var(c)
+            for s in col:
+                t = self.ctype_of(s.field)
+                pitch = dim_expr(self.types[s.field].dims[-1])
+                off = self.expr(s.offset, ctx) if s.offset is not None else "0"
+                for n in self.closure([s.value], "post"):
+                    if n.id not in ctx.names and n.op != "colreduce":
+                        ctx.names[n.id] = self.var(n)
+                        lines.append(f"    const acc_t {self.var(n)} = {self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
+                lines.append(f"    (({t}*)A.{s.field}.data)[g * {pitch} + {off} + j] = sg::from_acc<{t}>"
+                             f"((acc_t)({self.expr(s.value, ctx)}));")
+            lines.append("  }")
+            lines.append("}")
+        if glob:
+            lines.append("// One block sums the per-slot partials of each reduction over all rows: a fixed tree.")
+            lines.append("template <typename T>")
+            lines.append(f"__global__ void {self.kname}_finalize_global(const {self.args_t} A, "
+                         "const float* __restrict__ partials, int64_t slots)")
+            lines.append("{")
+            lines.append("  using acc_t = typename sg::Acc<T>::type;")
+            lines.append("  __shared__ double tree[256];")
+            lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
+            ctx = Ctx()
+            for i, g in enumerate(self.globalreduces):
+                lines.append("  {")
+                lines.append("    double part = 0;")
+                lines.append(f"    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) "
+                             f"part += partials[{ncol} * slots * W + {i} * slots + s];")
+                lines.append("    tree[threadIdx.x] = part;")
+                lines.append("    __syncthreads();")
+                lines.append("    for (int w = blockDim.x / 2; w > 0; w /= 2) {")
+                lines.append("      if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];")
+                lines.append("      __syncthreads();")
+                lines.append("    }")
+                lines.append("  }")
+                lines.append(f"  const acc_t {self.var(g)} = (acc_t)tree[0];")
+                lines.append("  __syncthreads();")
+                ctx.names[g.id] = self.var(g)
+            lines.append("  if (threadIdx.x != 0) return;")
+            for n in self.nodes:
+                if n.level == "global" and n.op not in ("dim", "stride") and n.id not in ctx.names:
+                    ctx.names[n.id] = self.var(n)
+                    lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr_fresh(n, ctx)};")
+            for s in glob:
+                t = self.ctype_of(s.field)
+                for n in self.closure([s.value], "post"):
+                    if n.id not in ctx.names and n.op != "globalreduce":
+                        ctx.names[n.id] = self.var(n)
+                        lines.append(f"  const acc_t {self.var(n)} = {self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
+                lines.append(f"  *({t}*)A.{s.field}.data = ({t})({self.expr(s.value, ctx)});")
+            lines.append("}")
+        return "\n".join(lines)
+
+    def expr_fresh(self, n: Node, ctx: Ctx) -> str:
+        saved = ctx.names.pop(n.id, None)
+        text = self.expr(n, ctx)
+        if saved is not None:
+            ctx.names[n.id] = saved
+        return text
+
+    # ------------------------------------------------------------ host side
+    def emit_host(self, dtypes: list[str], variant: Variant = DEFAULT_VARIANT) -> str:
+        p = self.p
+        entry = abi.entry_point(self.spec, self.direction)
+        rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
+        group = " * ".join(dim_expr(d) for d in (p.group_div or [])) or None
+        lines = [f"template <typename T>", f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
+                 f"cudaStream_t stream)", "{"]
+        lines.append(f"  const int64_t rows = {rows};")
+        lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
+        if group and self.colreduces:
+            lines.append(f"  const int64_t rows_per_group = {group};")
+        else:
+            lines.append("  const int64_t rows_per_group = rows;")
+        lines.append("  const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;")
+        lines.append("  if (rows == 0 || W == 0) return cudaSuccess;")
+        # alignment: every vector access must start on a 16-byte boundary
+        conds = ["W % VEC == 0"]
+        for key, ns in self.elem_loads.items():
+            fld, kind, off, div = key
+            conds.append(f"sg::aligned16(A.{fld}.data)")
+            conds.append(f"({off}) % VEC == 0")
+            if kind != "col":
+                conds.append(f"{dim_expr(self.types[fld].dims[-1])} % VEC == 0")
+        for s in p.stores:
+            if s.kind == "elem":
+                conds.append(f"sg::aligned16(A.{s.field}.data)")
+                conds.append(f"{dim_expr(self.types[s.field].dims[-1])} % VEC == 0")
+                if s.offset is not None:
+                    conds.append(f"({self.expr(s.offset, Ctx())}) % VEC == 0")
+        lines.append("  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+        lines.append("  const bool vec_ok = " + "\n      && ".join(conds) + ";")
+        lines.append("  const int64_t chunks = vec_ok ? W / VEC : W;")
+        nloads = max(1, len(self.elem_loads))
+        lines.append(f"  // Schedule: the smallest row group whose registers hold the row ({nloads} input row(s)"
+                     " kept per thread); rows too wide for registers take the looped pass.")
+        lines.append("  int tpr = 0, items = 0;")
+        lines.append("  if (vec_ok) {")
+        budget = max(1, 64 // nloads)  # floats per thread per input row kept in registers
+        lines.append(f"    const int max_items = {budget} / VEC < 1 ? 1 : ({budget} / VEC > {variant.items_cap} ? "
+                     f"{variant.items_cap} : {budget} / VEC);  // register budget")
+        cases = []
+        for tpr, items in variant.schedules:
+            if items == 0:
+                cases.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
+            else:
+                cases.append(f"    if (tpr == 0 && {items} <= max_items && chunks <= (int64_t){tpr * items}) "
+                             f"{{ tpr = {tpr}; items = {items}; }}")
+        lines += cases
+        lines.append("  } else {")
+        lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
+        lines.append("  }")
+        lines.append(f"  const int block = tpr > 32 ? tpr : {variant.row_block};  // TPR > 32: one row per block")
+        lines.append("  const int rpb = block / tpr;")
+        lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
+        lines.append("  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);"
+                     "  // enough rows in flight to cover the SMs, grid-stride beyond")
+        lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
+        if self.colreduces:
+            lines.append("  // column partials: few slots per group keep the finalize cheap")
+            lines.append("  const int64_t want = (int64_t)sg::sm_count() * 2 / (groups > 0 ? groups : 1);")
+            lines.append("  if (gx > want) gx = want > 0 ? want : 1;")
+        lines.append("  if (gx < 1) gx = 1;")
+        lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
+        lines.append("  const int64_t slots = gx * groups * rpb;")
+        ncol, nglob = len(self.colreduces), len(self.globalreduces)
+        lines.append("  float* partials = nullptr;")
+        if ncol or nglob:
+            lines.append(f"  const size_t partial_bytes = sizeof(float) * (size_t)slots * ({ncol} * (size_t)W + {nglob});")
+            lines.append("  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);")
+            lines.append("  if (err != cudaSuccess) return err;")
+        lines.append("  const " + self.args_t + " args = A;")
+        lines.append("#define SG_LAUNCH(V, P, I) " + self.kname + "_rows<T, V, P, I><<<grid, block, 0, stream>>>"
+                     "(args, partials, rows_per_group)")
+        lines.append("  if (vec_ok) {")
+        first = True
+        for tpr, items in VEC_SCHEDULES:
+            kw = "if" if first else "else if"
+            first = False
+            lines.append(f"    {kw} (tpr == {tpr} && items == {items}) SG_LAUNCH(VEC, {tpr}, {items});")
+        lines.append("  } else {")
+        lines.append("    if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);")
+        lines.append("  }")
+        lines.append("#undef SG_LAUNCH")
+        if ncol and any(s.kind == "col" for s in p.stores):
+            lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
+                         f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, slots, groups);")
+        if any(s.kind == "global" for s in p.stores):
+            lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots);")
+        if ncol or nglob:
+            lines.append("  cudaFreeAsync(partials, stream);")
+        lines.append("  return cudaGetLastError();")
+        lines.append("}")
+        dispatch = self.dispatch_field()
+        lines.append("")
+        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
+        lines.append("{")
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def dispatch_field(self) -> str | None:
+        for p in self.spec.signature.inputs:
+            if p.type.dtype is None:
+                return p.name
+        return None
+
+
+def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_VARIANT) -> str:
+    parts = [f"// {spec.name}.cu: generated by specgen's builtin generator from {Path(str(spec.path)).name}.",
+             f"//   {spec.signature}",
+             "// The reference was traced to primitive ops and lowered to a row program: every row of",
+             "// the last dim is handled by a group of threads, reductions over the row stay on chip,",
+             "// math runs in fp32 (fp64 for float64) and storage keeps the spec's dtype.",
+             "// Deterministic: fixed reduction trees, no atomics.",
+             f"// Schedule variant: {variant.name}.",
+             f'#include "{abi.header_filename(spec)}"', PRELUDE]
+    for direction, program in programs.items():
+        em = DirectionEmitter(spec, program, direction)
+        parts.append(f"// ======================= {direction} =======================")
+        parts.append(em.emit_row_kernel())
+        parts.append(em.emit_finalize())
+        parts.append(em.emit_host(list(spec.dtypes), variant))
+    return "\n\n".join(p for p in parts if p) + "\n"

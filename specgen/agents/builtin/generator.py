@@ -1,0 +1,154 @@
+"""The builtin agent and the whole builtin flow: trace -> lower -> emit -> compile ->
+(on a GPU: verify + autotune + benchmark) -> lock.
+
+    from specgen.agents.builtin import generate_builtin
+    result = generate_builtin(spec, gpu=None)   # None: use the GPU when there is one
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ... import abi
+from ...errors import Rejected
+from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
+from .emit import DEFAULT_VARIANT, VARIANTS, Variant, emit_source
+from .lower import lower
+from .trace import trace
+
+_programs: dict[str, dict] = {}
+
+
+def lower_spec(spec) -> dict:
+    """The row program of each direction the spec asks a kernel for (cached per spec hash)."""
+    key = spec.hash()
+    if key not in _programs:
+        directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+        _programs[key] = {d: lower(trace(spec, d)) for d in directions}
+    return _programs[key]
+
+
+def build_source(spec, variant: Variant = DEFAULT_VARIANT) -> str:
+    """The .cu text for `spec` (AgentRefused when the reference is outside the families)."""
+    return emit_source(spec, lower_spec(spec), variant)
+
+
+class BuiltinAgent(Agent):
+    """Deterministic: it proposes its kernel once; asked again it has nothing new."""
+
+    name = "builtin"
+    model = None
+
+    def __init__(self, variant: Variant = DEFAULT_VARIANT, **_ignored):
+        self.variant = variant
+
+    def propose(self, task: KernelTask, history: list[Attempt]) -> Candidate:
+        if history:
+            raise AgentExhausted("the builtin generator is deterministic: it has one kernel per spec "
+                                 "(autotuning happens in generate_builtin on a GPU)")
+        source = build_source(task.spec, self.variant)
+        return Candidate(source=source, agent=self.name, model=None,
+                         notes=f"builtin generator, schedule variant {self.variant.name}")
+
+
+@dataclass
+class GeneratedKernel:
+    spec: object
+    source: str
+    variant: str
+    kernel_path: Path | None = None  # specs/kernels/<op>.cu when written
+    library: Path | None = None  # the compiled shared library
+    verdicts: dict = field(default_factory=dict)  # variant -> Verdict (GPU only)
+    timings: dict = field(default_factory=dict)  # variant -> median kernel us per benchmark row (GPU only)
+    benchmark: object | None = None  # BenchResult of the kept variant (GPU only)
+    record: object | None = None  # the lock Record written (GPU only)
+    notes: list[str] = field(default_factory=list)
+
+
+def compile_source(spec, source: str, *, arch: str | None = None):
+    from ...toolchain import compile_kernel
+
+    with tempfile.TemporaryDirectory(prefix="specgen-builtin-") as folder:
+        abi.write_header(spec, folder)
+        return compile_kernel(source, include_dirs=[Path(folder)], arch=arch, name=spec.name,
+                              source_name=f"kernels/{spec.name}.cu")
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("inf")
+
+
+def autotune(spec, variants: list[Variant], *, examples: int | None = None, result: GeneratedKernel):
+    """Verify each variant, time it at the spec's benchmark shapes, keep the fastest by
+    geometric mean (GPU only). Returns (variant, source, compiled, verdict)."""
+    from ...bench import bench_spec
+    from ...verify import verify_kernel
+
+    best = None
+    for variant in variants:
+        source = build_source(spec, variant)
+        compiled = compile_source(spec, source)
+        verdict = verify_kernel(spec, source, **({"examples": examples} if examples else {}))
+        result.verdicts[variant.name] = verdict
+        if not verdict.passed:
+            result.notes.append(f"variant {variant.name} failed verification: {verdict.summary()}")
+            continue
+        if len(variants) == 1:
+            return variant, source, compiled, verdict
+        timing = bench_spec(spec, compiled.library, eager=False, compiled=False, reps=20)
+        times = [row.kernel_us for row in timing.rows if row.kernel_us]
+        result.timings[variant.name] = times
+        score = _geomean(times)
+        if best is None or score < best[0]:
+            best = (score, variant, source, compiled, verdict)
+    if best is None:
+        first = next(iter(result.verdicts.values()))
+        raise Rejected(f"{spec.path}: no builtin kernel variant passed verification:\n{first.summary()}")
+    return best[1:]
+
+
+def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,
+                     tune: bool = True, bench: bool = True, examples: int | None = None) -> GeneratedKernel:
+    """Generate, compile and (with a GPU) verify, autotune and benchmark the kernel of `spec`,
+    then write `specs/kernels/<op>.cu` and its lock entry. Without a GPU: the default
+    variant, compiled, no verification record. Raises AgentRefused outside the families,
+    CompileError/Rejected when no variant compiles and verifies, LockError on a hand edit."""
+    from ... import lock
+    from ...verify import VERIFIER_VERSION, gpu_available
+
+    gpu = gpu_available() if gpu is None else gpu
+    source = build_source(spec)  # refusals surface here, before any compile
+    result = GeneratedKernel(spec, source, DEFAULT_VARIANT.name)
+    records = []
+    if not gpu:
+        compiled = compile_source(spec, source)
+        result.library = compiled.library
+        result.notes.append("no GPU: the default variant was compiled, not verified (no verification record)")
+    else:
+        variant, source, compiled, verdict = autotune(spec, VARIANTS if tune else [DEFAULT_VARIANT],
+                                                      examples=examples, result=result)
+        result.source, result.variant, result.library = source, variant.name, compiled.library
+        benchmark = None
+        if bench and spec.benchmark:
+            from ...bench import bench_spec
+
+            benchmark = bench_spec(spec, compiled.library)
+            result.benchmark = benchmark
+        record = lock.Record(kernel_hash=lock.kernel_hash(source), verifier_version=VERIFIER_VERSION,
+                             gpu_arch=compiled.arch, verification=_verification(spec, verdict, variant),
+                             benchmark=benchmark.as_record() if benchmark else None)
+        result.record = record
+        records.append(record)
+    if write:
+        result.kernel_path = lock.write_kernel(spec, result.source, agent="builtin", model=None, records=records,
+                                               regenerate=regenerate)
+    return result
+
+
+def _verification(spec, verdict, variant: Variant) -> dict:
+    return {"passed": verdict.passed, "reason": verdict.reason, "examples": verdict.cases,
+            "dtypes": list(spec.dtypes), "directions": ["forward"] + (["backward"] if spec.backward == "kernel"
+                                                                      else []),
+            "tolerance": verdict.tolerances, "variant": variant.name, "timings": verdict.timings}

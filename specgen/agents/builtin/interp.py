@@ -1,0 +1,131 @@
+"""A small torch interpreter of the row-program IR, for checking a lowering on the CPU.
+
+It evaluates each node with whole-tensor torch ops in float64, with the same semantics the
+CUDA emitter gives the node, so a lowering bug shows up as a mismatch against the
+reference here rather than on the GPU.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .ir import Node, Program
+
+_UNARY = {
+    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "rsqrt": torch.rsqrt,
+    "sqrt": torch.sqrt, "abs": torch.abs, "sigmoid": torch.sigmoid, "erf": torch.erf, "log1p": torch.log1p,
+    "expm1": torch.expm1, "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
+    "not": torch.logical_not, "exp2": torch.exp2, "floor": torch.floor, "ceil": torch.ceil, "sign": torch.sign,
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum, "minimum": torch.minimum,
+    "pow": torch.pow, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "and": torch.logical_and, "or": torch.logical_or, "atan2": torch.atan2, "fmod": torch.fmod,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+}
+
+
+def resolve_dim(dim, dims: dict[str, int]) -> int:
+    return dim.resolve(dims)
+
+
+def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dict[str, float],
+                dims: dict[str, int], outputs: dict[str, torch.Tensor]) -> None:
+    """Write every store of `program` into `outputs` (preallocated, by ABI field)."""
+    rows = math.prod(d.resolve(dims) for d in program.row_dims)
+    memo: dict[int, torch.Tensor] = {}
+
+    def as_tensor(x, dtype):
+        if isinstance(x, torch.Tensor):
+            return x
+        return torch.tensor(x, dtype=dtype)
+
+    def ev(node: Node) -> torch.Tensor:
+        if node.id in memo:
+            return memo[node.id]
+        out = _eval(node)
+        if node.dtype == "float" and out.dtype != torch.float64:
+            out = out.double()
+        elif node.dtype == "int" and out.dtype not in (torch.int64,):
+            out = out.long() if not out.is_floating_point() else out.trunc().long()
+        elif node.dtype == "bool" and out.dtype != torch.bool:
+            out = out != 0
+        memo[node.id] = out
+        return out
+
+
+    def row_index(div) -> torch.Tensor:
+        span = math.prod(d.resolve(dims) for d in div)
+        return torch.arange(rows) // max(span, 1)
+
+    def _eval(node: Node) -> torch.Tensor:
+        op, a = node.op, node.attrs
+        if op == "const":
+            return torch.tensor(a["value"], dtype={"float": torch.float64, "int": torch.int64,
+                                                   "bool": torch.bool}[node.dtype])
+        if op == "scalar":
+            return torch.tensor(float(scalars[a["field"]]), dtype=torch.float64)
+        if op == "dim":
+            return torch.tensor(a["dim"].resolve(dims), dtype=torch.int64)
+        if op == "stride":
+            raise AssertionError("strides are only used by input slices")
+        if op == "iota":
+            return torch.arange(width).unsqueeze(0)
+        if op == "load":
+            t = tensors[a["field"]]
+            t = t.double() if t.is_floating_point() else t.long() if t.dtype != torch.bool else t
+            if a["kind"] == "global":
+                return t.reshape(())
+            if a["kind"] == "row":
+                return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
+            offset = int(ev(a["offset"])) if a.get("offset") is not None else 0
+            flat = t.reshape(-1, t.shape[-1])[:, offset:offset + width]
+            if a["kind"] == "col":
+                return flat.reshape(1, width)
+            return flat[row_index(a["row_div"])]
+        args = [ev(x) for x in node.args]
+        if op in _UNARY:
+            return _UNARY[op](args[0].double() if op not in ("not", "neg", "abs") else args[0])
+        if op == "div":
+            x, y = args
+            if node.dtype == "int":
+                return torch.div(x, y, rounding_mode="trunc")
+            return x.double() / y.double()
+        if op in _BINARY:
+            return _BINARY[op](*args)
+        if op == "where":
+            return torch.where(*args)
+        if op == "cast":
+            return args[0]
+        if op == "rowreduce":
+            x = args[0].expand(rows, width)
+            return {"sum": lambda v: v.sum(-1, keepdim=True), "max": lambda v: v.amax(-1, keepdim=True),
+                    "min": lambda v: v.amin(-1, keepdim=True)}[a["kind"]](x)
+        if op == "gather":
+            x = args[0].expand(rows, width)
+            idx = args[1].expand(rows, 1).long()
+            return x.gather(1, idx)
+        if op == "colreduce":
+            x = args[0].expand(rows, width)
+            return x.reshape(rows // group, group, width).sum(1)
+        if op == "globalreduce":
+            return args[0].expand(rows, 1).sum()
+        raise AssertionError(f"interp: unknown op {op}")
+
+    width = int(ev(program.width))
+    group = math.prod(d.resolve(dims) for d in (program.group_div or []))
+    for store in program.stores:
+        value = ev(store.value)
+        out = outputs[store.field]
+        offset = int(ev(store.offset)) if store.offset is not None else 0
+        if store.kind == "global":
+            out.reshape(()).copy_(value.reshape(()))
+        elif store.kind == "row":
+            out.reshape(rows, 1).copy_(value.expand(rows, 1))
+        elif store.kind == "elem":
+            view = out.view(rows, -1)[:, offset:offset + width]
+            view.copy_(value.expand(rows, width))
+        else:  # col
+            view = out.view(-1, out.shape[-1])[:, offset:offset + width]
+            view.copy_(value.expand(view.shape))

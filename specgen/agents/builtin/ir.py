@@ -1,0 +1,121 @@
+"""The row-program IR: what one kernel direction computes, row by row.
+
+The input is viewed as `rows` rows of a domain of `width` columns (the last dim, after
+chunking). Every value has a level:
+
+    const   a literal                       global  one value for the launch (scalars, dims, 0-d inputs)
+    row     one value per row               elem    one value per (row, column)
+    post    computed after the row pass from reductions over rows (col outputs, 0-d outputs)
+
+Leaves are `load`s of ABI tensors (elem: row-mapped rows of a tensor at a column offset,
+col: a [W] parameter broadcast over rows, row: one element per row, global: a 0-d tensor),
+`scalar`s, `dim`s, `const`s and `iota` (the column index). `rowreduce` turns elem into
+row (sum, max, min over the columns); `gather` picks an elem expression at a per-row
+column; `colreduce` sums elem values over the rows of a group (weight grads: one group of
+all rows; rope's cos grad: groups of H rows) and `globalreduce` sums row values over all
+rows; both feed `post` values only, evaluated by a finalize kernel.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+LEVELS = ("const", "global", "row", "elem", "post")
+LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
+
+UNARY = {"neg", "exp", "log", "tanh", "rsqrt", "sqrt", "abs", "sigmoid", "erf", "log1p", "expm1",
+         "reciprocal", "sin", "cos", "not", "exp2", "floor", "ceil", "sign"}
+BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge",
+          "and", "or", "floordiv", "atan2", "fmod"}
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+REDUCE_KINDS = {"sum", "max", "min"}
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    args: tuple["Node", ...] = ()
+    level: str = "elem"
+    dtype: str = "float"  # float | int | bool
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(a.name or f"%{a.id}" for a in self.args)
+        extra = ", ".join(f"{k}={v!r}" for k, v in self.attrs.items() if k not in ("offset",))
+        return f"{self.name or '%' + str(self.id)} = {self.op}({inner}{'; ' + extra if extra else ''}) [{self.level} {self.dtype}]"
+
+
+def const(value, dtype: str | None = None) -> Node:
+    if dtype is None:
+        dtype = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "float"
+    return Node("const", level="const", dtype=dtype, attrs={"value": value})
+
+
+def is_const(node: Node, value=None) -> bool:
+    return node.op == "const" and (value is None or node.attrs["value"] == value)
+
+
+def level_of(*nodes: Node) -> str:
+    return max((n.level for n in nodes), key=LEVEL_RANK.__getitem__, default="const")
+
+
+@dataclass
+class Store:
+    field: str  # the ABI tensor written
+    value: Node
+    kind: str  # elem | row | col | global
+    offset: Node | None = None  # column offset (elem and col stores: cat pieces)
+
+
+@dataclass
+class Program:
+    op: str
+    direction: str
+    row_dims: list  # signature Dims of the row space (leading dims of the primary tensor)
+    width: Node  # global int: the domain width
+    width_example: int
+    stores: list[Store]
+    group_div: list | None = None  # col reductions per group of rows: the Dims that make one group
+    dims_example: dict = field(default_factory=dict)
+
+    def nodes(self) -> list[Node]:
+        """Every node reachable from the stores, in topological order."""
+        seen: dict[int, Node] = {}
+        order: list[Node] = []
+
+        def visit(node: Node):
+            stack = [(node, False)]
+            while stack:
+                n, done = stack.pop()
+                if done:
+                    if n.id not in seen:
+                        seen[n.id] = n
+                        order.append(n)
+                    continue
+                if n.id in seen:
+                    continue
+                stack.append((n, True))
+                for a in reversed(n.args):
+                    if a.id not in seen:
+                        stack.append((a, False))
+                for extra in ("offset",):
+                    if isinstance(n.attrs.get(extra), Node):
+                        stack.append((n.attrs[extra], False))
+
+        for s in self.stores:
+            visit(s.value)
+            if s.offset is not None:
+                visit(s.offset)
+        visit(self.width)
+        return order
+
+    def describe(self) -> str:
+        lines = [f"program {self.op} {self.direction}: rows = {' * '.join(map(str, self.row_dims))}, "
+                 f"width = {self.width_example} (example)"]
+        lines += [f"  {n!r}" for n in self.nodes()]
+        lines += [f"  store {s.field} <- {s.value.name or s.value.id} ({s.kind})" for s in self.stores]
+        return "\n".join(lines)

@@ -1,0 +1,569 @@
+"""Lower a traced fx graph (prims + a few aten ops, symbolic sizes) to a row program.
+
+Sizes are classified by their example values (trace.py picks distinct sizes per symbol):
+the row space is the leading dims of the first highest-rank input, the last dim is the
+column domain. An op this lowering does not know, or a shape pattern outside the row
+model (a reduction over a middle dim, a transpose, a matrix product), raises
+AgentRefused naming the op and the reference line that produced it.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from ..base import AgentRefused
+from . import ir
+from .ir import Node, Program, Store, const, is_const, level_of
+from .trace import Traced, where
+
+LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-compatible)"
+
+PRIM_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "rsqrt": "rsqrt", "sqrt": "sqrt",
+              "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1", "reciprocal": "reciprocal",
+              "sin": "sin", "cos": "cos", "exp2": "exp2", "floor": "floor", "ceil": "ceil", "sign": "sign",
+              "bitwise_not": "not", "logical_not": "not", "sigmoid": "sigmoid"}
+PRIM_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
+               "minimum": "minimum", "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
+               "ge": "ge", "bitwise_and": "and", "bitwise_or": "or", "logical_and": "and", "logical_or": "or",
+               "atan2": "atan2", "fmod": "fmod"}
+VIEW_OPS = {"broadcast_in_dim", "view_of", "clone", "squeeze", "reshape", "collapse_view", "split_dim",
+            "expand", "alias", "view", "_unsafe_view", "unsqueeze", "expand_dims", "contiguous"}
+PY_INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
+              operator.truediv: "div", operator.neg: "neg"}
+FOLD = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max, "minimum": min,
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+    "ge": operator.ge, "and": lambda a, b: bool(a and b), "or": lambda a, b: bool(a or b),
+    "floordiv": operator.floordiv, "neg": operator.neg, "not": operator.not_, "pow": operator.pow,
+}
+
+
+@dataclass
+class TensorRef:
+    """A placeholder not loaded yet: loads are placed where they are used (views first)."""
+
+    field: str
+    shape: tuple[int, ...]
+    ttype: object  # signature TensorType
+    is_int: bool
+
+
+@dataclass
+class Val:
+    node: Node
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Cat:
+    pieces: list  # [(offset Node, Val)]
+    shape: tuple[int, ...]
+
+
+def _hint(size) -> int:
+    if isinstance(size, torch.SymInt):
+        return int(size.node.hint)
+    return int(size)
+
+
+def _shape(fx_node) -> tuple[int, ...]:
+    val = fx_node.meta.get("val")
+    return tuple(_hint(s) for s in val.shape)
+
+
+class Lowering:
+    def __init__(self, traced: Traced):
+        self.t = traced
+        self.spec = traced.spec
+        sig = self.spec.signature
+        dims = traced.dims
+        self.types = {p.name: p.type for p in sig.inputs}
+        for o in sig.outputs:
+            self.types[o.name] = o.type
+            if o.type.is_floating:
+                self.types[f"grad_{o.name}"] = o.type
+        for p in sig.inputs:
+            if p.type.is_floating:
+                self.types[f"grad_{p.name}"] = p.type
+        primary = max(sig.inputs, key=lambda p: p.type.ndim)
+        if primary.type.ndim < 1:
+            raise AgentRefused(f"{self.spec.path}: the builtin generator needs a tensor input of rank >= 1")
+        self.row_dims = list(primary.type.dims[:-1])
+        self.rows = tuple(d.resolve(dims) for d in self.row_dims)
+        # example size -> signature Dim, for every dim of every tensor
+        self.size_dims: dict[int, object] = {}
+        for t in self.types.values():
+            for d in t.dims:
+                self.size_dims.setdefault(d.resolve(dims), d)
+        self.width: int | None = None
+        self.group_div: list | None = None
+        self.env: dict = {}
+
+    # ---------------------------------------------------------------- errors
+    def refuse(self, fx_node, what: str) -> AgentRefused:
+        return AgentRefused(f"{where(self.spec, fx_node)}: {what}: outside the builtin generator's families "
+                            f"(pointwise ops, reductions over the last dim, their fusions and backward); "
+                            f"{LLM_HINT}")
+
+    # ---------------------------------------------------------------- sizes
+    def dim_node(self, size: int, fx_node) -> Node:
+        if size in self.size_dims:
+            d = self.size_dims[size]
+            return Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{size}")
+        if size in (0, 1):
+            return const(size)
+        raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
+
+    def sym(self, value, fx_node) -> Node:
+        if isinstance(value, torch.fx.Node):
+            got = self.env[value]
+            return got if isinstance(got, Node) else self.refuse(fx_node, "a tensor used as a size")
+        if isinstance(value, bool):
+            return const(value)
+        if isinstance(value, (int, float)):
+            return const(value)
+        raise self.refuse(fx_node, f"a size argument of type {type(value).__name__}")
+
+    # ---------------------------------------------------------------- classification
+    def aligned(self, lead: tuple[int, ...]) -> tuple[int, ...] | None:
+        """`lead` right-aligned against the row space (padded with 1s), or None."""
+        if len(lead) > len(self.rows):
+            return None
+        padded = (1,) * (len(self.rows) - len(lead)) + tuple(lead)
+        if all(a == r or a == 1 for a, r in zip(padded, self.rows)):
+            return padded
+        return None
+
+    def is_row_shape(self, shape) -> bool:
+        """[rows...] or [rows..., 1]: one value per row (a keepdim reduction, an int target)."""
+        if shape and shape[-1] == 1 and self.rows and self.aligned(shape[:-1]) == self.rows:
+            return True
+        return bool(self.rows) and tuple(shape) == self.rows
+
+    def row_div(self, padded: tuple[int, ...], fx_node) -> list | None:
+        """Row mapping of a tensor whose leading dims are `padded`: None = full rows, [] = no
+        row dependence (a column parameter), else the Dims one row of the tensor spans."""
+        if padded == self.rows:
+            return None
+        k = 0
+        while k < len(padded) and padded[k] == self.rows[k] and padded[k] != 1:
+            k += 1
+        if any(p != 1 for p in padded[k:]):
+            raise self.refuse(fx_node, f"a broadcast pattern {padded} over rows {self.rows} (only a prefix "
+                                       f"of the row dims may be present)")
+        return list(self.row_dims[k:])
+
+    def set_width(self, width: int, fx_node) -> None:
+        if self.width is None:
+            self.width = width
+        elif self.width != width:
+            raise self.refuse(fx_node, f"columns of two widths ({self.width} and {width} in the example) "
+                                       f"computed together")
+
+    # ---------------------------------------------------------------- loads
+    def load(self, ref: TensorRef, fx_node, *, width: int | None = None, offset: Node | None = None) -> Val:
+        shape = ref.shape
+        dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+        if len(shape) == 0:
+            return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
+                            name=ref.field), shape)
+        if self.is_row_shape(shape):
+            padded = self.aligned(shape[:-1] if shape[-1] == 1 and shape != self.rows else shape)
+            div = self.row_div(padded, fx_node)
+            return Val(Node("load", level="row", dtype=dtype,
+                            attrs={"field": ref.field, "kind": "row", "row_div": div or []},
+                            name=ref.field), shape)
+        padded = self.aligned(shape[:-1])
+        if padded is None:
+            raise self.refuse(fx_node, f"input {ref.field} of shape {shape} that is not rows x columns "
+                                       f"(rows {self.rows})")
+        div = self.row_div(padded, fx_node)
+        width = shape[-1] if width is None else width
+        self.set_width(width, fx_node)
+        kind = "col" if all(p == 1 for p in padded) and self.rows != padded else "elem"
+        if kind == "col":
+            div = []
+        node = Node("load", level="elem", dtype=dtype,
+                    attrs={"field": ref.field, "kind": kind, "row_div": div or [], "offset": offset},
+                    name=ref.field if offset is None else f"{ref.field}_at")
+        return Val(node, padded + (width,))
+
+    def value(self, arg, fx_node) -> Val:
+        """An fx argument as a Val (loading placeholders on first use, consts as 0-d)."""
+        if isinstance(arg, torch.fx.Node):
+            got = self.env[arg]
+            if isinstance(got, TensorRef):  # loaded per use; the emitter shares equal loads
+                got = self.load(got, fx_node)
+            if isinstance(got, Node):  # a SymInt / SymFloat used as a tensor operand
+                return Val(got, ())
+            if isinstance(got, Cat):
+                raise self.refuse(fx_node, "a concatenation used before it is stored")
+            return got
+        if isinstance(arg, (bool, int, float)):
+            if isinstance(arg, float) and arg in self.t.scalar_sentinels:
+                return Val(Node("scalar", level="global", dtype="float",
+                                attrs={"field": self.t.scalar_sentinels[arg]},
+                                name=self.t.scalar_sentinels[arg]), ())
+            return Val(const(arg), ())
+        raise self.refuse(fx_node, f"an operand of type {type(arg).__name__}")
+
+    # ---------------------------------------------------------------- node builders
+    def pointwise(self, op: str, args: list[Node], fx_node, dtype: str | None = None) -> Node:
+        if all(a.op == "const" for a in args) and op in FOLD:
+            value = FOLD[op](*[a.attrs["value"] for a in args])
+            return const(value)
+        folded = self.fold_range(op, args)
+        if folded is not None:
+            return folded
+        if op in ir.COMPARE or op in ("and", "or", "not"):
+            out_dtype = "bool"
+        elif dtype is not None:
+            out_dtype = dtype
+        elif any(a.dtype == "float" for a in args) or op in ("div", "exp", "log", "tanh", "rsqrt", "sqrt"):
+            out_dtype = "float" if any(a.dtype == "float" for a in args) or op != "div" else "int"
+        else:
+            out_dtype = "int" if any(a.dtype == "int" for a in args) else "bool"
+        return Node(op, tuple(args), level=level_of(*args), dtype=out_dtype, name=fx_node.name)
+
+    def fold_range(self, op, args) -> Node | None:
+        """Compare an int input with a constant outside its declared value range."""
+        if op not in ir.COMPARE or len(args) != 2:
+            return None
+        a, b = args
+        if not (a.op == "load" and is_const(b) and isinstance(b.attrs["value"], (int, float))):
+            return None
+        ttype = self.types.get(a.attrs["field"])
+        if ttype is None or ttype.value_range is None:
+            return None
+        lo, hi = ttype.value_range
+        c = b.attrs["value"]
+        below = lo.is_literal and c < lo.add
+        above = hi.is_literal and c >= hi.add
+        if not (below or above):
+            return None
+        return const({"eq": False, "ne": True, "lt": above, "le": above, "gt": below, "ge": below}[op])
+
+    def where(self, cond: Node, a: Node, b: Node, fx_node) -> Node:
+        if is_const(cond):
+            return a if cond.attrs["value"] else b
+        dtype = "float" if "float" in (a.dtype, b.dtype) else a.dtype
+        return Node("where", (cond, a, b), level=level_of(cond, a, b), dtype=dtype, name=fx_node.name)
+
+    def cast(self, node: Node, dtype: torch.dtype, fx_node) -> Node:
+        target = "float" if dtype.is_floating_point else ("bool" if dtype == torch.bool else "int")
+        if node.dtype == target:
+            return node
+        if node.op == "const":
+            v = node.attrs["value"]
+            return const(float(v) if target == "float" else bool(v) if target == "bool" else int(v), target)
+        return Node("cast", (node,), level=node.level, dtype=target, name=fx_node.name)
+
+    # ---------------------------------------------------------------- reductions
+    def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction: float | None = None) -> Val:
+        shape = val.shape
+        dims = sorted(d % len(shape) for d in dims) if shape else []
+        out_shape = tuple(s for i, s in enumerate(shape) if i not in dims)
+        node = val.node
+        if all(shape[d] == 1 for d in dims):  # reducing size-1 dims: a view
+            if kind == "var":
+                return Val(const(0.0), out_shape)
+            return Val(node, out_shape)
+        last = len(shape) - 1
+        if node.level in ("const", "global") and kind in ("sum",):
+            count = self.count(shape, dims, fx_node)
+            return Val(self.pointwise("mul", [node, count], fx_node), out_shape)
+        if dims == [last] and not self.is_row_shape(shape):
+            if node.level in ("const", "global", "row"):  # constant along the row
+                if kind == "sum":
+                    return Val(self.pointwise("mul", [node, self.dim_node(shape[last], fx_node)], fx_node),
+                               out_shape)
+                if kind in ("max", "min"):
+                    return Val(node, out_shape)
+            if kind == "var":
+                w = self.dim_node(shape[last], fx_node)
+                wf = self.cast(w, torch.float32, fx_node)
+                total = Node("rowreduce", (node,), level="row", attrs={"kind": "sum"}, name=f"{fx_node.name}_sum")
+                mean = self.pointwise("div", [total, wf], fx_node)
+                dev = self.pointwise("sub", [node, mean], fx_node)
+                sq = self.pointwise("mul", [dev, dev], fx_node)
+                ssq = Node("rowreduce", (sq,), level="row", attrs={"kind": "sum"}, name=f"{fx_node.name}_ssq")
+                denom = self.pointwise("sub", [wf, const(float(correction or 0.0))], fx_node)
+                return Val(self.pointwise("div", [ssq, denom], fx_node), out_shape)
+            return Val(Node("rowreduce", (node,), level="row", dtype=node.dtype, attrs={"kind": kind},
+                            name=fx_node.name), out_shape)
+        if self.is_row_shape(shape) and node.level in ("row", "const", "global"):
+            if set(dims) != set(range(len(shape))) and not (len(dims) == len(shape) - 1 and shape[-1] == 1):
+                raise self.refuse(fx_node, "a reduction over part of the row dims of a per-row value")
+            if kind != "sum":
+                raise self.refuse(fx_node, f"a {kind} over rows")
+            return Val(Node("globalreduce", (node,), level="post", dtype=node.dtype, attrs={"kind": "sum"},
+                            name=fx_node.name), out_shape)
+        if last not in dims and node.level == "elem":
+            lead = shape[:-1]
+            if kind != "sum":
+                raise self.refuse(fx_node, f"a {kind} over rows")
+            padded = self.aligned(lead)
+            if padded is None:
+                raise self.refuse(fx_node, "a reduction over rows of a value that is not rows x columns")
+            offset = len(self.rows) - len(lead)
+            reduced = {d + offset for d in dims}
+            kept = [i for i in range(len(self.rows)) if i not in reduced]
+            if kept != list(range(len(kept))):
+                raise self.refuse(fx_node, "a reduction over leading row dims that keeps a later one")
+            group_div = list(self.row_dims[len(kept):])
+            if self.group_div is not None and [str(d) for d in self.group_div] != [str(d) for d in group_div]:
+                raise self.refuse(fx_node, "reductions over rows in two different groupings")
+            self.group_div = group_div
+            return Val(Node("colreduce", (node,), level="post", dtype="float", attrs={"kind": "sum"},
+                            name=fx_node.name), out_shape)
+        raise self.refuse(fx_node, f"a reduction over dims {dims} of a value of shape {shape}")
+
+    def count(self, shape, dims, fx_node) -> Node:
+        total: Node = const(1)
+        for d in dims:
+            total = self.pointwise("mul", [total, self.dim_node(shape[d], fx_node)], fx_node)
+        return total
+
+    # ---------------------------------------------------------------- the walk
+    def run(self) -> Program:
+        graph = self.t.graph.graph
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        for fx_node, field in zip(placeholders, self.t.inputs):
+            ttype = self.types[field]
+            self.env[fx_node] = TensorRef(field, _shape(fx_node), ttype,
+                                          is_int=not ttype.is_floating and ttype.dtype != "bool")
+        stores: list[Store] = []
+        for fx_node in graph.nodes:
+            if fx_node.op == "placeholder":
+                continue
+            if fx_node.op == "output":
+                results = fx_node.args[0]
+                results = results if isinstance(results, (tuple, list)) else (results,)
+                for field, result in zip(self.t.outputs, results):
+                    stores += self.store(field, result, fx_node)
+                continue
+            if fx_node.op != "call_function":
+                raise self.refuse(fx_node, f"fx {fx_node.op} {fx_node.target}")
+            self.env[fx_node] = self.call(fx_node)
+        width_node = self.dim_node(self.width, None) if self.width else const(1)
+        return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
+                       self.group_div, dict(self.t.dims))
+
+    def call(self, fx_node):
+        target = fx_node.target
+        args, kwargs = fx_node.args, fx_node.kwargs
+        if target in PY_INT_OPS:
+            return self.pointwise(PY_INT_OPS[target], [self.sym(a, fx_node) for a in args], fx_node)
+        if target is torch.sym_float:
+            return self.cast(self.sym(args[0], fx_node), torch.float32, fx_node)
+        if target is operator.getitem:
+            return self.env[args[0]][args[1]]
+        schema = getattr(target, "_schema", None)
+        if schema is None:
+            raise self.refuse(fx_node, f"the call {getattr(target, '__name__', target)}")
+        ns, name = schema.name.split("::")
+        handler = getattr(self, f"op_{name}", None)
+        if name in PRIM_UNARY:
+            return self.elementwise(PRIM_UNARY[name], args[:1], fx_node)
+        if name in PRIM_BINARY:
+            return self.elementwise(PRIM_BINARY[name], args[:2], fx_node)
+        if name in VIEW_OPS:
+            return self.view(args[0], fx_node)
+        if handler is None:
+            raise self.refuse(fx_node, f"the op {ns}.{name}")
+        return handler(fx_node, *args, **kwargs)
+
+    def elementwise(self, op: str, args, fx_node):
+        vals = [self.value(a, fx_node) for a in args]
+        node = self.pointwise(op, [v.node for v in vals], fx_node)
+        if node.level == "elem":
+            self.check_elem_operands(vals, fx_node)
+        return Val(node, _shape(fx_node) if "val" in fx_node.meta and hasattr(fx_node.meta["val"], "shape")
+                   else ())
+
+    def check_elem_operands(self, vals, fx_node):
+        for v in vals:
+            if v.node.level == "post":
+                raise self.refuse(fx_node, "a reduction over rows used inside the row computation")
+
+    def view(self, src, fx_node):
+        got = self.env[src]
+        new_shape = _shape(fx_node)
+        if isinstance(got, Cat):
+            return Cat(got.pieces, new_shape)
+        if isinstance(got, TensorRef):
+            return self.view_input(got, fx_node, new_shape)
+        if isinstance(got, Node):
+            return got
+        old = got.shape
+        if old and new_shape and old[-1] != new_shape[-1] and got.node.level == "elem" \
+                and math.prod(old) != math.prod(new_shape):
+            raise self.refuse(fx_node, f"a view from {old} to {new_shape}")
+        if got.node.level == "elem" and old and new_shape and old[-1] != new_shape[-1] and old[-1] != 1:
+            raise self.refuse(fx_node, f"a reshape of the column dim ({old} to {new_shape})")
+        return Val(got.node, new_shape)
+
+    def view_input(self, ref: TensorRef, fx_node, new_shape):
+        """A view of an input stays an input reference (loaded where used) with the shape
+        aligned to the view: same elements, or a broadcast whose source dims are known."""
+        if math.prod(new_shape) == math.prod(ref.shape) and [s for s in new_shape if s != 1] == \
+                [s for s in ref.shape if s != 1]:
+            return TensorRef(ref.field, new_shape, ref.ttype, ref.is_int)
+        name = fx_node.target._schema.name.split("::")[1]
+        if name == "broadcast_in_dim":
+            bdims = list(fx_node.args[2])
+            aligned = [1] * len(new_shape)
+            for size, d in zip(ref.shape, bdims):
+                aligned[d] = size
+            return Val(self.load(TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int), fx_node).node,
+                       new_shape)
+        raise self.refuse(fx_node, f"a view of input {ref.field} from {ref.shape} to {new_shape}")
+
+    # -- sizes
+    def op_sym_size(self, fx_node, tensor, dim):
+        return self.dim_node(_hint(fx_node.meta["val"]), fx_node)
+
+    def op_sym_stride(self, fx_node, tensor, dim):
+        return Node("stride", level="global", dtype="int", attrs={"value": _hint(fx_node.meta["val"])},
+                    name=fx_node.name)
+
+    def op_sym_numel(self, fx_node, tensor):
+        return self.dim_node(_hint(fx_node.meta["val"]), fx_node)
+
+    # -- views with offsets
+    def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        got = self.env[src]
+        new_shape = _shape(fx_node)
+        offset = self.sym(storage_offset, fx_node) if storage_offset is not None else const(0)
+        if isinstance(got, TensorRef):
+            strides = [_hint(s) if not isinstance(s, torch.fx.Node) else self.env[s].attrs.get("value")
+                       for s in stride]
+            contiguous = _contiguous_strides(got.shape)
+            if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
+                raise self.refuse(fx_node, "a strided view of an input other than a column slice")
+            if is_const(offset, 0) and new_shape == got.shape:
+                return self.value(src, fx_node)
+            return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
+        if not is_const(offset, 0):
+            raise self.refuse(fx_node, "a strided view at an offset of a computed value")
+        return self.view(src, fx_node)
+
+    def op_cat(self, fx_node, tensors, dim=0):
+        shape = _shape(fx_node)
+        if dim % len(shape) != len(shape) - 1:
+            raise self.refuse(fx_node, "a concatenation along a dim other than the last")
+        pieces, offset = [], 0
+        for t in tensors:
+            v = self.value(t, fx_node)
+            pieces.append((self.dim_node(offset, fx_node) if offset else const(0), v))
+            offset += _shape(t)[-1]
+        return Cat(pieces, shape)
+
+    def op_full_like(self, fx_node, src, value, **kwargs):
+        return Val(const(value), _shape(fx_node))
+
+    def op_full(self, fx_node, size, value, **kwargs):
+        return Val(const(value), _shape(fx_node))
+
+    def op_scalar_tensor(self, fx_node, value, **kwargs):
+        return Val(const(value), ())
+
+    def op_convert_element_type(self, fx_node, src, dtype):
+        v = self.value(src, fx_node)
+        return Val(self.cast(v.node, dtype, fx_node), _shape(fx_node))
+
+    def op_where(self, fx_node, cond, a, b):
+        c, x, y = (self.value(t, fx_node) for t in (cond, a, b))
+        return Val(self.where(c.node, x.node, y.node, fx_node), _shape(fx_node))
+
+    # -- reductions
+    def op_sum(self, fx_node, src, dims, **kw):
+        return self.reduce("sum", self.value(src, fx_node), list(dims), fx_node)
+
+    def op_amax(self, fx_node, src, dims, **kw):
+        return self.reduce("max", self.value(src, fx_node), list(dims), fx_node)
+
+    def op_amin(self, fx_node, src, dims, **kw):
+        return self.reduce("min", self.value(src, fx_node), list(dims), fx_node)
+
+    def op_var(self, fx_node, src, dims, correction=0.0, **kw):
+        return self.reduce("var", self.value(src, fx_node), list(dims), fx_node, correction=correction)
+
+    # -- indexing along the last dim
+    def op_gather(self, fx_node, src, dim, index, **kw):
+        v, idx = self.value(src, fx_node), self.value(index, fx_node)
+        if dim % len(v.shape) != len(v.shape) - 1 or idx.node.level not in ("row", "const", "global"):
+            raise self.refuse(fx_node, "a gather other than one column per row")
+        return Val(Node("gather", (v.node, idx.node), level="row", dtype=v.node.dtype, name=fx_node.name),
+                   _shape(fx_node))
+
+    def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
+        b, idx = self.value(base, fx_node), self.value(index, fx_node)
+        if not isinstance(value, (int, float)) or dim % len(b.shape) != len(b.shape) - 1 \
+                or idx.node.level not in ("row", "const", "global"):
+            raise self.refuse(fx_node, "a scatter other than one constant per row (a one-hot)")
+        self.set_width(b.shape[-1], fx_node)
+        iota = Node("iota", level="elem", dtype="int", name="col")
+        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        return Val(self.where(hit, const(value), b.node, fx_node), _shape(fx_node))
+
+    # -- outputs
+    def store(self, field: str, result, fx_node) -> list[Store]:
+        got = self.env[result] if isinstance(result, torch.fx.Node) else None
+        if got is None:
+            got = Val(const(result), ())
+        ttype = self.types[field]
+        pieces = got.pieces if isinstance(got, Cat) else [(None, self.value(result, fx_node))]
+        if ttype.ndim == 0:
+            node = pieces[0][1].node
+            if node.level in ("row", "elem"):
+                raise self.refuse(fx_node, f"a 0-d output {field} that is not a reduction over every row")
+            return [Store(field, node, "global")]
+        shape = tuple(d.resolve(self.t.dims) for d in ttype.dims)
+        if self.is_row_shape(shape):
+            node = pieces[0][1].node
+            if node.level == "elem":
+                raise self.refuse(fx_node, f"output {field} is per row but its value is per element")
+            return [Store(field, node, "row")]
+        lead = tuple(shape[:-1])
+        if lead == self.rows:
+            div = None
+        elif lead == self.rows[:len(lead)]:  # per group of rows (a parameter's gradient)
+            div = list(self.row_dims[len(lead):])
+        else:
+            raise self.refuse(fx_node, f"output {field} of shape {shape} that is not rows x columns")
+        stores = []
+        for offset, val in pieces:
+            node = val.node
+            piece_width = val.shape[-1] if val.shape else shape[-1]
+            if piece_width != 1:
+                self.set_width(piece_width, fx_node)
+            off = None if offset is None or is_const(offset, 0) else offset
+            if div is None:
+                if node.level == "post":
+                    raise self.refuse(fx_node, f"output {field} mixes a reduction over rows into per-row values")
+                stores.append(Store(field, node, "elem", off))
+            else:
+                if node.level != "post" and node.level != "const":
+                    raise self.refuse(fx_node, f"output {field} is broadcast over rows but not a sum over rows")
+                if self.group_div is not None and [str(d) for d in div] != [str(d) for d in self.group_div]:
+                    raise self.refuse(fx_node, f"output {field}: its rows do not match the reduction's groups")
+                if self.group_div is None:
+                    self.group_div = div
+                stores.append(Store(field, node, "col", off))
+        return stores
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(strides))
+
+
+def lower(traced: Traced) -> Program:
+    return Lowering(traced).run()

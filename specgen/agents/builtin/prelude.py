@@ -1,0 +1,123 @@
+"""The CUDA helpers pasted into every generated kernel (a kernel file includes only CUDA
+headers and its ABI header, so the helpers travel inside it). A Python string so it ships
+in the wheel with the code."""
+
+PRELUDE = r"""// ---- specgen builtin runtime helpers (inlined into every generated kernel) ----
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+namespace sg {
+
+// Math runs in fp32 for half types (fp64 for double); storage keeps the spec's dtype.
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ int64_t to_acc(int64_t v) { return v; }
+__device__ __forceinline__ int64_t to_acc(int32_t v) { return v; }
+
+template <typename T> __device__ __forceinline__ T from_acc(float v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ T from_acc(double v) { return (T)v; }
+
+// VEC consecutive elements; one 16-byte transaction when VEC * sizeof(T) == 16 (the host
+// checks alignment at run time: pointers may be offset views).
+template <int VEC, typename T, typename A>
+__device__ __forceinline__ void load_vec(const T* __restrict__ p, A (&out)[VEC]) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    union { uint4 raw; T v[VEC]; } u;
+    u.raw = __ldg(reinterpret_cast<const uint4*>(p));
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = (A)to_acc(u.v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out[i] = (A)to_acc(p[i]);
+  }
+}
+
+template <int VEC, typename T, typename A>
+__device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC]) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    union { uint4 raw; T v[VEC]; } u;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) u.v[i] = from_acc<T>(in[i]);
+    *reinterpret_cast<uint4*>(p) = u.raw;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) p[i] = from_acc<T>(in[i]);
+  }
+}
+
+__device__ __forceinline__ float exp_(float x) { return expf(x); }
+__device__ __forceinline__ double exp_(double x) { return exp(x); }
+__device__ __forceinline__ float log_(float x) { return logf(x); }
+__device__ __forceinline__ double log_(double x) { return log(x); }
+__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+__device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
+__device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
+__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+__device__ __forceinline__ double sqrt_(double x) { return sqrt(x); }
+__device__ __forceinline__ float erf_(float x) { return erff(x); }
+__device__ __forceinline__ double erf_(double x) { return erf(x); }
+__device__ __forceinline__ float pow_(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double pow_(double x, double y) { return pow(x, y); }
+template <typename A> __device__ __forceinline__ A max_(A a, A b) { return (a > b || a != a) ? a : b; }  // NaN wins
+template <typename A> __device__ __forceinline__ A min_(A a, A b) { return (a < b || a != a) ? a : b; }
+
+// A reduction over the TPR threads that share a row. TPR <= 32: shuffles inside a part of a
+// warp; TPR > 32 (the whole block): shuffles, then one value per warp through shared memory.
+template <int TPR, typename A, typename Op>
+__device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
+  if constexpr (TPR <= 32) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = TPR == 32 ? 0xffffffffu : (((1u << TPR) - 1u) << (lane / TPR * TPR));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(mask, v, o));
+    return v;
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) smem[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+      v = smem[0];
+      for (int w = 1; w < TPR / 32; ++w) v = op(v, smem[w]);  // fixed order: deterministic
+      smem[32] = v;
+    }
+    __syncthreads();
+    v = smem[32];
+    __syncthreads();
+    return v;
+  }
+}
+
+struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
+struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
+struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+inline int sm_count() {
+  static int count = 0;
+  if (count == 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+      count = 132;
+  }
+  return count;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace sg
+// ---- end of helpers ----
+"""

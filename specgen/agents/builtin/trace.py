@@ -1,0 +1,181 @@
+"""Trace a spec's reference (and its vjp) into an fx graph of primitive ops.
+
+`make_fx` runs the reference symbolically in the spec's dims with the full decomposition
+table, so what reaches the lowering is a small set of `prims` ops (plus a few aten ops
+such as gather/scatter) whose sizes are SymInts, not numbers baked in at one shape.
+Scalars (eps, ...) are traced as sentinel constants and mapped back to the ABI field.
+The trace runs in float32: the generated kernel computes in fp32 (fp64 for float64)
+whatever the storage dtype, so the dtype-specific casts of the reference are irrelevant.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch._decomp import decomposition_table
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ...inputs import TORCH_DTYPES
+from ...reference import reference_failure
+from ..base import AgentRefused
+
+# Sizes used for the example inputs: distinct, so a size's example value names its symbol.
+TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
+SENTINEL_BASE = 0.000123456789  # float scalars trace as SENTINEL_BASE * (index + 1)
+
+
+@dataclass
+class Traced:
+    spec: object
+    direction: str  # forward | backward
+    graph: torch.fx.GraphModule
+    inputs: list[str]  # ABI field of each placeholder, in order
+    outputs: list[str]  # ABI field of each graph output, in order (None: not a kernel output)
+    dims: dict[str, int]  # the example size of each symbol
+    scalar_sentinels: dict[float, str] = field(default_factory=dict)  # traced value -> scalar field
+
+
+def trace_dims(spec) -> dict[str, int]:
+    """Example sizes: distinct values per symbol, honouring each symbol's divisibility."""
+    sig = spec.signature
+    divisors = sig.symbol_divisors()
+    dims: dict[str, int] = {}
+    used: set[int] = set()
+    candidates = iter(TRACE_SIZES + tuple(range(29, 400, 2)))
+    for symbol in sig.symbols():
+        step = divisors.get(symbol, 1)
+        for base in candidates:
+            value = base * step
+            sizes = {d.resolve({**dims, symbol: value}) for t in _types(sig) for d in t.dims
+                     if d.symbol == symbol and value * d.mul % d.div == 0}
+            if not (sizes | {value}) & (used | {0, 1}):
+                dims[symbol] = value
+                used |= sizes | {value}
+                break
+    return dims
+
+
+def _types(sig):
+    return [p.type for p in sig.inputs] + [o.type for o in sig.outputs]
+
+
+def _example_inputs(spec, dims: dict[str, int]) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for p in spec.signature.inputs:
+        shape = p.type.shape(dims)
+        if p.type.value_range is not None:
+            lo, hi = (d.resolve(dims) for d in p.type.value_range)
+            out[p.name] = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, dtype=torch.int64).to(
+                TORCH_DTYPES[p.type.dtype])
+        elif p.type.is_floating:
+            dtype = TORCH_DTYPES[p.type.dtype] if p.type.dtype else torch.float32
+            out[p.name] = torch.randn(shape, generator=gen, dtype=dtype)
+        else:
+            out[p.name] = torch.zeros(shape, dtype=TORCH_DTYPES[p.type.dtype])
+    return out
+
+
+def _scalars(spec) -> tuple[dict[str, object], dict[float, str]]:
+    values, sentinels = {}, {}
+    for index, p in enumerate(spec.signature.scalars):
+        if p.type.kind == "float":
+            value = SENTINEL_BASE * (index + 1)
+            values[p.name] = value
+            sentinels[value] = p.name
+        else:
+            raise AgentRefused(f"{spec.path}: the builtin generator handles float scalars only; "
+                               f"{p.name}: {p.type.kind} may steer Python control flow in the reference. "
+                               f"Use an LLM agent (--agent openai|anthropic|openai-compatible)")
+    return values, sentinels
+
+
+def trace(spec, direction: str) -> Traced:
+    sig = spec.signature
+    dims = trace_dims(spec)
+    examples = _example_inputs(spec, dims)
+    scalars, sentinels = _scalars(spec)
+    fn = spec.reference_fn()
+    names = [p.name for p in sig.inputs]
+    floating = [n for n, p in zip(names, sig.inputs) if p.type.is_floating]
+
+    def forward(*tensors):
+        result = fn(**dict(zip(names, tensors)), **scalars)
+        return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+    if direction == "forward":
+        target, placeholders = forward, list(names)
+        args = [examples[n] for n in names]
+        outputs = [o.name for o in sig.outputs]
+    else:
+        float_outs = [i for i, o in enumerate(sig.outputs) if o.type.is_floating]
+        with torch.no_grad():
+            out_examples = forward(*[examples[n] for n in names])
+        grads = [torch.randn_like(out_examples[i]) for i in float_outs]
+
+        def target(*tensors):
+            xs = [t.detach().requires_grad_(n in floating) for n, t in zip(names, tensors[:len(names)])]
+            outs = forward(*xs)
+            diff = [(outs[i], g) for i, g in zip(float_outs, tensors[len(names):]) if outs[i].requires_grad]
+            wrt = [x for n, x in zip(names, xs) if n in floating]
+            result = torch.autograd.grad([o for o, _ in diff], wrt, [g for _, g in diff], allow_unused=True)
+            return tuple(torch.zeros_like(x) if r is None else r for r, x in zip(result, wrt))
+
+        placeholders = names + [f"grad_{sig.outputs[i].name}" for i in float_outs]
+        args = [examples[n] for n in names] + grads
+        outputs = [f"grad_{n}" for n in floating]
+    try:
+        with _stack_anchor(str(spec.path or f"<{spec.name}>")):
+            graph = make_fx(target, decomposition_table=decomposition_table, tracing_mode="symbolic",
+                            record_stack_traces=True)(*args)
+    except AgentRefused:
+        raise
+    except Exception as error:  # the reference does something make_fx cannot follow
+        location = reference_failure(spec, error, "while tracing").location
+        raise AgentRefused(f"{location}: the builtin generator cannot trace the {direction} of the reference "
+                           f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                           f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
+    return Traced(spec, direction, graph, placeholders, outputs, dims, sentinels)
+
+
+@contextlib.contextmanager
+def _stack_anchor(filename: str):
+    """fx keeps only "forward" frames in a node's stack trace; anchor the reference's frame
+    too, so a refusal can name the YAML line. Best effort: older torch lacks the hook."""
+    import torch.fx.proxy as fx_proxy
+
+    anchors = getattr(fx_proxy, "_STACK_TRACE_ANCHORS", None)
+    key = (filename, "reference")
+    added = isinstance(anchors, set) and key not in anchors
+    if added:
+        anchors.add(key)
+    try:
+        yield
+    finally:
+        if added:
+            anchors.discard(key)
+
+
+def reference_line(spec, node) -> int | None:
+    """The YAML line of the reference that produced an fx node (the reference is compiled
+    with the YAML file as its filename and YAML line numbers)."""
+    stack = node.meta.get("stack_trace") or ""
+    filename = str(spec.path or f"<{spec.name}>")
+    line = None
+    for m in re.finditer(r'File "([^"]+)", line (\d+)', stack):
+        if m.group(1) == filename:
+            line = int(m.group(2))
+    return line
+
+
+def where(spec, node) -> str:
+    line = reference_line(spec, node)
+    filename = str(spec.path or spec.name)
+    if line is None:
+        return f"{filename}:{spec.reference_line}"
+    return f"{filename}:{line}"
+
+
+__all__ = ["Traced", "trace", "trace_dims", "reference_line", "where"]

@@ -1,0 +1,299 @@
+"""The lock: `specs/kernels/<op>.cu` beside `specs/specgen.lock` (DESIGN.md "The lock").
+
+The lock is JSON with sorted keys, one entry per op:
+
+    {"version": 1,
+     "ops": {"softmax": {"spec": "softmax.yaml", "spec_hash": "...",
+                         "kernel": "kernels/softmax.cu", "kernel_hash": "...",
+                         "agent": "builtin", "model": null, "created": "2025-...Z",
+                         "records": [{"kernel_hash": "...", "verifier_version": "1",
+                                      "gpu_arch": "sm_90", "verification": {...},
+                                      "benchmark": {...}}]}}}
+
+Writes are atomic and ordered: the kernel file first, the lock last, so an interruption at
+any point leaves the previous lock valid (the new kernel then reads as hand-edited, which
+only asks for a re-verification). A kernel whose hash differs from its entry was edited by
+hand and is never overwritten without `regenerate=True`. Only a machine with a GPU writes
+verification records.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import Rejected
+from .fsutil import write_atomic
+
+LOCK_NAME = "specgen.lock"
+KERNEL_DIR = "kernels"
+LOCK_VERSION = 1
+
+MISSING, FRESH, STALE, HAND_EDITED = "missing", "fresh", "stale", "hand-edited"
+
+
+class LockError(Rejected):
+    """The lock refuses a write (e.g. it would overwrite a hand-edited kernel) or cannot be read."""
+
+
+def kernel_hash(source: str) -> str:
+    """sha256 of the kernel text as written to disk (UTF-8)."""
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def gpu_available() -> bool:
+    """Whether this machine may write verification records (tests monkeypatch this)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, broken driver: no GPU as far as the lock is concerned
+        return False
+
+
+@dataclass(frozen=True)
+class Record:
+    """One verification and/or benchmark, valid for one kernel, verifier version and GPU arch."""
+
+    kernel_hash: str
+    verifier_version: str
+    gpu_arch: str
+    verification: dict[str, Any] | None = None  # examples, dtypes, shapes, tolerance, max errors, passed
+    benchmark: dict[str, Any] | None = None  # {"rows": [...]}
+    created: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kernel_hash, self.verifier_version, self.gpu_arch)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.verification and self.verification.get("passed"))
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "Record":
+        return Record(**{k: data.get(k) for k in ("kernel_hash", "verifier_version", "gpu_arch",
+                                                   "verification", "benchmark")},
+                      created=data.get("created", ""))
+
+
+@dataclass
+class LockEntry:
+    op: str
+    spec: str  # spec file, relative to the spec folder
+    spec_hash: str
+    kernel: str  # kernel file, relative to the spec folder
+    kernel_hash: str
+    agent: str
+    model: str | None
+    created: str
+    records: list[Record] = field(default_factory=list)
+
+    def records_for(self, kernel_hash: str | None = None) -> list[Record]:
+        wanted = kernel_hash or self.kernel_hash
+        return [r for r in self.records if r.kernel_hash == wanted]
+
+    def verified_on(self, gpu_arch: str | None = None) -> bool:
+        return any(r.passed and (gpu_arch is None or r.gpu_arch == gpu_arch) for r in self.records_for())
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("op")
+        data["records"] = [r.as_json() for r in self.records]
+        return data
+
+    @staticmethod
+    def from_json(op: str, data: dict[str, Any]) -> "LockEntry":
+        return LockEntry(op=op, spec=data["spec"], spec_hash=data["spec_hash"], kernel=data["kernel"],
+                         kernel_hash=data["kernel_hash"], agent=data.get("agent", "unknown"),
+                         model=data.get("model"), created=data.get("created", ""),
+                         records=[Record.from_json(r) for r in data.get("records", [])])
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    op: str
+    state: str  # missing | fresh | stale | hand-edited
+    reason: str
+    kernel_path: Path
+    entry: LockEntry | None = None
+
+    @property
+    def needs_generation(self) -> bool:
+        return self.state in (MISSING, STALE)
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.state} ({self.reason})"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _spec_dir(spec) -> Path:
+    if spec.path is None:
+        raise LockError(f"spec {spec.name!r} has no file, so it has no spec folder to lock into")
+    return Path(spec.path).resolve().parent
+
+
+class Lock:
+    """The lock of one spec folder. Reads are cheap; every write re-reads the file under an
+    advisory lock on the folder, so two processes locking different ops do not lose entries."""
+
+    def __init__(self, spec_dir: str | Path, entries: dict[str, LockEntry] | None = None):
+        self.spec_dir = Path(spec_dir)
+        self.entries: dict[str, LockEntry] = entries or {}
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def path(self) -> Path:
+        return self.spec_dir / LOCK_NAME
+
+    def kernel_path(self, op: str) -> Path:
+        return self.spec_dir / KERNEL_DIR / f"{op}.cu"
+
+    @classmethod
+    def load(cls, spec_dir: str | Path) -> "Lock":
+        spec_dir = Path(spec_dir)
+        return cls(spec_dir, cls._read_entries(spec_dir / LOCK_NAME))
+
+    @classmethod
+    def for_spec(cls, spec) -> "Lock":
+        return cls.load(_spec_dir(spec))
+
+    @staticmethod
+    def _read_entries(path: Path) -> dict[str, LockEntry]:
+        if not path.exists():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            version = data.get("version")
+            if version != LOCK_VERSION:
+                raise LockError(f"{path}: lock version {version!r}, this specgen reads version {LOCK_VERSION}; "
+                                f"regenerate with `specgen generate --regenerate`")
+            return {op: LockEntry.from_json(op, e) for op, e in data.get("ops", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise LockError(f"{path}: not a valid specgen lock ({type(error).__name__}: {error}); "
+                            f"restore it from version control or delete it and regenerate") from None
+
+    def entry(self, op: str) -> LockEntry | None:
+        return self.entries.get(op)
+
+    def status(self, spec) -> LockStatus:
+        op = spec.name
+        kernel = self.kernel_path(op)
+        entry = self.entries.get(op)
+        if not kernel.exists():
+            reason = "no kernel file" if entry is None else f"{kernel.name} is listed in the lock but missing"
+            return LockStatus(op, MISSING, reason, kernel, entry)
+        actual = kernel_hash(kernel.read_text(encoding="utf-8"))
+        if entry is None:
+            return LockStatus(op, HAND_EDITED, f"{kernel.name} exists but has no lock entry", kernel, None)
+        if actual != entry.kernel_hash:
+            return LockStatus(op, HAND_EDITED, f"{kernel.name} differs from the locked kernel "
+                                               f"(sha256 {actual[:12]} != {entry.kernel_hash[:12]}): re-verify it",
+                              kernel, entry)
+        if entry.spec_hash != spec.hash():
+            return LockStatus(op, STALE, "the spec changed since the kernel was generated", kernel, entry)
+        return LockStatus(op, FRESH, f"kernel by {entry.agent}" + (f" ({entry.model})" if entry.model else ""),
+                          kernel, entry)
+
+    # ------------------------------------------------------------------ writing
+    def write_kernel(self, spec, source: str, *, agent: str, model: str | None = None,
+                     records: Iterable[Record] = (), regenerate: bool = False) -> Path:
+        """Write `kernels/<op>.cu` then the lock entry; refuse to overwrite a hand-edited kernel."""
+        op = spec.name
+        new_hash = kernel_hash(source)
+        with self._exclusive():
+            self.entries = self._read_entries(self.path)
+            status = self.status(spec)
+            if status.state == HAND_EDITED and not regenerate:
+                raise LockError(f"{status.kernel_path}: {status.reason}; refusing to overwrite a hand-edited "
+                                f"kernel. Verify it (`specgen verify`), or pass --regenerate to replace it")
+            records = [self._checked(r, new_hash) for r in records]
+            kernel = self.kernel_path(op)
+            write_atomic(kernel, source)  # kernel first: the old lock stays valid until the next line
+            self.entries[op] = LockEntry(op=op, spec=_relative(Path(spec.path).resolve(), self.spec_dir),
+                                         spec_hash=spec.hash(), kernel=f"{KERNEL_DIR}/{op}.cu",
+                                         kernel_hash=new_hash, agent=agent, model=model, created=_now(),
+                                         records=_merge([], records))
+            self._write_lock()
+        return kernel
+
+    def add_record(self, spec, record: Record) -> None:
+        """Add (or replace, same key) a record for the op's current, locked kernel."""
+        with self._exclusive():
+            self.entries = self._read_entries(self.path)
+            entry = self.entries.get(spec.name)
+            if entry is None:
+                raise LockError(f"{self.path}: no entry for {spec.name!r}; write its kernel first")
+            self._checked(record, entry.kernel_hash)
+            entry.records = _merge(entry.records, [record])
+            self._write_lock()
+
+    def _checked(self, record: Record, expected_hash: str) -> Record:
+        if record.kernel_hash != expected_hash:
+            raise LockError(f"record for kernel {record.kernel_hash[:12]} does not match the kernel "
+                            f"{expected_hash[:12]} it would be stored with")
+        if record.verification is not None and not gpu_available():
+            raise LockError("a machine without a GPU never writes a verification record")
+        return record if record.created else Record(**{**asdict(record), "created": _now()})
+
+    def to_json_text(self) -> str:
+        data = {"version": LOCK_VERSION,
+                "ops": {op: self.entries[op].as_json() for op in sorted(self.entries)}}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    def _write_lock(self) -> None:
+        write_atomic(self.path, self.to_json_text())
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """An advisory lock on the spec folder for the read-modify-write of the lock file."""
+        self.spec_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.spec_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _merge(existing: list[Record], new: Iterable[Record]) -> list[Record]:
+    by_key = {r.key: r for r in existing}
+    for record in new:
+        by_key[record.key] = record
+    return sorted(by_key.values(), key=lambda r: r.key)
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------------- conveniences
+
+def status(spec) -> LockStatus:
+    return Lock.for_spec(spec).status(spec)
+
+
+def write_kernel(spec, source: str, *, agent: str, model: str | None = None, records: Iterable[Record] = (),
+                 regenerate: bool = False) -> Path:
+    return Lock.for_spec(spec).write_kernel(spec, source, agent=agent, model=model, records=records,
+                                            regenerate=regenerate)
+
+
+def add_record(spec, record: Record) -> None:
+    Lock.for_spec(spec).add_record(spec, record)

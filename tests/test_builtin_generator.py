@@ -1,0 +1,64 @@
+"""The builtin agent: readable source implementing the ABI, refusals, the no-GPU flow."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specgen import abi, lock
+from specgen.agents.base import AgentExhausted, AgentRefused, KernelTask
+from specgen.agents.builtin import BuiltinAgent, build_source, generate_builtin
+from specgen.spec import load_spec
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def _task(spec) -> KernelTask:
+    return KernelTask(spec, abi.header_text(spec), abi.header_filename(spec))
+
+
+def test_source_defines_both_entry_points_and_dispatches_dtypes():
+    spec = load_spec(SPECS / "layernorm_gelu.yaml")
+    source = build_source(spec)
+    assert f'#include "{abi.header_filename(spec)}"' in source
+    for direction in ("forward", "backward"):
+        assert f'extern "C" cudaError_t {abi.entry_point(spec, direction)}(' in source
+    for code in ("SPECGEN_FLOAT32", "SPECGEN_FLOAT16", "SPECGEN_BFLOAT16"):
+        assert f"case {code}" in source
+    assert "finalize_cols" in source  # weight/bias grads: the deterministic two-stage reduction
+    assert "atomicAdd" not in source
+    assert "// Schedule:" in source  # the schedule choice is commented
+
+
+def test_cross_entropy_loss_is_a_two_stage_global_reduction():
+    source = build_source(load_spec(SPECS / "cross_entropy.yaml"))
+    assert "cross_entropy_fwd_finalize_global" in source and "atomicAdd" not in source
+
+
+def test_agent_proposes_once_then_is_exhausted():
+    spec = load_spec(SPECS / "softmax.yaml")
+    agent = BuiltinAgent()
+    candidate = agent.propose(_task(spec), [])
+    assert candidate.agent == "builtin" and "softmax_forward" in candidate.source
+    with pytest.raises(AgentExhausted):
+        agent.propose(_task(spec), [object()])
+
+
+def test_agent_refuses_matmul_by_op_and_line():
+    spec = load_spec(SPECS / "linear_bias_relu.yaml")
+    with pytest.raises(AgentRefused, match=r"linear_bias_relu.yaml:13.*LLM agent"):
+        BuiltinAgent().propose(_task(spec), [])
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_generate_without_gpu_compiles_and_locks_without_records(tmp_path):
+    shutil.copy(SPECS / "gelu_tanh.yaml", tmp_path / "gelu_tanh.yaml")
+    spec = load_spec(tmp_path / "gelu_tanh.yaml")
+    result = generate_builtin(spec, gpu=False)
+    assert result.library.exists()
+    assert result.kernel_path == tmp_path / "kernels" / "gelu_tanh.cu"
+    entry = lock.Lock.load(tmp_path).entry("gelu_tanh")
+    assert entry.agent == "builtin" and entry.records == []
+    assert lock.status(spec).state == lock.FRESH

@@ -1,0 +1,85 @@
+"""The builtin generator's lowering, checked on the CPU: the IR interpreter against the
+reference (forward) and the reference's autograd (backward), in float64, at shapes that
+differ from the trace's example sizes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin.interp import run_program
+from specgen.agents.builtin.lower import lower
+from specgen.agents.builtin.trace import trace
+from specgen.inputs import make_inputs
+from specgen.spec import load_spec
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+OPS = ["gelu_tanh", "bias_gelu", "swiglu", "layernorm_gelu", "rmsnorm", "add_rmsnorm", "softmax",
+       "log_softmax", "cross_entropy", "rope"]
+SHAPES = {"N": 6, "D": 40, "C": 33, "H": 3, "S": 4}
+
+
+def _dims(spec):
+    dims = {s: SHAPES[s] for s in spec.signature.symbols()}
+    if spec.name == "swiglu":
+        dims["H"] = 20
+    return dims
+
+
+def _alloc(ttype, dims, float_dtype=torch.float64):
+    shape = ttype.shape(dims)
+    dtype = float_dtype if ttype.is_floating and not ttype.dtype else torch.float32 if ttype.is_floating else torch.int64
+    return torch.full(shape, float("nan"), dtype=torch.float64 if dtype.is_floating_point else dtype)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_forward_matches_reference(op):
+    spec = load_spec(SPECS / f"{op}.yaml")
+    dims = _dims(spec)
+    args = make_inputs(spec.signature, dims, "float64", seed=3)
+    program = lower(trace(spec, "forward"))
+    tensors = {p.name: args[p.name] for p in spec.signature.inputs}
+    scalars = {p.name: args[p.name] for p in spec.signature.scalars}
+    outs = {o.name: _alloc(o.type, dims) for o in spec.signature.outputs}
+    run_program(program, tensors, scalars, dims, outs)
+    expected = spec.reference_fn()(**args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for o, want in zip(spec.signature.outputs, expected):
+        torch.testing.assert_close(outs[o.name], want.double(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_backward_matches_autograd(op):
+    spec = load_spec(SPECS / f"{op}.yaml")
+    dims = _dims(spec)
+    sig = spec.signature
+    args = make_inputs(sig, dims, "float64", seed=4)
+    leaves = {k: (v.clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+              for k, v in args.items()}
+    result = spec.reference_fn()(**leaves)
+    result = result if isinstance(result, tuple) else (result,)
+    gen = torch.Generator().manual_seed(5)
+    grads = {f"grad_{o.name}": torch.randn(r.shape, generator=gen, dtype=torch.float64)
+             for o, r in zip(sig.outputs, result) if o.type.is_floating}
+    floating = [p.name for p in sig.inputs if p.type.is_floating]
+    expected = torch.autograd.grad([r for o, r in zip(sig.outputs, result) if o.type.is_floating],
+                                   [leaves[n] for n in floating], list(grads.values()), allow_unused=True)
+    program = lower(trace(spec, "backward"))
+    tensors = {p.name: args[p.name] for p in sig.inputs} | grads
+    outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
+    run_program(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
+    for n, want in zip(floating, expected):
+        want = torch.zeros_like(args[n]) if want is None else want
+        torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=1e-9, atol=1e-9)
+
+
+def test_matmul_is_refused_with_the_reference_line():
+    spec = load_spec(SPECS / "linear_bias_relu.yaml")
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(spec, "forward"))
+    message = str(info.value)
+    assert "linear_bias_relu.yaml:13" in message  # the F.linear line of the reference
+    assert "transpose" in message or "mm" in message
+    assert "LLM agent" in message and "--agent" in message
