@@ -9,4 +9,5 @@ COMMANDS = [
     "verify",
     "bench",
     "generate",
+    "build",
 ]

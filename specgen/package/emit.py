@@ -6,6 +6,7 @@ registrations, embedded references, tests) and kernels/<op>/<op>.cu + <op>_abi.h
 """
 from __future__ import annotations
 
+import json
 import pprint
 import shutil
 from pathlib import Path
@@ -28,22 +29,28 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates_dir())), trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["pyrepr"] = lambda value: pprint.pformat(value, width=100, sort_dicts=False)
+    env.filters["num"] = lambda value, digits=1: "–" if value is None else f"{value:.{digits}f}"
+    env.filters["times"] = lambda value: "–" if value is None else f"{value:.2f}x"
+    env.filters["percent"] = lambda value: "–" if value is None else f"{value:.0%}"
+    env.filters["dims"] = lambda value: (", ".join(f"{k}={v}" for k, v in value.items())
+                                         if isinstance(value, dict) else str(value))
     return env
 
 
 def render_files(pkg: PackageModel) -> dict[str, str]:
     """Relative path -> text, for every file of the package tree."""
     env = environment()
-    context = {"pkg": pkg, "scalar_types": SCALAR_TYPES,
-               "ops_data": {op.name: op.data() for op in pkg.ops}}
+    context = _with_provenance({"pkg": pkg, "scalar_types": SCALAR_TYPES,
+                                "ops_data": {op.name: op.data() for op in pkg.ops},
+                                "provenance_data": {op.name: _plain(op.provenance) for op in pkg.ops}})
     py = f"torch-ext/{pkg.name}"
     files = {
         "pyproject.toml": env.get_template("pyproject.toml.j2").render(context),
         "setup.py": env.get_template("setup.py.j2").render(context),
         "MANIFEST.in": env.get_template("MANIFEST.in.j2").render(context),
         "build.toml": env.get_template("build.toml.j2").render(context),
-        "README.md": env.get_template("README.md.j2").render(_with_provenance(context)),
-        f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(_with_provenance(context)),
+        "README.md": env.get_template("README.md.j2").render(context),
+        f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(context),
         f"{py}/_ops.py": env.get_template("torch-ext/pkg/_ops.py.j2").render(context),
         f"{py}/_spec_data.py": env.get_template("torch-ext/pkg/_spec_data.py.j2").render(context),
         f"{py}/tests/__init__.py": "",
@@ -67,6 +74,11 @@ class _Provenance(dict):
     def __getattr__(self, key):
         value = self.get(key)
         return _Provenance(value) if isinstance(value, dict) else value
+
+
+def _plain(value):
+    """JSON-able plain data (the provenance is written into the package as a Python literal)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _with_provenance(context: dict) -> dict:

@@ -124,6 +124,35 @@ class ScalarArgModel:
         return text if self.default is None else f"{text} = {self.default}"
 
 
+# Parameter names of the private kernel ops: a role prefix keeps them apart from each other
+# and from the binding's locals (a symbol may be called `device`).
+KERNEL_PARAM_PREFIXES = {"input": "in_", "scalar": "sc_", "dim": "dim_", "output": "out_",
+                         "fwd_output": "fwd_", "grad_output": "gout_", "grad_input": "gin_"}
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    """One argument of a private kernel op, in ABI struct order: the struct `field` it fills."""
+
+    field: str
+    role: str  # abi.AbiField roles
+    ndim: int | None  # tensors only
+    cpp_type: str  # scalars and dims: the C++ type; tensors: "const Tensor&"
+    schema_type: str  # "Tensor", "float", "int", "bool"
+
+    @property
+    def name(self) -> str:
+        return KERNEL_PARAM_PREFIXES[self.role] + self.field
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.ndim is not None
+
+    @property
+    def written(self) -> bool:
+        return self.role in ("output", "grad_input")
+
+
 @dataclass(frozen=True)
 class OpModel:
     name: str
@@ -141,6 +170,30 @@ class OpModel:
     header_text: str
     reference_source: str
     provenance: dict = field(default_factory=dict)  # agent, model, verification, benchmark
+    kernel_params_by_direction: dict = field(default_factory=dict)  # "forward"/"backward" -> KernelParam tuple
+
+    def kernel_params(self, direction: str = "forward") -> tuple[KernelParam, ...]:
+        return self.kernel_params_by_direction[direction]
+
+    def _kernel_schema(self, direction: str) -> str:
+        args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+        for p in self.kernel_params(direction):
+            kind = f"Tensor({next(alias)}!)" if p.written else p.schema_type
+            args.append(f"{kind} {p.name}")
+        return f"({', '.join(args)}) -> int"
+
+    @property
+    def kernel_schema(self) -> str:
+        """The private `_<op>_kernel` op: ABI order, outputs passed in (mutated), returns the error code."""
+        return self._kernel_schema("forward")
+
+    @property
+    def backward_kernel_schema(self) -> str:
+        return self._kernel_schema("backward")
+
+    @property
+    def verified_on(self) -> str | None:
+        return (self.provenance or {}).get("verified_on")
 
     @property
     def inputs(self) -> tuple[TensorArgModel, ...]:
@@ -233,6 +286,12 @@ class OpModel:
             "bindings": [(b.symbol, b.arg, b.axis, b.dim.mul, b.dim.div, b.dim.add) for b in self.bindings],
             "backward": self.backward, "has_backward": self.has_backward,
             "has_kernel": self.has_kernel, "has_backward_kernel": self.has_backward_kernel and self.has_backward,
+            "symbols": list(self.symbols),
+            "kernel_schema": self.kernel_schema if self.has_kernel else None,
+            "backward_kernel_schema": (self.backward_kernel_schema
+                                       if self.has_backward_kernel and self.has_backward else None),
+            "verified_on": self.verified_on if self.has_kernel else None,
+            "note": (self.provenance or {}).get("note"),
         }
 
 
@@ -251,8 +310,25 @@ class PackageModel:
         return parse_arch_list(self.arch_list)
 
     @property
+    def arch_table(self) -> list[tuple[int, int, str, bool]]:
+        """[(major, minor, suffix, with_ptx)] for the Python-side architecture check."""
+        table = []
+        for num, ptx in self.archs:
+            match = re.fullmatch(r"(\d+)(\d)([a-z]?)", num)
+            table.append((int(match.group(1)), int(match.group(2)), match.group(3), ptx))
+        return table
+
+    @property
+    def unverified_ops(self) -> list[str]:
+        return [op.name for op in self.ops if op.has_kernel and not op.verified_on]
+
+    @property
+    def reference_ops(self) -> list[str]:
+        return [op.name for op in self.ops if not op.has_kernel]
+
+    @property
     def cuda_capabilities(self) -> list[str]:
-        return [f"{num[:-1]}.{num[-1]}" for num, _ in self.archs]
+        return [f"{major}.{minor}{suffix}" for major, minor, suffix, _ in self.arch_table]
 
     @property
     def torch_target_hex(self) -> str:
@@ -330,6 +406,19 @@ def _bindings(spec, inputs: tuple[TensorArgModel, ...]) -> tuple[SymbolBinding, 
     return tuple(found[s] for s in spec.signature.symbols())
 
 
+def _kernel_params(spec, direction: str) -> tuple[KernelParam, ...]:
+    params = []
+    for f in abi.fields(spec, direction):
+        if f.is_tensor:
+            params.append(KernelParam(f.name, f.role, len(f.tensor.dims), "const Tensor&", "Tensor"))
+        elif f.role == "dim":
+            params.append(KernelParam(f.name, f.role, None, "int64_t", "int"))
+        else:
+            kind = f.scalar.type.kind
+            params.append(KernelParam(f.name, f.role, None, CPP_SCALARS[kind], SCHEMA_SCALARS[kind]))
+    return tuple(params)
+
+
 def op_model(spec, kernel_source: str | None, provenance: dict | None = None) -> OpModel:
     sig = spec.signature
     params = tuple(_param_model(p) for p in sig.params)
@@ -357,6 +446,8 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
         header_text=abi.header_text(spec),
         reference_source=spec.reference_source,
         provenance=dict(provenance or {}),
+        kernel_params_by_direction={d: _kernel_params(spec, d) for d in abi.DIRECTIONS
+                                    if d == "forward" or spec.backward == "kernel"},
     )
 
 

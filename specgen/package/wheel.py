@@ -31,7 +31,7 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     if jobs:
         env["MAX_JOBS"] = str(jobs)
     before = set(out_dir.glob("*.whl"))
-    command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out_dir), str(tree)]
+    command = _build_command(tree, out_dir)
     log_path = out_dir / f"{tree.name}.build.log"
     try:
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -40,10 +40,20 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     log_path.write_text(result.stdout + result.stderr)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
-        if "No module named build" in tail:
-            raise EnvironmentMissing("the `build` package is missing: pip install build")
+        if "No module named" in tail and ("setuptools" in tail or "torch" in tail or "wheel" in tail):
+            raise EnvironmentMissing(f"building the wheel needs setuptools, wheel and torch (log: {log_path}):\n{tail}")
         raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")
     wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
     if not wheels:
         raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
     return wheels[-1]
+
+
+def _build_command(tree: Path, out_dir: Path) -> list[str]:
+    """`python -m build` (no isolation); where `build` is not installed, `pip wheel` builds the same wheel."""
+    import importlib.util
+
+    if importlib.util.find_spec("build") is not None:
+        return [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out_dir), str(tree)]
+    return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
+            "-w", str(out_dir), str(tree)]

@@ -1,0 +1,235 @@
+"""`specgen build`: the lock decides what is reused, generated or refused; the package says
+what was verified. The wheel step is replaced by a stub here except in the nvcc tests, which
+build real wheels, install them into a fresh folder and run their generated tests."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specgen import lock as lock_module
+from specgen.cli import main
+from specgen.lock import Lock, Record, kernel_hash
+from specgen.spec import load_spec
+
+from test_package import SWIGLU_CU
+
+REPO = Path(__file__).resolve().parent.parent
+SPECS = REPO / "specs"
+
+BENCH_ROW = {"op": "swiglu", "dims": {"N": 4096, "H": 4096}, "dtype": "bfloat16", "bytes": 100663296,
+             "roofline_us": 30.0, "copy_gbs": 3300.0, "kernel_us": 40.0, "eager_us": 80.0, "compile_us": 50.0,
+             "speedup_vs_eager": 2.0, "speedup_vs_compile": 1.25, "kernel_roofline_fraction": 0.75}
+
+
+@pytest.fixture
+def folder(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("swiglu", "cross_entropy"):
+        shutil.copy(SPECS / f"{name}.yaml", specs / f"{name}.yaml")
+    return specs
+
+
+def lock_swiglu(folder: Path, monkeypatch, *, verified: bool = True) -> None:
+    spec = load_spec(folder / "swiglu.yaml")
+    records = []
+    if verified:
+        monkeypatch.setattr(lock_module, "gpu_available", lambda: True)  # only a GPU writes records
+        records = [Record(kernel_hash(SWIGLU_CU), "1", "sm_90",
+                          verification={"passed": True, "cases": 64, "tolerances": {
+                              "forward/bfloat16": {"spec_atol": 0.02, "spec_rtol": 0.02, "max_atol_used": 0.02}}},
+                          benchmark={"op": "swiglu", "device": "NVIDIA H200", "copy_gbs": 3300.0, "rows": [BENCH_ROW]})]
+    Lock.load(folder).write_kernel(spec, SWIGLU_CU, agent="hand", records=records)
+    monkeypatch.setattr(lock_module, "gpu_available", lambda: False)
+
+
+class RefusingAgent:
+    name, model = "builtin", None
+
+    def propose(self, task, history):
+        from specgen.agents.base import AgentRefused
+
+        raise AgentRefused(f"{task.spec.name}: outside the built-in generator's families")
+
+
+@pytest.fixture
+def stub_wheel(monkeypatch, tmp_path):
+    """Replace the (slow) wheel build: record the tree, write an empty file as the wheel."""
+    import specgen.package as package
+
+    built = {}
+
+    def fake_build_wheel(tree, out_dir, **kw):
+        built["tree"] = Path(tree)
+        built["files"] = {p.relative_to(tree).as_posix(): p.read_text() for p in Path(tree).rglob("*") if p.is_file()}
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        wheel = Path(out_dir) / "stub-0.1.0-py3-none-any.whl"
+        wheel.write_text("")
+        return wheel
+
+    monkeypatch.setattr(package, "build_wheel", fake_build_wheel)
+    monkeypatch.setattr("specgen.commands.build._create_agent", lambda args: RefusingAgent())
+    return built
+
+
+def build(*argv) -> int:
+    return main(["build", *map(str, argv)])
+
+
+def test_locked_fails_naming_each_op_that_is_not_fresh(folder, tmp_path, monkeypatch, stub_wheel, capsys):
+    lock_swiglu(folder, monkeypatch)
+    assert build(folder, "--locked", "-o", tmp_path / "dist") == 1
+    err = capsys.readouterr().err
+    assert "cross_entropy: missing" in err and "swiglu" not in err.split("--locked generates nothing")[1]
+    assert "without --locked" in err and "specgen generate" in err
+    assert "tree" not in stub_wheel  # nothing was packaged
+
+    spec_file = folder / "swiglu.yaml"
+    spec_file.write_text(spec_file.read_text().replace("SwiGLU gate:", "SwiGLU (changed) gate:", 1))
+    assert build(folder / "swiglu.yaml", "--locked", "-o", tmp_path / "dist") == 1
+    assert "swiglu: stale" in capsys.readouterr().err
+
+
+def test_fresh_verified_kernel_is_reused_and_the_readme_shows_its_record(folder, tmp_path, monkeypatch, stub_wheel,
+                                                                        capsys):
+    lock_swiglu(folder, monkeypatch)
+    before = (folder / "specgen.lock").read_bytes()
+    assert build(folder / "swiglu.yaml", "--locked", "--name", "mykernels", "-o", tmp_path / "dist") == 0
+    assert (folder / "specgen.lock").read_bytes() == before  # --locked writes nothing
+    files = stub_wheel["files"]
+    readme = files["README.md"]
+    assert "verified on sm_90 (NVIDIA H200)" in readme and "64 cases" in readme
+    assert "| N=4096, H=4096 | bfloat16 | 40.0 | 80.0 | 50.0 | 2.00x | 1.25x | 75% |" in readme
+    assert files["kernels/swiglu/swiglu.cu"] == SWIGLU_CU
+    assert "UNVERIFIED_OPS = []" in files["torch-ext/mykernels/__init__.py"]
+    summary = capsys.readouterr().err
+    assert "2.00x" in summary and "1.25x" in summary and "sm_90" in summary
+
+
+def test_an_unverified_kernel_needs_no_verify_and_the_package_says_so(folder, tmp_path, monkeypatch, stub_wheel,
+                                                                      capsys):
+    lock_swiglu(folder, monkeypatch, verified=False)
+    assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 1
+    err = capsys.readouterr().err
+    assert "no verification record" in err and "--no-verify" in err
+    assert build(folder / "swiglu.yaml", "--no-verify", "-o", tmp_path / "dist") == 0
+    files = stub_wheel["files"]
+    assert "**Not verified on a GPU**" in files["README.md"]
+    assert "UNVERIFIED_OPS = ['swiglu']" in files["torch-ext/specgen_kernels/__init__.py"]
+    assert "'verified_on': None" in files["torch-ext/specgen_kernels/_spec_data.py"]
+
+
+def test_a_refused_op_keeps_the_reference_path_is_locked_and_strict_refuses_it(folder, tmp_path, monkeypatch,
+                                                                               stub_wheel, capsys):
+    lock_swiglu(folder, monkeypatch)
+    assert build(folder, "-o", tmp_path / "dist") == 0
+    files = stub_wheel["files"]
+    assert "kernels/cross_entropy/cross_entropy.cu" not in files
+    assert "REFERENCE_OPS = ['cross_entropy']" in files["torch-ext/specgen_kernels/__init__.py"]
+    assert "outside the built-in generator's families" in files["README.md"]
+    # the refusal is in the lock, so CI's --locked build needs no agent
+    monkeypatch.setattr("specgen.commands.build._create_agent", lambda args: pytest.fail("agent was run"))
+    assert build(folder, "--locked", "-o", tmp_path / "dist") == 0
+    assert build(folder, "--locked", "--strict", "-o", tmp_path / "dist") == 1
+    assert "--strict" in capsys.readouterr().err
+
+
+def test_a_hand_edited_kernel_is_never_overwritten_and_needs_a_gpu_to_be_verified(folder, tmp_path, monkeypatch,
+                                                                                  stub_wheel, capsys):
+    lock_swiglu(folder, monkeypatch)
+    kernel = folder / "kernels" / "swiglu.cu"
+    edited = SWIGLU_CU.replace("A simple SwiGLU kernel", "An edited SwiGLU kernel")
+    kernel.write_text(edited)
+    before = (folder / "specgen.lock").read_bytes()
+    assert build(folder / "swiglu.yaml", "--locked", "-o", tmp_path / "dist") == 1
+    assert "hand-edited" in capsys.readouterr().err
+    assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 1  # no GPU here to verify it
+    assert "no verification record" in capsys.readouterr().err
+    assert build(folder / "swiglu.yaml", "--no-verify", "-o", tmp_path / "dist") == 0
+    assert stub_wheel["files"]["kernels/swiglu/swiglu.cu"] == edited
+    assert kernel.read_text() == edited and (folder / "specgen.lock").read_bytes() == before
+
+
+def test_a_failed_packaging_step_leaves_the_lock_intact(folder, tmp_path, monkeypatch, stub_wheel):
+    lock_swiglu(folder, monkeypatch)
+    before = (folder / "specgen.lock").read_bytes()
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("specgen.package.build_wheel", interrupted)
+    assert build(folder, "-o", tmp_path / "dist") == 130
+    lock_text = (folder / "specgen.lock").read_bytes()
+    # the refusal of cross_entropy was recorded before packaging; swiglu's entry is untouched
+    assert Lock.load(folder).entry("swiglu").kernel_hash == kernel_hash(SWIGLU_CU)
+    assert before.decode().split('"swiglu"')[1][:400] == lock_text.decode().split('"swiglu"')[1][:400]
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--locked", "--regenerate"], 2, "contradict"),
+    (["--name", "my-kernels"], 2, "lowercase identifier"),
+    (["--arch-list", "sm_90"], 2, "not a CUDA capability"),
+])
+def test_usage_errors(folder, tmp_path, stub_wheel, capsys, argv, code, message):
+    assert build(folder, "-o", tmp_path / "dist", *argv) == code
+    assert message in capsys.readouterr().err
+
+
+def test_missing_nvcc_is_an_environment_error(folder, tmp_path, monkeypatch, stub_wheel, capsys):
+    from specgen.errors import EnvironmentMissing
+
+    lock_swiglu(folder, monkeypatch)
+
+    def no_toolkit():
+        raise EnvironmentMissing("no CUDA toolkit: install it or set CUDA_HOME")
+
+    monkeypatch.setattr("specgen.toolchain.find_cuda_toolkit", no_toolkit)
+    assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 3
+    assert "CUDA_HOME" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- real wheels
+
+def install_and_test(wheel: Path, package: str, work: Path) -> subprocess.CompletedProcess:
+    """pip --target into a fresh folder + PYTHONPATH (works where python is itself a venv), then
+    the package's generated tests, run from a folder where no source tree shadows the install."""
+    site = work / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                           "--pyargs", f"{package}.tests"], cwd=work, capture_output=True, text=True, env=env,
+                          timeout=1200)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_a_locked_folder_builds_a_wheel_that_installs_and_passes_its_tests(folder, tmp_path, monkeypatch):
+    lock_swiglu(folder, monkeypatch)
+    monkeypatch.setattr("specgen.commands.build._create_agent", lambda args: RefusingAgent())
+    assert build(folder, "-o", tmp_path / "dist") == 0  # records cross_entropy's refusal
+    assert build(folder, "--locked", "--name", "sgbuild", "-o", tmp_path / "dist") == 0
+    (wheel,) = (tmp_path / "dist").glob("sgbuild-*.whl")
+    assert wheel.name.endswith("-cp39-abi3-linux_x86_64.whl")
+    result = install_and_test(wheel, "sgbuild", tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+def test_the_example_specs_build_locked_into_a_wheel_that_passes_its_tests(tmp_path):
+    """CI: `specgen build specs/ --locked` with the committed kernels and lock. --no-verify: the
+    verification records come from the GPU machine; CI checks that the lock is fresh and that
+    the locked kernels compile into a wheel whose tests pass."""
+    if not (SPECS / "specgen.lock").exists():
+        pytest.skip("specs/specgen.lock is not committed yet (the built-in generator writes it)")
+    code = build(SPECS, "--locked", "--no-verify", "--name", "specgen_kernels", "-o", tmp_path / "dist")
+    assert code == 0
+    (wheel,) = (tmp_path / "dist").glob("specgen_kernels-*.whl")
+    result = install_and_test(wheel, "specgen_kernels", tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
