@@ -26,6 +26,7 @@ DEFAULT_PACKAGE_NAME = "specgen_kernels"
 
 def register(subparsers) -> None:
     from ..package.model import DEFAULT_ARCH_LIST
+    from .generate import add_agent_arguments
 
     p = subparsers.add_parser(
         "build", help="build an installable wheel from a folder of specs (generate, verify, lock, package)",
@@ -55,23 +56,7 @@ def register(subparsers) -> None:
                    help="write the package tree into DIR/<name>/ and keep it (default: a temporary folder); "
                         "a kept tree also keeps its compiled objects for the next build")
     p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
-    agent = p.add_argument_group("agent (as in `specgen generate`)")
-    agent.add_argument("--agent", default="builtin",
-                       help="builtin (default, offline), openai, anthropic, openai-compatible, replay")
-    agent.add_argument("--model", default=None, help="model name (default: per agent)")
-    agent.add_argument("--base-url", default=None, metavar="URL", help="openai-compatible server URL")
-    agent.add_argument("--api-key-env", default=None, metavar="VAR", help="variable holding the API key")
-    agent.add_argument("--transcript", default=None, metavar="FILE", help="replay: the transcript to rerun")
-    agent.add_argument("--attempts", type=int, default=8, help="candidates per spec (default 8)")
-    agent.add_argument("--samples", type=int, default=1, help="candidates per round (default 1)")
-    agent.add_argument("--budget-usd", type=float, default=None, metavar="X")
-    agent.add_argument("--wall-time", type=float, default=None, metavar="S", help="per spec")
-    agent.add_argument("--target-roofline", type=float, default=0.8, metavar="F")
-    agent.add_argument("--transcript-dir", default=".specgen/transcripts", metavar="DIR")
-    agent.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per LLM request")
-    agent.add_argument("--retries", type=int, default=4)
-    agent.add_argument("--temperature", type=float, default=None)
-    agent.add_argument("--arch", default=None, help="GPU architecture to verify on (default: the visible GPU)")
+    add_agent_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -334,6 +319,7 @@ def _step(console: Console, text: str):
 
 def _package(results: list[OpResult], args, console: Console):
     from ..package import build_wheel, emit_package, package_model, write_hub_layout
+    from ..package.portability import portability_warning
 
     pkg = package_model(args.name, [r.spec for r in results], {r.spec.name: r.kernel for r in results},
                         version=args.package_version, arch_list=args.arch_list,
@@ -355,6 +341,8 @@ def _package(results: list[OpResult], args, console: Console):
         with _step(console, what):
             wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs)
         timings["wheel"] = time.monotonic() - started
+        if warning := portability_warning(wheel):
+            console.print(f"  [yellow]portability[/]: {escape(warning)}")
     if args.hub_layout:
         with _step(console, f"writing the kernels hub layout into {args.hub_layout}"):
             write_hub_layout(pkg, wheel, args.hub_layout, toolkit.version if toolkit else "0.0")
