@@ -4,14 +4,16 @@ PyTorch and torch.compile, with the copy bandwidth of the same run.
     python benchmarks/builtin_bench.py --out DIR [--ops softmax,rmsnorm] [--dtypes bfloat16,float32]
         [--no-tune] [--extra-shapes]
 
-Per op: generate (verify; autotune unless --no-tune), then time. A failing op is reported
-and skipped; the JSON (DIR/builtin_bench.json) and the table (DIR/builtin_bench.md) are
-written after every op, so a timeout still leaves the results so far.
+Per op: generate (verify; autotune unless --no-tune), then time with specgen.bench, the one
+timing method (a fresh torch.compile per shape, dtype and direction; backward times only
+the backward of each; see specgen/bench.py). A failing op is reported and skipped; the JSON
+(DIR/builtin_bench.json) and the table (DIR/builtin_bench.md) are written after every op,
+so a timeout still leaves the results so far. A row whose torch.compile fell back to eager
+says so in its target column and stays out of the geometric mean.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import sys
@@ -24,9 +26,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from specgen import abi  # noqa: E402
-from specgen.bench import (bench_inputs, bench_spec, copy_bandwidth_gbs, expected_outputs,  # noqa: E402
-                           time_callable)
+from specgen.bench import bench_spec, copy_bandwidth_gbs  # noqa: E402
+from specgen.fsutil import write_atomic  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
 
 OPS = ["gelu_tanh", "bias_gelu", "swiglu", "layernorm_gelu", "rmsnorm", "add_rmsnorm", "softmax", "log_softmax",
@@ -35,99 +36,21 @@ EXTRA_SHAPES = {  # wide rows and decode sizes the issue asks for, beyond the sp
     "softmax": [{"N": 2048, "D": 65536}, {"N": 1024, "D": 131072}],
     "cross_entropy": [{"N": 2048, "C": 65536}, {"N": 1024, "C": 131072}],
 }
+REPS = 30
 
 
-def _bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-class BackwardCase:
-    """Inputs, upstream grads and outputs for one backward call of kernel, eager and compile."""
-
-    def __init__(self, spec, dims, dtype, seed=0):
-        sig = spec.signature
-        self.spec, self.dims = spec, dims
-        self.args = bench_inputs(spec, dims, dtype, seed)
-        self.floating = [p.name for p in sig.inputs if p.type.is_floating]
-        with torch.no_grad():
-            outs = spec.reference_fn()(**self.args)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        self.fwd = {o.name: t for o, t in zip(sig.outputs, outs)}
-        self.grads = {f"grad_{o.name}": torch.randn_like(t) for o, t in zip(sig.outputs, outs) if o.type.is_floating}
-        self.grad_inputs = {f"grad_{n}": torch.empty_like(self.args[n]) for n in self.floating}
-        self.bytes = sum(_bytes(t) for t in self.args.values() if isinstance(t, torch.Tensor)) + \
-            sum(_bytes(t) for t in self.grads.values()) + sum(_bytes(t) for t in self.grad_inputs.values())
-
-    def torch_backward(self, fn):
-        leaves = {k: (v.detach().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                  for k, v in self.args.items()}
-        names = [o.name for o in self.spec.signature.outputs if o.type.is_floating]
-
-        def run():
-            outs = fn(**leaves)
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            keep = [(o, self.grads[f"grad_{n}"]) for o, n in zip(outs, names)]
-            return torch.autograd.grad([o for o, _ in keep], [leaves[n] for n in self.floating],
-                                       [g for _, g in keep], allow_unused=True)
-        return run
-
-    def kernel_backward(self, library: Path):
-        lib = ctypes.CDLL(str(library))
-        fn = getattr(lib, f"{self.spec.name}_backward")
-        fn.restype = ctypes.c_int
-        tensors = {**{k: v for k, v in self.args.items() if isinstance(v, torch.Tensor)}, **self.fwd, **self.grads,
-                   **self.grad_inputs}
-        scalars = {k: v for k, v in self.args.items() if not isinstance(v, torch.Tensor)}
-        struct = abi.pack_args(self.spec, "backward", tensors, scalars, self.dims)
-        address = ctypes.addressof(struct)
-
-        def run():
-            code = fn(ctypes.c_void_p(address), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-            if code:
-                raise RuntimeError(f"{self.spec.name}_backward returned cudaError {code}")
-        run.keep = (lib, struct)  # keep alive
-        return run
-
-
-def time_us(fn) -> float:
-    return time_callable(fn, warmup=5, reps=30).median_us
-
-
-def bench_backward(spec, library, shapes, dtypes, copy_gbs):
-    rows = []
-    compiled = torch.compile(spec.reference_fn(), dynamic=False)
-    for dims in shapes:
-        for dtype in dtypes:
-            row = {"op": spec.name, "direction": "backward", "dims": dims, "dtype": dtype}
-            try:
-                case = BackwardCase(spec, dims, dtype)
-                row["bytes"] = case.bytes
-                row["roofline_us"] = case.bytes / (copy_gbs * 1e9) * 1e6
-                row["kernel_us"] = time_us(case.kernel_backward(library))
-                row["eager_us"] = time_us(case.torch_backward(spec.reference_fn()))
-                try:
-                    run = case.torch_backward(compiled)
-                    run()
-                    row["compile_us"] = time_us(run)
-                except Exception as error:
-                    row["notes"] = [f"torch.compile failed: {type(error).__name__}: {str(error)[:160]}"]
-                del case
-            except Exception as error:
-                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
-            rows.append(row)
-            torch.cuda.empty_cache()
-    return rows
-
-
-def forward_rows(spec, library, shapes, dtypes):
-    result = bench_spec(spec, library, shapes=shapes, dtypes=dtypes, reps=30)
-    rows = []
-    for r in result.rows:
-        d = r.as_dict()
-        rows.append({"op": spec.name, "direction": "forward", "dims": d["dims"], "dtype": d["dtype"],
-                     "bytes": d["bytes"], "roofline_us": d["roofline_us"], "kernel_us": d["kernel_us"],
-                     "eager_us": d["eager_us"], "compile_us": d["compile_us"], "notes": d.get("notes", [])})
-    return rows
+def direction_rows(spec, library, shapes, dtypes, direction) -> list[dict]:
+    """specgen.bench's rows for one direction, as this report's plain dicts; an error (a
+    backward that fails to run, say) becomes one error row instead of ending the op."""
+    try:
+        result = bench_spec(spec, library, shapes=shapes, dtypes=dtypes, directions=(direction,), reps=REPS)
+    except Exception as error:
+        return [{"op": spec.name, "direction": direction, "dims": dict(shapes[0]), "dtype": ",".join(dtypes),
+                 "error": f"{type(error).__name__}: {str(error)[:300]}"}]
+    keys = ("dims", "dtype", "bytes", "roofline_us", "kernel_us", "eager_us", "compile_us", "compile_seconds",
+            "compile_fallback", "notes")
+    return [{"op": spec.name, "direction": row.direction, **{k: row.as_dict()[k] for k in keys}}
+            for row in result.rows]
 
 
 def table(rows, copy_gbs) -> str:
@@ -150,7 +73,9 @@ def table(rows, copy_gbs) -> str:
             misses.append("slower than compile")
         if big and frac < 0.85:
             misses.append("<85% copy bw")
-        if speed:
+        if r.get("compile_fallback"):
+            misses.append("compile fell back to eager")
+        if speed and not r.get("compile_fallback"):
             ratios.append(speed)
         lines.append(f"| {r['op']} | {r['direction']} | {shape} | {r['dtype']} | {r['bytes'] / 1e6:.0f} | {k:.1f} | "
                      f"{r.get('eager_us') or 0:.1f} | {c or 0:.1f} | {speed or 0:.2f} | {100 * frac:.0f}% | "
@@ -187,18 +112,18 @@ def main() -> int:
             entry.update(variant=gen.variant, timings=gen.timings, notes=gen.notes,
                          verdicts={k: v.to_json() for k, v in gen.verdicts.items()})
             shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])
+            shapes = [dict(t) for t in dict.fromkeys(tuple(d.items()) for d in shapes)]  # each shape once
             use = [d for d in dtypes if d in spec.dtypes]
-            rows += forward_rows(spec, gen.library, shapes, use)
-            if spec.backward == "kernel":
-                rows += bench_backward(spec, gen.library, shapes, use, copy_gbs)
+            for direction in ("forward", "backward") if spec.backward == "kernel" else ("forward",):
+                rows += direction_rows(spec, gen.library, shapes, use, direction)
         except Exception as error:
             entry["error"] = f"{type(error).__name__}: {error}"
             entry["traceback"] = traceback.format_exc()[-3000:]
             print(f"[{op}] FAILED: {type(error).__name__}: {str(error)[:500]}", flush=True)
         entry["seconds"] = round(time.time() - started, 1)
         report["rows"] = rows
-        (out / "builtin_bench.json").write_text(json.dumps(report, indent=2, default=str))
-        (out / "builtin_bench.md").write_text(table(rows, copy_gbs))
+        write_atomic(out / "builtin_bench.json", json.dumps(report, indent=2, default=str))
+        write_atomic(out / "builtin_bench.md", table(rows, copy_gbs))
         print(f"[{op}] done in {entry['seconds']} s", flush=True)
     print(table(rows, copy_gbs))
     return 0

@@ -6,6 +6,17 @@ same inputs in one run, against the device-to-device copy bandwidth measured in 
 - several input sets used in turn, so no run finds its inputs in cache from the last one;
 - bytes moved = every input read once + every output written once (from the signature);
   roofline time = bytes / copy bandwidth. A kernel faster than that is a measurement bug.
+- torch.compile (default mode, static shapes): a fresh compiled reference per (shape, dtype,
+  direction) after `torch._dynamo.reset()`, so no shape or dtype counts against dynamo's
+  recompile limit; compile time is excluded; a row whose compiled reference fell back to
+  eager anyway (nothing compiled, a recompile while timed, the limit hit) is marked.
+- backward (`directions=("forward", "backward")`): the kernel's `<op>_backward` through the
+  ABI; eager and compile are `torch.autograd.grad` through the (compiled) reference, whose
+  forward runs once per input set outside the timed region (retain_graph=True), so only the
+  backward is timed, as for the kernel. Bytes: the forward inputs and the output gradients
+  read once, the input gradients written once. The forward outputs are passed to the kernel
+  too, but a backward needs them or the inputs they came from, not both (softmax reads y,
+  GELU reads x); counting both would overstate the roofline, so they are not counted.
 
 `time_callable` and `bench_spec` are the reusable core (the autotuner and the agent loop
 call them); `specgen bench` prints and writes what `bench_spec` returns.
@@ -102,6 +113,8 @@ class BenchRow:
     baseline_us: float | None = None
     compile_seconds: float | None = None  # torch.compile's own time for this shape (excluded above)
     notes: list[str] = field(default_factory=list)
+    direction: str = "forward"
+    compile_fallback: str | None = None  # why compile_us is (partly) eager time; None: it compiled
 
     def gbs(self, us: float | None) -> float | None:
         return None if not us else self.bytes / (us * 1e-6) / 1e9
@@ -137,18 +150,20 @@ class BenchResult:
                 "rows": [row.as_dict() for row in self.rows]}
 
 
-def moved_bytes(spec, dims: dict, dtype: str) -> int:
-    """Every input read once plus every output written once."""
-    sig = spec.signature
+def moved_bytes(spec, dims: dict, dtype: str, direction: str = "forward") -> int:
+    """Bytes the op must move, from its ABI fields: forward, every input read once and every
+    output written once; backward, the forward inputs and the output gradients read once and
+    the input gradients written once (the forward outputs are not counted: see the module doc)."""
+    counted = {"forward": ("input", "output"), "backward": ("input", "grad_output", "grad_input")}[direction]
     total = 0
-    for p in sig.inputs:
-        total += math.prod(p.type.shape(dims)) * torch.empty((), dtype=TORCH_DTYPES[p.type.dtype_for(dtype)]).element_size()
-    for shape, tdtype in expected_outputs(sig, dims, dtype):
-        total += math.prod(shape) * torch.empty((), dtype=tdtype).element_size()
+    for f in abi.fields(spec, direction):
+        if f.is_tensor and f.role in counted:
+            itemsize = torch.empty((), dtype=TORCH_DTYPES[f.tensor.dtype_for(dtype)]).element_size()
+            total += math.prod(f.tensor.shape(dims)) * itemsize
     return total
 
 
-def bench_inputs(spec, dims: dict, dtype: str, seed: int) -> dict:
+def bench_inputs(spec, dims: dict, dtype: str, seed: int, device: str = "cuda") -> dict:
     """Inputs drawn on the GPU (benchmark shapes are large); integer tensors in their declared range."""
     gen = torch.Generator().manual_seed(seed)
     args = {}
@@ -157,43 +172,126 @@ def bench_inputs(spec, dims: dict, dtype: str, seed: int) -> dict:
             args[param.name] = param.default if param.has_default else {"float": 0.5, "int": 1, "bool": False}[
                 param.type.kind]
         elif param.type.is_floating and param.type.value_range is None:
-            args[param.name] = torch.randn(param.type.shape(dims), device="cuda",
+            args[param.name] = torch.randn(param.type.shape(dims), device=device,
                                            dtype=TORCH_DTYPES[param.type.dtype_for(dtype)])
         else:
-            args[param.name] = make_tensor(param.type, dims, dtype, distribution="normal", gen=gen, device="cuda")
+            args[param.name] = make_tensor(param.type, dims, dtype, distribution="normal", gen=gen, device=device)
     return args
 
 
-_compiled_refs: dict[str, Callable] = {}
+# ------------------------------------------------------------------ the backward's operands
+
+def floating_inputs(spec) -> list[str]:
+    return [p.name for p in spec.signature.inputs if p.type.is_floating]
 
 
-def _compiled_reference(spec) -> Callable:
-    key = spec.hash()
-    if key not in _compiled_refs:
-        _compiled_refs[key] = torch.compile(spec.reference_fn(), dynamic=False)
-    return _compiled_refs[key]
+def backward_operands(spec, args: dict) -> tuple[dict, dict]:
+    """(forward outputs, output gradients) for one input set: what the backward reads besides
+    the inputs. The forward outputs come from the reference (eager, no grad)."""
+    with torch.no_grad():
+        outs = as_tuple(spec.reference_fn()(**args))
+    outputs = {o.name: t for o, t in zip(spec.signature.outputs, outs)}
+    grads = {f"grad_{o.name}": torch.randn_like(t) for o, t in zip(spec.signature.outputs, outs)
+             if o.type.is_floating}
+    return outputs, grads
 
+
+def autograd_backward(spec, fn: Callable, args: dict, grads: dict) -> Callable[[], object]:
+    """A callable running only the backward of `fn` (the reference, eager or compiled): the
+    forward runs once here, outside any timed region, and each call is
+    `torch.autograd.grad(..., retain_graph=True)` through that graph."""
+    wrt = floating_inputs(spec)
+    leaves = {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+    with torch.enable_grad():
+        outs = as_tuple(fn(**leaves))
+    pairs = [(out, grads[f"grad_{o.name}"]) for o, out in zip(spec.signature.outputs, outs)
+             if o.type.is_floating and out.requires_grad]
+    if not pairs:
+        raise ValueError(f"{spec.name}: no output of the reference depends on a floating input")
+    outputs, grad_outputs = [p[0] for p in pairs], [p[1] for p in pairs]
+    inputs = [leaves[k] for k in wrt]
+
+    def run():
+        return torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True, allow_unused=True)
+    return run
+
+
+# ------------------------------------------------------------------ torch.compile, once per key
+
+class CompileWatch:
+    """What dynamo did to the compiled reference since this watch started, from its counters:
+    whether anything compiled, recompiles, the recompile limit, graph breaks."""
+
+    def __init__(self):
+        from torch._dynamo.utils import counters
+
+        self.counters = counters
+        self.start = self._frames()
+        self.compiled = self.start
+
+    def _frames(self) -> tuple[int, int]:
+        frames = self.counters["frames"]
+        return frames["total"], frames["ok"]
+
+    def mark_compiled(self) -> None:
+        """Call after the untimed first calls: later frame conversions are recompiles."""
+        self.compiled = self._frames()
+
+    def fallback(self) -> str | None:
+        """Why the compiled reference ran (partly) eager, or None when it ran compiled."""
+        reasons = []
+        total, ok = self.compiled
+        if ok == self.start[1]:
+            reasons.append("dynamo compiled no frame of the reference (it ran eager)")
+        if self._frames()[0] > total:
+            reasons.append(f"dynamo recompiled {self._frames()[0] - total} time(s) while timed")
+        if any("recompile limit" in str(key).lower() for key in self.counters["unimplemented"]):
+            reasons.append("dynamo hit its recompile limit (later calls run eager)")
+        breaks = sum(self.counters["graph_break"].values())
+        if breaks:
+            reasons.append(f"{breaks} graph break(s): parts of the reference ran eager")
+        return "; ".join(reasons) or None
+
+
+def fresh_compiled(fn: Callable, backend: str = "inductor") -> tuple[Callable, CompileWatch]:
+    """torch.compile(fn) (default mode, static shapes) with dynamo's caches and counters reset,
+    so this (shape, dtype, direction) is compiled on its own and counts against no limit."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    return torch.compile(fn, dynamic=False, backend=backend), CompileWatch()
+
+
+# ------------------------------------------------------------------ the kernel through the ABI
 
 class _Candidate:
     """A kernel library with its argument structs packed once per input set, so a timed call
     costs one ctypes call and no Python packing."""
 
-    def __init__(self, spec, library: Path, sets: list[dict], dims: dict, dtype: str):
+    def __init__(self, spec, library: Path, direction: str, sets: list[dict], operands: list[tuple[dict, dict]],
+                 dims: dict, dtype: str):
         from .verify.runner import KernelLibrary
 
         self.lib = KernelLibrary(spec, library)
-        if not self.lib.has("forward"):
-            raise ValueError(f"{library} does not export {spec.name}_forward")
-        self.fn = self.lib.entry("forward")
+        if not self.lib.has(direction):
+            raise ValueError(f"{library} does not export {abi.entry_point(spec, direction)}")
+        self.fn = self.lib.entry(direction)
         sig = spec.signature
-        self.outputs = [{o.name: torch.empty(shape, dtype=tdtype, device="cuda")
-                         for o, (shape, tdtype) in zip(sig.outputs, expected_outputs(sig, dims, dtype))}
-                        for _ in sets]
-        self.structs = []
-        for args, outs in zip(sets, self.outputs):
+        self.structs, self.written = [], []
+        for args, (fwd_outputs, grads) in zip(sets, operands):
             tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
             scalars = {k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}
-            self.structs.append(abi.pack_args(spec, "forward", {**tensors, **outs}, scalars, dims))
+            if direction == "forward":
+                written = {o.name: torch.empty(shape, dtype=tdtype, device="cuda")
+                           for o, (shape, tdtype) in zip(sig.outputs, expected_outputs(sig, dims, dtype))}
+                tensors.update(written)
+            else:
+                written = {f"grad_{name}": torch.empty_like(tensors[name]) for name in floating_inputs(spec)}
+                tensors.update(fwd_outputs, **grads, **written)
+            self.written.append(written)
+            self.structs.append(abi.pack_args(spec, direction, tensors, scalars, dims))
         self.addresses = [ctypes.addressof(s) for s in self.structs]
 
     def call(self, index: int) -> None:
@@ -211,56 +309,93 @@ def _rotating(fn: Callable[[int], object], count: int) -> Callable[[], object]:
     return call
 
 
+# ------------------------------------------------------------------ one spec
+
 def bench_spec(spec, library: Path | None = None, shapes: list[dict] | None = None, dtypes: list[str] | None = None,
                *, baseline: Path | None = None, eager: bool = True, compiled: bool = True,
+               directions: tuple[str, ...] = ("forward",),
                warmup: int = DEFAULT_WARMUP, reps: int = DEFAULT_REPS, input_sets: int = INPUT_SETS,
                on_row: Callable[[BenchRow], None] | None = None) -> BenchResult:
-    """Time the candidate (and baseline), eager and torch.compile over shapes x dtypes."""
+    """Time the candidate (and baseline), eager and torch.compile over shapes x dtypes x directions."""
     shapes = shapes or spec.benchmark
     if not shapes:
         raise ValueError(f"spec {spec.name} has no benchmark shapes; pass shapes explicitly")
     dtypes = dtypes or list(spec.dtypes)
+    for direction in directions:
+        if direction not in abi.DIRECTIONS:
+            raise ValueError(f"direction must be one of {abi.DIRECTIONS}, not {direction!r}")
+    if "backward" in directions and spec.backward == "none":
+        raise ValueError(f"spec {spec.name} has no backward (backward: none)")
     copy_gbs = copy_bandwidth_gbs()
-    reference = spec.reference_fn()
     rows = []
     for dims in shapes:
         for dtype in dtypes:
-            nbytes = moved_bytes(spec, dims, dtype)
-            row = BenchRow(spec.name, dict(dims), dtype, nbytes, nbytes / (copy_gbs * 1e9) * 1e6, copy_gbs)
-            sets = [bench_inputs(spec, dims, dtype, seed) for seed in range(input_sets)]
-            timed = lambda fn: time_callable(_rotating(fn, len(sets)), warmup=warmup, reps=reps).median_us
-            with torch.no_grad():
-                if eager:
-                    row.eager_us = timed(lambda i: reference(**sets[i]))
-                if compiled:
-                    try:
-                        fn = _compiled_reference(spec)
-                        started = time.perf_counter()
-                        for args in sets:
-                            as_tuple(fn(**args))
-                        torch.cuda.synchronize()
-                        row.compile_seconds = round(time.perf_counter() - started, 2)
-                        row.compile_us = timed(lambda i: fn(**sets[i]))
-                    except Exception as error:  # no triton, an unsupported op...: report, keep going
-                        row.notes.append(f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}")
-                for name, lib in (("kernel", library), ("baseline", baseline)):
-                    if lib is not None:
-                        candidate = _Candidate(spec, lib, sets, dims, dtype)
-                        setattr(row, f"{name}_us", timed(candidate.call))
-                        del candidate
-            for name in ("kernel", "eager", "compile", "baseline"):
-                fraction = row.fraction(getattr(row, f"{name}_us"))
-                if fraction is not None and fraction > ROOFLINE_SLACK:
-                    row.notes.append(f"{name} at {fraction:.2f}x the copy roofline: a measurement bug "
-                                     f"(or the output is not really written)")
-            rows.append(row)
-            if on_row:
-                on_row(row)
-            del sets
-            torch.cuda.empty_cache()
+            for direction in directions:
+                row = _bench_one(spec, library, baseline, dims, dtype, direction, copy_gbs, eager=eager,
+                                 compiled=compiled, warmup=warmup, reps=reps, input_sets=input_sets)
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                torch.cuda.empty_cache()
     return BenchResult(spec.name, torch.cuda.get_device_name(), copy_gbs, rows)
 
 
+def _bench_one(spec, library, baseline, dims: dict, dtype: str, direction: str, copy_gbs: float, *,
+               eager: bool, compiled: bool, warmup: int, reps: int, input_sets: int) -> BenchRow:
+    nbytes = moved_bytes(spec, dims, dtype, direction)
+    row = BenchRow(spec.name, dict(dims), dtype, nbytes, nbytes / (copy_gbs * 1e9) * 1e6, copy_gbs,
+                   direction=direction)
+    sets = [bench_inputs(spec, dims, dtype, seed) for seed in range(input_sets)]
+    backward = direction == "backward"
+    operands = [backward_operands(spec, args) if backward else ({}, {}) for args in sets]
+    timed = lambda fn: time_callable(_rotating(fn, len(sets)), warmup=warmup, reps=reps).median_us
+    reference = spec.reference_fn()
+
+    def torch_steps(fn) -> list[Callable[[], object]]:
+        """One callable per input set: the reference's forward (no grad) or its backward only."""
+        if backward:
+            return [autograd_backward(spec, fn, args, grads) for args, (_, grads) in zip(sets, operands)]
+        return [functools.partial(_no_grad_call, fn, args) for args in sets]
+
+    if eager:
+        steps = torch_steps(reference)
+        row.eager_us = timed(lambda i: steps[i]())
+        del steps
+    if compiled:
+        try:
+            fn, watch = fresh_compiled(reference)
+            started = time.perf_counter()
+            steps = torch_steps(fn)  # backward: compiles the forward and the joint graph
+            for step in steps:
+                step()  # compiles the backward on its first call; compile time is excluded below
+            torch.cuda.synchronize()
+            watch.mark_compiled()
+            row.compile_seconds = round(time.perf_counter() - started, 2)
+            row.compile_us = timed(lambda i: steps[i]())
+            row.compile_fallback = watch.fallback()
+            if row.compile_fallback:
+                row.notes.append(f"torch.compile fell back to eager: {row.compile_fallback}")
+            del steps
+        except Exception as error:  # no triton, an unsupported op...: report, keep going
+            row.notes.append(f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}")
+    for name, lib in (("kernel", library), ("baseline", baseline)):
+        if lib is not None:
+            candidate = _Candidate(spec, lib, direction, sets, operands, dims, dtype)
+            setattr(row, f"{name}_us", timed(candidate.call))
+            del candidate
+    for name in ("kernel", "eager", "compile", "baseline"):
+        fraction = row.fraction(getattr(row, f"{name}_us"))
+        if fraction is not None and fraction > ROOFLINE_SLACK:
+            row.notes.append(f"{name} at {fraction:.2f}x the copy roofline: a measurement bug "
+                             f"(or the output is not really written)")
+    return row
+
+
+def _no_grad_call(fn: Callable, args: dict):
+    with torch.no_grad():
+        return fn(**args)
+
+
 def benchmark_kernel(spec, library: Path, baseline: Path | None = None, **kw) -> BenchResult:
-    """The agent loop's measurement: the spec's benchmark shapes and dtypes."""
+    """The agent loop's measurement: the spec's benchmark shapes and dtypes, forward."""
     return bench_spec(spec, library, baseline=baseline, **kw)

@@ -280,3 +280,28 @@ def test_a_provider_failing_mid_run_keeps_the_winner_found_so_far(server, task, 
     result = run_loop(task, agent, ScriptedEvaluator(), Budget(attempts=4))
     assert "// FAST" in result.winner.source
     assert result.stopped.startswith("the agent failed") and "after 3 tries" in result.stopped
+
+
+class _TimedEvaluator(ScriptedEvaluator):
+    """Every candidate correct; kernel time from the marker, eager fixed at 577 us."""
+
+    def measure(self, candidate, library):
+        kernel_us = {"TIE": 579.1, "LOSS": 577.0 / 0.96}[next(m for m in ("TIE", "LOSS") if m in candidate.source)]
+        return {"kernel_us": kernel_us, "eager_us": 577.0, "compile_us": 666.5, "roofline_fraction": 0.9}
+
+
+def test_a_kernel_within_the_noise_of_eager_is_not_slower_and_wins(server, task, monkeypatch):
+    from specgen.agents.loop import EAGER_NOISE_RATIO
+
+    assert EAGER_NOISE_RATIO == 0.97
+    server.push(answer("TIE"))
+    result = run_loop(task, openai_agent(server, monkeypatch), _TimedEvaluator(), Budget(attempts=1))
+    assert result.attempts[0].details["slower_than_eager"] is False
+    assert result.winner is not None and "// TIE" in result.winner.source
+
+
+def test_a_kernel_beyond_the_noise_margin_is_slower_and_loses(server, task, monkeypatch):
+    server.push(answer("LOSS"))
+    result = run_loop(task, openai_agent(server, monkeypatch), _TimedEvaluator(), Budget(attempts=1))
+    assert result.attempts[0].details["slower_than_eager"] is True
+    assert result.winner is None

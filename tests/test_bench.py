@@ -81,3 +81,123 @@ def test_bench_spec_times_kernel_eager_and_compile_side_by_side(tmp_path):
     for key in ("kernel_us", "eager_us", "compile_us"):
         assert row[key] and row[key] > 0, (key, row)
     assert 0 < row["kernel_roofline_fraction"] <= 1.05  # above the copy roofline is a bug
+
+
+def test_backward_bytes_are_inputs_and_output_grads_read_plus_input_grads_written():
+    gelu = load_spec(SPECS / "gelu_tanh.yaml")
+    # x and grad_out read, grad_x written (the forward output is passed but not counted)
+    assert moved_bytes(gelu, {"N": 16384, "D": 8192}, "bfloat16", "backward") == 3 * 16384 * 8192 * 2
+    rms = load_spec(SPECS / "rmsnorm.yaml")
+    assert moved_bytes(rms, {"N": 4, "D": 8}, "float32", "backward") == (32 + 8 + 32 + 32 + 8) * 4
+    ce = load_spec(SPECS / "cross_entropy.yaml")
+    # logits, int64 target, the float32 0-d loss's gradient in; grad_logits out (no grad for target)
+    assert moved_bytes(ce, {"N": 3, "C": 10}, "float16", "backward") == 30 * 2 + 3 * 8 + 4 + 30 * 2
+
+
+def _swiglu_inputs(n: int):
+    import torch
+
+    return {"x": torch.randn(n, 2 * 3, dtype=torch.float64)}
+
+
+def test_a_fresh_compile_per_shape_never_falls_back_where_one_shared_compile_does():
+    """The H200 run's bug: one torch.compile(reference) over many shapes and dtypes hit dynamo's
+    recompile limit (8) and ran eager for the rest, silently."""
+    from specgen.bench import fresh_compiled
+
+    reference = load_spec(SPECS / "swiglu.yaml").reference_fn()
+    shared, watch = fresh_compiled(reference, backend="eager")
+    for n in range(1, 11):
+        shared(**_swiglu_inputs(n))
+    assert "recompile limit" in watch.fallback()
+    for n in range(1, 11):
+        fn, watch = fresh_compiled(reference, backend="eager")
+        fn(**_swiglu_inputs(n))
+        watch.mark_compiled()
+        fn(**_swiglu_inputs(n))
+        assert watch.fallback() is None, n
+
+
+def test_a_recompile_while_timed_is_reported():
+    from specgen.bench import fresh_compiled
+
+    fn, watch = fresh_compiled(load_spec(SPECS / "swiglu.yaml").reference_fn(), backend="eager")
+    fn(**_swiglu_inputs(4))
+    watch.mark_compiled()
+    fn(**_swiglu_inputs(5))  # another shape inside the "timed" region
+    assert "recompiled 1 time(s) while timed" in watch.fallback()
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_backward_step_runs_only_the_backward_and_repeats(backend):
+    import torch
+
+    from specgen.bench import autograd_backward, backward_operands, bench_inputs, fresh_compiled
+
+    spec = load_spec(SPECS / "bias_gelu.yaml")
+    args = bench_inputs(spec, {"N": 4, "D": 8}, "float32", seed=0, device="cpu")
+    fwd_outputs, grads = backward_operands(spec, args)
+    assert set(fwd_outputs) == {"out"} and set(grads) == {"grad_out"}
+    fn = spec.reference_fn() if backend is None else fresh_compiled(spec.reference_fn(), backend=backend)[0]
+    calls = []
+    counted = lambda **kw: (calls.append(1), fn(**kw))[1]
+    step = autograd_backward(spec, counted, args, grads)
+    assert len(calls) == 1  # the forward ran once, outside the step
+    first, second = step(), step()  # retain_graph: the same graph, twice
+    assert len(calls) == 1
+    x = args["x"].clone().requires_grad_(True)
+    b = args["bias"].clone().requires_grad_(True)
+    expected = torch.autograd.grad(spec.reference_fn()(x, b), [x, b], grads["grad_out"])
+    for got in (first, second):
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e)
+
+
+def _builtin_bench():
+    import importlib.util
+
+    from conftest import REPO
+
+    loader = importlib.util.spec_from_file_location("builtin_bench", REPO / "benchmarks" / "builtin_bench.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def test_builtin_bench_table_marks_a_compile_fallback_and_leaves_it_out_of_the_mean():
+    bench = _builtin_bench()
+    row = {"op": "softmax", "direction": "backward", "dims": {"N": 64, "D": 4096}, "dtype": "bfloat16",
+           "bytes": 2_000_000, "roofline_us": 1.0, "kernel_us": 10.0, "eager_us": 100.0, "compile_us": 20.0,
+           "compile_fallback": None, "notes": []}
+    fell_back = dict(row, dtype="float32", compile_us=200.0, compile_fallback="dynamo hit its recompile limit")
+    text = bench.table([row, fell_back], 4000.0)
+    lines = [line for line in text.splitlines() if line.startswith("| softmax")]
+    assert lines[0].endswith("| ok |") and "compile fell back to eager" in lines[1]
+    assert lines[0].count("|") == 12  # op, dir, shape, dtype, MB, kernel, eager, compile, x, %, target
+    assert "2.00x over 1 rows" in text  # the fallback row's 20x is not a speedup vs torch.compile
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_bench_spec_times_the_backward_of_kernel_eager_and_compile(tmp_path):
+    from verify_support import GOOD, record
+
+    from specgen.abi import write_header
+    from specgen.bench import bench_spec
+    from specgen.toolchain import compile_kernel
+
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    write_header(spec, tmp_path)
+    library = compile_kernel(GOOD / "gelu_tanh.cu", include_dirs=[tmp_path], name=spec.name).library
+    shapes = [{"N": 4096, "D": 4096}, {"N": 64, "D": 4096}]
+    result = bench_spec(spec, library, shapes=shapes, dtypes=["bfloat16", "float32"],
+                        directions=("forward", "backward"), reps=10)
+    assert [(r.direction, r.dtype) for r in result.rows[:4]] == [
+        ("forward", "bfloat16"), ("backward", "bfloat16"), ("forward", "float32"), ("backward", "float32")]
+    for row in result.rows:
+        record("bench_backward_test", f"{row.direction} {row.dtype} {row.dims}", row.as_dict())
+        assert row.kernel_us and row.eager_us and row.compile_us, row
+        assert row.compile_fallback is None, row.compile_fallback  # 8 keys: a shared compile would hit the limit
+        assert 0 < row.fraction(row.kernel_us) <= 1.05
+    backward = result.rows[1]
+    assert backward.bytes == 3 * 4096 * 4096 * 2

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specgen.agents.base import AgentRefused
+from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.interp import run_program
 from specgen.agents.builtin.lower import lower
 from specgen.agents.builtin.trace import trace
@@ -50,8 +51,10 @@ def test_forward_matches_reference(op):
         torch.testing.assert_close(outs[o.name], want.double(), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("optimized", [False, True], ids=["lowered", "optimized"])
 @pytest.mark.parametrize("op", OPS)
-def test_backward_matches_autograd(op):
+def test_backward_matches_autograd(op, optimized):
+    """`optimized`: the programs the emitter gets (CSE, forward outputs read back)."""
     spec = load_spec(SPECS / f"{op}.yaml")
     dims = _dims(spec)
     sig = spec.signature
@@ -66,8 +69,9 @@ def test_backward_matches_autograd(op):
     floating = [p.name for p in sig.inputs if p.type.is_floating]
     expected = torch.autograd.grad([r for o, r in zip(sig.outputs, result) if o.type.is_floating],
                                    [leaves[n] for n in floating], list(grads.values()), allow_unused=True)
-    program = lower(trace(spec, "backward"))
-    tensors = {p.name: args[p.name] for p in sig.inputs} | grads
+    program = lower_spec(spec)["backward"] if optimized else lower(trace(spec, "backward"))
+    forward_outputs = {o.name: r.detach() for o, r in zip(sig.outputs, result)}
+    tensors = {p.name: args[p.name] for p in sig.inputs} | forward_outputs | grads
     outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
     run_program(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
     for n, want in zip(floating, expected):
@@ -83,3 +87,25 @@ def test_matmul_is_refused_with_the_reference_line():
     assert "linear_bias_relu.yaml:13" in message  # the F.linear line of the reference
     assert "transpose" in message or "mm" in message
     assert "LLM agent" in message and "--agent" in message
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "add_rmsnorm"])
+def test_backward_reads_forward_outputs_instead_of_recomputing(op):
+    spec = load_spec(SPECS / f"{op}.yaml")
+    program = lower_spec(spec)["backward"]
+    streamed = {n.attrs["field"] for n in program.nodes() if n.op == "load" and n.attrs["kind"] == "elem"}
+    outputs = {o.name for o in spec.signature.outputs}
+    assert streamed & outputs
+    assert len(streamed) <= len({n.attrs["field"] for n in lower(trace(spec, "backward")).nodes()
+                                 if n.op == "load" and n.attrs["kind"] == "elem"})
+    if op == "softmax":  # out * (g - sum(g * out)): one reduction, no max, no exp
+        assert [n.attrs["kind"] for n in program.nodes() if n.op == "rowreduce"] == ["sum"]
+        assert not any(n.op == "exp" for n in program.nodes())
+
+
+def test_cse_merges_the_repeated_mean_of_layernorm_backward():
+    spec = load_spec(SPECS / "layernorm_gelu.yaml")
+    raw = lower(trace(spec, "backward"))
+    merged = lower_spec(spec)["backward"]
+    count = lambda p: sum(n.op == "rowreduce" for n in p.nodes())
+    assert count(merged) < count(raw)

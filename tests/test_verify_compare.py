@@ -1,6 +1,7 @@
 """Comparison with the float64 truth: tolerance, NaN/Inf handling, where the errors are."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specgen.verify.compare import bitwise_equal, compare, effective_atol, locate, reference_error
@@ -59,3 +60,70 @@ def test_bitwise_equal_sees_nan_payload_and_signed_zero():
     assert bitwise_equal(a, a.clone())
     assert not bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
     assert bitwise_equal(torch.tensor([1, 2], dtype=torch.bfloat16), torch.tensor([1, 2], dtype=torch.bfloat16))
+
+
+# ------------------------------------------------------------------ overflow of the working dtype
+
+F16_MAX = 65504.0
+
+
+def test_the_infinity_a_correct_float16_kernel_returns_past_the_range_matches():
+    # swiglu on the H200: expected -71137.03 (float64 truth), a correct float16 kernel gives -inf
+    truth = torch.tensor([-71137.03125, 1.5, 70000.0], dtype=torch.float64)
+    got = torch.tensor([float("-inf"), 1.5, float("inf")], dtype=torch.float16)
+    assert compare(got, truth, 1e-3, 1e-3) is None
+    # the wrong infinity, or NaN, still fails even where the truth overflows
+    m = compare(torch.tensor([float("inf"), 1.5, float("nan")], dtype=torch.float16), truth, 1e-3, 1e-3)
+    assert m is not None and m.bad == 2
+
+
+def test_an_infinity_within_tolerance_of_the_range_edge_matches_but_not_far_inside_it():
+    # 65500 is representable, but 65500 * (1 + 1e-3) rounds to inf: a kernel may land there
+    truth = torch.tensor([65500.0, 1000.0], dtype=torch.float64)
+    got = torch.tensor([float("inf"), 1000.0], dtype=torch.float16)
+    assert compare(got, truth, 1e-3, 1e-3) is None
+    assert compare(got, truth, 1e-3, 0.0) is not None  # no tolerance band past 65519: a real overflow
+    m = compare(torch.tensor([65504.0, float("inf")], dtype=torch.float16), truth, 1e-3, 1e-3)
+    assert m.bad == 1 and m.index == [1]
+    assert any("Inf in 1 element(s)" in w and "float16's range (max 65504)" in w for w in m.where)
+
+
+def test_bfloat16_and_float32_overflow_the_same_way():
+    truth = torch.tensor([4e38], dtype=torch.float64)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert compare(torch.tensor([float("inf")], dtype=dtype), truth, 1e-3, 1e-3) is None
+
+
+def test_where_the_reference_itself_overflowed_its_infinity_is_accepted_at_that_element_only():
+    truth = torch.tensor([30000.0, 1.0, 2.0], dtype=torch.float64)  # all within float16's range
+    ref = torch.tensor([float("inf"), 1.0, 2.0], dtype=torch.float16)  # an intermediate overflowed
+    got = torch.tensor([float("inf"), 1.0, 2.0], dtype=torch.float16)
+    assert compare(got, truth, 1e-3, 1e-3) is not None  # without the reference: a wrong inf
+    assert compare(got, truth, 1e-3, 1e-3, reference=ref) is None
+    # not poisoned: the other elements are still held to the finite tolerance, NaN still fails
+    worse = torch.tensor([float("inf"), 5.0, float("nan")], dtype=torch.float16)
+    assert compare(worse, truth, 1e-3, 1e-3, reference=ref).bad == 2
+    assert compare(torch.tensor([float("-inf"), 1.0, 2.0], dtype=torch.float16), truth, 1e-3, 1e-3,
+                   reference=ref).bad == 1
+
+
+def test_the_h200_swiglu_counterexample_passes_for_a_float32_math_kernel():
+    """End to end through the verifier's case data: the float16 truth overflows and the
+    check a correct kernel used to fail now passes; a kernel that is wrong by 1% still fails."""
+    from conftest import SPECS
+    from specgen.spec import load_spec
+    from specgen.verify.checks import check_close
+    from specgen.verify.data import prepare
+    from specgen.verify.strategies import make_case
+    from specgen.verify.verdict import Failure
+
+    spec = load_spec(SPECS / "swiglu.yaml")
+    data = prepare(spec, make_case({"N": 3725, "H": 1}, "float16", distribution="large", seed=1), "forward", "cpu")
+    truth = data.truth["out"]
+    assert bool((truth.abs() > F16_MAX).any())  # the case really overflows float16
+    x = data.inputs["x"].float()
+    out = (torch.nn.functional.silu(x[:, :1]) * x[:, 1:]).to(torch.float16)
+    assert bool(torch.isinf(out).any())
+    check_close(data, {"out": out})
+    with pytest.raises(Failure):
+        check_close(data, {"out": (out.float() * 1.01).to(torch.float16)})

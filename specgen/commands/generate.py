@@ -22,32 +22,38 @@ def register(subparsers) -> None:
                     "feeding each attempt's compiler errors, counterexample and timings back into "
                     "the next; the best verified kernel goes into the lock.")
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files or folders of specs")
-    p.add_argument("--agent", default="builtin",
-                   help="builtin (default, offline), openai, anthropic, openai-compatible, replay")
-    p.add_argument("--model", default=None, help="model name (default: per agent, see models.toml)")
-    p.add_argument("--base-url", default=None, metavar="URL",
-                   help="server URL (openai-compatible: e.g. http://localhost:8000/v1)")
-    p.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="environment variable holding the API key (default: OPENAI_API_KEY / "
-                        "ANTHROPIC_API_KEY; openai-compatible: none)")
-    p.add_argument("--transcript", default=None, metavar="FILE", help="replay: the transcript to rerun")
-    p.add_argument("--attempts", type=_positive_int, default=8, help="candidates per spec (default 8)")
-    p.add_argument("--samples", type=_positive_int, default=1,
-                   help="candidates proposed in parallel per round (default 1)")
-    p.add_argument("--budget-usd", type=float, default=None, metavar="X", help="stop once a spec cost X USD")
-    p.add_argument("--wall-time", type=float, default=None, metavar="S", help="stop a spec after S seconds")
-    p.add_argument("--target-roofline", type=float, default=0.8, metavar="F",
-                   help="stop once a verified kernel reaches this fraction of the memory roofline "
-                        "(default 0.8)")
-    p.add_argument("--transcript-dir", default=".specgen/transcripts", metavar="DIR",
-                   help="where the JSONL transcripts go (default .specgen/transcripts)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per LLM request (default 600)")
-    p.add_argument("--retries", type=int, default=4, help="per LLM request on 429/5xx/timeouts (default 4)")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
+    add_agent_arguments(p)
     p.add_argument("--regenerate", action="store_true",
                    help="replace a hand-edited kernel, or a locked one with an unverified one")
     p.set_defaults(func=run)
+
+
+def add_agent_arguments(parser) -> None:
+    """The agent and loop options, shared by `specgen generate` and `specgen build` (one group)."""
+    g = parser.add_argument_group("agent and loop")
+    g.add_argument("--agent", default="builtin",
+                   help="builtin (default, offline), openai, anthropic, openai-compatible, replay")
+    g.add_argument("--model", default=None, help="model name (default: per agent, see models.toml)")
+    g.add_argument("--base-url", default=None, metavar="URL",
+                   help="server URL (openai-compatible: e.g. http://localhost:8000/v1)")
+    g.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help="environment variable holding the API key (default: OPENAI_API_KEY / "
+                        "ANTHROPIC_API_KEY; openai-compatible: none)")
+    g.add_argument("--transcript", default=None, metavar="FILE", help="replay: the transcript to rerun")
+    g.add_argument("--attempts", type=_positive_int, default=8, help="candidates per spec (default 8)")
+    g.add_argument("--samples", type=_positive_int, default=1,
+                   help="candidates proposed in parallel per round (default 1)")
+    g.add_argument("--budget-usd", type=float, default=None, metavar="X", help="stop once a spec cost X USD")
+    g.add_argument("--wall-time", type=float, default=None, metavar="S", help="stop a spec after S seconds")
+    g.add_argument("--target-roofline", type=float, default=0.8, metavar="F",
+                   help="stop once a verified kernel reaches this fraction of the memory roofline "
+                        "(default 0.8)")
+    g.add_argument("--transcript-dir", default=".specgen/transcripts", metavar="DIR",
+                   help="where the JSONL transcripts go (default .specgen/transcripts)")
+    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per LLM request (default 600)")
+    g.add_argument("--retries", type=int, default=4, help="per LLM request on 429/5xx/timeouts (default 4)")
+    g.add_argument("--temperature", type=float, default=None)
+    g.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
 
 
 def _positive_int(text: str) -> int:

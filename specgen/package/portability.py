@@ -27,6 +27,8 @@ def glibc_needs(library: Path) -> dict[str, tuple[int, int]]:
 def wheel_glibc_needs(wheel: Path) -> dict[str, tuple[int, int]]:
     """glibc_needs over every shared library inside a wheel."""
     needs: dict[str, tuple[int, int]] = {}
+    if not zipfile.is_zipfile(wheel):  # advisory only: a broken wheel is reported where it is installed
+        return needs
     with zipfile.ZipFile(wheel) as archive, tempfile.TemporaryDirectory() as scratch:
         for name in archive.namelist():
             if name.endswith(".so") or ".so." in name:

@@ -97,7 +97,8 @@ def check_same_bits(data: CaseData, out_a: dict, out_b: dict, what: str = "two r
 def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, prefix: str = "") -> None:
     for slot in data.outputs:
         atol = data.atol[slot.name]
-        mismatch = compare(outputs[slot.name], data.truth[slot.name], atol, data.rtol)
+        mismatch = compare(outputs[slot.name], data.truth[slot.name], atol, data.rtol,
+                           reference=data.reference.get(slot.name))
         if mismatch is not None:
             raise Failure(reason, f"{prefix}output {slot.name!r} differs from the reference (computed in "
                                   f"float64) beyond atol={atol:.3g} rtol={data.rtol:.3g}",

@@ -1,7 +1,15 @@
 """Comparing a kernel's outputs with the float64 truth, and saying where they differ.
 
-Tolerance = max(the spec's atol, 4 x the reference's own error in the working dtype) with
-the spec's rtol: a kernel may be as inexact as the reference itself, and no more.
+Tolerance = max(the spec's tolerance, 4 x the reference's own error in the working dtype):
+a kernel may be as inexact as the reference itself, and no more.
+
+Overflow: where the true value lies beyond the working dtype's range (float16: 65504), a
+correct kernel returns the infinity that the truth rounds to, so an element also matches
+when the output equals the truth rounded to the working dtype (`truth.to(dtype)`), or is the
+infinity that a value within tolerance of the truth rounds to. Where the reference itself
+overflowed (its error there is infinite) the kernel may return the reference's infinity at
+that element; that element widens nobody else's tolerance. NaN where the truth is finite
+always fails.
 """
 from __future__ import annotations
 
@@ -31,7 +39,9 @@ def differing_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def reference_error(reference: torch.Tensor, truth: torch.Tensor) -> float:
-    """Max abs error of the reference in the working dtype against the float64 truth (finite parts)."""
+    """Max abs error of the reference in the working dtype against the float64 truth, over the
+    elements where both are finite: an element where the reference overflowed has an infinite
+    error, which compare() handles at that element instead of widening the whole tensor."""
     if not reference.is_floating_point():
         return 0.0
     ref = reference.double()
@@ -57,20 +67,39 @@ class Mismatch:
     where: list[str] = field(default_factory=list)
 
 
-def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float) -> Mismatch | None:
-    """None when every element is within tolerance (NaN/Inf must match the truth's exactly)."""
+def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
+            reference: torch.Tensor | None = None) -> torch.Tensor:
+    """Per element: does a floating output match the float64 truth (see the module's doc)?"""
+    g, t = got.double(), truth.double()
+    tolerance = atol + rtol * t.abs()
+    within = torch.isfinite(g) & ((g - t).abs() <= tolerance)
+    # The truth rounded to the working dtype: a correct kernel's result, ±inf past the range.
+    as_rounded = g == t.to(got.dtype).double()
+    # An infinity that a value within tolerance of the truth rounds to (65510 ± 1e-3*65510).
+    band_edge = t + torch.where(g > 0, tolerance, -tolerance)
+    rounds_to_it = torch.isinf(g) & (band_edge.to(got.dtype).double() == g)
+    good = within | as_rounded | rounds_to_it
+    if reference is not None and reference.is_floating_point():
+        # The reference overflowed where the truth is finite: its own error there is infinite,
+        # so at that element (only) its infinity is as good an answer as the kernel can owe.
+        ref = reference.to(g.device).double()
+        good |= torch.isinf(ref) & (g == ref)
+    # Non-finite truth: the same NaN / the same infinity.
+    same_special = (torch.isnan(t) & torch.isnan(g)) | (torch.isinf(t) & (g == t))
+    return torch.where(torch.isfinite(t), good, same_special)
+
+
+def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
+            reference: torch.Tensor | None = None) -> Mismatch | None:
+    """None when every element matches: within tolerance, or (overflow) the infinity a correct
+    kernel returns; NaN/Inf must match a non-finite truth exactly. `reference`: the reference's
+    outputs in the working dtype, whose own overflows are accepted element by element."""
     if not got.is_floating_point():
         bad = got.to(truth.dtype) != truth
         err = (got.double() - truth.double()).abs()
     else:
-        g = got.double()
-        t = truth.double()
-        err = (g - t).abs()
-        finite_truth = torch.isfinite(t)
-        within = err <= atol + rtol * t.abs()
-        # Non-finite truth: the same NaN / the same infinity.
-        same_special = (torch.isnan(t) & torch.isnan(g)) | (torch.isinf(t) & (g == t))
-        bad = torch.where(finite_truth, within & torch.isfinite(g), same_special).logical_not()
+        err = (got.double() - truth.double()).abs()
+        bad = matches(got, truth, atol, rtol, reference).logical_not()
     count = int(bad.sum())
     if count == 0:
         return None
@@ -93,7 +122,10 @@ def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float) ->
         if nans:
             where.append(f"NaN in {nans} element(s) where the reference is finite")
         if infs:
-            where.append(f"Inf in {infs} element(s) where the reference is finite")
+            limit = torch.finfo(got.dtype).max
+            where.append(f"Inf in {infs} element(s) where the reference is finite and within "
+                         f"{str(got.dtype).replace('torch.', '')}'s range (max {limit:.6g}): compute in "
+                         f"float32 and round once at the store")
     return Mismatch(count, bad.numel(), max_abs, max_rel, index, expected, value, where)
 
 

@@ -35,6 +35,7 @@ class CaseData:
     rtol: float = 0.0
     spec_atol: float = 0.0
     device: torch.device = torch.device("cuda")
+    reference: dict[str, torch.Tensor] = field(default_factory=dict)  # the reference in the working dtype
 
     def refill_inputs_from(self, other: "CaseData") -> None:
         """Copy another case's input values into this case's buffers (same pointers, new values)
@@ -43,7 +44,7 @@ class CaseData:
             view.copy_(other.inputs[name])
         self.snapshots = {name: s.clone() for name, s in self.storages.items()}
         self.truth = other.truth
-        self.atol = other.atol
+        self.atol, self.reference = other.atol, other.reference
 
 
 def place(tensor: torch.Tensor, offset: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +82,7 @@ def prepare(spec, case: Case, direction: str, device="cuda") -> CaseData:
     for name, tensor in read.items():
         views[name], storages[name] = place(tensor, case.offset, device)
     return CaseData(case, direction, views, storages, {k: s.clone() for k, s in storages.items()}, scalars, dims,
-                    written, truth, atol, rtol, spec_atol, torch.device(device))
+                    written, truth, atol, rtol, spec_atol, torch.device(device), reference=ref)
 
 
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
