@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # spec.py is another module; only its type is needed here
 STAGES = ("extract", "compile", "verify", "measure", "done")
 
 
+# Run-to-run timing noise: a kernel whose eager/kernel time ratio is at least this is "not
+# slower" than eager PyTorch (579 us vs 577 us is a tie, not a loss).
+EAGER_NOISE_RATIO = 0.97
+
+
 @dataclass
 class GpuFacts:
     """What a kernel author needs to know about the target GPU."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jinja2
 
-from .base import Attempt, KernelTask
+from .base import EAGER_NOISE_RATIO, Attempt, KernelTask
 
 SHOWN_ATTEMPTS = 4  # attempts replayed in full; older ones appear in the summary only
 RESPONSE_EXCERPT = 2000  # characters of a code-less answer echoed back
@@ -66,8 +66,12 @@ def format_timings(timings: dict | None) -> str:
             continue
         ratio = ""
         if kernel:
-            ratio = (f" (kernel {other / kernel:.2f}x faster)" if kernel <= other
-                     else f" (kernel {kernel / other:.2f}x SLOWER)")
+            if kernel <= other:
+                ratio = f" (kernel {other / kernel:.2f}x faster)"
+            elif other / kernel >= EAGER_NOISE_RATIO:
+                ratio = f" (a tie within run-to-run noise: kernel {kernel / other:.2f}x slower)"
+            else:
+                ratio = f" (kernel {kernel / other:.2f}x SLOWER)"
         parts.append(f"{label} {_us(other)}{ratio}")
     fraction = timings.get("roofline_fraction")
     if fraction is not None:
