@@ -97,6 +97,7 @@ class LockEntry:
     model: str | None
     created: str
     records: list[Record] = field(default_factory=list)
+    reference: str | None = None  # set when the op keeps its reference path: why (no kernel file)
 
     def records_for(self, kernel_hash: str | None = None) -> list[Record]:
         wanted = kernel_hash or self.kernel_hash
@@ -109,6 +110,8 @@ class LockEntry:
         data = asdict(self)
         data.pop("op")
         data["records"] = [r.as_json() for r in self.records]
+        if self.reference is None:
+            data.pop("reference")  # kernel entries keep the version-1 layout
         return data
 
     @staticmethod
@@ -116,7 +119,8 @@ class LockEntry:
         return LockEntry(op=op, spec=data["spec"], spec_hash=data["spec_hash"], kernel=data["kernel"],
                          kernel_hash=data["kernel_hash"], agent=data.get("agent", "unknown"),
                          model=data.get("model"), created=data.get("created", ""),
-                         records=[Record.from_json(r) for r in data.get("records", [])])
+                         records=[Record.from_json(r) for r in data.get("records", [])],
+                         reference=data.get("reference"))
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,22 @@ class Lock:
             self._write_lock()
         return kernel
 
+    def write_reference(self, spec, agent: str, reason: str, *, model: str | None = None) -> bool:
+        """Record that the op keeps its reference path (its agent refused, or nothing beat
+        eager): an entry with no kernel and the reason, fresh while the spec hash matches.
+        A kernel file already on disk is left alone (returns False): it may be hand-written."""
+        op = spec.name
+        with self._exclusive():
+            self.entries = self._read_entries(self.path)
+            if self.kernel_path(op).exists():
+                return False
+            self.entries[op] = LockEntry(op=op, spec=_relative(Path(spec.path).resolve(), self.spec_dir),
+                                         spec_hash=spec.hash(), kernel="", kernel_hash="", agent=agent,
+                                         model=model, created=_now(), records=[],
+                                         reference=" ".join(reason.split())[:500] or "no kernel for this spec")
+            self._write_lock()
+        return True
+
     def add_record(self, spec, record: Record) -> None:
         """Add (or replace, same key) a record for the op's current, locked kernel."""
         with self._exclusive():
@@ -297,3 +317,7 @@ def write_kernel(spec, source: str, *, agent: str, model: str | None = None, rec
 
 def add_record(spec, record: Record) -> None:
     Lock.for_spec(spec).add_record(spec, record)
+
+
+def write_reference(spec, agent: str, reason: str, *, model: str | None = None) -> bool:
+    return Lock.for_spec(spec).write_reference(spec, agent, reason, model=model)

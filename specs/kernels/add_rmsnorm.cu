@@ -68,6 +68,38 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC])
   }
 }
 
+// A 16-byte piece of a row kept in registers raw, in the storage dtype: 16-bit types take
+// half the registers of their fp32 values, so twice the row fits per thread.
+template <typename T, int VEC> struct alignas(VEC * sizeof(T) >= 16 ? 16 : alignof(T)) Raw { T v[VEC]; };
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_raw(const T* __restrict__ p, Raw<T, VEC>& out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out.v[i] = p[i];
+  }
+}
+
+// ITEMS_MAX: the most 16-byte chunks per thread (a power of two) whose raw registers and
+// column partials fit `regs` 32-bit registers, at most `cap`.
+__host__ __device__ constexpr int items_max(int regs, int words_per_item, int cap) {
+  int fit = regs / (words_per_item > 0 ? words_per_item : 1);
+  fit = fit < 1 ? 1 : (fit > cap ? cap : fit);
+  int p = 1;
+  while (p * 2 <= fit) p *= 2;
+  return p;
+}
+
+// Blocks per SM that __launch_bounds__ asks for: `min_threads` resident threads (a cap of
+// 65536 / min_threads registers), halved for a program whose one chunk of row alone exceeds
+// the register budget (many inputs, column partials), which would otherwise spill.
+__host__ __device__ constexpr int min_blocks(int block, int min_threads, int words_per_item, int regs) {
+  const int want = words_per_item > regs ? min_threads / 2 : min_threads;
+  return want / block > 0 ? want / block : 1;
+}
+
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
@@ -113,9 +145,47 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
+// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
+// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, A a) {
+  if (a > m || a != a) {
+    s = s * exp_(m - a) + (A)1;
+    m = a;
+  } else if (m != (A)(-INFINITY)) {
+    s += exp_(a - m);
+  }
+}
+
 struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
 struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+// Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
+// and summed in the fixed order of group_reduce (deterministic). A thread without elements
+// (max -inf, sum 0) adds 0.
+template <int TPR, typename A>
+__device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
+  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
+  s = group_reduce<TPR>(mine, Sum(), smem);
+  m = mg;
+}
+
+// Resident blocks per SM of one kernel instantiation at its block size (its registers and
+// shared memory decide), asked once per instantiation: the grid is one full wave of
+// persistent blocks, so no partial last wave leaves SMs idle.
+template <auto Kernel>
+inline int blocks_per_sm(int block) {
+  static int cached = 0;
+  if (cached == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cached = n;
+  }
+  return cached;
+}
 
 inline int sm_count() {
   static int count = 0;
@@ -136,11 +206,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ======================= forward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
+add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
@@ -149,8 +223,8 @@ __global__ void __launch_bounds__(512) add_rmsnorm_fwd_rows(const add_rmsnorm_ar
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_410 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_412 = (acc_t)A.eps;
+  const acc_t sym_float_7 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_9 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -159,22 +233,24 @@ __global__ void __launch_bounds__(512) add_rmsnorm_fwd_rows(const add_rmsnorm_ar
     const T* p_weight_2 = (const T*)A.weight.data + 0;
     T* o_0 = (T*)A.out.data + row * ((int64_t)(A.D)) + 0;
     T* o_1 = (T*)A.residual_out.data + row * ((int64_t)(A.D)) + 0;
-    acc_t r_p_x_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_residual_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_weight_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_x_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_residual_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_weight_2[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
-          sg::load_vec<VEC>(p_residual_1 + c * VEC, r_p_residual_1[k]);
-          sg::load_vec<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
+          sg::load_raw<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
+          sg::load_raw<VEC>(p_residual_1 + c * VEC, r_p_residual_1[k]);
+          sg::load_raw<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
         }
       }
     }
     // pass 1: sum over the row
-    acc_t sum_1_409 = (acc_t)0;
+    acc_t sum_1_6 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -183,33 +259,43 @@ __global__ void __launch_bounds__(512) add_rmsnorm_fwd_rows(const add_rmsnorm_ar
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_407 = (r_p_x_0[k][v] + r_p_residual_1[k][v]);
-          const acc_t mul_408 = (add_407 * add_407);
-          sum_1_409 += mul_408;
+          const acc_t add_4 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
+          const acc_t mul_5 = (add_4 * add_4);
+          sum_1_6 += mul_5;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_residual_1[VEC];
-        sg::load_vec<VEC>(p_residual_1 + c * VEC, l_p_residual_1);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_residual_1[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_residual_1 + c * VEC, l_p_residual_1[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_407 = (l_p_x_0[v] + l_p_residual_1[v]);
-          const acc_t mul_408 = (add_407 * add_407);
-          sum_1_409 += mul_408;
+          const acc_t add_4 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
+          const acc_t mul_5 = (add_4 * add_4);
+          sum_1_6 += mul_5;
         }
         }
       }
       }
-    sum_1_409 = sg::group_reduce<TPR>(sum_1_409, sg::Sum(), red_smem);
-    const acc_t div_411 = ((acc_t)(sum_1_409) / (acc_t)(sym_float_410));
-    const acc_t add_1_413 = (div_411 + eps_412);
-    const acc_t rsqrt_414 = sg::rsqrt_((acc_t)(add_1_413));
+      }
+    sum_1_6 = sg::group_reduce<TPR>(sum_1_6, sg::Sum(), red_smem);
+    const acc_t div_8 = ((acc_t)(sum_1_6) / (acc_t)(sym_float_7));
+    const acc_t add_1_10 = (div_8 + eps_9);
+    const acc_t rsqrt_11 = sg::rsqrt_((acc_t)(add_1_10));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -221,39 +307,49 @@ __global__ void __launch_bounds__(512) add_rmsnorm_fwd_rows(const add_rmsnorm_ar
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_407 = (r_p_x_0[k][v] + r_p_residual_1[k][v]);
-          const acc_t mul_1_415 = (add_407 * rsqrt_414);
-          const acc_t mul_2_417 = (mul_1_415 * r_p_weight_2[k][v]);
-          st_0[v] = (acc_t)(mul_2_417);
-          st_1[v] = (acc_t)(add_407);
+          const acc_t add_4 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
+          const acc_t mul_1_12 = (add_4 * rsqrt_11);
+          const acc_t mul_2_14 = (mul_1_12 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          st_0[v] = (acc_t)(mul_2_14);
+          st_1[v] = (acc_t)(add_4);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_residual_1[VEC];
-        sg::load_vec<VEC>(p_residual_1 + c * VEC, l_p_residual_1);
-        acc_t l_p_weight_2[VEC];
-        sg::load_vec<VEC>(p_weight_2 + c * VEC, l_p_weight_2);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_residual_1[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_2[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_residual_1 + c * VEC, l_p_residual_1[u]);
+            sg::load_raw<VEC>(p_weight_2 + c * VEC, l_p_weight_2[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         acc_t st_1[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_407 = (l_p_x_0[v] + l_p_residual_1[v]);
-          const acc_t mul_1_415 = (add_407 * rsqrt_414);
-          const acc_t mul_2_417 = (mul_1_415 * l_p_weight_2[v]);
-          st_0[v] = (acc_t)(mul_2_417);
-          st_1[v] = (acc_t)(add_407);
+          const acc_t add_4 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
+          const acc_t mul_1_12 = (add_4 * rsqrt_11);
+          const acc_t mul_2_14 = (mul_1_12 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          st_0[v] = (acc_t)(mul_2_14);
+          st_1[v] = (acc_t)(add_4);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
+      }
       }
       }
   }
@@ -268,6 +364,10 @@ static cudaError_t add_rmsnorm_fwd_launch(const add_rmsnorm_args& A, cudaStream_
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.x.data)
       && (0) % VEC == 0
@@ -282,48 +382,73 @@ static cudaError_t add_rmsnorm_fwd_launch(const add_rmsnorm_args& A, cudaStream_
       && sg::aligned16(A.residual_out.data)
       && ((int64_t)(A.D)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (3 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 21 / VEC < 1 ? 1 : (21 / VEC > 8 ? 8 : 21 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<add_rmsnorm_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
   const add_rmsnorm_args args = A;
-#define SG_LAUNCH(V, P, I) add_rmsnorm_fwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) add_rmsnorm_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
@@ -344,11 +469,15 @@ extern "C" cudaError_t add_rmsnorm_forward(const add_rmsnorm_args* a, cudaStream
 
 // ======================= backward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 1 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 32))
+add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
@@ -357,9 +486,9 @@ __global__ void __launch_bounds__(512) add_rmsnorm_bwd_rows(const add_rmsnorm_bw
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_426 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_428 = (acc_t)A.eps;
-  const acc_t sym_float_1_454 = (acc_t)(((int64_t)(A.D)));
+  const acc_t sym_float_23 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_25 = (acc_t)A.eps;
+  // column partials of sum_2_82: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
@@ -370,31 +499,30 @@ __global__ void __launch_bounds__(512) add_rmsnorm_bwd_rows(const add_rmsnorm_bw
     const T* p_grad_residual_out_0 = (const T*)A.grad_residual_out.data + row * ((int64_t)(A.D)) + 0;
     const T* p_grad_out_1 = (const T*)A.grad_out.data + row * ((int64_t)(A.D)) + 0;
     const T* p_weight_2 = (const T*)A.weight.data + 0;
-    const T* p_x_3 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
-    const T* p_residual_4 = (const T*)A.residual.data + row * ((int64_t)(A.D)) + 0;
+    const T* p_residual_out_3 = (const T*)A.residual_out.data + row * ((int64_t)(A.D)) + 0;
     T* o_0 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + 0;
     T* o_1 = (T*)A.grad_residual.data + row * ((int64_t)(A.D)) + 0;
-    acc_t r_p_grad_residual_out_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_grad_out_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_weight_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_x_3[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_residual_4[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_grad_residual_out_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_grad_out_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_weight_2[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_residual_out_3[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_grad_residual_out_0 + c * VEC, r_p_grad_residual_out_0[k]);
-          sg::load_vec<VEC>(p_grad_out_1 + c * VEC, r_p_grad_out_1[k]);
-          sg::load_vec<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
-          sg::load_vec<VEC>(p_x_3 + c * VEC, r_p_x_3[k]);
-          sg::load_vec<VEC>(p_residual_4 + c * VEC, r_p_residual_4[k]);
+          sg::load_raw<VEC>(p_grad_residual_out_0 + c * VEC, r_p_grad_residual_out_0[k]);
+          sg::load_raw<VEC>(p_grad_out_1 + c * VEC, r_p_grad_out_1[k]);
+          sg::load_raw<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
+          sg::load_raw<VEC>(p_residual_out_3 + c * VEC, r_p_residual_out_3[k]);
         }
       }
     }
     // pass 1: sum, sum over the row
-    acc_t sum_1_425 = (acc_t)0;
-    acc_t sum_3_446 = (acc_t)0;
+    acc_t sum_1_65 = (acc_t)0;
+    acc_t sum_3_72 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -403,48 +531,54 @@ __global__ void __launch_bounds__(512) add_rmsnorm_bwd_rows(const add_rmsnorm_bw
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_440 = (r_p_grad_out_1[k][v] * r_p_weight_2[k][v]);
-          const acc_t add_423 = (r_p_x_3[k][v] + r_p_residual_4[k][v]);
-          const acc_t mul_424 = (add_423 * add_423);
-          const acc_t mul_5_444 = (mul_4_440 * add_423);
-          sum_1_425 += mul_424;
-          sum_3_446 += mul_5_444;
+          const acc_t mul_4_37 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_64 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
+          const acc_t mul_5_71 = (mul_4_37 * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
+          sum_1_65 += mul_64;
+          sum_3_72 += mul_5_71;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_grad_out_1[VEC];
-        sg::load_vec<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1);
-        acc_t l_p_weight_2[VEC];
-        sg::load_vec<VEC>(p_weight_2 + c * VEC, l_p_weight_2);
-        acc_t l_p_x_3[VEC];
-        sg::load_vec<VEC>(p_x_3 + c * VEC, l_p_x_3);
-        acc_t l_p_residual_4[VEC];
-        sg::load_vec<VEC>(p_residual_4 + c * VEC, l_p_residual_4);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_grad_out_1[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_2[UNROLL];
+        sg::Raw<T, VEC> l_p_residual_out_3[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1[u]);
+            sg::load_raw<VEC>(p_weight_2 + c * VEC, l_p_weight_2[u]);
+            sg::load_raw<VEC>(p_residual_out_3 + c * VEC, l_p_residual_out_3[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_440 = (l_p_grad_out_1[v] * l_p_weight_2[v]);
-          const acc_t add_423 = (l_p_x_3[v] + l_p_residual_4[v]);
-          const acc_t mul_424 = (add_423 * add_423);
-          const acc_t mul_5_444 = (mul_4_440 * add_423);
-          sum_1_425 += mul_424;
-          sum_3_446 += mul_5_444;
+          const acc_t mul_4_37 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_64 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
+          const acc_t mul_5_71 = (mul_4_37 * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
+          sum_1_65 += mul_64;
+          sum_3_72 += mul_5_71;
         }
         }
       }
       }
-    sum_1_425 = sg::group_reduce<TPR>(sum_1_425, sg::Sum(), red_smem);
-    sum_3_446 = sg::group_reduce<TPR>(sum_3_446, sg::Sum(), red_smem);
-    const acc_t div_427 = ((acc_t)(sum_1_425) / (acc_t)(sym_float_426));
-    const acc_t add_1_429 = (div_427 + eps_428);
-    const acc_t rsqrt_430 = sg::rsqrt_((acc_t)(add_1_429));
-    const acc_t mul_7_452 = (sum_3_446 * (acc_t)-0.5);
-    const acc_t pow_1_450 = (rsqrt_430 * rsqrt_430 * rsqrt_430);
-    const acc_t mul_8_453 = (mul_7_452 * pow_1_450);
-    const acc_t div_1_455 = ((acc_t)(mul_8_453) / (acc_t)(sym_float_1_454));
+      }
+    sum_1_65 = sg::group_reduce<TPR>(sum_1_65, sg::Sum(), red_smem);
+    sum_3_72 = sg::group_reduce<TPR>(sum_3_72, sg::Sum(), red_smem);
+    const acc_t div_66 = ((acc_t)(sum_1_65) / (acc_t)(sym_float_23));
+    const acc_t add_1_67 = (div_66 + eps_25);
+    const acc_t rsqrt_68 = sg::rsqrt_((acc_t)(add_1_67));
+    const acc_t mul_7_73 = (sum_3_72 * (acc_t)-0.5);
+    const acc_t pow_1_74 = (rsqrt_68 * rsqrt_68 * rsqrt_68);
+    const acc_t mul_8_75 = (mul_7_73 * pow_1_74);
+    const acc_t div_1_76 = ((acc_t)(mul_8_75) / (acc_t)(sym_float_23));
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -456,57 +590,63 @@ __global__ void __launch_bounds__(512) add_rmsnorm_bwd_rows(const add_rmsnorm_bw
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_440 = (r_p_grad_out_1[k][v] * r_p_weight_2[k][v]);
-          const acc_t add_423 = (r_p_x_3[k][v] + r_p_residual_4[k][v]);
-          const acc_t mul_6_445 = (mul_4_440 * rsqrt_430);
-          const acc_t add_2_448 = (r_p_grad_residual_out_0[k][v] + mul_6_445);
-          const acc_t mul_9_457 = (add_423 * (acc_t)2.0);
-          const acc_t mul_10_458 = (div_1_455 * mul_9_457);
-          const acc_t add_3_459 = (add_2_448 + mul_10_458);
-          const acc_t mul_1_431 = (add_423 * rsqrt_430);
-          const acc_t mul_3_437 = (r_p_grad_out_1[k][v] * mul_1_431);
-          st_0[v] = (acc_t)(add_3_459);
-          st_1[v] = (acc_t)(add_3_459);
-          cacc_0[k][v] += mul_3_437;
+          const acc_t mul_4_37 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_6_69 = (mul_4_37 * rsqrt_68);
+          const acc_t add_2_70 = ((acc_t)sg::to_acc(r_p_grad_residual_out_0[k].v[v]) + mul_6_69);
+          const acc_t mul_9_77 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_78 = (div_1_76 * mul_9_77);
+          const acc_t add_3_79 = (add_2_70 + mul_10_78);
+          const acc_t mul_1_80 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * rsqrt_68);
+          const acc_t mul_3_81 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * mul_1_80);
+          st_0[v] = (acc_t)(add_3_79);
+          st_1[v] = (acc_t)(add_3_79);
+          cacc_0[k][v] += mul_3_81;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_grad_residual_out_0[VEC];
-        sg::load_vec<VEC>(p_grad_residual_out_0 + c * VEC, l_p_grad_residual_out_0);
-        acc_t l_p_grad_out_1[VEC];
-        sg::load_vec<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1);
-        acc_t l_p_weight_2[VEC];
-        sg::load_vec<VEC>(p_weight_2 + c * VEC, l_p_weight_2);
-        acc_t l_p_x_3[VEC];
-        sg::load_vec<VEC>(p_x_3 + c * VEC, l_p_x_3);
-        acc_t l_p_residual_4[VEC];
-        sg::load_vec<VEC>(p_residual_4 + c * VEC, l_p_residual_4);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_grad_residual_out_0[UNROLL];
+        sg::Raw<T, VEC> l_p_grad_out_1[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_2[UNROLL];
+        sg::Raw<T, VEC> l_p_residual_out_3[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_grad_residual_out_0 + c * VEC, l_p_grad_residual_out_0[u]);
+            sg::load_raw<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1[u]);
+            sg::load_raw<VEC>(p_weight_2 + c * VEC, l_p_weight_2[u]);
+            sg::load_raw<VEC>(p_residual_out_3 + c * VEC, l_p_residual_out_3[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         acc_t st_1[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_440 = (l_p_grad_out_1[v] * l_p_weight_2[v]);
-          const acc_t add_423 = (l_p_x_3[v] + l_p_residual_4[v]);
-          const acc_t mul_6_445 = (mul_4_440 * rsqrt_430);
-          const acc_t add_2_448 = (l_p_grad_residual_out_0[v] + mul_6_445);
-          const acc_t mul_9_457 = (add_423 * (acc_t)2.0);
-          const acc_t mul_10_458 = (div_1_455 * mul_9_457);
-          const acc_t add_3_459 = (add_2_448 + mul_10_458);
-          const acc_t mul_1_431 = (add_423 * rsqrt_430);
-          const acc_t mul_3_437 = (l_p_grad_out_1[v] * mul_1_431);
-          st_0[v] = (acc_t)(add_3_459);
-          st_1[v] = (acc_t)(add_3_459);
-          cpart_0[c * VEC + v] += mul_3_437;
+          const acc_t mul_4_37 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_6_69 = (mul_4_37 * rsqrt_68);
+          const acc_t add_2_70 = ((acc_t)sg::to_acc(l_p_grad_residual_out_0[u].v[v]) + mul_6_69);
+          const acc_t mul_9_77 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_78 = (div_1_76 * mul_9_77);
+          const acc_t add_3_79 = (add_2_70 + mul_10_78);
+          const acc_t mul_1_80 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * rsqrt_68);
+          const acc_t mul_3_81 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * mul_1_80);
+          st_0[v] = (acc_t)(add_3_79);
+          st_1[v] = (acc_t)(add_3_79);
+          cpart_0[c * VEC + v] += mul_3_81;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
+      }
       }
       }
   }
@@ -527,9 +667,9 @@ __global__ void add_rmsnorm_bwd_finalize_cols(const add_rmsnorm_bwd_args A, cons
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_2_441 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_441 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_441));
+    acc_t sum_2_82 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_82 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
+    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_82));
   }
 }
 
@@ -542,6 +682,10 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input and the fp32 column partials; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 1 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.grad_residual_out.data)
       && (0) % VEC == 0
@@ -551,10 +695,7 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
       && ((int64_t)(A.D)) % VEC == 0
       && sg::aligned16(A.weight.data)
       && (0) % VEC == 0
-      && sg::aligned16(A.x.data)
-      && (0) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
-      && sg::aligned16(A.residual.data)
+      && sg::aligned16(A.residual_out.data)
       && (0) % VEC == 0
       && ((int64_t)(A.D)) % VEC == 0
       && sg::aligned16(A.grad_x.data)
@@ -562,54 +703,77 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
       && sg::aligned16(A.grad_residual.data)
       && ((int64_t)(A.D)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (5 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 12 / VEC < 1 ? 1 : (12 / VEC > 8 ? 8 : 12 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<add_rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
-  // column partials: few slots per group keep the finalize cheap
-  const int64_t want = (int64_t)sg::sm_count() * 2 / (groups > 0 ? groups : 1);
-  if (gx > want) gx = want > 0 ? want : 1;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
+  // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * (size_t)slots * (1 * (size_t)W + 0);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const add_rmsnorm_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) add_rmsnorm_bwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) add_rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);

@@ -68,6 +68,38 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC])
   }
 }
 
+// A 16-byte piece of a row kept in registers raw, in the storage dtype: 16-bit types take
+// half the registers of their fp32 values, so twice the row fits per thread.
+template <typename T, int VEC> struct alignas(VEC * sizeof(T) >= 16 ? 16 : alignof(T)) Raw { T v[VEC]; };
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_raw(const T* __restrict__ p, Raw<T, VEC>& out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out.v[i] = p[i];
+  }
+}
+
+// ITEMS_MAX: the most 16-byte chunks per thread (a power of two) whose raw registers and
+// column partials fit `regs` 32-bit registers, at most `cap`.
+__host__ __device__ constexpr int items_max(int regs, int words_per_item, int cap) {
+  int fit = regs / (words_per_item > 0 ? words_per_item : 1);
+  fit = fit < 1 ? 1 : (fit > cap ? cap : fit);
+  int p = 1;
+  while (p * 2 <= fit) p *= 2;
+  return p;
+}
+
+// Blocks per SM that __launch_bounds__ asks for: `min_threads` resident threads (a cap of
+// 65536 / min_threads registers), halved for a program whose one chunk of row alone exceeds
+// the register budget (many inputs, column partials), which would otherwise spill.
+__host__ __device__ constexpr int min_blocks(int block, int min_threads, int words_per_item, int regs) {
+  const int want = words_per_item > regs ? min_threads / 2 : min_threads;
+  return want / block > 0 ? want / block : 1;
+}
+
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
@@ -113,9 +145,47 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
+// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
+// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, A a) {
+  if (a > m || a != a) {
+    s = s * exp_(m - a) + (A)1;
+    m = a;
+  } else if (m != (A)(-INFINITY)) {
+    s += exp_(a - m);
+  }
+}
+
 struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
 struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+// Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
+// and summed in the fixed order of group_reduce (deterministic). A thread without elements
+// (max -inf, sum 0) adds 0.
+template <int TPR, typename A>
+__device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
+  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
+  s = group_reduce<TPR>(mine, Sum(), smem);
+  m = mg;
+}
+
+// Resident blocks per SM of one kernel instantiation at its block size (its registers and
+// shared memory decide), asked once per instantiation: the grid is one full wave of
+// persistent blocks, so no partial last wave leaves SMs idle.
+template <auto Kernel>
+inline int blocks_per_sm(int block) {
+  static int cached = 0;
+  if (cached == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cached = n;
+  }
+  return cached;
+}
 
 inline int sm_count() {
   static int count = 0;
@@ -136,11 +206,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ======================= forward =======================
 
-// One row group of TPR threads per row; rows = N, columns = C.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = C. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
+cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.C));
@@ -149,28 +223,54 @@ __global__ void __launch_bounds__(512) cross_entropy_fwd_rows(const cross_entrop
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t sum_2_544 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_545 = ((int64_t)1 * sum_2_544);
-  const acc_t convert_element_type_1_546 = (acc_t)(sum_2_545);
+  const int64_t sum_2_205 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_206 = ((int64_t)1 * sum_2_205);
+  const acc_t convert_element_type_1_207 = (acc_t)(sum_2_206);
   acc_t gacc_0 = 0;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
     const T* p_logits_0 = (const T*)A.logits.data + row * ((int64_t)(A.C)) + 0;
-    acc_t r_p_logits_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_logits_0[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_logits_0 + c * VEC, r_p_logits_0[k]);
+          sg::load_raw<VEC>(p_logits_0 + c * VEC, r_p_logits_0[k]);
         }
       }
     }
-    const int64_t target_530 = (int64_t)(((const int64_t*)A.target.data)[row]);
-    // pass 1: max over the row
-    acc_t amax_519 = (acc_t)(-INFINITY);
-      if constexpr (ITEMS > 0) {
+    const int64_t target_176 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    // pass 1: max and sum of exp(x - max) over the row
+    acc_t amax_196 = (acc_t)(-INFINITY);
+    acc_t sum_1_199 = (acc_t)0;
+    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const int64_t j = c * VEC + v; (void)j;
+          sg::online_add(amax_196, sum_1_199, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
+        }
+        }
+      }
+      }
+      sg::group_online<TPR>(amax_196, sum_1_199, red_smem);
+    } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -178,27 +278,11 @@ __global__ void __launch_bounds__(512) cross_entropy_fwd_rows(const cross_entrop
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_519 = sg::max_(amax_519, (acc_t)(r_p_logits_0[k][v]));
+          amax_196 = sg::max_(amax_196, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
         }
         }
       }
-      } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_logits_0[VEC];
-        sg::load_vec<VEC>(p_logits_0 + c * VEC, l_p_logits_0);
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          amax_519 = sg::max_(amax_519, (acc_t)(l_p_logits_0[v]));
-        }
-        }
-      }
-      }
-    amax_519 = sg::group_reduce<TPR>(amax_519, sg::Max(), red_smem);
-    // pass 2: sum over the row
-    acc_t sum_1_523 = (acc_t)0;
-      if constexpr (ITEMS > 0) {
+      amax_196 = sg::group_reduce<TPR>(amax_196, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -206,38 +290,24 @@ __global__ void __launch_bounds__(512) cross_entropy_fwd_rows(const cross_entrop
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_521 = (r_p_logits_0[k][v] - amax_519);
-          const acc_t exp_522 = sg::exp_((acc_t)(sub_521));
-          sum_1_523 += exp_522;
+          const acc_t sub_197 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_196);
+          const acc_t exp_198 = sg::exp_((acc_t)(sub_197));
+          sum_1_199 += exp_198;
         }
         }
       }
-      } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_logits_0[VEC];
-        sg::load_vec<VEC>(p_logits_0 + c * VEC, l_p_logits_0);
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_521 = (l_p_logits_0[v] - amax_519);
-          const acc_t exp_522 = sg::exp_((acc_t)(sub_521));
-          sum_1_523 += exp_522;
-        }
-        }
-      }
-      }
-    sum_1_523 = sg::group_reduce<TPR>(sum_1_523, sg::Sum(), red_smem);
-    const acc_t log_524 = sg::log_((acc_t)(sum_1_523));
-    acc_t gather_532;
+      sum_1_199 = sg::group_reduce<TPR>(sum_1_199, sg::Sum(), red_smem);
+    }
+    const acc_t log_200 = sg::log_((acc_t)(sum_1_199));
+    acc_t gather_202;
     {
-      const int64_t j = target_530;
-      const acc_t sub_521 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_519);
-      const acc_t sub_1_525 = (sub_521 - log_524);
-      gather_532 = sub_1_525;
+      const int64_t j = target_176;
+      const acc_t sub_197 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_196);
+      const acc_t sub_1_201 = (sub_197 - log_200);
+      gather_202 = sub_1_201;
     }
-    const acc_t neg_533 = (-gather_532);
-    gacc_0 += (acc_t)(neg_533);
+    const acc_t neg_203 = (-gather_202);
+    gacc_0 += (acc_t)(neg_203);
   }
   if (lane == 0) partials[0 * slots * W + 0 * slots + slot] = (float)gacc_0;
 }
@@ -259,14 +329,14 @@ __global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, co
       __syncthreads();
     }
   }
-  const acc_t sum_3_547 = (acc_t)tree[0];
+  const acc_t sum_3_204 = (acc_t)tree[0];
   __syncthreads();
   if (threadIdx.x != 0) return;
-  const int64_t sum_2_544 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_545 = ((int64_t)1 * sum_2_544);
-  const acc_t convert_element_type_1_546 = (acc_t)(sum_2_545);
-  const acc_t div_548 = ((acc_t)(sum_3_547) / (acc_t)(convert_element_type_1_546));
-  *(float*)A.out.data = (float)(div_548);
+  const int64_t sum_2_205 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_206 = ((int64_t)1 * sum_2_205);
+  const acc_t convert_element_type_1_207 = (acc_t)(sum_2_206);
+  const acc_t div_208 = ((acc_t)(sum_3_204) / (acc_t)(convert_element_type_1_207));
+  *(float*)A.out.data = (float)(div_208);
 }
 
 template <typename T>
@@ -278,56 +348,86 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.logits.data)
       && (0) % VEC == 0
       && ((int64_t)(A.C)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (1 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 64 / VEC < 1 ? 1 : (64 / VEC > 8 ? 8 : 64 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
+  // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * (size_t)slots * (0 * (size_t)W + 1);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const cross_entropy_args args = A;
-#define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
@@ -350,11 +450,15 @@ extern "C" cudaError_t cross_entropy_forward(const cross_entropy_args* a, cudaSt
 
 // ======================= backward =======================
 
-// One row group of TPR threads per row; rows = N, columns = C.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = C. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
+cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.C));
@@ -363,30 +467,32 @@ __global__ void __launch_bounds__(512) cross_entropy_bwd_rows(const cross_entrop
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t grad_out_583 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
-  const int64_t sum_2_578 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_579 = ((int64_t)1 * sum_2_578);
-  const acc_t convert_element_type_1_580 = (acc_t)(sum_2_579);
-  const acc_t div_1_584 = ((acc_t)(grad_out_583) / (acc_t)(convert_element_type_1_580));
+  const acc_t grad_out_242 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
+  const int64_t sum_2_264 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_265 = ((int64_t)1 * sum_2_264);
+  const acc_t convert_element_type_1_266 = (acc_t)(sum_2_265);
+  const acc_t div_1_267 = ((acc_t)(grad_out_242) / (acc_t)(convert_element_type_1_266));
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
     const T* p_logits_0 = (const T*)A.logits.data + row * ((int64_t)(A.C)) + 0;
     T* o_0 = (T*)A.grad_logits.data + row * ((int64_t)(A.C)) + 0;
-    acc_t r_p_logits_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_logits_0[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_logits_0 + c * VEC, r_p_logits_0[k]);
+          sg::load_raw<VEC>(p_logits_0 + c * VEC, r_p_logits_0[k]);
         }
       }
     }
-    const int64_t target_588 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    const int64_t target_247 = (int64_t)(((const int64_t*)A.target.data)[row]);
     // pass 1: max, sum over the row
-    acc_t amax_553 = (acc_t)(-INFINITY);
-    acc_t sum_4_601 = (acc_t)0;
+    acc_t amax_269 = (acc_t)(-INFINITY);
+    acc_t sum_4_276 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -395,35 +501,45 @@ __global__ void __launch_bounds__(512) cross_entropy_bwd_rows(const cross_entrop
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_592 = (j == target_588);
-          const acc_t scatter_594 = (scatter_592 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_599 = (scatter_594 * div_1_584);
-          amax_553 = sg::max_(amax_553, (acc_t)(r_p_logits_0[k][v]));
-          sum_4_601 += mul_2_599;
+          const bool scatter_251 = (j == target_247);
+          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_268 = (scatter_253 * div_1_267);
+          amax_269 = sg::max_(amax_269, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+          sum_4_276 += mul_2_268;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_logits_0[VEC];
-        sg::load_vec<VEC>(p_logits_0 + c * VEC, l_p_logits_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_592 = (j == target_588);
-          const acc_t scatter_594 = (scatter_592 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_599 = (scatter_594 * div_1_584);
-          amax_553 = sg::max_(amax_553, (acc_t)(l_p_logits_0[v]));
-          sum_4_601 += mul_2_599;
+          const bool scatter_251 = (j == target_247);
+          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_268 = (scatter_253 * div_1_267);
+          amax_269 = sg::max_(amax_269, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
+          sum_4_276 += mul_2_268;
         }
         }
       }
       }
-    amax_553 = sg::group_reduce<TPR>(amax_553, sg::Max(), red_smem);
-    sum_4_601 = sg::group_reduce<TPR>(sum_4_601, sg::Sum(), red_smem);
+      }
+    amax_269 = sg::group_reduce<TPR>(amax_269, sg::Max(), red_smem);
+    sum_4_276 = sg::group_reduce<TPR>(sum_4_276, sg::Sum(), red_smem);
     // pass 2: sum over the row
-    acc_t sum_1_557 = (acc_t)0;
+    acc_t sum_1_272 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -432,29 +548,39 @@ __global__ void __launch_bounds__(512) cross_entropy_bwd_rows(const cross_entrop
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_555 = (r_p_logits_0[k][v] - amax_553);
-          const acc_t exp_556 = sg::exp_((acc_t)(sub_555));
-          sum_1_557 += exp_556;
+          const acc_t sub_270 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_269);
+          const acc_t exp_271 = sg::exp_((acc_t)(sub_270));
+          sum_1_272 += exp_271;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_logits_0[VEC];
-        sg::load_vec<VEC>(p_logits_0 + c * VEC, l_p_logits_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_555 = (l_p_logits_0[v] - amax_553);
-          const acc_t exp_556 = sg::exp_((acc_t)(sub_555));
-          sum_1_557 += exp_556;
+          const acc_t sub_270 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_269);
+          const acc_t exp_271 = sg::exp_((acc_t)(sub_270));
+          sum_1_272 += exp_271;
         }
         }
       }
       }
-    sum_1_557 = sg::group_reduce<TPR>(sum_1_557, sg::Sum(), red_smem);
-    const acc_t log_558 = sg::log_((acc_t)(sum_1_557));
+      }
+    sum_1_272 = sg::group_reduce<TPR>(sum_1_272, sg::Sum(), red_smem);
+    const acc_t log_273 = sg::log_((acc_t)(sum_1_272));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -465,40 +591,50 @@ __global__ void __launch_bounds__(512) cross_entropy_bwd_rows(const cross_entrop
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_592 = (j == target_588);
-          const acc_t scatter_594 = (scatter_592 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_599 = (scatter_594 * div_1_584);
-          const acc_t sub_555 = (r_p_logits_0[k][v] - amax_553);
-          const acc_t sub_1_559 = (sub_555 - log_558);
-          const acc_t exp_1_600 = sg::exp_((acc_t)(sub_1_559));
-          const acc_t mul_3_602 = (exp_1_600 * sum_4_601);
-          const acc_t sub_2_603 = (mul_2_599 - mul_3_602);
-          st_0[v] = (acc_t)(sub_2_603);
+          const bool scatter_251 = (j == target_247);
+          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_268 = (scatter_253 * div_1_267);
+          const acc_t sub_270 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_269);
+          const acc_t sub_1_274 = (sub_270 - log_273);
+          const acc_t exp_1_275 = sg::exp_((acc_t)(sub_1_274));
+          const acc_t mul_3_277 = (exp_1_275 * sum_4_276);
+          const acc_t sub_2_278 = (mul_2_268 - mul_3_277);
+          st_0[v] = (acc_t)(sub_2_278);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_logits_0[VEC];
-        sg::load_vec<VEC>(p_logits_0 + c * VEC, l_p_logits_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_592 = (j == target_588);
-          const acc_t scatter_594 = (scatter_592 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_599 = (scatter_594 * div_1_584);
-          const acc_t sub_555 = (l_p_logits_0[v] - amax_553);
-          const acc_t sub_1_559 = (sub_555 - log_558);
-          const acc_t exp_1_600 = sg::exp_((acc_t)(sub_1_559));
-          const acc_t mul_3_602 = (exp_1_600 * sum_4_601);
-          const acc_t sub_2_603 = (mul_2_599 - mul_3_602);
-          st_0[v] = (acc_t)(sub_2_603);
+          const bool scatter_251 = (j == target_247);
+          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_268 = (scatter_253 * div_1_267);
+          const acc_t sub_270 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_269);
+          const acc_t sub_1_274 = (sub_270 - log_273);
+          const acc_t exp_1_275 = sg::exp_((acc_t)(sub_1_274));
+          const acc_t mul_3_277 = (exp_1_275 * sum_4_276);
+          const acc_t sub_2_278 = (mul_2_268 - mul_3_277);
+          st_0[v] = (acc_t)(sub_2_278);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
+      }
       }
       }
   }
@@ -513,6 +649,10 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.logits.data)
       && (0) % VEC == 0
@@ -520,48 +660,73 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
       && sg::aligned16(A.grad_logits.data)
       && ((int64_t)(A.C)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (1 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 64 / VEC < 1 ? 1 : (64 / VEC > 8 ? 8 : 64 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
   const cross_entropy_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) cross_entropy_bwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) cross_entropy_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);

@@ -68,6 +68,38 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC])
   }
 }
 
+// A 16-byte piece of a row kept in registers raw, in the storage dtype: 16-bit types take
+// half the registers of their fp32 values, so twice the row fits per thread.
+template <typename T, int VEC> struct alignas(VEC * sizeof(T) >= 16 ? 16 : alignof(T)) Raw { T v[VEC]; };
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_raw(const T* __restrict__ p, Raw<T, VEC>& out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out.v[i] = p[i];
+  }
+}
+
+// ITEMS_MAX: the most 16-byte chunks per thread (a power of two) whose raw registers and
+// column partials fit `regs` 32-bit registers, at most `cap`.
+__host__ __device__ constexpr int items_max(int regs, int words_per_item, int cap) {
+  int fit = regs / (words_per_item > 0 ? words_per_item : 1);
+  fit = fit < 1 ? 1 : (fit > cap ? cap : fit);
+  int p = 1;
+  while (p * 2 <= fit) p *= 2;
+  return p;
+}
+
+// Blocks per SM that __launch_bounds__ asks for: `min_threads` resident threads (a cap of
+// 65536 / min_threads registers), halved for a program whose one chunk of row alone exceeds
+// the register budget (many inputs, column partials), which would otherwise spill.
+__host__ __device__ constexpr int min_blocks(int block, int min_threads, int words_per_item, int regs) {
+  const int want = words_per_item > regs ? min_threads / 2 : min_threads;
+  return want / block > 0 ? want / block : 1;
+}
+
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
@@ -113,9 +145,47 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
+// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
+// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, A a) {
+  if (a > m || a != a) {
+    s = s * exp_(m - a) + (A)1;
+    m = a;
+  } else if (m != (A)(-INFINITY)) {
+    s += exp_(a - m);
+  }
+}
+
 struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
 struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+// Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
+// and summed in the fixed order of group_reduce (deterministic). A thread without elements
+// (max -inf, sum 0) adds 0.
+template <int TPR, typename A>
+__device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
+  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
+  s = group_reduce<TPR>(mine, Sum(), smem);
+  m = mg;
+}
+
+// Resident blocks per SM of one kernel instantiation at its block size (its registers and
+// shared memory decide), asked once per instantiation: the grid is one full wave of
+// persistent blocks, so no partial last wave leaves SMs idle.
+template <auto Kernel>
+inline int blocks_per_sm(int block) {
+  static int cached = 0;
+  if (cached == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cached = n;
+  }
+  return cached;
+}
 
 inline int sm_count() {
   static int count = 0;
@@ -136,11 +206,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ======================= forward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
+layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
@@ -149,10 +223,9 @@ __global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_g
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_229 = (acc_t)(((int64_t)(A.D)));
-  const acc_t var_218 = (acc_t)(((int64_t)(A.D)));
-  const acc_t var_225 = (var_218 - (acc_t)0.0);
-  const acc_t eps_231 = (acc_t)A.eps;
+  const acc_t sym_float_391 = (acc_t)(((int64_t)(A.D)));
+  const acc_t var_426 = (sym_float_391 - (acc_t)0.0);
+  const acc_t eps_393 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -160,23 +233,24 @@ __global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_g
     const T* p_weight_1 = (const T*)A.weight.data + 0;
     const T* p_bias_2 = (const T*)A.bias.data + 0;
     T* o_0 = (T*)A.out.data + row * ((int64_t)(A.D)) + 0;
-    acc_t r_p_x_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_weight_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_bias_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_x_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_weight_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_bias_2[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
-          sg::load_vec<VEC>(p_weight_1 + c * VEC, r_p_weight_1[k]);
-          sg::load_vec<VEC>(p_bias_2 + c * VEC, r_p_bias_2[k]);
+          sg::load_raw<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
+          sg::load_raw<VEC>(p_weight_1 + c * VEC, r_p_weight_1[k]);
+          sg::load_raw<VEC>(p_bias_2 + c * VEC, r_p_bias_2[k]);
         }
       }
     }
-    // pass 1: sum, sum over the row
-    acc_t sum_1_228 = (acc_t)0;
-    acc_t var_sum_219 = (acc_t)0;
+    // pass 1: sum over the row
+    acc_t sum_1_417 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -185,31 +259,37 @@ __global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_1_228 += r_p_x_0[k][v];
-          var_sum_219 += r_p_x_0[k][v];
+          sum_1_417 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_1_228 += l_p_x_0[v];
-          var_sum_219 += l_p_x_0[v];
+          sum_1_417 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
         }
         }
       }
       }
-    sum_1_228 = sg::group_reduce<TPR>(sum_1_228, sg::Sum(), red_smem);
-    var_sum_219 = sg::group_reduce<TPR>(var_sum_219, sg::Sum(), red_smem);
-    const acc_t div_230 = ((acc_t)(sum_1_228) / (acc_t)(sym_float_229));
-    const acc_t var_220 = ((acc_t)(var_sum_219) / (acc_t)(var_218));
+      }
+    sum_1_417 = sg::group_reduce<TPR>(sum_1_417, sg::Sum(), red_smem);
+    const acc_t div_418 = ((acc_t)(sum_1_417) / (acc_t)(sym_float_391));
     // pass 2: sum over the row
-    acc_t var_ssq_223 = (acc_t)0;
+    acc_t var_ssq_425 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -218,31 +298,41 @@ __global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_221 = (r_p_x_0[k][v] - var_220);
-          const acc_t var_222 = (var_221 * var_221);
-          var_ssq_223 += var_222;
+          const acc_t sub_419 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_418);
+          const acc_t var_424 = (sub_419 * sub_419);
+          var_ssq_425 += var_424;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_221 = (l_p_x_0[v] - var_220);
-          const acc_t var_222 = (var_221 * var_221);
-          var_ssq_223 += var_222;
+          const acc_t sub_419 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_418);
+          const acc_t var_424 = (sub_419 * sub_419);
+          var_ssq_425 += var_424;
         }
         }
       }
       }
-    var_ssq_223 = sg::group_reduce<TPR>(var_ssq_223, sg::Sum(), red_smem);
-    const acc_t var_226 = ((acc_t)(var_ssq_223) / (acc_t)(var_225));
-    const acc_t add_232 = (var_226 + eps_231);
-    const acc_t rsqrt_233 = sg::rsqrt_((acc_t)(add_232));
+      }
+    var_ssq_425 = sg::group_reduce<TPR>(var_ssq_425, sg::Sum(), red_smem);
+    const acc_t var_427 = ((acc_t)(var_ssq_425) / (acc_t)(var_426));
+    const acc_t add_428 = (var_427 + eps_393);
+    const acc_t rsqrt_429 = sg::rsqrt_((acc_t)(add_428));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -253,54 +343,64 @@ __global__ void __launch_bounds__(512) layernorm_gelu_fwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_235 = (r_p_x_0[k][v] - div_230);
-          const acc_t mul_2_236 = (sub_235 * rsqrt_233);
-          const acc_t mul_3_238 = (mul_2_236 * r_p_weight_1[k][v]);
-          const acc_t add_1_240 = (mul_3_238 + r_p_bias_2[k][v]);
-          const acc_t mul_8_249 = (add_1_240 * (acc_t)0.5);
-          const acc_t mul_4_241 = (add_1_240 * add_1_240);
-          const acc_t mul_5_242 = (mul_4_241 * add_1_240);
-          const acc_t mul_6_244 = (mul_5_242 * (acc_t)0.044715);
-          const acc_t add_2_245 = (add_1_240 + mul_6_244);
-          const acc_t mul_7_247 = (add_2_245 * (acc_t)0.7978845608028654);
-          const acc_t tanh_250 = sg::tanh_((acc_t)(mul_7_247));
-          const acc_t add_3_252 = (tanh_250 + (acc_t)1.0);
-          const acc_t mul_9_253 = (mul_8_249 * add_3_252);
-          st_0[v] = (acc_t)(mul_9_253);
+          const acc_t sub_419 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_418);
+          const acc_t mul_2_430 = (sub_419 * rsqrt_429);
+          const acc_t mul_3_431 = (mul_2_430 * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t add_1_432 = (mul_3_431 + (acc_t)sg::to_acc(r_p_bias_2[k].v[v]));
+          const acc_t mul_8_433 = (add_1_432 * (acc_t)0.5);
+          const acc_t mul_4_434 = (add_1_432 * add_1_432);
+          const acc_t mul_5_435 = (mul_4_434 * add_1_432);
+          const acc_t mul_6_436 = (mul_5_435 * (acc_t)0.044715);
+          const acc_t add_2_437 = (add_1_432 + mul_6_436);
+          const acc_t mul_7_438 = (add_2_437 * (acc_t)0.7978845608028654);
+          const acc_t tanh_439 = sg::tanh_((acc_t)(mul_7_438));
+          const acc_t add_3_440 = (tanh_439 + (acc_t)1.0);
+          const acc_t mul_9_441 = (mul_8_433 * add_3_440);
+          st_0[v] = (acc_t)(mul_9_441);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_weight_1[VEC];
-        sg::load_vec<VEC>(p_weight_1 + c * VEC, l_p_weight_1);
-        acc_t l_p_bias_2[VEC];
-        sg::load_vec<VEC>(p_bias_2 + c * VEC, l_p_bias_2);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_1[UNROLL];
+        sg::Raw<T, VEC> l_p_bias_2[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_weight_1 + c * VEC, l_p_weight_1[u]);
+            sg::load_raw<VEC>(p_bias_2 + c * VEC, l_p_bias_2[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_235 = (l_p_x_0[v] - div_230);
-          const acc_t mul_2_236 = (sub_235 * rsqrt_233);
-          const acc_t mul_3_238 = (mul_2_236 * l_p_weight_1[v]);
-          const acc_t add_1_240 = (mul_3_238 + l_p_bias_2[v]);
-          const acc_t mul_8_249 = (add_1_240 * (acc_t)0.5);
-          const acc_t mul_4_241 = (add_1_240 * add_1_240);
-          const acc_t mul_5_242 = (mul_4_241 * add_1_240);
-          const acc_t mul_6_244 = (mul_5_242 * (acc_t)0.044715);
-          const acc_t add_2_245 = (add_1_240 + mul_6_244);
-          const acc_t mul_7_247 = (add_2_245 * (acc_t)0.7978845608028654);
-          const acc_t tanh_250 = sg::tanh_((acc_t)(mul_7_247));
-          const acc_t add_3_252 = (tanh_250 + (acc_t)1.0);
-          const acc_t mul_9_253 = (mul_8_249 * add_3_252);
-          st_0[v] = (acc_t)(mul_9_253);
+          const acc_t sub_419 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_418);
+          const acc_t mul_2_430 = (sub_419 * rsqrt_429);
+          const acc_t mul_3_431 = (mul_2_430 * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
+          const acc_t add_1_432 = (mul_3_431 + (acc_t)sg::to_acc(l_p_bias_2[u].v[v]));
+          const acc_t mul_8_433 = (add_1_432 * (acc_t)0.5);
+          const acc_t mul_4_434 = (add_1_432 * add_1_432);
+          const acc_t mul_5_435 = (mul_4_434 * add_1_432);
+          const acc_t mul_6_436 = (mul_5_435 * (acc_t)0.044715);
+          const acc_t add_2_437 = (add_1_432 + mul_6_436);
+          const acc_t mul_7_438 = (add_2_437 * (acc_t)0.7978845608028654);
+          const acc_t tanh_439 = sg::tanh_((acc_t)(mul_7_438));
+          const acc_t add_3_440 = (tanh_439 + (acc_t)1.0);
+          const acc_t mul_9_441 = (mul_8_433 * add_3_440);
+          st_0[v] = (acc_t)(mul_9_441);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
+      }
       }
       }
   }
@@ -315,6 +415,10 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.x.data)
       && (0) % VEC == 0
@@ -326,48 +430,73 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
       && sg::aligned16(A.out.data)
       && ((int64_t)(A.D)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (3 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 21 / VEC < 1 ? 1 : (21 / VEC > 8 ? 8 : 21 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<layernorm_gelu_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
   const layernorm_gelu_args args = A;
-#define SG_LAUNCH(V, P, I) layernorm_gelu_fwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) layernorm_gelu_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
@@ -388,11 +517,15 @@ extern "C" cudaError_t layernorm_gelu_forward(const layernorm_gelu_args* a, cuda
 
 // ======================= backward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 2 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 32))
+layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
@@ -401,16 +534,15 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t var_259 = (acc_t)(((int64_t)(A.D)));
-  const acc_t var_266 = (var_259 - (acc_t)0.0);
-  const acc_t eps_272 = (acc_t)A.eps;
-  const acc_t sym_float_2_338 = (acc_t)(((int64_t)(A.D)));
-  const acc_t sym_float_270 = (acc_t)(((int64_t)(A.D)));
-  const acc_t sym_float_1_330 = (acc_t)(((int64_t)(A.D)));
+  const acc_t var_446 = (acc_t)(((int64_t)(A.D)));
+  const acc_t var_453 = (var_446 - (acc_t)0.0);
+  const acc_t eps_459 = (acc_t)A.eps;
+  // column partials of sum_4_572: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
+  // column partials of sum_5_573: this thread's columns, summed over its rows
   acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
   float* cpart_1 = partials + (1 * slots + slot) * W;
@@ -423,25 +555,26 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
     const T* p_weight_2 = (const T*)A.weight.data + 0;
     const T* p_bias_3 = (const T*)A.bias.data + 0;
     T* o_0 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + 0;
-    acc_t r_p_x_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_grad_out_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_weight_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_bias_3[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_x_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_grad_out_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_weight_2[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_bias_3[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
-          sg::load_vec<VEC>(p_grad_out_1 + c * VEC, r_p_grad_out_1[k]);
-          sg::load_vec<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
-          sg::load_vec<VEC>(p_bias_3 + c * VEC, r_p_bias_3[k]);
+          sg::load_raw<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
+          sg::load_raw<VEC>(p_grad_out_1 + c * VEC, r_p_grad_out_1[k]);
+          sg::load_raw<VEC>(p_weight_2 + c * VEC, r_p_weight_2[k]);
+          sg::load_raw<VEC>(p_bias_3 + c * VEC, r_p_bias_3[k]);
         }
       }
     }
-    // pass 1: sum, sum over the row
-    acc_t var_sum_260 = (acc_t)0;
-    acc_t sum_1_269 = (acc_t)0;
+    // pass 1: sum over the row
+    acc_t var_sum_447 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -450,31 +583,37 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          var_sum_260 += r_p_x_0[k][v];
-          sum_1_269 += r_p_x_0[k][v];
+          var_sum_447 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          var_sum_260 += l_p_x_0[v];
-          sum_1_269 += l_p_x_0[v];
+          var_sum_447 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
         }
         }
       }
       }
-    var_sum_260 = sg::group_reduce<TPR>(var_sum_260, sg::Sum(), red_smem);
-    sum_1_269 = sg::group_reduce<TPR>(sum_1_269, sg::Sum(), red_smem);
-    const acc_t var_261 = ((acc_t)(var_sum_260) / (acc_t)(var_259));
-    const acc_t div_271 = ((acc_t)(sum_1_269) / (acc_t)(sym_float_270));
+      }
+    var_sum_447 = sg::group_reduce<TPR>(var_sum_447, sg::Sum(), red_smem);
+    const acc_t var_448 = ((acc_t)(var_sum_447) / (acc_t)(var_446));
     // pass 2: sum over the row
-    acc_t var_ssq_264 = (acc_t)0;
+    acc_t var_ssq_451 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -483,35 +622,45 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_262 = (r_p_x_0[k][v] - var_261);
-          const acc_t var_263 = (var_262 * var_262);
-          var_ssq_264 += var_263;
+          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
+          const acc_t var_450 = (var_449 * var_449);
+          var_ssq_451 += var_450;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_262 = (l_p_x_0[v] - var_261);
-          const acc_t var_263 = (var_262 * var_262);
-          var_ssq_264 += var_263;
+          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
+          const acc_t var_450 = (var_449 * var_449);
+          var_ssq_451 += var_450;
         }
         }
       }
       }
-    var_ssq_264 = sg::group_reduce<TPR>(var_ssq_264, sg::Sum(), red_smem);
-    const acc_t var_267 = ((acc_t)(var_ssq_264) / (acc_t)(var_266));
-    const acc_t add_273 = (var_267 + eps_272);
-    const acc_t rsqrt_274 = sg::rsqrt_((acc_t)(add_273));
-    const acc_t div_1_339 = ((acc_t)(rsqrt_274) / (acc_t)(sym_float_2_338));
+      }
+    var_ssq_451 = sg::group_reduce<TPR>(var_ssq_451, sg::Sum(), red_smem);
+    const acc_t var_454 = ((acc_t)(var_ssq_451) / (acc_t)(var_453));
+    const acc_t add_460 = (var_454 + eps_459);
+    const acc_t rsqrt_461 = sg::rsqrt_((acc_t)(add_460));
+    const acc_t div_1_533 = ((acc_t)(rsqrt_461) / (acc_t)(var_446));
     // pass 3: sum, sum over the row
-    acc_t sum_2_332 = (acc_t)0;
-    acc_t sum_3_334 = (acc_t)0;
+    acc_t sum_2_562 = (acc_t)0;
+    acc_t sum_3_567 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -520,85 +669,91 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_276 = (r_p_x_0[k][v] - div_271);
-          const acc_t mul_2_277 = (sub_276 * rsqrt_274);
-          const acc_t mul_3_279 = (mul_2_277 * r_p_weight_2[k][v]);
-          const acc_t add_1_281 = (mul_3_279 + r_p_bias_3[k][v]);
-          const acc_t mul_10_297 = (add_1_281 * add_1_281);
-          const acc_t mul_11_298 = (mul_10_297 * add_1_281);
-          const acc_t mul_12_300 = (mul_11_298 * (acc_t)0.044715);
-          const acc_t add_4_301 = (add_1_281 + mul_12_300);
-          const acc_t mul_13_303 = (add_4_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_304 = sg::tanh_((acc_t)(mul_13_303));
-          const acc_t add_5_308 = (tanh_1_304 + (acc_t)1.0);
-          const acc_t mul_15_310 = (add_5_308 * (acc_t)0.5);
-          const acc_t mul_14_306 = (add_1_281 * (acc_t)0.5);
-          const acc_t mul_16_311 = (tanh_1_304 * tanh_1_304);
-          const acc_t sub_1_313 = ((acc_t)1.0 - mul_16_311);
-          const acc_t mul_19_320 = (mul_14_306 * sub_1_313);
-          const acc_t mul_17_315 = (mul_10_297 * (acc_t)0.134145);
-          const acc_t add_6_317 = (mul_17_315 + (acc_t)1.0);
-          const acc_t mul_18_319 = (add_6_317 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_321 = (mul_19_320 * mul_18_319);
-          const acc_t add_7_322 = (mul_15_310 + mul_20_321);
-          const acc_t mul_21_324 = (r_p_grad_out_1[k][v] * add_7_322);
-          const acc_t mul_23_329 = (mul_21_324 * r_p_weight_2[k][v]);
-          const acc_t sub_2_326 = (r_p_x_0[k][v] - div_271);
-          const acc_t mul_22_327 = (sub_2_326 * rsqrt_274);
-          const acc_t mul_25_333 = (mul_23_329 * mul_22_327);
-          sum_2_332 += mul_23_329;
-          sum_3_334 += mul_25_333;
+          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
+          const acc_t mul_2_538 = (var_449 * rsqrt_461);
+          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
+          const acc_t mul_10_541 = (add_1_540 * add_1_540);
+          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
+          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
+          const acc_t add_4_544 = (add_1_540 + mul_12_543);
+          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
+          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
+          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
+          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
+          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
+          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
+          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
+          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
+          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
+          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
+          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
+          const acc_t mul_21_558 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_557);
+          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_25_566 = (mul_23_559 * mul_2_538);
+          sum_2_562 += mul_23_559;
+          sum_3_567 += mul_25_566;
         }
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_grad_out_1[VEC];
-        sg::load_vec<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1);
-        acc_t l_p_weight_2[VEC];
-        sg::load_vec<VEC>(p_weight_2 + c * VEC, l_p_weight_2);
-        acc_t l_p_bias_3[VEC];
-        sg::load_vec<VEC>(p_bias_3 + c * VEC, l_p_bias_3);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_grad_out_1[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_2[UNROLL];
+        sg::Raw<T, VEC> l_p_bias_3[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1[u]);
+            sg::load_raw<VEC>(p_weight_2 + c * VEC, l_p_weight_2[u]);
+            sg::load_raw<VEC>(p_bias_3 + c * VEC, l_p_bias_3[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_276 = (l_p_x_0[v] - div_271);
-          const acc_t mul_2_277 = (sub_276 * rsqrt_274);
-          const acc_t mul_3_279 = (mul_2_277 * l_p_weight_2[v]);
-          const acc_t add_1_281 = (mul_3_279 + l_p_bias_3[v]);
-          const acc_t mul_10_297 = (add_1_281 * add_1_281);
-          const acc_t mul_11_298 = (mul_10_297 * add_1_281);
-          const acc_t mul_12_300 = (mul_11_298 * (acc_t)0.044715);
-          const acc_t add_4_301 = (add_1_281 + mul_12_300);
-          const acc_t mul_13_303 = (add_4_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_304 = sg::tanh_((acc_t)(mul_13_303));
-          const acc_t add_5_308 = (tanh_1_304 + (acc_t)1.0);
-          const acc_t mul_15_310 = (add_5_308 * (acc_t)0.5);
-          const acc_t mul_14_306 = (add_1_281 * (acc_t)0.5);
-          const acc_t mul_16_311 = (tanh_1_304 * tanh_1_304);
-          const acc_t sub_1_313 = ((acc_t)1.0 - mul_16_311);
-          const acc_t mul_19_320 = (mul_14_306 * sub_1_313);
-          const acc_t mul_17_315 = (mul_10_297 * (acc_t)0.134145);
-          const acc_t add_6_317 = (mul_17_315 + (acc_t)1.0);
-          const acc_t mul_18_319 = (add_6_317 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_321 = (mul_19_320 * mul_18_319);
-          const acc_t add_7_322 = (mul_15_310 + mul_20_321);
-          const acc_t mul_21_324 = (l_p_grad_out_1[v] * add_7_322);
-          const acc_t mul_23_329 = (mul_21_324 * l_p_weight_2[v]);
-          const acc_t sub_2_326 = (l_p_x_0[v] - div_271);
-          const acc_t mul_22_327 = (sub_2_326 * rsqrt_274);
-          const acc_t mul_25_333 = (mul_23_329 * mul_22_327);
-          sum_2_332 += mul_23_329;
-          sum_3_334 += mul_25_333;
+          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
+          const acc_t mul_2_538 = (var_449 * rsqrt_461);
+          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
+          const acc_t mul_10_541 = (add_1_540 * add_1_540);
+          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
+          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
+          const acc_t add_4_544 = (add_1_540 + mul_12_543);
+          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
+          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
+          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
+          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
+          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
+          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
+          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
+          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
+          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
+          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
+          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
+          const acc_t mul_21_558 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_557);
+          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_25_566 = (mul_23_559 * mul_2_538);
+          sum_2_562 += mul_23_559;
+          sum_3_567 += mul_25_566;
         }
         }
       }
       }
-    sum_2_332 = sg::group_reduce<TPR>(sum_2_332, sg::Sum(), red_smem);
-    sum_3_334 = sg::group_reduce<TPR>(sum_3_334, sg::Sum(), red_smem);
+      }
+    sum_2_562 = sg::group_reduce<TPR>(sum_2_562, sg::Sum(), red_smem);
+    sum_3_567 = sg::group_reduce<TPR>(sum_3_567, sg::Sum(), red_smem);
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -609,96 +764,102 @@ __global__ void __launch_bounds__(512) layernorm_gelu_bwd_rows(const layernorm_g
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_276 = (r_p_x_0[k][v] - div_271);
-          const acc_t mul_2_277 = (sub_276 * rsqrt_274);
-          const acc_t mul_3_279 = (mul_2_277 * r_p_weight_2[k][v]);
-          const acc_t add_1_281 = (mul_3_279 + r_p_bias_3[k][v]);
-          const acc_t mul_10_297 = (add_1_281 * add_1_281);
-          const acc_t mul_11_298 = (mul_10_297 * add_1_281);
-          const acc_t mul_12_300 = (mul_11_298 * (acc_t)0.044715);
-          const acc_t add_4_301 = (add_1_281 + mul_12_300);
-          const acc_t mul_13_303 = (add_4_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_304 = sg::tanh_((acc_t)(mul_13_303));
-          const acc_t add_5_308 = (tanh_1_304 + (acc_t)1.0);
-          const acc_t mul_15_310 = (add_5_308 * (acc_t)0.5);
-          const acc_t mul_14_306 = (add_1_281 * (acc_t)0.5);
-          const acc_t mul_16_311 = (tanh_1_304 * tanh_1_304);
-          const acc_t sub_1_313 = ((acc_t)1.0 - mul_16_311);
-          const acc_t mul_19_320 = (mul_14_306 * sub_1_313);
-          const acc_t mul_17_315 = (mul_10_297 * (acc_t)0.134145);
-          const acc_t add_6_317 = (mul_17_315 + (acc_t)1.0);
-          const acc_t mul_18_319 = (add_6_317 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_321 = (mul_19_320 * mul_18_319);
-          const acc_t add_7_322 = (mul_15_310 + mul_20_321);
-          const acc_t mul_21_324 = (r_p_grad_out_1[k][v] * add_7_322);
-          const acc_t mul_23_329 = (mul_21_324 * r_p_weight_2[k][v]);
-          const acc_t mul_24_331 = (mul_23_329 * sym_float_1_330);
-          const acc_t sub_3_336 = (mul_24_331 - sum_2_332);
-          const acc_t sub_2_326 = (r_p_x_0[k][v] - div_271);
-          const acc_t mul_22_327 = (sub_2_326 * rsqrt_274);
-          const acc_t mul_26_335 = (mul_22_327 * sum_3_334);
-          const acc_t sub_4_337 = (sub_3_336 - mul_26_335);
-          const acc_t mul_27_340 = (div_1_339 * sub_4_337);
-          const acc_t mul_28_341 = (mul_21_324 * mul_22_327);
-          st_0[v] = (acc_t)(mul_27_340);
-          cacc_0[k][v] += mul_28_341;
-          cacc_1[k][v] += mul_21_324;
+          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
+          const acc_t mul_2_538 = (var_449 * rsqrt_461);
+          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
+          const acc_t mul_10_541 = (add_1_540 * add_1_540);
+          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
+          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
+          const acc_t add_4_544 = (add_1_540 + mul_12_543);
+          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
+          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
+          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
+          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
+          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
+          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
+          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
+          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
+          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
+          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
+          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
+          const acc_t mul_21_558 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_557);
+          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_24_561 = (mul_23_559 * var_446);
+          const acc_t sub_3_563 = (mul_24_561 - sum_2_562);
+          const acc_t mul_26_568 = (mul_2_538 * sum_3_567);
+          const acc_t sub_4_569 = (sub_3_563 - mul_26_568);
+          const acc_t mul_27_570 = (div_1_533 * sub_4_569);
+          const acc_t mul_28_571 = (mul_21_558 * mul_2_538);
+          st_0[v] = (acc_t)(mul_27_570);
+          cacc_0[k][v] += mul_28_571;
+          cacc_1[k][v] += mul_21_558;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_grad_out_1[VEC];
-        sg::load_vec<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1);
-        acc_t l_p_weight_2[VEC];
-        sg::load_vec<VEC>(p_weight_2 + c * VEC, l_p_weight_2);
-        acc_t l_p_bias_3[VEC];
-        sg::load_vec<VEC>(p_bias_3 + c * VEC, l_p_bias_3);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_grad_out_1[UNROLL];
+        sg::Raw<T, VEC> l_p_weight_2[UNROLL];
+        sg::Raw<T, VEC> l_p_bias_3[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_grad_out_1 + c * VEC, l_p_grad_out_1[u]);
+            sg::load_raw<VEC>(p_weight_2 + c * VEC, l_p_weight_2[u]);
+            sg::load_raw<VEC>(p_bias_3 + c * VEC, l_p_bias_3[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_276 = (l_p_x_0[v] - div_271);
-          const acc_t mul_2_277 = (sub_276 * rsqrt_274);
-          const acc_t mul_3_279 = (mul_2_277 * l_p_weight_2[v]);
-          const acc_t add_1_281 = (mul_3_279 + l_p_bias_3[v]);
-          const acc_t mul_10_297 = (add_1_281 * add_1_281);
-          const acc_t mul_11_298 = (mul_10_297 * add_1_281);
-          const acc_t mul_12_300 = (mul_11_298 * (acc_t)0.044715);
-          const acc_t add_4_301 = (add_1_281 + mul_12_300);
-          const acc_t mul_13_303 = (add_4_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_304 = sg::tanh_((acc_t)(mul_13_303));
-          const acc_t add_5_308 = (tanh_1_304 + (acc_t)1.0);
-          const acc_t mul_15_310 = (add_5_308 * (acc_t)0.5);
-          const acc_t mul_14_306 = (add_1_281 * (acc_t)0.5);
-          const acc_t mul_16_311 = (tanh_1_304 * tanh_1_304);
-          const acc_t sub_1_313 = ((acc_t)1.0 - mul_16_311);
-          const acc_t mul_19_320 = (mul_14_306 * sub_1_313);
-          const acc_t mul_17_315 = (mul_10_297 * (acc_t)0.134145);
-          const acc_t add_6_317 = (mul_17_315 + (acc_t)1.0);
-          const acc_t mul_18_319 = (add_6_317 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_321 = (mul_19_320 * mul_18_319);
-          const acc_t add_7_322 = (mul_15_310 + mul_20_321);
-          const acc_t mul_21_324 = (l_p_grad_out_1[v] * add_7_322);
-          const acc_t mul_23_329 = (mul_21_324 * l_p_weight_2[v]);
-          const acc_t mul_24_331 = (mul_23_329 * sym_float_1_330);
-          const acc_t sub_3_336 = (mul_24_331 - sum_2_332);
-          const acc_t sub_2_326 = (l_p_x_0[v] - div_271);
-          const acc_t mul_22_327 = (sub_2_326 * rsqrt_274);
-          const acc_t mul_26_335 = (mul_22_327 * sum_3_334);
-          const acc_t sub_4_337 = (sub_3_336 - mul_26_335);
-          const acc_t mul_27_340 = (div_1_339 * sub_4_337);
-          const acc_t mul_28_341 = (mul_21_324 * mul_22_327);
-          st_0[v] = (acc_t)(mul_27_340);
-          cpart_0[c * VEC + v] += mul_28_341;
-          cpart_1[c * VEC + v] += mul_21_324;
+          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
+          const acc_t mul_2_538 = (var_449 * rsqrt_461);
+          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
+          const acc_t mul_10_541 = (add_1_540 * add_1_540);
+          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
+          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
+          const acc_t add_4_544 = (add_1_540 + mul_12_543);
+          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
+          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
+          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
+          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
+          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
+          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
+          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
+          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
+          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
+          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
+          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
+          const acc_t mul_21_558 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_557);
+          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_24_561 = (mul_23_559 * var_446);
+          const acc_t sub_3_563 = (mul_24_561 - sum_2_562);
+          const acc_t mul_26_568 = (mul_2_538 * sum_3_567);
+          const acc_t sub_4_569 = (sub_3_563 - mul_26_568);
+          const acc_t mul_27_570 = (div_1_533 * sub_4_569);
+          const acc_t mul_28_571 = (mul_21_558 * mul_2_538);
+          st_0[v] = (acc_t)(mul_27_570);
+          cpart_0[c * VEC + v] += mul_28_571;
+          cpart_1[c * VEC + v] += mul_21_558;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
+      }
       }
       }
   }
@@ -725,12 +886,12 @@ __global__ void layernorm_gelu_bwd_finalize_cols(const layernorm_gelu_bwd_args A
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_4_342 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_342 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    acc_t sum_5_343 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_5_343 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_4_342));
-    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_5_343));
+    acc_t sum_4_572 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_4_572 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
+    acc_t sum_5_573 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_5_573 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
+    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_4_572));
+    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_5_573));
   }
 }
 
@@ -743,6 +904,10 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input and the fp32 column partials; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 2 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.x.data)
       && (0) % VEC == 0
@@ -757,54 +922,77 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
       && sg::aligned16(A.grad_x.data)
       && ((int64_t)(A.D)) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (4 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 16 / VEC < 1 ? 1 : (16 / VEC > 8 ? 8 : 16 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
-  // column partials: few slots per group keep the finalize cheap
-  const int64_t want = (int64_t)sg::sm_count() * 2 / (groups > 0 ? groups : 1);
-  if (gx > want) gx = want > 0 ? want : 1;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
+  // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * (size_t)slots * (2 * (size_t)W + 0);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const layernorm_gelu_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) layernorm_gelu_bwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);

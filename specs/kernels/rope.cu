@@ -68,6 +68,38 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC])
   }
 }
 
+// A 16-byte piece of a row kept in registers raw, in the storage dtype: 16-bit types take
+// half the registers of their fp32 values, so twice the row fits per thread.
+template <typename T, int VEC> struct alignas(VEC * sizeof(T) >= 16 ? 16 : alignof(T)) Raw { T v[VEC]; };
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_raw(const T* __restrict__ p, Raw<T, VEC>& out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out.v[i] = p[i];
+  }
+}
+
+// ITEMS_MAX: the most 16-byte chunks per thread (a power of two) whose raw registers and
+// column partials fit `regs` 32-bit registers, at most `cap`.
+__host__ __device__ constexpr int items_max(int regs, int words_per_item, int cap) {
+  int fit = regs / (words_per_item > 0 ? words_per_item : 1);
+  fit = fit < 1 ? 1 : (fit > cap ? cap : fit);
+  int p = 1;
+  while (p * 2 <= fit) p *= 2;
+  return p;
+}
+
+// Blocks per SM that __launch_bounds__ asks for: `min_threads` resident threads (a cap of
+// 65536 / min_threads registers), halved for a program whose one chunk of row alone exceeds
+// the register budget (many inputs, column partials), which would otherwise spill.
+__host__ __device__ constexpr int min_blocks(int block, int min_threads, int words_per_item, int regs) {
+  const int want = words_per_item > regs ? min_threads / 2 : min_threads;
+  return want / block > 0 ? want / block : 1;
+}
+
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
@@ -113,9 +145,47 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
+// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
+// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, A a) {
+  if (a > m || a != a) {
+    s = s * exp_(m - a) + (A)1;
+    m = a;
+  } else if (m != (A)(-INFINITY)) {
+    s += exp_(a - m);
+  }
+}
+
 struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
 struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+// Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
+// and summed in the fixed order of group_reduce (deterministic). A thread without elements
+// (max -inf, sum 0) adds 0.
+template <int TPR, typename A>
+__device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
+  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
+  s = group_reduce<TPR>(mine, Sum(), smem);
+  m = mg;
+}
+
+// Resident blocks per SM of one kernel instantiation at its block size (its registers and
+// shared memory decide), asked once per instantiation: the grid is one full wave of
+// persistent blocks, so no partial last wave leaves SMs idle.
+template <auto Kernel>
+inline int blocks_per_sm(int block) {
+  static int cached = 0;
+  if (cached == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cached = n;
+  }
+  return cached;
+}
 
 inline int sm_count() {
   static int count = 0;
@@ -136,11 +206,15 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ======================= forward =======================
 
-// One row group of TPR threads per row; rows = S * H, columns = D/2.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) rope_fwd_rows(const rope_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = S * H, columns = D/2. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
+rope_fwd_rows(const rope_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)((A.D) / 2));
@@ -149,10 +223,10 @@ __global__ void __launch_bounds__(512) rope_fwd_rows(const rope_args A, float* _
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_607 = (((int64_t)(A.D)) + (int64_t)2);
-  const int64_t sub_609 = (add_607 - (int64_t)1);
-  const int64_t floordiv_611 = (sub_609 / (int64_t)2);
-  const int64_t add_4_623 = ((int64_t)0 + floordiv_611);
+  const int64_t add_708 = (((int64_t)(A.D)) + (int64_t)2);
+  const int64_t sub_710 = (add_708 - (int64_t)1);
+  const int64_t floordiv_743 = (sub_710 / (int64_t)2);
+  const int64_t add_4_744 = ((int64_t)0 + floordiv_743);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -162,19 +236,21 @@ __global__ void __launch_bounds__(512) rope_fwd_rows(const rope_args A, float* _
     const T* p_sin_3 = (const T*)A.sin.data + (row / (((int64_t)(A.H)))) * ((int64_t)((A.D) / 2)) + 0;
     T* o_0 = (T*)A.out.data + row * ((int64_t)(A.D)) + 0;
     T* o_1 = (T*)A.out.data + row * ((int64_t)(A.D)) + ((int64_t)((A.D) / 2));
-    acc_t r_p_x_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_cos_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_x_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_sin_3[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_x_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_cos_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_x_2[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_sin_3[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
-          sg::load_vec<VEC>(p_cos_1 + c * VEC, r_p_cos_1[k]);
-          sg::load_vec<VEC>(p_x_2 + c * VEC, r_p_x_2[k]);
-          sg::load_vec<VEC>(p_sin_3 + c * VEC, r_p_sin_3[k]);
+          sg::load_raw<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
+          sg::load_raw<VEC>(p_cos_1 + c * VEC, r_p_cos_1[k]);
+          sg::load_raw<VEC>(p_x_2 + c * VEC, r_p_x_2[k]);
+          sg::load_raw<VEC>(p_sin_3 + c * VEC, r_p_sin_3[k]);
         }
       }
     }
@@ -189,47 +265,57 @@ __global__ void __launch_bounds__(512) rope_fwd_rows(const rope_args A, float* _
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_630 = (r_p_x_0[k][v] * r_p_cos_1[k][v]);
-          const acc_t mul_2_632 = (r_p_x_2[k][v] * r_p_sin_3[k][v]);
-          const acc_t sub_4_633 = (mul_1_630 - mul_2_632);
-          const acc_t mul_3_635 = (r_p_x_2[k][v] * r_p_cos_1[k][v]);
-          const acc_t mul_4_637 = (r_p_x_0[k][v] * r_p_sin_3[k][v]);
-          const acc_t add_6_638 = (mul_3_635 + mul_4_637);
-          st_0[v] = (acc_t)(sub_4_633);
-          st_1[v] = (acc_t)(add_6_638);
+          const acc_t mul_1_731 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
+          const acc_t mul_2_746 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
+          const acc_t sub_4_747 = (mul_1_731 - mul_2_746);
+          const acc_t mul_3_748 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
+          const acc_t mul_4_749 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
+          const acc_t add_6_750 = (mul_3_748 + mul_4_749);
+          st_0[v] = (acc_t)(sub_4_747);
+          st_1[v] = (acc_t)(add_6_750);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_x_0[VEC];
-        sg::load_vec<VEC>(p_x_0 + c * VEC, l_p_x_0);
-        acc_t l_p_cos_1[VEC];
-        sg::load_vec<VEC>(p_cos_1 + c * VEC, l_p_cos_1);
-        acc_t l_p_x_2[VEC];
-        sg::load_vec<VEC>(p_x_2 + c * VEC, l_p_x_2);
-        acc_t l_p_sin_3[VEC];
-        sg::load_vec<VEC>(p_sin_3 + c * VEC, l_p_sin_3);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_x_0[UNROLL];
+        sg::Raw<T, VEC> l_p_cos_1[UNROLL];
+        sg::Raw<T, VEC> l_p_x_2[UNROLL];
+        sg::Raw<T, VEC> l_p_sin_3[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
+            sg::load_raw<VEC>(p_cos_1 + c * VEC, l_p_cos_1[u]);
+            sg::load_raw<VEC>(p_x_2 + c * VEC, l_p_x_2[u]);
+            sg::load_raw<VEC>(p_sin_3 + c * VEC, l_p_sin_3[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         acc_t st_1[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_630 = (l_p_x_0[v] * l_p_cos_1[v]);
-          const acc_t mul_2_632 = (l_p_x_2[v] * l_p_sin_3[v]);
-          const acc_t sub_4_633 = (mul_1_630 - mul_2_632);
-          const acc_t mul_3_635 = (l_p_x_2[v] * l_p_cos_1[v]);
-          const acc_t mul_4_637 = (l_p_x_0[v] * l_p_sin_3[v]);
-          const acc_t add_6_638 = (mul_3_635 + mul_4_637);
-          st_0[v] = (acc_t)(sub_4_633);
-          st_1[v] = (acc_t)(add_6_638);
+          const acc_t mul_1_731 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
+          const acc_t mul_2_746 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
+          const acc_t sub_4_747 = (mul_1_731 - mul_2_746);
+          const acc_t mul_3_748 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
+          const acc_t mul_4_749 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
+          const acc_t add_6_750 = (mul_3_748 + mul_4_749);
+          st_0[v] = (acc_t)(sub_4_747);
+          st_1[v] = (acc_t)(add_6_750);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
+      }
       }
       }
   }
@@ -244,6 +330,10 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.x.data)
       && (0) % VEC == 0
@@ -263,48 +353,73 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
       && ((int64_t)(A.D)) % VEC == 0
       && (((int64_t)((A.D) / 2))) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (4 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 16 / VEC < 1 ? 1 : (16 / VEC > 8 ? 8 : 16 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<rope_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
   const rope_args args = A;
-#define SG_LAUNCH(V, P, I) rope_fwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) rope_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
@@ -325,11 +440,15 @@ extern "C" cudaError_t rope_forward(const rope_args* a, cudaStream_t stream)
 
 // ======================= backward =======================
 
-// One row group of TPR threads per row; rows = S * H, columns = D/2.
-template <typename T, int VEC, int TPR, int ITEMS>
-__global__ void __launch_bounds__(512) rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
+// One row group of TPR threads per row; rows = S * H, columns = D/2. BLOCK threads per block;
+// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 4 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 32))
+rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
+  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)((A.D) / 2));
@@ -338,29 +457,32 @@ __global__ void __launch_bounds__(512) rope_bwd_rows(const rope_bwd_args A, floa
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_644 = (((int64_t)(A.D)) + (int64_t)2);
-  const int64_t sub_646 = (add_644 - (int64_t)1);
-  const int64_t floordiv_648 = (sub_646 / (int64_t)2);
-  const int64_t add_7_681 = ((int64_t)0 + floordiv_648);
-  const int64_t mul_650 = (floordiv_648 * (int64_t)2);
-  const int64_t sub_2_651 = (mul_650 - ((int64_t)(A.D)));
-  const int64_t sub_3_652 = (floordiv_648 - sub_2_651);
-  const int64_t add_10_696 = (add_7_681 + sub_3_652);
-  const int64_t sub_9_697 = (add_10_696 - sub_3_652);
-  const int64_t add_12_700 = ((int64_t)0 + sub_9_697);
-  const int64_t add_4_660 = ((int64_t)0 + floordiv_648);
+  const int64_t add_753 = (((int64_t)(A.D)) + (int64_t)2);
+  const int64_t sub_755 = (add_753 - (int64_t)1);
+  const int64_t floordiv_842 = (sub_755 / (int64_t)2);
+  const int64_t add_7_843 = ((int64_t)0 + floordiv_842);
+  const int64_t mul_844 = (floordiv_842 * (int64_t)2);
+  const int64_t sub_2_845 = (mul_844 - ((int64_t)(A.D)));
+  const int64_t sub_3_846 = (floordiv_842 - sub_2_845);
+  const int64_t add_10_847 = (add_7_843 + sub_3_846);
+  const int64_t sub_9_848 = (add_10_847 - sub_3_846);
+  const int64_t add_12_849 = ((int64_t)0 + sub_9_848);
+  // column partials of sum_2_859: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
+  // column partials of sum_4_836: this thread's columns, summed over its rows
   acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
   float* cpart_1 = partials + (1 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = 0.f;
+  // column partials of sum_1_862: this thread's columns, summed over its rows
   acc_t cacc_2[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_2[k][v] = 0;
   float* cpart_2 = partials + (2 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = 0.f;
+  // column partials of sum_3_864: this thread's columns, summed over its rows
   acc_t cacc_3[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_3[k][v] = 0;
   float* cpart_3 = partials + (3 * slots + slot) * W;
@@ -376,23 +498,25 @@ __global__ void __launch_bounds__(512) rope_bwd_rows(const rope_bwd_args A, floa
     const T* p_x_5 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
     T* o_0 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + 0;
     T* o_1 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + ((int64_t)((A.D) / 2));
-    acc_t r_p_grad_out_0[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_sin_1[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_grad_out_2[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_cos_3[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_x_4[ITEMS > 0 ? ITEMS : 1][VEC];
-    acc_t r_p_x_5[ITEMS > 0 ? ITEMS : 1][VEC];
-    if constexpr (ITEMS > 0) {  // the row stays in registers across passes
+    // the row stays in registers across passes, raw in the storage dtype (half the
+    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
+    sg::Raw<T, VEC> r_p_grad_out_0[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_sin_1[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_grad_out_2[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_cos_3[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_x_4[ITEMS > 0 ? ITEMS : 1];
+    sg::Raw<T, VEC> r_p_x_5[ITEMS > 0 ? ITEMS : 1];
+    if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-          sg::load_vec<VEC>(p_grad_out_0 + c * VEC, r_p_grad_out_0[k]);
-          sg::load_vec<VEC>(p_sin_1 + c * VEC, r_p_sin_1[k]);
-          sg::load_vec<VEC>(p_grad_out_2 + c * VEC, r_p_grad_out_2[k]);
-          sg::load_vec<VEC>(p_cos_3 + c * VEC, r_p_cos_3[k]);
-          sg::load_vec<VEC>(p_x_4 + c * VEC, r_p_x_4[k]);
-          sg::load_vec<VEC>(p_x_5 + c * VEC, r_p_x_5[k]);
+          sg::load_raw<VEC>(p_grad_out_0 + c * VEC, r_p_grad_out_0[k]);
+          sg::load_raw<VEC>(p_sin_1 + c * VEC, r_p_sin_1[k]);
+          sg::load_raw<VEC>(p_grad_out_2 + c * VEC, r_p_grad_out_2[k]);
+          sg::load_raw<VEC>(p_cos_3 + c * VEC, r_p_cos_3[k]);
+          sg::load_raw<VEC>(p_x_4 + c * VEC, r_p_x_4[k]);
+          sg::load_raw<VEC>(p_x_5 + c * VEC, r_p_x_5[k]);
         }
       }
     }
@@ -407,69 +531,79 @@ __global__ void __launch_bounds__(512) rope_bwd_rows(const rope_bwd_args A, floa
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_711 = (r_p_grad_out_0[k][v] * r_p_sin_1[k][v]);
-          const acc_t mul_12_726 = (r_p_grad_out_2[k][v] * r_p_cos_3[k][v]);
-          const acc_t add_16_728 = (mul_6_711 + mul_12_726);
-          const acc_t mul_8_715 = (r_p_grad_out_0[k][v] * r_p_cos_3[k][v]);
-          const acc_t neg_2_717 = (-r_p_grad_out_2[k][v]);
-          const acc_t mul_10_720 = (neg_2_717 * r_p_sin_1[k][v]);
-          const acc_t add_14_722 = (mul_8_715 + mul_10_720);
-          const acc_t mul_7_713 = (r_p_grad_out_0[k][v] * r_p_x_4[k][v]);
-          const acc_t mul_11_724 = (r_p_grad_out_2[k][v] * r_p_x_5[k][v]);
-          const acc_t mul_5_709 = (r_p_grad_out_0[k][v] * r_p_x_5[k][v]);
-          const acc_t mul_9_718 = (neg_2_717 * r_p_x_4[k][v]);
-          st_0[v] = (acc_t)(add_16_728);
-          st_1[v] = (acc_t)(add_14_722);
-          cacc_0[k][v] += mul_7_713;
-          cacc_1[k][v] += mul_11_724;
-          cacc_2[k][v] += mul_5_709;
-          cacc_3[k][v] += mul_9_718;
+          const acc_t mul_6_851 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t mul_12_835 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t add_16_852 = (mul_6_851 + mul_12_835);
+          const acc_t mul_8_853 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t neg_2_826 = (-(acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]));
+          const acc_t mul_10_854 = (neg_2_826 * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t add_14_855 = (mul_8_853 + mul_10_854);
+          const acc_t mul_7_858 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
+          const acc_t mul_11_833 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
+          const acc_t mul_5_861 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
+          const acc_t mul_9_863 = (neg_2_826 * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
+          st_0[v] = (acc_t)(add_16_852);
+          st_1[v] = (acc_t)(add_14_855);
+          cacc_0[k][v] += mul_7_858;
+          cacc_1[k][v] += mul_11_833;
+          cacc_2[k][v] += mul_5_861;
+          cacc_3[k][v] += mul_9_863;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
       }
       } else {
-      for (int64_t c = lane; c * VEC < W; c += TPR) {
-        {
-        acc_t l_p_grad_out_0[VEC];
-        sg::load_vec<VEC>(p_grad_out_0 + c * VEC, l_p_grad_out_0);
-        acc_t l_p_sin_1[VEC];
-        sg::load_vec<VEC>(p_sin_1 + c * VEC, l_p_sin_1);
-        acc_t l_p_grad_out_2[VEC];
-        sg::load_vec<VEC>(p_grad_out_2 + c * VEC, l_p_grad_out_2);
-        acc_t l_p_cos_3[VEC];
-        sg::load_vec<VEC>(p_cos_3 + c * VEC, l_p_cos_3);
-        acc_t l_p_x_4[VEC];
-        sg::load_vec<VEC>(p_x_4 + c * VEC, l_p_x_4);
-        acc_t l_p_x_5[VEC];
-        sg::load_vec<VEC>(p_x_5 + c * VEC, l_p_x_5);
+      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
+        sg::Raw<T, VEC> l_p_grad_out_0[UNROLL];
+        sg::Raw<T, VEC> l_p_sin_1[UNROLL];
+        sg::Raw<T, VEC> l_p_grad_out_2[UNROLL];
+        sg::Raw<T, VEC> l_p_cos_3[UNROLL];
+        sg::Raw<T, VEC> l_p_x_4[UNROLL];
+        sg::Raw<T, VEC> l_p_x_5[UNROLL];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int64_t c = c0 + (int64_t)u * TPR;
+          if (c * VEC < W) {
+            sg::load_raw<VEC>(p_grad_out_0 + c * VEC, l_p_grad_out_0[u]);
+            sg::load_raw<VEC>(p_sin_1 + c * VEC, l_p_sin_1[u]);
+            sg::load_raw<VEC>(p_grad_out_2 + c * VEC, l_p_grad_out_2[u]);
+            sg::load_raw<VEC>(p_cos_3 + c * VEC, l_p_cos_3[u]);
+            sg::load_raw<VEC>(p_x_4 + c * VEC, l_p_x_4[u]);
+            sg::load_raw<VEC>(p_x_5 + c * VEC, l_p_x_5[u]);
+          }
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+        const int64_t c = c0 + (int64_t)u * TPR;
+        if (c * VEC < W) {
         acc_t st_0[VEC];
         acc_t st_1[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_711 = (l_p_grad_out_0[v] * l_p_sin_1[v]);
-          const acc_t mul_12_726 = (l_p_grad_out_2[v] * l_p_cos_3[v]);
-          const acc_t add_16_728 = (mul_6_711 + mul_12_726);
-          const acc_t mul_8_715 = (l_p_grad_out_0[v] * l_p_cos_3[v]);
-          const acc_t neg_2_717 = (-l_p_grad_out_2[v]);
-          const acc_t mul_10_720 = (neg_2_717 * l_p_sin_1[v]);
-          const acc_t add_14_722 = (mul_8_715 + mul_10_720);
-          const acc_t mul_7_713 = (l_p_grad_out_0[v] * l_p_x_4[v]);
-          const acc_t mul_11_724 = (l_p_grad_out_2[v] * l_p_x_5[v]);
-          const acc_t mul_5_709 = (l_p_grad_out_0[v] * l_p_x_5[v]);
-          const acc_t mul_9_718 = (neg_2_717 * l_p_x_4[v]);
-          st_0[v] = (acc_t)(add_16_728);
-          st_1[v] = (acc_t)(add_14_722);
-          cpart_0[c * VEC + v] += mul_7_713;
-          cpart_1[c * VEC + v] += mul_11_724;
-          cpart_2[c * VEC + v] += mul_5_709;
-          cpart_3[c * VEC + v] += mul_9_718;
+          const acc_t mul_6_851 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t mul_12_835 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t add_16_852 = (mul_6_851 + mul_12_835);
+          const acc_t mul_8_853 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t neg_2_826 = (-(acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]));
+          const acc_t mul_10_854 = (neg_2_826 * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t add_14_855 = (mul_8_853 + mul_10_854);
+          const acc_t mul_7_858 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
+          const acc_t mul_11_833 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
+          const acc_t mul_5_861 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
+          const acc_t mul_9_863 = (neg_2_826 * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
+          st_0[v] = (acc_t)(add_16_852);
+          st_1[v] = (acc_t)(add_14_855);
+          cpart_0[c * VEC + v] += mul_7_858;
+          cpart_1[c * VEC + v] += mul_11_833;
+          cpart_2[c * VEC + v] += mul_5_861;
+          cpart_3[c * VEC + v] += mul_9_863;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
         }
+      }
       }
       }
   }
@@ -508,18 +642,18 @@ __global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __res
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_2_716 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_716 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    acc_t sum_4_727 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_727 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
-    acc_t sum_1_712 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_1_712 += (acc_t)partials[(2 * slots + g * per_group + s) * W + j];
-    acc_t sum_3_721 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_3_721 += (acc_t)partials[(3 * slots + g * per_group + s) * W + j];
-    const acc_t add_17_729 = (sum_2_716 + sum_4_727);
-    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_729));
-    const acc_t add_15_723 = (sum_1_712 + sum_3_721);
-    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_723));
+    acc_t sum_2_859 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_859 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
+    acc_t sum_4_836 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_4_836 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
+    acc_t sum_1_862 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_1_862 += (acc_t)partials[(2 * slots + g * per_group + s) * W + j];
+    acc_t sum_3_864 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_3_864 += (acc_t)partials[(3 * slots + g * per_group + s) * W + j];
+    const acc_t add_17_860 = (sum_2_859 + sum_4_836);
+    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_860));
+    const acc_t add_15_865 = (sum_1_862 + sum_3_864);
+    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_865));
   }
 }
 
@@ -532,6 +666,10 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
+  // input and the fp32 column partials; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 4 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4;
+  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.grad_out.data)
       && (((int64_t)0 + ((((int64_t)0 + (((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2)) + ((((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2) - (((((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2) * (int64_t)2) - ((int64_t)(A.D))))) - ((((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2) - (((((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2) * (int64_t)2) - ((int64_t)(A.D))))))) % VEC == 0
@@ -557,54 +695,77 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
       && ((int64_t)(A.D)) % VEC == 0
       && (((int64_t)((A.D) / 2))) % VEC == 0;
   const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: the smallest row group whose registers hold the row (6 input row(s) kept per thread); rows too wide for registers take the looped pass.
+  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
+  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
+  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
   if (vec_ok) {
-    const int max_items = 10 / VEC < 1 ? 1 : (10 / VEC > 8 ? 8 : 10 / VEC);  // register budget
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)512) { tpr = 128; items = 4; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)512) { tpr = 256; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)1024) { tpr = 256; items = 4; }
-    if (tpr == 0 && 1 <= max_items && chunks <= (int64_t)512) { tpr = 512; items = 1; }
-    if (tpr == 0 && 2 <= max_items && chunks <= (int64_t)1024) { tpr = 512; items = 2; }
-    if (tpr == 0 && 4 <= max_items && chunks <= (int64_t)2048) { tpr = 512; items = 4; }
-    if (tpr == 0 && 8 <= max_items && chunks <= (int64_t)4096) { tpr = 512; items = 8; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
   const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
   const int rpb = block / tpr;
+  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
+  // registers decide), each striding over rows; fewer when there are fewer rows.
+  int per_sm = 1;
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+  if (vec_ok) {
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
+  } else {
+    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
+  }
+#undef SG_OCC
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);  // enough rows in flight to cover the SMs, grid-stride beyond
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
-  // column partials: few slots per group keep the finalize cheap
-  const int64_t want = (int64_t)sg::sm_count() * 2 / (groups > 0 ? groups : 1);
-  if (gx > want) gx = want > 0 ? want : 1;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx * groups * rpb;
   float* partials = nullptr;
+  // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * (size_t)slots * (4 * (size_t)W + 0);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const rope_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) SG_LAUNCH(VEC, 4, 1);
-    else if (tpr == 8 && items == 1) SG_LAUNCH(VEC, 8, 1);
-    else if (tpr == 32 && items == 1) SG_LAUNCH(VEC, 32, 1);
-    else if (tpr == 32 && items == 4) SG_LAUNCH(VEC, 32, 4);
-    else if (tpr == 128 && items == 4) SG_LAUNCH(VEC, 128, 4);
-    else if (tpr == 256 && items == 2) SG_LAUNCH(VEC, 256, 2);
-    else if (tpr == 256 && items == 4) SG_LAUNCH(VEC, 256, 4);
-    else if (tpr == 512 && items == 1) SG_LAUNCH(VEC, 512, 1);
-    else if (tpr == 512 && items == 2) SG_LAUNCH(VEC, 512, 2);
-    else if (tpr == 512 && items == 4) SG_LAUNCH(VEC, 512, 4);
-    else if (tpr == 512 && items == 8) SG_LAUNCH(VEC, 512, 8);
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
+    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
+    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
+    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
+    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);

@@ -23,32 +23,84 @@ C_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16",
 DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloat16": "SPECGEN_BFLOAT16",
               "float64": "SPECGEN_FLOAT64"}
 
-# (TPR, ITEMS) schedules instantiated for the vectorized path, smallest first; the host
-# takes the first whose capacity TPR * ITEMS * VEC covers the row. ITEMS == 0: looped.
-VEC_SCHEDULES = [(4, 1), (8, 1), (32, 1), (32, 4), (128, 4), (256, 2), (256, 4), (512, 1), (512, 2), (512, 4),
-                 (512, 8), (512, 0)]
-SCALAR_SCHEDULES = [(32, 1), (256, 0)]  # unaligned or odd widths
+# (TPR, ITEMS) schedules of the vectorized path, tried in order; the host takes the first
+# whose capacity TPR * ITEMS * VEC covers the row. ITEMS None: the most 16-byte chunks of the
+# row a thread may keep in registers for this program and dtype (ITEMS_MAX, a constexpr of
+# the kernel), so a row is held by as few threads as possible: more rows per SM in flight,
+# each thread with several 16-byte loads outstanding. ITEMS 0: the looped pass (rows too
+# wide for registers), unrolled LOOP_UNROLL chunks deep.
+NARROW = ((4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8))  # rows of <= 32 threads, several per block
+MEDIUM = ((64, None), (128, None), (256, None), (512, None), (1024, None))  # one row per block, in registers
+VEC_SCHEDULES = NARROW + MEDIUM + ((512, 0),)
+SCALAR_SCHEDULES = ((32, 1), (256, 0))  # unaligned or odd widths
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
+LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One point of the autotuner's space: which schedules the host may pick, how many
-    rows share a block for narrow rows, and how many chunks a thread may hold in registers."""
+    """One point of the autotuner's space. Each field steers one shape class, so the tuner
+    can keep the fastest per class and combine them (see `combine`):
+    narrow rows (TPR <= 32): `row_block` threads per block, several rows each;
+    medium rows (the row in registers): `data_regs` 32-bit registers per thread for the raw
+    row (storage dtype) and column partials, at most `items_cap` 16-byte chunks;
+    wide rows (looped): `loop_tpr` threads per row, `loop_unroll` chunks in flight each.
+    `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
-    schedules: tuple = tuple(VEC_SCHEDULES)
     row_block: int = ROW_BLOCK
+    data_regs: int = 32
     items_cap: int = 8
+    loop_tpr: int = 512
+    loop_unroll: int = LOOP_UNROLL
+    min_threads: int = 1024
+
+    @property
+    def schedules(self) -> tuple:
+        return NARROW + MEDIUM + ((self.loop_tpr, 0),)
 
 
 DEFAULT_VARIANT = Variant("default")
 VARIANTS = [
     DEFAULT_VARIANT,
-    Variant("rows256", row_block=256),  # more rows in flight per block for narrow rows
-    Variant("regs4", items_cap=4),  # fewer registers per thread: more warps per SM, wider row groups
-    Variant("wide", schedules=tuple(s for s in VEC_SCHEDULES if s[0] >= 32)),  # no sub-warp rows
+    Variant("rows256", row_block=256),  # narrow: 8 warps of rows per block
+    Variant("regs16", data_regs=16, items_cap=4),  # medium: twice the threads per row, more warps per SM
+    Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
 ]
+CLASS_FIELDS = {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads"),
+                "wide": ("loop_tpr", "loop_unroll")}
+
+
+def combine(winners: dict[str, Variant]) -> Variant:
+    """One variant taking each class's fields from that class's winner."""
+    fields = {}
+    for cls, names in CLASS_FIELDS.items():
+        source = winners.get(cls, DEFAULT_VARIANT)
+        fields.update({n: getattr(source, n) for n in names})
+    name = "+".join(f"{cls}:{v.name}" for cls, v in sorted(winners.items())) or DEFAULT_VARIANT.name
+    return Variant(name, **fields)
+
+
+def items_max(variant: Variant, words_per_item: int) -> int:
+    """ITEMS_MAX of the kernel (mirrors sg::items_max): a power of two."""
+    fit = max(1, min(variant.items_cap, variant.data_regs // max(1, words_per_item)))
+    return 1 << (fit.bit_length() - 1)
+
+
+def plan(variant: Variant, chunks: int, imax: int) -> tuple[int, int]:
+    """(TPR, ITEMS) the host picks for a vectorized row of `chunks` 16-byte chunks
+    (mirrors the generated host code)."""
+    for tpr, items in variant.schedules:
+        if items == 0:
+            return tpr, 0
+        items = imax if items is None else items
+        if items <= imax and chunks <= tpr * items:
+            return tpr, items
+    raise AssertionError("the schedule list ends with the looped pass")
+
+
+def shape_class(tpr: int, items: int) -> str:
+    return "wide" if items == 0 else "narrow" if tpr <= 32 else "medium"
 
 
 def dim_expr(d, prefix: str = "A.") -> str:
@@ -158,6 +210,10 @@ class DirectionEmitter:
         if op == "div":
             if node.dtype == "int":
                 return f"({x[0]} / {x[1]})"
+            if node.level == "elem" and node.args[1].level in ("const", "global", "row"):
+                # a per-row denominator: one reciprocal per row (the compiler hoists the common
+                # 1/x), a multiply per element instead of an IEEE division (<= 1.5 ulp apart)
+                return f"((acc_t)({x[0]}) * ((acc_t)1 / (acc_t)({x[1]})))"
             return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
         if op == "floordiv":
             return f"({x[0]} / {x[1]})"  # sizes: non-negative
@@ -238,15 +294,27 @@ class DirectionEmitter:
         index = list(self.elem_loads).index(key)
         return f"p_{fld}_{index}"
 
-    def emit_pass(self, consumers: list[tuple[str, Node, str]], ctx_row: Ctx, stores: list[Store],
-                  col_nodes: list[Node]) -> list[str]:
+    def load_ref(self, node: Node, raw: str) -> str:
+        """An elem load read from its raw register copy, widened to the math type."""
+        if node.dtype == "float":
+            return f"(acc_t)sg::to_acc({raw}.v[v])"
+        return f"({self.ctype_var(node)})({raw}.v[v])"
+
+    def raw_type(self, key) -> str:
+        return f"sg::Raw<{self.ctype_of(key[0])}, VEC>"
+
+    def emit_pass(self, consumers: list[tuple], ctx_row: Ctx, stores: list[Store],
+                  col_nodes: list[Node], modes: tuple = ("reg", "loop")) -> list[str]:
         """One sweep over the row's columns. consumers: (kind, node, accumulator) with kind
-        sum|max|min (row reductions). Elem stores and col reductions are done in the final pass."""
-        roots = [n.args[0] for _, n, _ in consumers] + [s.value for s in stores] + [c.args[0] for c in col_nodes]
+        sum|max|min (row reductions) or online (node: the max's operand, accumulator: the
+        (max, sum) pair). Elem stores and col reductions are done in the final pass.
+        mode reg: the row is in registers (ITEMS > 0); loop: it is streamed again."""
+        roots = [n.args[0] if kind != "online" else n for kind, n, _ in consumers] + [s.value for s in stores] \
+            + [c.args[0] for c in col_nodes]
         needed = {n.id for n in self.closure(roots, "elem")}
         loads = [(key, ns) for key, ns in self.elem_loads.items() if any(x.id in needed for x in ns)]
         out = []
-        for mode in ("reg", "loop"):
+        for mode in modes:
             body = []
             ind = "        "
             if mode == "reg":
@@ -254,13 +322,27 @@ class DirectionEmitter:
                 body.append("      for (int k = 0; k < ITEMS; ++k) {")
                 body.append("        const int64_t c = (int64_t)k * TPR + lane;")
                 body.append("        if (c * VEC < W) {")
+                slot = "r_{}[k]"
             else:
-                body.append("      for (int64_t c = lane; c * VEC < W; c += TPR) {")
-                body.append("        {")
+                # LOOP_UNROLL chunks per thread are loaded before any is used: several
+                # 16-byte loads in flight per thread even though the row is streamed.
+                body.append("      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {")
                 for key, ns in loads:
-                    body.append(f"{ind}acc_t l_{self.pointer_name(key)}[VEC];")
-                    body.append(f"{ind}sg::load_vec<VEC>({self.pointer_name(key)} + c * VEC, "
-                                f"l_{self.pointer_name(key)});")
+                    body.append(f"        {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
+                body.append("        #pragma unroll")
+                body.append("        for (int u = 0; u < UNROLL; ++u) {")
+                body.append("          const int64_t c = c0 + (int64_t)u * TPR;")
+                body.append("          if (c * VEC < W) {")
+                for key, ns in loads:
+                    pn = self.pointer_name(key)
+                    body.append(f"            sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
+                body.append("          }")
+                body.append("        }")
+                body.append("        #pragma unroll")
+                body.append("        for (int u = 0; u < UNROLL; ++u) {")
+                body.append("        const int64_t c = c0 + (int64_t)u * TPR;")
+                body.append("        if (c * VEC < W) {")
+                slot = "l_{}[u]"
             for i, s in enumerate(stores):
                 body.append(f"{ind}acc_t st_{i}[VEC];")
             body.append(f"{ind}#pragma unroll")
@@ -269,11 +351,14 @@ class DirectionEmitter:
             body.append(f"{inner}const int64_t j = c * VEC + v; (void)j;")
             ctx = Ctx(dict(ctx_row.names))
             for key, ns in loads:
-                ref = f"r_{self.pointer_name(key)}[k][v]" if mode == "reg" else f"l_{self.pointer_name(key)}[v]"
+                raw = slot.format(self.pointer_name(key))
                 for n in ns:
-                    ctx.loads[n.id] = ref
+                    ctx.loads[n.id] = self.load_ref(n, raw)
             body += self.elem_statements(roots, ctx, inner)
             for kind, n, acc in consumers:
+                if kind == "online":
+                    body.append(f"{inner}sg::online_add({acc[0]}, {acc[1]}, (acc_t)({self.expr(n, ctx)}));")
+                    continue
                 val = self.expr(n.args[0], ctx)
                 if kind == "sum":
                     body.append(f"{inner}{acc} += {val};")
@@ -292,20 +377,42 @@ class DirectionEmitter:
                 body.append(f"{ind}sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
             body.append("        }")
             body.append("      }")
+            if mode == "loop":
+                body.append("      }")
             out.append(body)
+        if len(out) == 1:
+            return out[0]
         return ["      if constexpr (ITEMS > 0) {"] + out[0] + ["      } else {"] + out[1] + ["      }"]
 
-    def emit_row_kernel(self) -> str:
+    def online_partner(self, batch: list[Node], pending: list[Node]) -> Node | None:
+        """The sum of exp(a - max) that can share one online pass with `batch` == [max(a)]
+        (softmax, log-softmax, logsumexp, cross-entropy), or None."""
+        if len(batch) != 1 or batch[0].attrs["kind"] != "max":
+            return None
+        m = batch[0]
+        for n in pending:
+            arg = n.args[0] if n.op == "rowreduce" else None
+            if n.op == "rowreduce" and n.attrs["kind"] == "sum" and arg.op == "exp" and arg.args[0].op == "sub" \
+                    and arg.args[0].args[0] is m.args[0] and arg.args[0].args[1] is m:
+                return n
+        return None
+
+    def emit_row_kernel(self, variant: Variant) -> str:
         p = self.p
         lines: list[str] = []
         elem_stores = [s for s in p.stores if s.kind == "elem"]
         row_stores = [s for s in p.stores if s.kind == "row"]
-        lines.append(f"// One row group of TPR threads per row; {self.describe_rows()}.")
-        lines.append("template <typename T, int VEC, int TPR, int ITEMS>")
-        lines.append(f"__global__ void __launch_bounds__(512) {self.kname}_rows(const {self.args_t} A, "
-                     f"float* __restrict__ partials, int64_t rows_per_group)")
+        lines.append(f"// One row group of TPR threads per row; {self.describe_rows()}. BLOCK threads per block;")
+        lines.append(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
+        lines.append("template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>")
+        lines.append(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
+                     f"{self.words_per_item_expr()}, {variant.data_regs}))")
+        lines.append(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
         lines.append("{")
         lines.append("  using acc_t = typename sg::Acc<T>::type;")
+        loads_words = " + ".join(f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in self.elem_loads) or "1"
+        lines.append("  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)")
+        lines.append(f"  constexpr int UNROLL = sg::items_max(8, {loads_words}, {variant.loop_unroll});")
         lines.append("  __shared__ acc_t red_smem[33];")
         lines.append("  (void)red_smem; (void)partials;")
         lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
@@ -314,7 +421,6 @@ class DirectionEmitter:
         lines.append("  const int rpb = blockDim.x / TPR;")
         lines.append("  const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;")
         lines.append("  const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;")
-        # global-level values
         ctx = Ctx()
         for n in self.nodes:
             if n.level == "global" and n.op not in ("dim", "stride"):
@@ -322,6 +428,7 @@ class DirectionEmitter:
                 lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
                 ctx.names[n.id] = name
         for i, c in enumerate(self.colreduces):
+            lines.append(f"  // column partials of {self.var(c)}: this thread's columns, summed over its rows")
             lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
             lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
                          f"cacc_{i}[k][v] = 0;")
@@ -350,18 +457,21 @@ class DirectionEmitter:
             off = self.expr(s.offset, ctx) if s.offset is not None else "0"
             lines.append(f"    {self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
                          f"row * {pitch} + {off};")
+        if self.elem_loads:
+            lines.append("    // the row stays in registers across passes, raw in the storage dtype (half the")
+            lines.append("    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front")
         for key in self.elem_loads:
             pn = self.pointer_name(key)
-            lines.append(f"    acc_t r_{pn}[ITEMS > 0 ? ITEMS : 1][VEC];")
+            lines.append(f"    {self.raw_type(key)} r_{pn}[ITEMS > 0 ? ITEMS : 1];")
         if self.elem_loads:
-            lines.append("    if constexpr (ITEMS > 0) {  // the row stays in registers across passes")
+            lines.append("    if constexpr (ITEMS > 0) {")
             lines.append("      #pragma unroll")
             lines.append("      for (int k = 0; k < ITEMS; ++k) {")
             lines.append("        const int64_t c = (int64_t)k * TPR + lane;")
             lines.append("        if (c * VEC < W) {")
             for key in self.elem_loads:
                 pn = self.pointer_name(key)
-                lines.append(f"          sg::load_vec<VEC>({pn} + c * VEC, r_{pn}[k]);")
+                lines.append(f"          sg::load_raw<VEC>({pn} + c * VEC, r_{pn}[k]);")
             lines.append("        }")
             lines.append("      }")
             lines.append("    }")
@@ -370,6 +480,8 @@ class DirectionEmitter:
         done = set(ctx.names)
         pending = list(row_nodes)
         pass_no = 0
+        init = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
+        combine_op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}
         while pending:
             progressed = False
             for n in list(pending):
@@ -383,18 +495,38 @@ class DirectionEmitter:
             batch = [n for n in pending if n.op == "rowreduce" and self.elem_ready(n.args[0], done)]
             if batch:
                 pass_no += 1
+                partner = self.online_partner(batch, pending)
+                if partner is not None:
+                    m, s = batch[0], partner
+                    mv, sv = self.var(m), self.var(s)
+                    lines.append(f"    // pass {pass_no}: max and sum of exp(x - max) over the row")
+                    lines.append(f"    acc_t {mv} = {init['max']};")
+                    lines.append(f"    acc_t {sv} = {init['sum']};")
+                    lines.append("    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read")
+                    lines += self.emit_pass([("online", m.args[0], (mv, sv))], ctx, [], [], modes=("loop",))
+                    lines.append(f"      sg::group_online<TPR>({mv}, {sv}, red_smem);")
+                    lines.append("    } else {  // row in registers: the exact two-pass form")
+                    lines += self.emit_pass([("max", m, mv)], ctx, [], [], modes=("reg",))
+                    lines.append(f"      {mv} = sg::group_reduce<TPR>({mv}, sg::Max(), red_smem);")
+                    ctx.names[m.id] = mv
+                    lines += self.emit_pass([("sum", s, sv)], ctx, [], [], modes=("reg",))
+                    lines.append(f"      {sv} = sg::group_reduce<TPR>({sv}, sg::Sum(), red_smem);")
+                    lines.append("    }")
+                    for n in (m, s):
+                        ctx.names[n.id] = self.var(n)
+                        done.add(n.id)
+                        pending.remove(n)
+                    progressed = True
+                    continue
                 lines.append(f"    // pass {pass_no}: {', '.join(n.attrs['kind'] for n in batch)} over the row")
                 consumers = []
                 for n in batch:
                     acc = self.var(n)
-                    init = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}[
-                        n.attrs["kind"]]
-                    lines.append(f"    acc_t {acc} = {init};")
+                    lines.append(f"    acc_t {acc} = {init[n.attrs['kind']]};")
                     consumers.append((n.attrs["kind"], n, acc))
                 lines += self.emit_pass(consumers, ctx, [], [])
                 for kind, n, acc in consumers:
-                    op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}[kind]
-                    lines.append(f"    {acc} = sg::group_reduce<TPR>({acc}, {op}, red_smem);")
+                    lines.append(f"    {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
                     ctx.names[n.id] = acc
                     done.add(n.id)
                     pending.remove(n)
@@ -553,6 +685,47 @@ class DirectionEmitter:
         return text
 
     # ------------------------------------------------------------ host side
+    def words_per_item_expr(self) -> str:
+        """C++: 32-bit registers one 16-byte chunk of the row costs a thread (raw loads, in
+        their storage types, plus fp32/fp64 column partials)."""
+        terms = [f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in self.elem_loads]
+        if self.colreduces:
+            terms.append(f"{len(self.colreduces)} * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4")
+        return " + ".join(terms) or "1"
+
+    def words_per_item(self, itemsize: int, vec: int) -> int:
+        """Python mirror of words_per_item_expr for a float working dtype of `itemsize` bytes."""
+        sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
+                 "int8": 1, "uint8": 1, "bool": 1}
+        words = 0
+        for key in self.elem_loads:
+            t = self.types[key[0]]
+            size = itemsize if t.dtype is None else sizes[t.dtype]
+            words += (vec * size + 3) // 4
+        acc = 8 if itemsize == 8 else 4
+        words += len(self.colreduces) * vec * acc // 4
+        return max(words, 1)
+
+    def schedule_chain(self, variant: Variant, action: str) -> list[str]:
+        """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule."""
+        lines = ["  if (vec_ok) {"]
+        first = True
+        for tpr, items in variant.schedules:
+            kw = "if" if first else "else if"
+            first = False
+            cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
+            arg = "ITEMS_MAX" if items is None else str(items)
+            if items is not None and items > 0:
+                # a narrow schedule beyond ITEMS_MAX is never picked: do not instantiate it
+                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {{ if constexpr ({items} <= ITEMS_MAX) "
+                             f"{action}(VEC, {tpr}, {arg}); }}")
+            else:
+                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {action}(VEC, {tpr}, {arg});")
+        lines.append("  } else {")
+        lines.append(f"    if (items == 1) {action}(1, 32, 1); else {action}(1, 256, 0);")
+        lines.append("  }")
+        return lines
+
     def emit_host(self, dtypes: list[str], variant: Variant = DEFAULT_VARIANT) -> str:
         p = self.p
         entry = abi.entry_point(self.spec, self.direction)
@@ -583,58 +756,57 @@ class DirectionEmitter:
                 if s.offset is not None:
                     conds.append(f"({self.expr(s.offset, Ctx())}) % VEC == 0")
         lines.append("  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+        lines.append("  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
+        lines.append("  // input" + (" and the fp32 column partials" if self.colreduces else "") +
+                     f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
+        lines.append(f"  constexpr int WORDS = {self.words_per_item_expr()};")
+        lines.append(f"  constexpr int ITEMS_MAX = sg::items_max({variant.data_regs}, WORDS, {variant.items_cap});")
         lines.append("  const bool vec_ok = " + "\n      && ".join(conds) + ";")
         lines.append("  const int64_t chunks = vec_ok ? W / VEC : W;")
-        nloads = max(1, len(self.elem_loads))
-        lines.append(f"  // Schedule: the smallest row group whose registers hold the row ({nloads} input row(s)"
-                     " kept per thread); rows too wide for registers take the looped pass.")
+        lines.append("  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held")
+        lines.append("  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
+        lines.append(f"  // wider than {1024} threads x ITEMS_MAX chunks are streamed by a looped pass.")
         lines.append("  int tpr = 0, items = 0;")
         lines.append("  if (vec_ok) {")
-        budget = max(1, 64 // nloads)  # floats per thread per input row kept in registers
-        lines.append(f"    const int max_items = {budget} / VEC < 1 ? 1 : ({budget} / VEC > {variant.items_cap} ? "
-                     f"{variant.items_cap} : {budget} / VEC);  // register budget")
-        cases = []
         for tpr, items in variant.schedules:
             if items == 0:
-                cases.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
+                lines.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
+            elif items is None:
+                lines.append(f"    if (tpr == 0 && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}")
             else:
-                cases.append(f"    if (tpr == 0 && {items} <= max_items && chunks <= (int64_t){tpr * items}) "
+                lines.append(f"    if (tpr == 0 && {items} <= ITEMS_MAX && chunks <= (int64_t){tpr * items}) "
                              f"{{ tpr = {tpr}; items = {items}; }}")
-        lines += cases
         lines.append("  } else {")
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
-        lines.append(f"  const int block = tpr > 32 ? tpr : {variant.row_block};  // TPR > 32: one row per block")
+        rb = variant.row_block
+        lines.append(f"  const int block = tpr > 32 ? tpr : {rb};  // TPR > 32: one row per block")
         lines.append("  const int rpb = block / tpr;")
+        lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
+        lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
+        lines.append("  int per_sm = 1;")
+        lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
+                     f"((P) > 32 ? (P) : {rb})>>(block)")
+        lines += self.schedule_chain(variant, "SG_OCC")
+        lines.append("#undef SG_OCC")
         lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
-        lines.append("  const int64_t cap = (int64_t)sg::sm_count() * (2048 / block);"
-                     "  // enough rows in flight to cover the SMs, grid-stride beyond")
+        lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
-        if self.colreduces:
-            lines.append("  // column partials: few slots per group keep the finalize cheap")
-            lines.append("  const int64_t want = (int64_t)sg::sm_count() * 2 / (groups > 0 ? groups : 1);")
-            lines.append("  if (gx > want) gx = want > 0 ? want : 1;")
         lines.append("  if (gx < 1) gx = 1;")
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
         lines.append("  const int64_t slots = gx * groups * rpb;")
         ncol, nglob = len(self.colreduces), len(self.globalreduces)
         lines.append("  float* partials = nullptr;")
         if ncol or nglob:
+            lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
             lines.append(f"  const size_t partial_bytes = sizeof(float) * (size_t)slots * ({ncol} * (size_t)W + {nglob});")
             lines.append("  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);")
             lines.append("  if (err != cudaSuccess) return err;")
         lines.append("  const " + self.args_t + " args = A;")
-        lines.append("#define SG_LAUNCH(V, P, I) " + self.kname + "_rows<T, V, P, I><<<grid, block, 0, stream>>>"
-                     "(args, partials, rows_per_group)")
-        lines.append("  if (vec_ok) {")
-        first = True
-        for tpr, items in VEC_SCHEDULES:
-            kw = "if" if first else "else if"
-            first = False
-            lines.append(f"    {kw} (tpr == {tpr} && items == {items}) SG_LAUNCH(VEC, {tpr}, {items});")
-        lines.append("  } else {")
-        lines.append("    if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);")
-        lines.append("  }")
+        lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
+                     "<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
+        lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
@@ -679,7 +851,7 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
     for direction, program in programs.items():
         em = DirectionEmitter(spec, program, direction)
         parts.append(f"// ======================= {direction} =======================")
-        parts.append(em.emit_row_kernel())
+        parts.append(em.emit_row_kernel(variant))
         parts.append(em.emit_finalize())
         parts.append(em.emit_host(list(spec.dtypes), variant))
     return "\n\n".join(p for p in parts if p) + "\n"

@@ -14,8 +14,9 @@ from pathlib import Path
 from ... import abi
 from ...errors import Rejected
 from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
-from .emit import DEFAULT_VARIANT, VARIANTS, Variant, emit_source
+from .emit import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, emit_source
 from .lower import lower
+from .optimize import cse, reuse_forward_outputs
 from .trace import trace
 
 _programs: dict[str, dict] = {}
@@ -26,8 +27,24 @@ def lower_spec(spec) -> dict:
     key = spec.hash()
     if key not in _programs:
         directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-        _programs[key] = {d: lower(trace(spec, d)) for d in directions}
+        programs = {d: cse(lower(trace(spec, d))) for d in directions}
+        if "backward" in programs:
+            programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
+        _programs[key] = programs
     return _programs[key]
+
+
+def _streamed_fields(program) -> set[str]:
+    """Tensors read as full rows (the bytes of a pass; [D] parameters stay in L2)."""
+    return {n.attrs["field"] for n in program.nodes() if n.op == "load" and n.attrs.get("kind") == "elem"}
+
+
+def _with_forward_outputs(spec, forward, backward):
+    """The backward reading forward outputs where that replaces recomputation, kept only when
+    it streams no more tensors than before (an output read on top of x would add bytes)."""
+    outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
+    reused = cse(reuse_forward_outputs(forward, backward, outputs))
+    return reused if len(_streamed_fields(reused)) <= len(_streamed_fields(backward)) else backward
 
 
 def build_source(spec, variant: Variant = DEFAULT_VARIANT) -> str:
@@ -80,13 +97,38 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("inf")
 
 
+def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
+    """narrow | medium | wide: the schedule class the default variant's host code picks for
+    one benchmark shape (a Python mirror of the generated dispatch)."""
+    from .emit import DirectionEmitter, items_max, plan, shape_class
+
+    program = lower_spec(spec).get(direction)
+    if program is None:
+        return "medium"
+    width = program.width.attrs["dim"].resolve(dims) if program.width.op == "dim" else program.width_example
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
+    vec = max(1, 16 // itemsize)
+    if width % vec:
+        return "wide" if width > 32 else "narrow"
+    emitter = DirectionEmitter(spec, program, direction)
+    imax = items_max(DEFAULT_VARIANT, emitter.words_per_item(itemsize, vec))
+    return shape_class(*plan(DEFAULT_VARIANT, width // vec, imax))
+
+
+def _directions(spec) -> tuple[str, ...]:
+    return ("forward", "backward") if spec.backward == "kernel" else ("forward",)
+
+
 def autotune(spec, variants: list[Variant], *, examples: int | None = None, result: GeneratedKernel):
-    """Verify each variant, time it at the spec's benchmark shapes, keep the fastest by
-    geometric mean (GPU only). Returns (variant, source, compiled, verdict)."""
+    """Verify each variant and time it at the spec's benchmark shapes (both directions); per
+    shape class (narrow / medium / wide rows) keep the variant with the best geometric mean,
+    and combine the winners into one kernel (each class's schedule fields from its winner),
+    verified again (GPU only). Returns (variant, source, compiled, verdict)."""
     from ...bench import bench_spec
     from ...verify import verify_kernel
 
-    best = None
+    passed = {}
+    per_class: dict[str, dict[str, list[float]]] = {}
     for variant in variants:
         source = build_source(spec, variant)
         compiled = compile_source(spec, source)
@@ -95,18 +137,38 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
         if not verdict.passed:
             result.notes.append(f"variant {variant.name} failed verification: {verdict.summary()}")
             continue
+        passed[variant.name] = (variant, source, compiled, verdict)
         if len(variants) == 1:
             return variant, source, compiled, verdict
-        timing = bench_spec(spec, compiled.library, eager=False, compiled=False, reps=20)
-        times = [row.kernel_us for row in timing.rows if row.kernel_us]
-        result.timings[variant.name] = times
-        score = _geomean(times)
-        if best is None or score < best[0]:
-            best = (score, variant, source, compiled, verdict)
-    if best is None:
+        timing = bench_spec(spec, compiled.library, eager=False, compiled=False, reps=20,
+                            directions=_directions(spec))
+        result.timings[variant.name] = [row.kernel_us for row in timing.rows if row.kernel_us]
+        for row in timing.rows:
+            if row.kernel_us:
+                cls = shape_class_of(spec, row.direction, row.dims, row.dtype)
+                per_class.setdefault(cls, {}).setdefault(variant.name, []).append(row.kernel_us)
+    if not passed:
         first = next(iter(result.verdicts.values()))
         raise Rejected(f"{spec.path}: no builtin kernel variant passed verification:\n{first.summary()}")
-    return best[1:]
+    overall = min(passed.values(), key=lambda c: _geomean(result.timings.get(c[0].name, [])))
+    winners = {}
+    for cls, by_variant in per_class.items():
+        best = min((name for name in by_variant if name in passed), key=lambda n: _geomean(by_variant[n]))
+        winners[cls] = passed[best][0]
+        result.notes.append(f"{cls} rows: variant {best} fastest "
+                            + ", ".join(f"{n} {_geomean(t):.1f} us" for n, t in sorted(by_variant.items())))
+    chosen = combine(winners)
+    if all(getattr(chosen, f) == getattr(overall[0], f) for fields in CLASS_FIELDS.values() for f in fields):
+        return overall
+    source = build_source(spec, chosen)
+    compiled = compile_source(spec, source)
+    verdict = verify_kernel(spec, source, **({"examples": examples} if examples else {}))
+    result.verdicts[chosen.name] = verdict
+    if not verdict.passed:
+        result.notes.append(f"combined variant {chosen.name} failed verification: {verdict.summary()}; "
+                            f"keeping {overall[0].name}")
+        return overall
+    return chosen, source, compiled, verdict
 
 
 def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,

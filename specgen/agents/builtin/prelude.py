@@ -56,6 +56,38 @@ __device__ __forceinline__ void store_vec(T* __restrict__ p, const A (&in)[VEC])
   }
 }
 
+// A 16-byte piece of a row kept in registers raw, in the storage dtype: 16-bit types take
+// half the registers of their fp32 values, so twice the row fits per thread.
+template <typename T, int VEC> struct alignas(VEC * sizeof(T) >= 16 ? 16 : alignof(T)) Raw { T v[VEC]; };
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_raw(const T* __restrict__ p, Raw<T, VEC>& out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) out.v[i] = p[i];
+  }
+}
+
+// ITEMS_MAX: the most 16-byte chunks per thread (a power of two) whose raw registers and
+// column partials fit `regs` 32-bit registers, at most `cap`.
+__host__ __device__ constexpr int items_max(int regs, int words_per_item, int cap) {
+  int fit = regs / (words_per_item > 0 ? words_per_item : 1);
+  fit = fit < 1 ? 1 : (fit > cap ? cap : fit);
+  int p = 1;
+  while (p * 2 <= fit) p *= 2;
+  return p;
+}
+
+// Blocks per SM that __launch_bounds__ asks for: `min_threads` resident threads (a cap of
+// 65536 / min_threads registers), halved for a program whose one chunk of row alone exceeds
+// the register budget (many inputs, column partials), which would otherwise spill.
+__host__ __device__ constexpr int min_blocks(int block, int min_threads, int words_per_item, int regs) {
+  const int want = words_per_item > regs ? min_threads / 2 : min_threads;
+  return want / block > 0 ? want / block : 1;
+}
+
 __device__ __forceinline__ float exp_(float x) { return expf(x); }
 __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
@@ -101,9 +133,47 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
+// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
+// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
+template <typename A>
+__device__ __forceinline__ void online_add(A& m, A& s, A a) {
+  if (a > m || a != a) {
+    s = s * exp_(m - a) + (A)1;
+    m = a;
+  } else if (m != (A)(-INFINITY)) {
+    s += exp_(a - m);
+  }
+}
+
 struct Sum { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct Max { template <typename A> __device__ A operator()(A a, A b) const { return max_(a, b); } };
 struct Min { template <typename A> __device__ A operator()(A a, A b) const { return min_(a, b); } };
+
+// Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
+// and summed in the fixed order of group_reduce (deterministic). A thread without elements
+// (max -inf, sum 0) adds 0.
+template <int TPR, typename A>
+__device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
+  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
+  s = group_reduce<TPR>(mine, Sum(), smem);
+  m = mg;
+}
+
+// Resident blocks per SM of one kernel instantiation at its block size (its registers and
+// shared memory decide), asked once per instantiation: the grid is one full wave of
+// persistent blocks, so no partial last wave leaves SMs idle.
+template <auto Kernel>
+inline int blocks_per_sm(int block) {
+  static int cached = 0;
+  if (cached == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
+    cached = n;
+  }
+  return cached;
+}
 
 inline int sm_count() {
   static int count = 0;

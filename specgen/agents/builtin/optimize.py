@@ -1,0 +1,142 @@
+"""Rewrites of row programs that save work or bytes, applied before emitting.
+
+- `cse`: one node per structurally equal expression (the traced graphs repeat work: the
+  LayerNorm backward sums x twice, every use of an input is its own load node), so a
+  reduction runs once and a pass shares its arithmetic.
+- `reuse_forward_outputs`: the backward receives the forward outputs (ABI), so an elem
+  expression of the backward that is structurally the forward's stored output is read
+  from that output instead of recomputed. Softmax backward then needs no max/sum passes
+  and no exp (out * (g - sum(g * out))); the residual add of add_rmsnorm reads one tensor
+  instead of two. The stored output is rounded to the working dtype, exactly what PyTorch's
+  own backward of these ops reads.
+"""
+from __future__ import annotations
+
+from .ir import Node, Program, Store
+
+
+class _Canon:
+    """Structural keys: leaves by what they read, inner nodes by op, attrs and child keys."""
+
+    def __init__(self):
+        self.keys: dict[int, tuple] = {}
+
+    def key(self, node: Node) -> tuple:
+        got = self.keys.get(node.id)
+        if got is not None:
+            return got
+        stack = [node]
+        while stack:  # iterative post-order: programs can be deep chains
+            n = stack[-1]
+            pending = [a for a in self._children(n) if a.id not in self.keys]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if n.id not in self.keys:
+                self.keys[n.id] = self._make(n)
+        return self.keys[node.id]
+
+    @staticmethod
+    def _children(n: Node) -> list[Node]:
+        extra = [n.attrs["offset"]] if isinstance(n.attrs.get("offset"), Node) else []
+        return list(n.args) + extra
+
+    def _make(self, n: Node) -> tuple:
+        attrs = []
+        for k in sorted(n.attrs):
+            v = n.attrs[k]
+            if isinstance(v, Node):
+                v = self.keys[v.id]
+            elif isinstance(v, list):
+                v = tuple(str(d) for d in v)
+            elif k == "dim":
+                v = str(v)
+            elif k == "value":
+                v = (type(v).__name__, v)
+            attrs.append((k, v))
+        return (n.op, n.level, n.dtype, tuple(attrs), tuple(self.keys[a.id] for a in n.args))
+
+
+def _rebuild(program: Program, replace) -> Program:
+    """A copy of `program` where `replace(node, new_args) -> Node` builds each node bottom-up."""
+    memo: dict[int, Node] = {}
+
+    def visit(node: Node) -> Node:
+        for n in _topo(node):
+            if n.id in memo:
+                continue
+            args = tuple(memo[a.id] for a in n.args)
+            attrs = dict(n.attrs)
+            if isinstance(attrs.get("offset"), Node):
+                attrs["offset"] = memo[attrs["offset"].id]
+            memo[n.id] = replace(n, args, attrs)
+        return memo[node.id]
+
+    stores = [Store(s.field, visit(s.value), s.kind, visit(s.offset) if s.offset is not None else None)
+              for s in program.stores]
+    return Program(program.op, program.direction, program.row_dims, visit(program.width), program.width_example,
+                   stores, program.group_div, program.dims_example)
+
+
+def _topo(root: Node) -> list[Node]:
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        stack.append((n, True))
+        for a in reversed(_Canon._children(n)):
+            if a.id not in seen:
+                stack.append((a, False))
+    return order
+
+
+def _same(n: Node, args: tuple, attrs: dict) -> Node:
+    if args == n.args and attrs == n.attrs:
+        return n
+    return Node(n.op, args, n.level, n.dtype, attrs, n.name)
+
+
+def cse(program: Program) -> Program:
+    """Merge structurally equal nodes (keeping the first one's name)."""
+    canon = _Canon()
+    first: dict[tuple, Node] = {}
+
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        return first.setdefault(canon.key(built), built)
+
+    return _rebuild(program, replace)
+
+
+def reuse_forward_outputs(forward: Program, backward: Program, output_fields: set[str]) -> Program:
+    """Replace backward expressions equal to a stored forward output with loads of it."""
+    canon = _Canon()
+    stored: dict[tuple, str] = {}
+    for s in forward.stores:
+        if s.kind == "elem" and s.offset is None and s.field in output_fields and s.value.level == "elem" \
+                and s.value.op != "load" and s.value.dtype == "float":
+            stored.setdefault(canon.key(s.value), s.field)
+    if not stored:
+        return backward
+    loads: dict[str, Node] = {}
+
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        field = stored.get(canon.key(built)) if built.level == "elem" else None
+        if field is None:
+            return built
+        if field not in loads:
+            loads[field] = Node("load", level="elem", dtype="float",
+                                attrs={"field": field, "kind": "elem", "row_div": [], "offset": None}, name=field)
+        return loads[field]
+
+    return _rebuild(backward, replace)
+
+
+__all__ = ["cse", "reuse_forward_outputs"]

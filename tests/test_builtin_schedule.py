@@ -1,0 +1,85 @@
+"""The builtin generator's schedules: which class a shape falls in, the per-class combination
+of autotuned variants, and what the generated source does for each class (no GPU needed)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.emit import DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
+from specgen.agents.builtin.generator import shape_class_of
+from specgen.spec import load_spec
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+@pytest.mark.parametrize("op, direction, dims, dtype, expected", [
+    ("softmax", "forward", {"N": 16384, "D": 8192}, "bfloat16", "medium"),
+    ("softmax", "forward", {"N": 16384, "D": 8192}, "float32", "medium"),
+    ("softmax", "forward", {"N": 1024, "D": 131072}, "bfloat16", "wide"),
+    ("softmax", "forward", {"N": 64, "D": 256}, "float32", "narrow"),
+    ("cross_entropy", "forward", {"N": 8192, "C": 32768}, "float32", "medium"),  # 128 KB rows in registers
+    ("layernorm_gelu", "backward", {"N": 16384, "D": 4096}, "bfloat16", "medium"),
+])
+def test_benchmark_shapes_fall_in_the_expected_class(op, direction, dims, dtype, expected):
+    assert shape_class_of(load_spec(SPECS / f"{op}.yaml"), direction, dims, dtype) == expected
+
+
+def test_a_row_is_held_by_the_fewest_threads_with_several_16_byte_loads_each():
+    # one input of bf16 (4 registers per 16-byte chunk): 8 chunks per thread
+    imax = items_max(DEFAULT_VARIANT, 4)
+    assert imax == 8
+    assert plan(DEFAULT_VARIANT, 8192 // 8, imax) == (128, 8)  # D = 8192 bf16: 128 threads per row
+    assert plan(DEFAULT_VARIANT, 1024 // 8, imax) == (32, 4)  # D = 1024: one warp per row, 4 rows per block
+    assert plan(DEFAULT_VARIANT, 131072 // 8, imax) == (512, 0)  # too wide: streamed
+    assert items_max(DEFAULT_VARIANT, 40) == 1  # many inputs: one chunk, the launch bounds relax
+
+
+def test_combine_takes_each_class_from_its_winner():
+    by_name = {v.name: v for v in VARIANTS}
+    chosen = combine({"narrow": by_name["rows256"], "medium": by_name["regs16"], "wide": by_name["loop1024"]})
+    assert (chosen.row_block, chosen.data_regs, chosen.items_cap, chosen.loop_tpr) == (256, 16, 4, 1024)
+    assert combine({}) == Variant(DEFAULT_VARIANT.name)
+    for v in VARIANTS[1:]:  # each variant changes exactly one class
+        changed = {cls for cls, fields in
+                   {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads"),
+                    "wide": ("loop_tpr", "loop_unroll")}.items()
+                   if any(getattr(v, f) != getattr(DEFAULT_VARIANT, f) for f in fields)}
+        assert len(changed) == 1, v.name
+
+
+def test_wide_softmax_takes_one_online_pass_for_max_and_sum():
+    source = build_source(load_spec(SPECS / "softmax.yaml"))
+    forward = source.split("// ======================= backward")[0]
+    assert "sg::online_add(" in forward and "sg::group_online<TPR>(" in forward
+    assert forward.count("if constexpr (ITEMS == 0) {  // streamed row: one online pass") == 1
+
+
+def test_row_stays_raw_in_registers_and_grid_is_one_wave():
+    source = build_source(load_spec(SPECS / "rmsnorm.yaml"))
+    assert "sg::Raw<T, VEC> r_p_x_" in source and "sg::load_raw<VEC>(" in source
+    assert "sg::blocks_per_sm<" in source and "__launch_bounds__(BLOCK, sg::min_blocks(" in source
+    assert not re.search(r"\) / \(acc_t\)\(rsqrt", source)  # per-row denominators are reciprocals
+
+
+def test_softmax_backward_reads_the_forward_output():
+    source = build_source(load_spec(SPECS / "softmax.yaml"))
+    backward = source.split("// ======================= backward")[1]
+    assert "A.out.data" in backward and "A.x.data" not in backward
+    assert "exp_" not in backward.split("extern \"C\"")[0].split("_rows(")[1]
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_row_in_register_schedules_do_not_spill_for_softmax():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(SPECS / "softmax.yaml")
+    compiled = compile_source(spec, build_source(spec), arch="sm_90")
+    rows = {k: r for k, r in compiled.resources.items() if "_rows<" in k}
+    assert rows
+    for name, r in rows.items():
+        assert r["registers"] <= 64, name  # >= 1024 threads resident per SM
+        assert r["spill_store_bytes"] == 0, name
