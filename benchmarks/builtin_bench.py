@@ -48,9 +48,22 @@ def direction_rows(spec, library, shapes, dtypes, direction) -> list[dict]:
         return [{"op": spec.name, "direction": direction, "dims": dict(shapes[0]), "dtype": ",".join(dtypes),
                  "error": f"{type(error).__name__}: {str(error)[:300]}"}]
     keys = ("dims", "dtype", "bytes", "roofline_us", "kernel_us", "eager_us", "compile_us", "compile_seconds",
-            "compile_fallback", "notes")
+            "compile_fallback", "notes", "speedup_vs_eager", "speedup_vs_compile", "kernel_roofline_fraction")
     return [{"op": spec.name, "direction": row.direction, **{k: row.as_dict()[k] for k in keys}}
             for row in result.rows]
+
+
+def lock_benchmark(spec, record, op_rows: list[dict], copy_gbs: float) -> None:
+    """Store this run's rows with the kernel's verification record in specs/specgen.lock, so
+    the package README and `specgen build`'s summary show them."""
+    from dataclasses import replace
+
+    from specgen import lock
+
+    timed = [r for r in op_rows if "error" not in r]
+    benchmark = {"op": spec.name, "device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs,
+                 "rows": [{**r, "speedup_vs_compile": None} if r.get("compile_fallback") else r for r in timed]}
+    lock.add_record(spec, replace(record, benchmark=benchmark, created=""))
 
 
 def table(rows, copy_gbs) -> str:
@@ -114,8 +127,12 @@ def main() -> int:
             shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])
             shapes = [dict(t) for t in dict.fromkeys(tuple(d.items()) for d in shapes)]  # each shape once
             use = [d for d in dtypes if d in spec.dtypes]
+            op_rows = []
             for direction in ("forward", "backward") if spec.backward == "kernel" else ("forward",):
-                rows += direction_rows(spec, gen.library, shapes, use, direction)
+                op_rows += direction_rows(spec, gen.library, shapes, use, direction)
+            rows += op_rows
+            if args.write_lock and gen.record is not None:
+                lock_benchmark(spec, gen.record, op_rows, copy_gbs)
         except Exception as error:
             entry["error"] = f"{type(error).__name__}: {error}"
             entry["traceback"] = traceback.format_exc()[-3000:]

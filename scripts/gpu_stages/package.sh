@@ -6,7 +6,7 @@
 #   4. scripts/model_check.py: a transformer block through torch.ops.specgen_kernels.*, eager
 #      and under torch.compile, against the specs' references;
 #   5. the wheel, the new specs/kernels + specgen.lock (to commit) and every log into $STAGE_OUT.
-# Knobs: PACKAGE_BUILD_ARGS (extra `specgen build` flags, default "--attempts 2"),
+# Knobs: PACKAGE_FROM_LOCK=1 (step 1 builds specs/ as committed, with --locked), PACKAGE_BUILD_ARGS (extra `specgen build` flags, default "--attempts 2"),
 #   PACKAGE_WHEEL=path.whl (skip steps 1: test a wheel built earlier), SPECGEN_TEST_EXAMPLES
 #   (Hypothesis cases per op in the generated tests, default here 10), PACKAGE_BUILD_TIMEOUT (s).
 set -uo pipefail
@@ -42,6 +42,13 @@ step() {  # step NAME TIMEOUT COMMAND...: run, log to $OUT_DIR/NAME.log, remembe
 if [ -n "${PACKAGE_WHEEL:-}" ]; then
   mkdir -p "$WORK/dist" && cp "$PACKAGE_WHEEL" "$WORK/dist/"
   RESULT[build]="skipped (PACKAGE_WHEEL)"; SECONDS_OF[build]=0
+elif [ "${PACKAGE_FROM_LOCK:-0}" = "1" ]; then
+  # the committed kernels and lock as they are: `--locked` builds, never generates
+  cp -r specs "$WORK/specs"
+  # shellcheck disable=SC2086
+  step build "${PACKAGE_BUILD_TIMEOUT:-330}" python3 -m specgen.cli build "$WORK/specs" -o "$WORK/dist" --name "$PKG" \
+    --locked --keep-tree "$WORK/tree" --hub-layout "$WORK/hub" ${PACKAGE_BUILD_ARGS:-}
+  cp "$WORK"/dist/*.build.log "$OUT_DIR/" 2>/dev/null
 else
   mkdir -p "$WORK/specs" && cp specs/*.yaml "$WORK/specs/"
   # shellcheck disable=SC2086
