@@ -256,7 +256,7 @@ class Lock:
             entry = self.entries.get(spec.name)
             if entry is None:
                 raise LockError(f"{self.path}: no entry for {spec.name!r}; write its kernel first")
-            self._checked(record, entry.kernel_hash)
+            record = self._checked(record, entry.kernel_hash)
             entry.records = _merge(entry.records, [record])
             self._write_lock()
 
