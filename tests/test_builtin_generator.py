@@ -62,3 +62,14 @@ def test_generate_without_gpu_compiles_and_locks_without_records(tmp_path):
     entry = lock.Lock.load(tmp_path).entry("gelu_tanh")
     assert entry.agent == "builtin" and entry.records == []
     assert lock.status(spec).state == lock.FRESH
+
+
+def test_generated_source_is_the_same_in_any_process_state():
+    """Kernels are committed: generating another op first must not change a kernel's text."""
+    from specgen.agents.builtin.generator import build_source
+    from specgen.spec import load_spec
+
+    rmsnorm = load_spec(SPECS / "rmsnorm.yaml")
+    first = build_source(rmsnorm)
+    build_source(load_spec(SPECS / "softmax.yaml"))  # advances any process-wide counters
+    assert build_source(rmsnorm) == first

@@ -223,8 +223,8 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_7 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_9 = (acc_t)A.eps;
+  const acc_t sym_float_6 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_8 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -250,7 +250,7 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
       }
     }
     // pass 1: sum over the row
-    acc_t sum_1_6 = (acc_t)0;
+    acc_t sum_1_4 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -259,9 +259,9 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_4 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
-          const acc_t mul_5 = (add_4 * add_4);
-          sum_1_6 += mul_5;
+          const acc_t add_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
+          const acc_t mul_3 = (add_2 * add_2);
+          sum_1_4 += mul_3;
         }
         }
       }
@@ -284,18 +284,18 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_4 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
-          const acc_t mul_5 = (add_4 * add_4);
-          sum_1_6 += mul_5;
+          const acc_t add_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
+          const acc_t mul_3 = (add_2 * add_2);
+          sum_1_4 += mul_3;
         }
         }
       }
       }
       }
-    sum_1_6 = sg::group_reduce<TPR>(sum_1_6, sg::Sum(), red_smem);
-    const acc_t div_8 = ((acc_t)(sum_1_6) / (acc_t)(sym_float_7));
-    const acc_t add_1_10 = (div_8 + eps_9);
-    const acc_t rsqrt_11 = sg::rsqrt_((acc_t)(add_1_10));
+    sum_1_4 = sg::group_reduce<TPR>(sum_1_4, sg::Sum(), red_smem);
+    const acc_t div_7 = ((acc_t)(sum_1_4) / (acc_t)(sym_float_6));
+    const acc_t add_1_9 = (div_7 + eps_8);
+    const acc_t rsqrt_10 = sg::rsqrt_((acc_t)(add_1_9));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -307,11 +307,11 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_4 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
-          const acc_t mul_1_12 = (add_4 * rsqrt_11);
-          const acc_t mul_2_14 = (mul_1_12 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          st_0[v] = (acc_t)(mul_2_14);
-          st_1[v] = (acc_t)(add_4);
+          const acc_t add_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_residual_1[k].v[v]));
+          const acc_t mul_1_11 = (add_2 * rsqrt_10);
+          const acc_t mul_2_13 = (mul_1_11 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          st_0[v] = (acc_t)(mul_2_13);
+          st_1[v] = (acc_t)(add_2);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -340,11 +340,11 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_4 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
-          const acc_t mul_1_12 = (add_4 * rsqrt_11);
-          const acc_t mul_2_14 = (mul_1_12 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          st_0[v] = (acc_t)(mul_2_14);
-          st_1[v] = (acc_t)(add_4);
+          const acc_t add_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_residual_1[u].v[v]));
+          const acc_t mul_1_11 = (add_2 * rsqrt_10);
+          const acc_t mul_2_13 = (mul_1_11 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          st_0[v] = (acc_t)(mul_2_13);
+          st_1[v] = (acc_t)(add_2);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -486,9 +486,9 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_23 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_25 = (acc_t)A.eps;
-  // column partials of sum_2_82: this thread's columns, summed over its rows
+  const acc_t sym_float_8 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_10 = (acc_t)A.eps;
+  // column partials of sum_2_29: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
@@ -521,8 +521,8 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
       }
     }
     // pass 1: sum, sum over the row
-    acc_t sum_1_65 = (acc_t)0;
-    acc_t sum_3_72 = (acc_t)0;
+    acc_t sum_1_6 = (acc_t)0;
+    acc_t sum_3_16 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -531,11 +531,11 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_37 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_64 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
-          const acc_t mul_5_71 = (mul_4_37 * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
-          sum_1_65 += mul_64;
-          sum_3_72 += mul_5_71;
+          const acc_t mul_4_3 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_5 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
+          const acc_t mul_5_15 = (mul_4_3 * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
+          sum_1_6 += mul_5;
+          sum_3_16 += mul_5_15;
         }
         }
       }
@@ -560,25 +560,25 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_37 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_64 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
-          const acc_t mul_5_71 = (mul_4_37 * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
-          sum_1_65 += mul_64;
-          sum_3_72 += mul_5_71;
+          const acc_t mul_4_3 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_5 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
+          const acc_t mul_5_15 = (mul_4_3 * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
+          sum_1_6 += mul_5;
+          sum_3_16 += mul_5_15;
         }
         }
       }
       }
       }
-    sum_1_65 = sg::group_reduce<TPR>(sum_1_65, sg::Sum(), red_smem);
-    sum_3_72 = sg::group_reduce<TPR>(sum_3_72, sg::Sum(), red_smem);
-    const acc_t div_66 = ((acc_t)(sum_1_65) / (acc_t)(sym_float_23));
-    const acc_t add_1_67 = (div_66 + eps_25);
-    const acc_t rsqrt_68 = sg::rsqrt_((acc_t)(add_1_67));
-    const acc_t mul_7_73 = (sum_3_72 * (acc_t)-0.5);
-    const acc_t pow_1_74 = (rsqrt_68 * rsqrt_68 * rsqrt_68);
-    const acc_t mul_8_75 = (mul_7_73 * pow_1_74);
-    const acc_t div_1_76 = ((acc_t)(mul_8_75) / (acc_t)(sym_float_23));
+    sum_1_6 = sg::group_reduce<TPR>(sum_1_6, sg::Sum(), red_smem);
+    sum_3_16 = sg::group_reduce<TPR>(sum_3_16, sg::Sum(), red_smem);
+    const acc_t div_9 = ((acc_t)(sum_1_6) / (acc_t)(sym_float_8));
+    const acc_t add_1_11 = (div_9 + eps_10);
+    const acc_t rsqrt_12 = sg::rsqrt_((acc_t)(add_1_11));
+    const acc_t mul_7_18 = (sum_3_16 * (acc_t)-0.5);
+    const acc_t pow_1_20 = (rsqrt_12 * rsqrt_12 * rsqrt_12);
+    const acc_t mul_8_21 = (mul_7_18 * pow_1_20);
+    const acc_t div_1_22 = ((acc_t)(mul_8_21) / (acc_t)(sym_float_8));
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -590,17 +590,17 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_37 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_6_69 = (mul_4_37 * rsqrt_68);
-          const acc_t add_2_70 = ((acc_t)sg::to_acc(r_p_grad_residual_out_0[k].v[v]) + mul_6_69);
-          const acc_t mul_9_77 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_78 = (div_1_76 * mul_9_77);
-          const acc_t add_3_79 = (add_2_70 + mul_10_78);
-          const acc_t mul_1_80 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * rsqrt_68);
-          const acc_t mul_3_81 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * mul_1_80);
-          st_0[v] = (acc_t)(add_3_79);
-          st_1[v] = (acc_t)(add_3_79);
-          cacc_0[k][v] += mul_3_81;
+          const acc_t mul_4_3 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_6_13 = (mul_4_3 * rsqrt_12);
+          const acc_t add_2_14 = ((acc_t)sg::to_acc(r_p_grad_residual_out_0[k].v[v]) + mul_6_13);
+          const acc_t mul_9_24 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_25 = (div_1_22 * mul_9_24);
+          const acc_t add_3_26 = (add_2_14 + mul_10_25);
+          const acc_t mul_1_27 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * rsqrt_12);
+          const acc_t mul_3_28 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * mul_1_27);
+          st_0[v] = (acc_t)(add_3_26);
+          st_1[v] = (acc_t)(add_3_26);
+          cacc_0[k][v] += mul_3_28;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -631,17 +631,17 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_37 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_6_69 = (mul_4_37 * rsqrt_68);
-          const acc_t add_2_70 = ((acc_t)sg::to_acc(l_p_grad_residual_out_0[u].v[v]) + mul_6_69);
-          const acc_t mul_9_77 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_78 = (div_1_76 * mul_9_77);
-          const acc_t add_3_79 = (add_2_70 + mul_10_78);
-          const acc_t mul_1_80 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * rsqrt_68);
-          const acc_t mul_3_81 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * mul_1_80);
-          st_0[v] = (acc_t)(add_3_79);
-          st_1[v] = (acc_t)(add_3_79);
-          cpart_0[c * VEC + v] += mul_3_81;
+          const acc_t mul_4_3 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_6_13 = (mul_4_3 * rsqrt_12);
+          const acc_t add_2_14 = ((acc_t)sg::to_acc(l_p_grad_residual_out_0[u].v[v]) + mul_6_13);
+          const acc_t mul_9_24 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_25 = (div_1_22 * mul_9_24);
+          const acc_t add_3_26 = (add_2_14 + mul_10_25);
+          const acc_t mul_1_27 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * rsqrt_12);
+          const acc_t mul_3_28 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * mul_1_27);
+          st_0[v] = (acc_t)(add_3_26);
+          st_1[v] = (acc_t)(add_3_26);
+          cpart_0[c * VEC + v] += mul_3_28;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -667,9 +667,10 @@ __global__ void add_rmsnorm_bwd_finalize_cols(const add_rmsnorm_bwd_args A, cons
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_2_82 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_82 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_82));
+    double sum_2_29_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_29_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    const acc_t sum_2_29 = (acc_t)sum_2_29_f64;
+    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_29));
   }
 }
 

@@ -253,17 +253,17 @@ bias_gelu_fwd_rows(const bias_gelu_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_87 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_bias_1[k].v[v]));
-          const acc_t mul_4_96 = (add_87 * (acc_t)0.5);
-          const acc_t mul_88 = (add_87 * add_87);
-          const acc_t mul_1_89 = (mul_88 * add_87);
-          const acc_t mul_2_91 = (mul_1_89 * (acc_t)0.044715);
-          const acc_t add_1_92 = (add_87 + mul_2_91);
-          const acc_t mul_3_94 = (add_1_92 * (acc_t)0.7978845608028654);
-          const acc_t tanh_97 = sg::tanh_((acc_t)(mul_3_94));
-          const acc_t add_2_99 = (tanh_97 + (acc_t)1.0);
-          const acc_t mul_5_100 = (mul_4_96 * add_2_99);
-          st_0[v] = (acc_t)(mul_5_100);
+          const acc_t add_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + (acc_t)sg::to_acc(r_p_bias_1[k].v[v]));
+          const acc_t mul_4_4 = (add_2 * (acc_t)0.5);
+          const acc_t mul_5 = (add_2 * add_2);
+          const acc_t mul_1_6 = (mul_5 * add_2);
+          const acc_t mul_2_8 = (mul_1_6 * (acc_t)0.044715);
+          const acc_t add_1_9 = (add_2 + mul_2_8);
+          const acc_t mul_3_11 = (add_1_9 * (acc_t)0.7978845608028654);
+          const acc_t tanh_12 = sg::tanh_((acc_t)(mul_3_11));
+          const acc_t add_2_14 = (tanh_12 + (acc_t)1.0);
+          const acc_t mul_5_15 = (mul_4_4 * add_2_14);
+          st_0[v] = (acc_t)(mul_5_15);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -288,17 +288,17 @@ bias_gelu_fwd_rows(const bias_gelu_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_87 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_bias_1[u].v[v]));
-          const acc_t mul_4_96 = (add_87 * (acc_t)0.5);
-          const acc_t mul_88 = (add_87 * add_87);
-          const acc_t mul_1_89 = (mul_88 * add_87);
-          const acc_t mul_2_91 = (mul_1_89 * (acc_t)0.044715);
-          const acc_t add_1_92 = (add_87 + mul_2_91);
-          const acc_t mul_3_94 = (add_1_92 * (acc_t)0.7978845608028654);
-          const acc_t tanh_97 = sg::tanh_((acc_t)(mul_3_94));
-          const acc_t add_2_99 = (tanh_97 + (acc_t)1.0);
-          const acc_t mul_5_100 = (mul_4_96 * add_2_99);
-          st_0[v] = (acc_t)(mul_5_100);
+          const acc_t add_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + (acc_t)sg::to_acc(l_p_bias_1[u].v[v]));
+          const acc_t mul_4_4 = (add_2 * (acc_t)0.5);
+          const acc_t mul_5 = (add_2 * add_2);
+          const acc_t mul_1_6 = (mul_5 * add_2);
+          const acc_t mul_2_8 = (mul_1_6 * (acc_t)0.044715);
+          const acc_t add_1_9 = (add_2 + mul_2_8);
+          const acc_t mul_3_11 = (add_1_9 * (acc_t)0.7978845608028654);
+          const acc_t tanh_12 = sg::tanh_((acc_t)(mul_3_11));
+          const acc_t add_2_14 = (tanh_12 + (acc_t)1.0);
+          const acc_t mul_5_15 = (mul_4_4 * add_2_14);
+          st_0[v] = (acc_t)(mul_5_15);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -434,7 +434,7 @@ bias_gelu_bwd_rows(const bias_gelu_bwd_args A, float* __restrict__ partials, int
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  // column partials of sum_1_161: this thread's columns, summed over its rows
+  // column partials of sum_1_27: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
@@ -472,27 +472,27 @@ bias_gelu_bwd_rows(const bias_gelu_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_106 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + (acc_t)sg::to_acc(r_p_bias_2[k].v[v]));
-          const acc_t mul_6_121 = (add_106 * add_106);
-          const acc_t mul_7_122 = (mul_6_121 * add_106);
-          const acc_t mul_8_124 = (mul_7_122 * (acc_t)0.044715);
-          const acc_t add_3_125 = (add_106 + mul_8_124);
-          const acc_t mul_9_127 = (add_3_125 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_128 = sg::tanh_((acc_t)(mul_9_127));
-          const acc_t add_4_132 = (tanh_1_128 + (acc_t)1.0);
-          const acc_t mul_11_134 = (add_4_132 * (acc_t)0.5);
-          const acc_t mul_10_153 = (add_106 * (acc_t)0.5);
-          const acc_t mul_12_135 = (tanh_1_128 * tanh_1_128);
-          const acc_t sub_154 = ((acc_t)1.0 - mul_12_135);
-          const acc_t mul_15_155 = (mul_10_153 * sub_154);
-          const acc_t mul_13_139 = (mul_6_121 * (acc_t)0.134145);
-          const acc_t add_5_156 = (mul_13_139 + (acc_t)1.0);
-          const acc_t mul_14_157 = (add_5_156 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_158 = (mul_15_155 * mul_14_157);
-          const acc_t add_6_159 = (mul_11_134 + mul_16_158);
-          const acc_t mul_17_160 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_6_159);
-          st_0[v] = (acc_t)(mul_17_160);
-          cacc_0[k][v] += mul_17_160;
+          const acc_t add_3 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + (acc_t)sg::to_acc(r_p_bias_2[k].v[v]));
+          const acc_t mul_6_4 = (add_3 * add_3);
+          const acc_t mul_7_5 = (mul_6_4 * add_3);
+          const acc_t mul_8_7 = (mul_7_5 * (acc_t)0.044715);
+          const acc_t add_3_8 = (add_3 + mul_8_7);
+          const acc_t mul_9_10 = (add_3_8 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_11 = sg::tanh_((acc_t)(mul_9_10));
+          const acc_t add_4_13 = (tanh_1_11 + (acc_t)1.0);
+          const acc_t mul_11_15 = (add_4_13 * (acc_t)0.5);
+          const acc_t mul_10_16 = (add_3 * (acc_t)0.5);
+          const acc_t mul_12_17 = (tanh_1_11 * tanh_1_11);
+          const acc_t sub_18 = ((acc_t)1.0 - mul_12_17);
+          const acc_t mul_15_19 = (mul_10_16 * sub_18);
+          const acc_t mul_13_21 = (mul_6_4 * (acc_t)0.134145);
+          const acc_t add_5_22 = (mul_13_21 + (acc_t)1.0);
+          const acc_t mul_14_23 = (add_5_22 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_24 = (mul_15_19 * mul_14_23);
+          const acc_t add_6_25 = (mul_11_15 + mul_16_24);
+          const acc_t mul_17_26 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_6_25);
+          st_0[v] = (acc_t)(mul_17_26);
+          cacc_0[k][v] += mul_17_26;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -519,27 +519,27 @@ bias_gelu_bwd_rows(const bias_gelu_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t add_106 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + (acc_t)sg::to_acc(l_p_bias_2[u].v[v]));
-          const acc_t mul_6_121 = (add_106 * add_106);
-          const acc_t mul_7_122 = (mul_6_121 * add_106);
-          const acc_t mul_8_124 = (mul_7_122 * (acc_t)0.044715);
-          const acc_t add_3_125 = (add_106 + mul_8_124);
-          const acc_t mul_9_127 = (add_3_125 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_128 = sg::tanh_((acc_t)(mul_9_127));
-          const acc_t add_4_132 = (tanh_1_128 + (acc_t)1.0);
-          const acc_t mul_11_134 = (add_4_132 * (acc_t)0.5);
-          const acc_t mul_10_153 = (add_106 * (acc_t)0.5);
-          const acc_t mul_12_135 = (tanh_1_128 * tanh_1_128);
-          const acc_t sub_154 = ((acc_t)1.0 - mul_12_135);
-          const acc_t mul_15_155 = (mul_10_153 * sub_154);
-          const acc_t mul_13_139 = (mul_6_121 * (acc_t)0.134145);
-          const acc_t add_5_156 = (mul_13_139 + (acc_t)1.0);
-          const acc_t mul_14_157 = (add_5_156 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_158 = (mul_15_155 * mul_14_157);
-          const acc_t add_6_159 = (mul_11_134 + mul_16_158);
-          const acc_t mul_17_160 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_6_159);
-          st_0[v] = (acc_t)(mul_17_160);
-          cpart_0[c * VEC + v] += mul_17_160;
+          const acc_t add_3 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + (acc_t)sg::to_acc(l_p_bias_2[u].v[v]));
+          const acc_t mul_6_4 = (add_3 * add_3);
+          const acc_t mul_7_5 = (mul_6_4 * add_3);
+          const acc_t mul_8_7 = (mul_7_5 * (acc_t)0.044715);
+          const acc_t add_3_8 = (add_3 + mul_8_7);
+          const acc_t mul_9_10 = (add_3_8 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_11 = sg::tanh_((acc_t)(mul_9_10));
+          const acc_t add_4_13 = (tanh_1_11 + (acc_t)1.0);
+          const acc_t mul_11_15 = (add_4_13 * (acc_t)0.5);
+          const acc_t mul_10_16 = (add_3 * (acc_t)0.5);
+          const acc_t mul_12_17 = (tanh_1_11 * tanh_1_11);
+          const acc_t sub_18 = ((acc_t)1.0 - mul_12_17);
+          const acc_t mul_15_19 = (mul_10_16 * sub_18);
+          const acc_t mul_13_21 = (mul_6_4 * (acc_t)0.134145);
+          const acc_t add_5_22 = (mul_13_21 + (acc_t)1.0);
+          const acc_t mul_14_23 = (add_5_22 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_24 = (mul_15_19 * mul_14_23);
+          const acc_t add_6_25 = (mul_11_15 + mul_16_24);
+          const acc_t mul_17_26 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_6_25);
+          st_0[v] = (acc_t)(mul_17_26);
+          cpart_0[c * VEC + v] += mul_17_26;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -564,9 +564,10 @@ __global__ void bias_gelu_bwd_finalize_cols(const bias_gelu_bwd_args A, const fl
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_1_161 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_1_161 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_1_161));
+    double sum_1_27_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_1_27_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    const acc_t sum_1_27 = (acc_t)sum_1_27_f64;
+    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_1_27));
   }
 }
 

@@ -223,9 +223,9 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t sum_2_205 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_206 = ((int64_t)1 * sum_2_205);
-  const acc_t convert_element_type_1_207 = (acc_t)(sum_2_206);
+  const int64_t sum_2_773 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_774 = ((int64_t)1 * sum_2_773);
+  const acc_t convert_element_type_1_775 = (acc_t)(sum_2_774);
   acc_t gacc_0 = 0;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
@@ -243,10 +243,10 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         }
       }
     }
-    const int64_t target_176 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    const int64_t target_744 = (int64_t)(((const int64_t*)A.target.data)[row]);
     // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_196 = (acc_t)(-INFINITY);
-    acc_t sum_1_199 = (acc_t)0;
+    acc_t amax_764 = (acc_t)(-INFINITY);
+    acc_t sum_1_767 = (acc_t)0;
     if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_logits_0[UNROLL];
@@ -264,12 +264,12 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sg::online_add(amax_196, sum_1_199, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
+          sg::online_add(amax_764, sum_1_767, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
         }
         }
       }
       }
-      sg::group_online<TPR>(amax_196, sum_1_199, red_smem);
+      sg::group_online<TPR>(amax_764, sum_1_767, red_smem);
     } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -278,11 +278,11 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_196 = sg::max_(amax_196, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+          amax_764 = sg::max_(amax_764, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
         }
         }
       }
-      amax_196 = sg::group_reduce<TPR>(amax_196, sg::Max(), red_smem);
+      amax_764 = sg::group_reduce<TPR>(amax_764, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -290,24 +290,24 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_197 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_196);
-          const acc_t exp_198 = sg::exp_((acc_t)(sub_197));
-          sum_1_199 += exp_198;
+          const acc_t sub_765 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_764);
+          const acc_t exp_766 = sg::exp_((acc_t)(sub_765));
+          sum_1_767 += exp_766;
         }
         }
       }
-      sum_1_199 = sg::group_reduce<TPR>(sum_1_199, sg::Sum(), red_smem);
+      sum_1_767 = sg::group_reduce<TPR>(sum_1_767, sg::Sum(), red_smem);
     }
-    const acc_t log_200 = sg::log_((acc_t)(sum_1_199));
-    acc_t gather_202;
+    const acc_t log_768 = sg::log_((acc_t)(sum_1_767));
+    acc_t gather_770;
     {
-      const int64_t j = target_176;
-      const acc_t sub_197 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_196);
-      const acc_t sub_1_201 = (sub_197 - log_200);
-      gather_202 = sub_1_201;
+      const int64_t j = target_744;
+      const acc_t sub_765 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_764);
+      const acc_t sub_1_769 = (sub_765 - log_768);
+      gather_770 = sub_1_769;
     }
-    const acc_t neg_203 = (-gather_202);
-    gacc_0 += (acc_t)(neg_203);
+    const acc_t neg_771 = (-gather_770);
+    gacc_0 += (acc_t)(neg_771);
   }
   if (lane == 0) partials[0 * slots * W + 0 * slots + slot] = (float)gacc_0;
 }
@@ -329,14 +329,14 @@ __global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, co
       __syncthreads();
     }
   }
-  const acc_t sum_3_204 = (acc_t)tree[0];
+  const acc_t sum_3_772 = (acc_t)tree[0];
   __syncthreads();
   if (threadIdx.x != 0) return;
-  const int64_t sum_2_205 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_206 = ((int64_t)1 * sum_2_205);
-  const acc_t convert_element_type_1_207 = (acc_t)(sum_2_206);
-  const acc_t div_208 = ((acc_t)(sum_3_204) / (acc_t)(convert_element_type_1_207));
-  *(float*)A.out.data = (float)(div_208);
+  const int64_t sum_2_773 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_774 = ((int64_t)1 * sum_2_773);
+  const acc_t convert_element_type_1_775 = (acc_t)(sum_2_774);
+  const acc_t div_776 = ((acc_t)(sum_3_772) / (acc_t)(convert_element_type_1_775));
+  *(float*)A.out.data = (float)(div_776);
 }
 
 template <typename T>
@@ -467,11 +467,11 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t grad_out_242 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
-  const int64_t sum_2_264 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_265 = ((int64_t)1 * sum_2_264);
-  const acc_t convert_element_type_1_266 = (acc_t)(sum_2_265);
-  const acc_t div_1_267 = ((acc_t)(grad_out_242) / (acc_t)(convert_element_type_1_266));
+  const acc_t grad_out_810 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
+  const int64_t sum_2_832 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_833 = ((int64_t)1 * sum_2_832);
+  const acc_t convert_element_type_1_834 = (acc_t)(sum_2_833);
+  const acc_t div_1_835 = ((acc_t)(grad_out_810) / (acc_t)(convert_element_type_1_834));
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -489,10 +489,10 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         }
       }
     }
-    const int64_t target_247 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    const int64_t target_815 = (int64_t)(((const int64_t*)A.target.data)[row]);
     // pass 1: max, sum over the row
-    acc_t amax_269 = (acc_t)(-INFINITY);
-    acc_t sum_4_276 = (acc_t)0;
+    acc_t amax_837 = (acc_t)(-INFINITY);
+    acc_t sum_4_844 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -501,11 +501,11 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_251 = (j == target_247);
-          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_268 = (scatter_253 * div_1_267);
-          amax_269 = sg::max_(amax_269, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
-          sum_4_276 += mul_2_268;
+          const bool scatter_819 = (j == target_815);
+          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_836 = (scatter_821 * div_1_835);
+          amax_837 = sg::max_(amax_837, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+          sum_4_844 += mul_2_836;
         }
         }
       }
@@ -526,20 +526,20 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_251 = (j == target_247);
-          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_268 = (scatter_253 * div_1_267);
-          amax_269 = sg::max_(amax_269, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
-          sum_4_276 += mul_2_268;
+          const bool scatter_819 = (j == target_815);
+          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_836 = (scatter_821 * div_1_835);
+          amax_837 = sg::max_(amax_837, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
+          sum_4_844 += mul_2_836;
         }
         }
       }
       }
       }
-    amax_269 = sg::group_reduce<TPR>(amax_269, sg::Max(), red_smem);
-    sum_4_276 = sg::group_reduce<TPR>(sum_4_276, sg::Sum(), red_smem);
+    amax_837 = sg::group_reduce<TPR>(amax_837, sg::Max(), red_smem);
+    sum_4_844 = sg::group_reduce<TPR>(sum_4_844, sg::Sum(), red_smem);
     // pass 2: sum over the row
-    acc_t sum_1_272 = (acc_t)0;
+    acc_t sum_1_840 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -548,9 +548,9 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_270 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_269);
-          const acc_t exp_271 = sg::exp_((acc_t)(sub_270));
-          sum_1_272 += exp_271;
+          const acc_t sub_838 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_837);
+          const acc_t exp_839 = sg::exp_((acc_t)(sub_838));
+          sum_1_840 += exp_839;
         }
         }
       }
@@ -571,16 +571,16 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_270 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_269);
-          const acc_t exp_271 = sg::exp_((acc_t)(sub_270));
-          sum_1_272 += exp_271;
+          const acc_t sub_838 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_837);
+          const acc_t exp_839 = sg::exp_((acc_t)(sub_838));
+          sum_1_840 += exp_839;
         }
         }
       }
       }
       }
-    sum_1_272 = sg::group_reduce<TPR>(sum_1_272, sg::Sum(), red_smem);
-    const acc_t log_273 = sg::log_((acc_t)(sum_1_272));
+    sum_1_840 = sg::group_reduce<TPR>(sum_1_840, sg::Sum(), red_smem);
+    const acc_t log_841 = sg::log_((acc_t)(sum_1_840));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -591,15 +591,15 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_251 = (j == target_247);
-          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_268 = (scatter_253 * div_1_267);
-          const acc_t sub_270 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_269);
-          const acc_t sub_1_274 = (sub_270 - log_273);
-          const acc_t exp_1_275 = sg::exp_((acc_t)(sub_1_274));
-          const acc_t mul_3_277 = (exp_1_275 * sum_4_276);
-          const acc_t sub_2_278 = (mul_2_268 - mul_3_277);
-          st_0[v] = (acc_t)(sub_2_278);
+          const bool scatter_819 = (j == target_815);
+          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_836 = (scatter_821 * div_1_835);
+          const acc_t sub_838 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_837);
+          const acc_t sub_1_842 = (sub_838 - log_841);
+          const acc_t exp_1_843 = sg::exp_((acc_t)(sub_1_842));
+          const acc_t mul_3_845 = (exp_1_843 * sum_4_844);
+          const acc_t sub_2_846 = (mul_2_836 - mul_3_845);
+          st_0[v] = (acc_t)(sub_2_846);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -622,15 +622,15 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_251 = (j == target_247);
-          const acc_t scatter_253 = (scatter_251 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_268 = (scatter_253 * div_1_267);
-          const acc_t sub_270 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_269);
-          const acc_t sub_1_274 = (sub_270 - log_273);
-          const acc_t exp_1_275 = sg::exp_((acc_t)(sub_1_274));
-          const acc_t mul_3_277 = (exp_1_275 * sum_4_276);
-          const acc_t sub_2_278 = (mul_2_268 - mul_3_277);
-          st_0[v] = (acc_t)(sub_2_278);
+          const bool scatter_819 = (j == target_815);
+          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_836 = (scatter_821 * div_1_835);
+          const acc_t sub_838 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_837);
+          const acc_t sub_1_842 = (sub_838 - log_841);
+          const acc_t exp_1_843 = sg::exp_((acc_t)(sub_1_842));
+          const acc_t mul_3_845 = (exp_1_843 * sum_4_844);
+          const acc_t sub_2_846 = (mul_2_836 - mul_3_845);
+          st_0[v] = (acc_t)(sub_2_846);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }

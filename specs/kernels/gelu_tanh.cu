@@ -250,16 +250,16 @@ gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_292 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_298 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_1_299 = (mul_298 * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_2_300 = (mul_1_299 * (acc_t)0.044715);
-          const acc_t add_301 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + mul_2_300);
-          const acc_t mul_3_302 = (add_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_303 = sg::tanh_((acc_t)(mul_3_302));
-          const acc_t add_1_304 = (tanh_303 + (acc_t)1.0);
-          const acc_t mul_5_305 = (mul_4_292 * add_1_304);
-          st_0[v] = (acc_t)(mul_5_305);
+          const acc_t mul_4_13 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)0.5);
+          const acc_t mul_19 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t mul_1_20 = (mul_19 * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t mul_2_21 = (mul_1_20 * (acc_t)0.044715);
+          const acc_t add_22 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + mul_2_21);
+          const acc_t mul_3_23 = (add_22 * (acc_t)0.7978845608028654);
+          const acc_t tanh_24 = sg::tanh_((acc_t)(mul_3_23));
+          const acc_t add_1_25 = (tanh_24 + (acc_t)1.0);
+          const acc_t mul_5_26 = (mul_4_13 * add_1_25);
+          st_0[v] = (acc_t)(mul_5_26);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -282,16 +282,16 @@ gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_292 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)0.5);
-          const acc_t mul_298 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t mul_1_299 = (mul_298 * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t mul_2_300 = (mul_1_299 * (acc_t)0.044715);
-          const acc_t add_301 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + mul_2_300);
-          const acc_t mul_3_302 = (add_301 * (acc_t)0.7978845608028654);
-          const acc_t tanh_303 = sg::tanh_((acc_t)(mul_3_302));
-          const acc_t add_1_304 = (tanh_303 + (acc_t)1.0);
-          const acc_t mul_5_305 = (mul_4_292 * add_1_304);
-          st_0[v] = (acc_t)(mul_5_305);
+          const acc_t mul_4_13 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)0.5);
+          const acc_t mul_19 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t mul_1_20 = (mul_19 * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t mul_2_21 = (mul_1_20 * (acc_t)0.044715);
+          const acc_t add_22 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + mul_2_21);
+          const acc_t mul_3_23 = (add_22 * (acc_t)0.7978845608028654);
+          const acc_t tanh_24 = sg::tanh_((acc_t)(mul_3_23));
+          const acc_t add_1_25 = (tanh_24 + (acc_t)1.0);
+          const acc_t mul_5_26 = (mul_4_13 * add_1_25);
+          st_0[v] = (acc_t)(mul_5_26);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -455,25 +455,25 @@ gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_358 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_7_359 = (mul_6_358 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_8_360 = (mul_7_359 * (acc_t)0.044715);
-          const acc_t add_2_361 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + mul_8_360);
-          const acc_t mul_9_362 = (add_2_361 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_363 = sg::tanh_((acc_t)(mul_9_362));
-          const acc_t add_3_364 = (tanh_1_363 + (acc_t)1.0);
-          const acc_t mul_11_365 = (add_3_364 * (acc_t)0.5);
-          const acc_t mul_10_366 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_12_367 = (tanh_1_363 * tanh_1_363);
-          const acc_t sub_368 = ((acc_t)1.0 - mul_12_367);
-          const acc_t mul_15_369 = (mul_10_366 * sub_368);
-          const acc_t mul_13_370 = (mul_6_358 * (acc_t)0.134145);
-          const acc_t add_4_371 = (mul_13_370 + (acc_t)1.0);
-          const acc_t mul_14_372 = (add_4_371 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_373 = (mul_15_369 * mul_14_372);
-          const acc_t add_5_374 = (mul_11_365 + mul_16_373);
-          const acc_t mul_17_375 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_5_374);
-          st_0[v] = (acc_t)(mul_17_375);
+          const acc_t mul_6_79 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t mul_7_80 = (mul_6_79 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t mul_8_81 = (mul_7_80 * (acc_t)0.044715);
+          const acc_t add_2_82 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + mul_8_81);
+          const acc_t mul_9_83 = (add_2_82 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_84 = sg::tanh_((acc_t)(mul_9_83));
+          const acc_t add_3_85 = (tanh_1_84 + (acc_t)1.0);
+          const acc_t mul_11_86 = (add_3_85 * (acc_t)0.5);
+          const acc_t mul_10_87 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)0.5);
+          const acc_t mul_12_88 = (tanh_1_84 * tanh_1_84);
+          const acc_t sub_89 = ((acc_t)1.0 - mul_12_88);
+          const acc_t mul_15_90 = (mul_10_87 * sub_89);
+          const acc_t mul_13_91 = (mul_6_79 * (acc_t)0.134145);
+          const acc_t add_4_92 = (mul_13_91 + (acc_t)1.0);
+          const acc_t mul_14_93 = (add_4_92 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_94 = (mul_15_90 * mul_14_93);
+          const acc_t add_5_95 = (mul_11_86 + mul_16_94);
+          const acc_t mul_17_96 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_5_95);
+          st_0[v] = (acc_t)(mul_17_96);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -498,25 +498,25 @@ gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_358 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t mul_7_359 = (mul_6_358 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t mul_8_360 = (mul_7_359 * (acc_t)0.044715);
-          const acc_t add_2_361 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + mul_8_360);
-          const acc_t mul_9_362 = (add_2_361 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_363 = sg::tanh_((acc_t)(mul_9_362));
-          const acc_t add_3_364 = (tanh_1_363 + (acc_t)1.0);
-          const acc_t mul_11_365 = (add_3_364 * (acc_t)0.5);
-          const acc_t mul_10_366 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)0.5);
-          const acc_t mul_12_367 = (tanh_1_363 * tanh_1_363);
-          const acc_t sub_368 = ((acc_t)1.0 - mul_12_367);
-          const acc_t mul_15_369 = (mul_10_366 * sub_368);
-          const acc_t mul_13_370 = (mul_6_358 * (acc_t)0.134145);
-          const acc_t add_4_371 = (mul_13_370 + (acc_t)1.0);
-          const acc_t mul_14_372 = (add_4_371 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_373 = (mul_15_369 * mul_14_372);
-          const acc_t add_5_374 = (mul_11_365 + mul_16_373);
-          const acc_t mul_17_375 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_5_374);
-          st_0[v] = (acc_t)(mul_17_375);
+          const acc_t mul_6_79 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t mul_7_80 = (mul_6_79 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t mul_8_81 = (mul_7_80 * (acc_t)0.044715);
+          const acc_t add_2_82 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + mul_8_81);
+          const acc_t mul_9_83 = (add_2_82 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_84 = sg::tanh_((acc_t)(mul_9_83));
+          const acc_t add_3_85 = (tanh_1_84 + (acc_t)1.0);
+          const acc_t mul_11_86 = (add_3_85 * (acc_t)0.5);
+          const acc_t mul_10_87 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)0.5);
+          const acc_t mul_12_88 = (tanh_1_84 * tanh_1_84);
+          const acc_t sub_89 = ((acc_t)1.0 - mul_12_88);
+          const acc_t mul_15_90 = (mul_10_87 * sub_89);
+          const acc_t mul_13_91 = (mul_6_79 * (acc_t)0.134145);
+          const acc_t add_4_92 = (mul_13_91 + (acc_t)1.0);
+          const acc_t mul_14_93 = (add_4_92 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_94 = (mul_15_90 * mul_14_93);
+          const acc_t add_5_95 = (mul_11_86 + mul_16_94);
+          const acc_t mul_17_96 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_5_95);
+          st_0[v] = (acc_t)(mul_17_96);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }

@@ -223,9 +223,9 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_391 = (acc_t)(((int64_t)(A.D)));
-  const acc_t var_426 = (sym_float_391 - (acc_t)0.0);
-  const acc_t eps_393 = (acc_t)A.eps;
+  const acc_t sym_float_3 = (acc_t)(((int64_t)(A.D)));
+  const acc_t var_9 = (sym_float_3 - (acc_t)0.0);
+  const acc_t eps_11 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -250,7 +250,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
       }
     }
     // pass 1: sum over the row
-    acc_t sum_1_417 = (acc_t)0;
+    acc_t sum_1_1 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -259,7 +259,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_1_417 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
+          sum_1_1 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
         }
         }
       }
@@ -280,16 +280,16 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_1_417 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
+          sum_1_1 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
         }
         }
       }
       }
       }
-    sum_1_417 = sg::group_reduce<TPR>(sum_1_417, sg::Sum(), red_smem);
-    const acc_t div_418 = ((acc_t)(sum_1_417) / (acc_t)(sym_float_391));
+    sum_1_1 = sg::group_reduce<TPR>(sum_1_1, sg::Sum(), red_smem);
+    const acc_t div_4 = ((acc_t)(sum_1_1) / (acc_t)(sym_float_3));
     // pass 2: sum over the row
-    acc_t var_ssq_425 = (acc_t)0;
+    acc_t var_ssq_7 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -298,9 +298,9 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_419 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_418);
-          const acc_t var_424 = (sub_419 * sub_419);
-          var_ssq_425 += var_424;
+          const acc_t sub_5 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_4);
+          const acc_t var_6 = (sub_5 * sub_5);
+          var_ssq_7 += var_6;
         }
         }
       }
@@ -321,18 +321,18 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_419 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_418);
-          const acc_t var_424 = (sub_419 * sub_419);
-          var_ssq_425 += var_424;
+          const acc_t sub_5 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_4);
+          const acc_t var_6 = (sub_5 * sub_5);
+          var_ssq_7 += var_6;
         }
         }
       }
       }
       }
-    var_ssq_425 = sg::group_reduce<TPR>(var_ssq_425, sg::Sum(), red_smem);
-    const acc_t var_427 = ((acc_t)(var_ssq_425) / (acc_t)(var_426));
-    const acc_t add_428 = (var_427 + eps_393);
-    const acc_t rsqrt_429 = sg::rsqrt_((acc_t)(add_428));
+    var_ssq_7 = sg::group_reduce<TPR>(var_ssq_7, sg::Sum(), red_smem);
+    const acc_t var_10 = ((acc_t)(var_ssq_7) / (acc_t)(var_9));
+    const acc_t add_12 = (var_10 + eps_11);
+    const acc_t rsqrt_13 = sg::rsqrt_((acc_t)(add_12));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -343,20 +343,20 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_419 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_418);
-          const acc_t mul_2_430 = (sub_419 * rsqrt_429);
-          const acc_t mul_3_431 = (mul_2_430 * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
-          const acc_t add_1_432 = (mul_3_431 + (acc_t)sg::to_acc(r_p_bias_2[k].v[v]));
-          const acc_t mul_8_433 = (add_1_432 * (acc_t)0.5);
-          const acc_t mul_4_434 = (add_1_432 * add_1_432);
-          const acc_t mul_5_435 = (mul_4_434 * add_1_432);
-          const acc_t mul_6_436 = (mul_5_435 * (acc_t)0.044715);
-          const acc_t add_2_437 = (add_1_432 + mul_6_436);
-          const acc_t mul_7_438 = (add_2_437 * (acc_t)0.7978845608028654);
-          const acc_t tanh_439 = sg::tanh_((acc_t)(mul_7_438));
-          const acc_t add_3_440 = (tanh_439 + (acc_t)1.0);
-          const acc_t mul_9_441 = (mul_8_433 * add_3_440);
-          st_0[v] = (acc_t)(mul_9_441);
+          const acc_t sub_5 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - div_4);
+          const acc_t mul_2_14 = (sub_5 * rsqrt_13);
+          const acc_t mul_3_16 = (mul_2_14 * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t add_1_18 = (mul_3_16 + (acc_t)sg::to_acc(r_p_bias_2[k].v[v]));
+          const acc_t mul_8_20 = (add_1_18 * (acc_t)0.5);
+          const acc_t mul_4_21 = (add_1_18 * add_1_18);
+          const acc_t mul_5_22 = (mul_4_21 * add_1_18);
+          const acc_t mul_6_24 = (mul_5_22 * (acc_t)0.044715);
+          const acc_t add_2_25 = (add_1_18 + mul_6_24);
+          const acc_t mul_7_27 = (add_2_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_28 = sg::tanh_((acc_t)(mul_7_27));
+          const acc_t add_3_30 = (tanh_28 + (acc_t)1.0);
+          const acc_t mul_9_31 = (mul_8_20 * add_3_30);
+          st_0[v] = (acc_t)(mul_9_31);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -383,20 +383,20 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_419 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_418);
-          const acc_t mul_2_430 = (sub_419 * rsqrt_429);
-          const acc_t mul_3_431 = (mul_2_430 * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          const acc_t add_1_432 = (mul_3_431 + (acc_t)sg::to_acc(l_p_bias_2[u].v[v]));
-          const acc_t mul_8_433 = (add_1_432 * (acc_t)0.5);
-          const acc_t mul_4_434 = (add_1_432 * add_1_432);
-          const acc_t mul_5_435 = (mul_4_434 * add_1_432);
-          const acc_t mul_6_436 = (mul_5_435 * (acc_t)0.044715);
-          const acc_t add_2_437 = (add_1_432 + mul_6_436);
-          const acc_t mul_7_438 = (add_2_437 * (acc_t)0.7978845608028654);
-          const acc_t tanh_439 = sg::tanh_((acc_t)(mul_7_438));
-          const acc_t add_3_440 = (tanh_439 + (acc_t)1.0);
-          const acc_t mul_9_441 = (mul_8_433 * add_3_440);
-          st_0[v] = (acc_t)(mul_9_441);
+          const acc_t sub_5 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - div_4);
+          const acc_t mul_2_14 = (sub_5 * rsqrt_13);
+          const acc_t mul_3_16 = (mul_2_14 * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
+          const acc_t add_1_18 = (mul_3_16 + (acc_t)sg::to_acc(l_p_bias_2[u].v[v]));
+          const acc_t mul_8_20 = (add_1_18 * (acc_t)0.5);
+          const acc_t mul_4_21 = (add_1_18 * add_1_18);
+          const acc_t mul_5_22 = (mul_4_21 * add_1_18);
+          const acc_t mul_6_24 = (mul_5_22 * (acc_t)0.044715);
+          const acc_t add_2_25 = (add_1_18 + mul_6_24);
+          const acc_t mul_7_27 = (add_2_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_28 = sg::tanh_((acc_t)(mul_7_27));
+          const acc_t add_3_30 = (tanh_28 + (acc_t)1.0);
+          const acc_t mul_9_31 = (mul_8_20 * add_3_30);
+          st_0[v] = (acc_t)(mul_9_31);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -534,15 +534,15 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t var_446 = (acc_t)(((int64_t)(A.D)));
-  const acc_t var_453 = (var_446 - (acc_t)0.0);
-  const acc_t eps_459 = (acc_t)A.eps;
-  // column partials of sum_4_572: this thread's columns, summed over its rows
+  const acc_t var_3 = (acc_t)(((int64_t)(A.D)));
+  const acc_t var_9 = (var_3 - (acc_t)0.0);
+  const acc_t eps_11 = (acc_t)A.eps;
+  // column partials of sum_4_54: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
-  // column partials of sum_5_573: this thread's columns, summed over its rows
+  // column partials of sum_5_55: this thread's columns, summed over its rows
   acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
   float* cpart_1 = partials + (1 * slots + slot) * W;
@@ -574,7 +574,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
     }
     // pass 1: sum over the row
-    acc_t var_sum_447 = (acc_t)0;
+    acc_t var_sum_1 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -583,7 +583,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          var_sum_447 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
+          var_sum_1 += (acc_t)sg::to_acc(r_p_x_0[k].v[v]);
         }
         }
       }
@@ -604,16 +604,16 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          var_sum_447 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
+          var_sum_1 += (acc_t)sg::to_acc(l_p_x_0[u].v[v]);
         }
         }
       }
       }
       }
-    var_sum_447 = sg::group_reduce<TPR>(var_sum_447, sg::Sum(), red_smem);
-    const acc_t var_448 = ((acc_t)(var_sum_447) / (acc_t)(var_446));
+    var_sum_1 = sg::group_reduce<TPR>(var_sum_1, sg::Sum(), red_smem);
+    const acc_t var_4 = ((acc_t)(var_sum_1) / (acc_t)(var_3));
     // pass 2: sum over the row
-    acc_t var_ssq_451 = (acc_t)0;
+    acc_t var_ssq_7 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -622,9 +622,9 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
-          const acc_t var_450 = (var_449 * var_449);
-          var_ssq_451 += var_450;
+          const acc_t var_5 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_4);
+          const acc_t var_6 = (var_5 * var_5);
+          var_ssq_7 += var_6;
         }
         }
       }
@@ -645,22 +645,22 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
-          const acc_t var_450 = (var_449 * var_449);
-          var_ssq_451 += var_450;
+          const acc_t var_5 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_4);
+          const acc_t var_6 = (var_5 * var_5);
+          var_ssq_7 += var_6;
         }
         }
       }
       }
       }
-    var_ssq_451 = sg::group_reduce<TPR>(var_ssq_451, sg::Sum(), red_smem);
-    const acc_t var_454 = ((acc_t)(var_ssq_451) / (acc_t)(var_453));
-    const acc_t add_460 = (var_454 + eps_459);
-    const acc_t rsqrt_461 = sg::rsqrt_((acc_t)(add_460));
-    const acc_t div_1_533 = ((acc_t)(rsqrt_461) / (acc_t)(var_446));
+    var_ssq_7 = sg::group_reduce<TPR>(var_ssq_7, sg::Sum(), red_smem);
+    const acc_t var_10 = ((acc_t)(var_ssq_7) / (acc_t)(var_9));
+    const acc_t add_12 = (var_10 + eps_11);
+    const acc_t rsqrt_13 = sg::rsqrt_((acc_t)(add_12));
+    const acc_t div_1_14 = ((acc_t)(rsqrt_13) / (acc_t)(var_3));
     // pass 3: sum, sum over the row
-    acc_t sum_2_562 = (acc_t)0;
-    acc_t sum_3_567 = (acc_t)0;
+    acc_t sum_2_46 = (acc_t)0;
+    acc_t sum_3_49 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -669,32 +669,32 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
-          const acc_t mul_2_538 = (var_449 * rsqrt_461);
-          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
-          const acc_t mul_10_541 = (add_1_540 * add_1_540);
-          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
-          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
-          const acc_t add_4_544 = (add_1_540 + mul_12_543);
-          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
-          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
-          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
-          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
-          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
-          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
-          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
-          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
-          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
-          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
-          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
-          const acc_t mul_21_558 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_557);
-          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_25_566 = (mul_23_559 * mul_2_538);
-          sum_2_562 += mul_23_559;
-          sum_3_567 += mul_25_566;
+          const acc_t var_5 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_4);
+          const acc_t mul_2_16 = (var_5 * rsqrt_13);
+          const acc_t mul_3_18 = (mul_2_16 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t add_1_20 = (mul_3_18 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
+          const acc_t mul_10_21 = (add_1_20 * add_1_20);
+          const acc_t mul_11_22 = (mul_10_21 * add_1_20);
+          const acc_t mul_12_24 = (mul_11_22 * (acc_t)0.044715);
+          const acc_t add_4_25 = (add_1_20 + mul_12_24);
+          const acc_t mul_13_27 = (add_4_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_28 = sg::tanh_((acc_t)(mul_13_27));
+          const acc_t add_5_30 = (tanh_1_28 + (acc_t)1.0);
+          const acc_t mul_15_32 = (add_5_30 * (acc_t)0.5);
+          const acc_t mul_14_33 = (add_1_20 * (acc_t)0.5);
+          const acc_t mul_16_34 = (tanh_1_28 * tanh_1_28);
+          const acc_t sub_1_35 = ((acc_t)1.0 - mul_16_34);
+          const acc_t mul_19_36 = (mul_14_33 * sub_1_35);
+          const acc_t mul_17_38 = (mul_10_21 * (acc_t)0.134145);
+          const acc_t add_6_39 = (mul_17_38 + (acc_t)1.0);
+          const acc_t mul_18_40 = (add_6_39 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_41 = (mul_19_36 * mul_18_40);
+          const acc_t add_7_42 = (mul_15_32 + mul_20_41);
+          const acc_t mul_21_43 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_42);
+          const acc_t mul_23_44 = (mul_21_43 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_25_48 = (mul_23_44 * mul_2_16);
+          sum_2_46 += mul_23_44;
+          sum_3_49 += mul_25_48;
         }
         }
       }
@@ -721,39 +721,39 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
-          const acc_t mul_2_538 = (var_449 * rsqrt_461);
-          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
-          const acc_t mul_10_541 = (add_1_540 * add_1_540);
-          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
-          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
-          const acc_t add_4_544 = (add_1_540 + mul_12_543);
-          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
-          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
-          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
-          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
-          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
-          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
-          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
-          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
-          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
-          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
-          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
-          const acc_t mul_21_558 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_557);
-          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_25_566 = (mul_23_559 * mul_2_538);
-          sum_2_562 += mul_23_559;
-          sum_3_567 += mul_25_566;
+          const acc_t var_5 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_4);
+          const acc_t mul_2_16 = (var_5 * rsqrt_13);
+          const acc_t mul_3_18 = (mul_2_16 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t add_1_20 = (mul_3_18 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
+          const acc_t mul_10_21 = (add_1_20 * add_1_20);
+          const acc_t mul_11_22 = (mul_10_21 * add_1_20);
+          const acc_t mul_12_24 = (mul_11_22 * (acc_t)0.044715);
+          const acc_t add_4_25 = (add_1_20 + mul_12_24);
+          const acc_t mul_13_27 = (add_4_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_28 = sg::tanh_((acc_t)(mul_13_27));
+          const acc_t add_5_30 = (tanh_1_28 + (acc_t)1.0);
+          const acc_t mul_15_32 = (add_5_30 * (acc_t)0.5);
+          const acc_t mul_14_33 = (add_1_20 * (acc_t)0.5);
+          const acc_t mul_16_34 = (tanh_1_28 * tanh_1_28);
+          const acc_t sub_1_35 = ((acc_t)1.0 - mul_16_34);
+          const acc_t mul_19_36 = (mul_14_33 * sub_1_35);
+          const acc_t mul_17_38 = (mul_10_21 * (acc_t)0.134145);
+          const acc_t add_6_39 = (mul_17_38 + (acc_t)1.0);
+          const acc_t mul_18_40 = (add_6_39 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_41 = (mul_19_36 * mul_18_40);
+          const acc_t add_7_42 = (mul_15_32 + mul_20_41);
+          const acc_t mul_21_43 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_42);
+          const acc_t mul_23_44 = (mul_21_43 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_25_48 = (mul_23_44 * mul_2_16);
+          sum_2_46 += mul_23_44;
+          sum_3_49 += mul_25_48;
         }
         }
       }
       }
       }
-    sum_2_562 = sg::group_reduce<TPR>(sum_2_562, sg::Sum(), red_smem);
-    sum_3_567 = sg::group_reduce<TPR>(sum_3_567, sg::Sum(), red_smem);
+    sum_2_46 = sg::group_reduce<TPR>(sum_2_46, sg::Sum(), red_smem);
+    sum_3_49 = sg::group_reduce<TPR>(sum_3_49, sg::Sum(), red_smem);
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -764,38 +764,38 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_448);
-          const acc_t mul_2_538 = (var_449 * rsqrt_461);
-          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
-          const acc_t mul_10_541 = (add_1_540 * add_1_540);
-          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
-          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
-          const acc_t add_4_544 = (add_1_540 + mul_12_543);
-          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
-          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
-          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
-          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
-          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
-          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
-          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
-          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
-          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
-          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
-          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
-          const acc_t mul_21_558 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_557);
-          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_24_561 = (mul_23_559 * var_446);
-          const acc_t sub_3_563 = (mul_24_561 - sum_2_562);
-          const acc_t mul_26_568 = (mul_2_538 * sum_3_567);
-          const acc_t sub_4_569 = (sub_3_563 - mul_26_568);
-          const acc_t mul_27_570 = (div_1_533 * sub_4_569);
-          const acc_t mul_28_571 = (mul_21_558 * mul_2_538);
-          st_0[v] = (acc_t)(mul_27_570);
-          cacc_0[k][v] += mul_28_571;
-          cacc_1[k][v] += mul_21_558;
+          const acc_t var_5 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - var_4);
+          const acc_t mul_2_16 = (var_5 * rsqrt_13);
+          const acc_t mul_3_18 = (mul_2_16 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t add_1_20 = (mul_3_18 + (acc_t)sg::to_acc(r_p_bias_3[k].v[v]));
+          const acc_t mul_10_21 = (add_1_20 * add_1_20);
+          const acc_t mul_11_22 = (mul_10_21 * add_1_20);
+          const acc_t mul_12_24 = (mul_11_22 * (acc_t)0.044715);
+          const acc_t add_4_25 = (add_1_20 + mul_12_24);
+          const acc_t mul_13_27 = (add_4_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_28 = sg::tanh_((acc_t)(mul_13_27));
+          const acc_t add_5_30 = (tanh_1_28 + (acc_t)1.0);
+          const acc_t mul_15_32 = (add_5_30 * (acc_t)0.5);
+          const acc_t mul_14_33 = (add_1_20 * (acc_t)0.5);
+          const acc_t mul_16_34 = (tanh_1_28 * tanh_1_28);
+          const acc_t sub_1_35 = ((acc_t)1.0 - mul_16_34);
+          const acc_t mul_19_36 = (mul_14_33 * sub_1_35);
+          const acc_t mul_17_38 = (mul_10_21 * (acc_t)0.134145);
+          const acc_t add_6_39 = (mul_17_38 + (acc_t)1.0);
+          const acc_t mul_18_40 = (add_6_39 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_41 = (mul_19_36 * mul_18_40);
+          const acc_t add_7_42 = (mul_15_32 + mul_20_41);
+          const acc_t mul_21_43 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * add_7_42);
+          const acc_t mul_23_44 = (mul_21_43 * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
+          const acc_t mul_24_45 = (mul_23_44 * var_3);
+          const acc_t sub_3_47 = (mul_24_45 - sum_2_46);
+          const acc_t mul_26_50 = (mul_2_16 * sum_3_49);
+          const acc_t sub_4_51 = (sub_3_47 - mul_26_50);
+          const acc_t mul_27_52 = (div_1_14 * sub_4_51);
+          const acc_t mul_28_53 = (mul_21_43 * mul_2_16);
+          st_0[v] = (acc_t)(mul_27_52);
+          cacc_0[k][v] += mul_28_53;
+          cacc_1[k][v] += mul_21_43;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -824,38 +824,38 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t var_449 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_448);
-          const acc_t mul_2_538 = (var_449 * rsqrt_461);
-          const acc_t mul_3_539 = (mul_2_538 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t add_1_540 = (mul_3_539 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
-          const acc_t mul_10_541 = (add_1_540 * add_1_540);
-          const acc_t mul_11_542 = (mul_10_541 * add_1_540);
-          const acc_t mul_12_543 = (mul_11_542 * (acc_t)0.044715);
-          const acc_t add_4_544 = (add_1_540 + mul_12_543);
-          const acc_t mul_13_545 = (add_4_544 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_546 = sg::tanh_((acc_t)(mul_13_545));
-          const acc_t add_5_547 = (tanh_1_546 + (acc_t)1.0);
-          const acc_t mul_15_548 = (add_5_547 * (acc_t)0.5);
-          const acc_t mul_14_549 = (add_1_540 * (acc_t)0.5);
-          const acc_t mul_16_550 = (tanh_1_546 * tanh_1_546);
-          const acc_t sub_1_551 = ((acc_t)1.0 - mul_16_550);
-          const acc_t mul_19_552 = (mul_14_549 * sub_1_551);
-          const acc_t mul_17_553 = (mul_10_541 * (acc_t)0.134145);
-          const acc_t add_6_554 = (mul_17_553 + (acc_t)1.0);
-          const acc_t mul_18_555 = (add_6_554 * (acc_t)0.7978845608028654);
-          const acc_t mul_20_556 = (mul_19_552 * mul_18_555);
-          const acc_t add_7_557 = (mul_15_548 + mul_20_556);
-          const acc_t mul_21_558 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_557);
-          const acc_t mul_23_559 = (mul_21_558 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_24_561 = (mul_23_559 * var_446);
-          const acc_t sub_3_563 = (mul_24_561 - sum_2_562);
-          const acc_t mul_26_568 = (mul_2_538 * sum_3_567);
-          const acc_t sub_4_569 = (sub_3_563 - mul_26_568);
-          const acc_t mul_27_570 = (div_1_533 * sub_4_569);
-          const acc_t mul_28_571 = (mul_21_558 * mul_2_538);
-          st_0[v] = (acc_t)(mul_27_570);
-          cpart_0[c * VEC + v] += mul_28_571;
-          cpart_1[c * VEC + v] += mul_21_558;
+          const acc_t var_5 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - var_4);
+          const acc_t mul_2_16 = (var_5 * rsqrt_13);
+          const acc_t mul_3_18 = (mul_2_16 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t add_1_20 = (mul_3_18 + (acc_t)sg::to_acc(l_p_bias_3[u].v[v]));
+          const acc_t mul_10_21 = (add_1_20 * add_1_20);
+          const acc_t mul_11_22 = (mul_10_21 * add_1_20);
+          const acc_t mul_12_24 = (mul_11_22 * (acc_t)0.044715);
+          const acc_t add_4_25 = (add_1_20 + mul_12_24);
+          const acc_t mul_13_27 = (add_4_25 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_28 = sg::tanh_((acc_t)(mul_13_27));
+          const acc_t add_5_30 = (tanh_1_28 + (acc_t)1.0);
+          const acc_t mul_15_32 = (add_5_30 * (acc_t)0.5);
+          const acc_t mul_14_33 = (add_1_20 * (acc_t)0.5);
+          const acc_t mul_16_34 = (tanh_1_28 * tanh_1_28);
+          const acc_t sub_1_35 = ((acc_t)1.0 - mul_16_34);
+          const acc_t mul_19_36 = (mul_14_33 * sub_1_35);
+          const acc_t mul_17_38 = (mul_10_21 * (acc_t)0.134145);
+          const acc_t add_6_39 = (mul_17_38 + (acc_t)1.0);
+          const acc_t mul_18_40 = (add_6_39 * (acc_t)0.7978845608028654);
+          const acc_t mul_20_41 = (mul_19_36 * mul_18_40);
+          const acc_t add_7_42 = (mul_15_32 + mul_20_41);
+          const acc_t mul_21_43 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * add_7_42);
+          const acc_t mul_23_44 = (mul_21_43 * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
+          const acc_t mul_24_45 = (mul_23_44 * var_3);
+          const acc_t sub_3_47 = (mul_24_45 - sum_2_46);
+          const acc_t mul_26_50 = (mul_2_16 * sum_3_49);
+          const acc_t sub_4_51 = (sub_3_47 - mul_26_50);
+          const acc_t mul_27_52 = (div_1_14 * sub_4_51);
+          const acc_t mul_28_53 = (mul_21_43 * mul_2_16);
+          st_0[v] = (acc_t)(mul_27_52);
+          cpart_0[c * VEC + v] += mul_28_53;
+          cpart_1[c * VEC + v] += mul_21_43;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -886,12 +886,14 @@ __global__ void layernorm_gelu_bwd_finalize_cols(const layernorm_gelu_bwd_args A
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_4_572 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_572 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    acc_t sum_5_573 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_5_573 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_4_572));
-    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_5_573));
+    double sum_4_54_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_4_54_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    const acc_t sum_4_54 = (acc_t)sum_4_54_f64;
+    double sum_5_55_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_5_55_f64 += (double)partials[(1 * slots + g * per_group + s) * W + j];
+    const acc_t sum_5_55 = (acc_t)sum_5_55_f64;
+    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_4_54));
+    ((T*)A.grad_bias.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_5_55));
   }
 }
 

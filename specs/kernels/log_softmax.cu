@@ -241,8 +241,8 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
       }
     }
     // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_585 = (acc_t)(-INFINITY);
-    acc_t sum_1_588 = (acc_t)0;
+    acc_t amax_692 = (acc_t)(-INFINITY);
+    acc_t sum_1_695 = (acc_t)0;
     if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
@@ -260,12 +260,12 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sg::online_add(amax_585, sum_1_588, (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v])));
+          sg::online_add(amax_692, sum_1_695, (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v])));
         }
         }
       }
       }
-      sg::group_online<TPR>(amax_585, sum_1_588, red_smem);
+      sg::group_online<TPR>(amax_692, sum_1_695, red_smem);
     } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -274,11 +274,11 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_585 = sg::max_(amax_585, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
+          amax_692 = sg::max_(amax_692, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
         }
         }
       }
-      amax_585 = sg::group_reduce<TPR>(amax_585, sg::Max(), red_smem);
+      amax_692 = sg::group_reduce<TPR>(amax_692, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -286,15 +286,15 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_586 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_585);
-          const acc_t exp_587 = sg::exp_((acc_t)(sub_586));
-          sum_1_588 += exp_587;
+          const acc_t sub_693 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_692);
+          const acc_t exp_694 = sg::exp_((acc_t)(sub_693));
+          sum_1_695 += exp_694;
         }
         }
       }
-      sum_1_588 = sg::group_reduce<TPR>(sum_1_588, sg::Sum(), red_smem);
+      sum_1_695 = sg::group_reduce<TPR>(sum_1_695, sg::Sum(), red_smem);
     }
-    const acc_t log_589 = sg::log_((acc_t)(sum_1_588));
+    const acc_t log_696 = sg::log_((acc_t)(sum_1_695));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -305,9 +305,9 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_586 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_585);
-          const acc_t sub_1_590 = (sub_586 - log_589);
-          st_0[v] = (acc_t)(sub_1_590);
+          const acc_t sub_693 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_692);
+          const acc_t sub_1_697 = (sub_693 - log_696);
+          st_0[v] = (acc_t)(sub_1_697);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -330,9 +330,9 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_586 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_585);
-          const acc_t sub_1_590 = (sub_586 - log_589);
-          st_0[v] = (acc_t)(sub_1_590);
+          const acc_t sub_693 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_692);
+          const acc_t sub_1_697 = (sub_693 - log_696);
+          st_0[v] = (acc_t)(sub_1_697);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -487,7 +487,7 @@ log_softmax_bwd_rows(const log_softmax_bwd_args A, float* __restrict__ partials,
       }
     }
     // pass 1: sum over the row
-    acc_t sum_2_616 = (acc_t)0;
+    acc_t sum_2_723 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -496,7 +496,7 @@ log_softmax_bwd_rows(const log_softmax_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_2_616 += (acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]);
+          sum_2_723 += (acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]);
         }
         }
       }
@@ -517,13 +517,13 @@ log_softmax_bwd_rows(const log_softmax_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sum_2_616 += (acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]);
+          sum_2_723 += (acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]);
         }
         }
       }
       }
       }
-    sum_2_616 = sg::group_reduce<TPR>(sum_2_616, sg::Sum(), red_smem);
+    sum_2_723 = sg::group_reduce<TPR>(sum_2_723, sg::Sum(), red_smem);
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -534,10 +534,10 @@ log_softmax_bwd_rows(const log_softmax_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t exp_1_620 = sg::exp_((acc_t)((acc_t)sg::to_acc(r_p_out_1[k].v[v])));
-          const acc_t mul_2_621 = (exp_1_620 * sum_2_616);
-          const acc_t sub_2_622 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) - mul_2_621);
-          st_0[v] = (acc_t)(sub_2_622);
+          const acc_t exp_1_727 = sg::exp_((acc_t)((acc_t)sg::to_acc(r_p_out_1[k].v[v])));
+          const acc_t mul_2_728 = (exp_1_727 * sum_2_723);
+          const acc_t sub_2_729 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) - mul_2_728);
+          st_0[v] = (acc_t)(sub_2_729);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -562,10 +562,10 @@ log_softmax_bwd_rows(const log_softmax_bwd_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t exp_1_620 = sg::exp_((acc_t)((acc_t)sg::to_acc(l_p_out_1[u].v[v])));
-          const acc_t mul_2_621 = (exp_1_620 * sum_2_616);
-          const acc_t sub_2_622 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) - mul_2_621);
-          st_0[v] = (acc_t)(sub_2_622);
+          const acc_t exp_1_727 = sg::exp_((acc_t)((acc_t)sg::to_acc(l_p_out_1[u].v[v])));
+          const acc_t mul_2_728 = (exp_1_727 * sum_2_723);
+          const acc_t sub_2_729 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) - mul_2_728);
+          st_0[v] = (acc_t)(sub_2_729);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }

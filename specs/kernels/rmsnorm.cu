@@ -223,8 +223,8 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_629 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_631 = (acc_t)A.eps;
+  const acc_t sym_float_4 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_6 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -246,7 +246,7 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
       }
     }
     // pass 1: sum over the row
-    acc_t sum_1_640 = (acc_t)0;
+    acc_t sum_1_2 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -255,8 +255,8 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_639 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          sum_1_640 += mul_639;
+          const acc_t mul_1 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          sum_1_2 += mul_1;
         }
         }
       }
@@ -277,17 +277,17 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_639 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          sum_1_640 += mul_639;
+          const acc_t mul_1 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          sum_1_2 += mul_1;
         }
         }
       }
       }
       }
-    sum_1_640 = sg::group_reduce<TPR>(sum_1_640, sg::Sum(), red_smem);
-    const acc_t div_641 = ((acc_t)(sum_1_640) / (acc_t)(sym_float_629));
-    const acc_t add_642 = (div_641 + eps_631);
-    const acc_t rsqrt_643 = sg::rsqrt_((acc_t)(add_642));
+    sum_1_2 = sg::group_reduce<TPR>(sum_1_2, sg::Sum(), red_smem);
+    const acc_t div_5 = ((acc_t)(sum_1_2) / (acc_t)(sym_float_4));
+    const acc_t add_7 = (div_5 + eps_6);
+    const acc_t rsqrt_8 = sg::rsqrt_((acc_t)(add_7));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -298,9 +298,9 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_644 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * rsqrt_643);
-          const acc_t mul_2_645 = (mul_1_644 * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
-          st_0[v] = (acc_t)(mul_2_645);
+          const acc_t mul_1_9 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * rsqrt_8);
+          const acc_t mul_2_11 = (mul_1_9 * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          st_0[v] = (acc_t)(mul_2_11);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -325,9 +325,9 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_644 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * rsqrt_643);
-          const acc_t mul_2_645 = (mul_1_644 * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          st_0[v] = (acc_t)(mul_2_645);
+          const acc_t mul_1_9 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * rsqrt_8);
+          const acc_t mul_2_11 = (mul_1_9 * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
+          st_0[v] = (acc_t)(mul_2_11);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -463,9 +463,9 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_652 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_654 = (acc_t)A.eps;
-  // column partials of sum_2_705: this thread's columns, summed over its rows
+  const acc_t sym_float_7 = (acc_t)(((int64_t)(A.D)));
+  const acc_t eps_9 = (acc_t)A.eps;
+  // column partials of sum_2_27: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
@@ -494,8 +494,8 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
       }
     }
     // pass 1: sum, sum over the row
-    acc_t sum_1_689 = (acc_t)0;
-    acc_t sum_3_695 = (acc_t)0;
+    acc_t sum_1_5 = (acc_t)0;
+    acc_t sum_3_14 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -504,11 +504,11 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_667 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
-          const acc_t mul_688 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          const acc_t mul_5_694 = (mul_4_667 * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          sum_1_689 += mul_688;
-          sum_3_695 += mul_5_694;
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t mul_4 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
+          const acc_t mul_5_13 = (mul_4_2 * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
+          sum_1_5 += mul_4;
+          sum_3_14 += mul_5_13;
         }
         }
       }
@@ -533,25 +533,25 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_667 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          const acc_t mul_688 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          const acc_t mul_5_694 = (mul_4_667 * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          sum_1_689 += mul_688;
-          sum_3_695 += mul_5_694;
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
+          const acc_t mul_4 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
+          const acc_t mul_5_13 = (mul_4_2 * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
+          sum_1_5 += mul_4;
+          sum_3_14 += mul_5_13;
         }
         }
       }
       }
       }
-    sum_1_689 = sg::group_reduce<TPR>(sum_1_689, sg::Sum(), red_smem);
-    sum_3_695 = sg::group_reduce<TPR>(sum_3_695, sg::Sum(), red_smem);
-    const acc_t div_690 = ((acc_t)(sum_1_689) / (acc_t)(sym_float_652));
-    const acc_t add_691 = (div_690 + eps_654);
-    const acc_t rsqrt_692 = sg::rsqrt_((acc_t)(add_691));
-    const acc_t mul_7_696 = (sum_3_695 * (acc_t)-0.5);
-    const acc_t pow_1_697 = (rsqrt_692 * rsqrt_692 * rsqrt_692);
-    const acc_t mul_8_698 = (mul_7_696 * pow_1_697);
-    const acc_t div_1_699 = ((acc_t)(mul_8_698) / (acc_t)(sym_float_652));
+    sum_1_5 = sg::group_reduce<TPR>(sum_1_5, sg::Sum(), red_smem);
+    sum_3_14 = sg::group_reduce<TPR>(sum_3_14, sg::Sum(), red_smem);
+    const acc_t div_8 = ((acc_t)(sum_1_5) / (acc_t)(sym_float_7));
+    const acc_t add_10 = (div_8 + eps_9);
+    const acc_t rsqrt_11 = sg::rsqrt_((acc_t)(add_10));
+    const acc_t mul_7_16 = (sum_3_14 * (acc_t)-0.5);
+    const acc_t pow_1_18 = (rsqrt_11 * rsqrt_11 * rsqrt_11);
+    const acc_t mul_8_19 = (mul_7_16 * pow_1_18);
+    const acc_t div_1_20 = ((acc_t)(mul_8_19) / (acc_t)(sym_float_7));
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -562,15 +562,15 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_667 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
-          const acc_t mul_6_693 = (mul_4_667 * rsqrt_692);
-          const acc_t mul_9_700 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_701 = (div_1_699 * mul_9_700);
-          const acc_t add_1_702 = (mul_6_693 + mul_10_701);
-          const acc_t mul_1_703 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * rsqrt_692);
-          const acc_t mul_3_704 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_703);
-          st_0[v] = (acc_t)(add_1_702);
-          cacc_0[k][v] += mul_3_704;
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t mul_6_12 = (mul_4_2 * rsqrt_11);
+          const acc_t mul_9_22 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_23 = (div_1_20 * mul_9_22);
+          const acc_t add_1_24 = (mul_6_12 + mul_10_23);
+          const acc_t mul_1_25 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * rsqrt_11);
+          const acc_t mul_3_26 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_25);
+          st_0[v] = (acc_t)(add_1_24);
+          cacc_0[k][v] += mul_3_26;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -597,15 +597,15 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_667 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          const acc_t mul_6_693 = (mul_4_667 * rsqrt_692);
-          const acc_t mul_9_700 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_701 = (div_1_699 * mul_9_700);
-          const acc_t add_1_702 = (mul_6_693 + mul_10_701);
-          const acc_t mul_1_703 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * rsqrt_692);
-          const acc_t mul_3_704 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_703);
-          st_0[v] = (acc_t)(add_1_702);
-          cpart_0[c * VEC + v] += mul_3_704;
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
+          const acc_t mul_6_12 = (mul_4_2 * rsqrt_11);
+          const acc_t mul_9_22 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_23 = (div_1_20 * mul_9_22);
+          const acc_t add_1_24 = (mul_6_12 + mul_10_23);
+          const acc_t mul_1_25 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * rsqrt_11);
+          const acc_t mul_3_26 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_25);
+          st_0[v] = (acc_t)(add_1_24);
+          cpart_0[c * VEC + v] += mul_3_26;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -630,9 +630,10 @@ __global__ void rmsnorm_bwd_finalize_cols(const rmsnorm_bwd_args A, const float*
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_2_705 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_705 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_705));
+    double sum_2_27_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_27_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    const acc_t sum_2_27 = (acc_t)sum_2_27_f64;
+    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_27));
   }
 }
 

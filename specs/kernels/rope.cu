@@ -223,10 +223,10 @@ rope_fwd_rows(const rope_args A, float* __restrict__ partials, int64_t rows_per_
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_708 = (((int64_t)(A.D)) + (int64_t)2);
-  const int64_t sub_710 = (add_708 - (int64_t)1);
-  const int64_t floordiv_743 = (sub_710 / (int64_t)2);
-  const int64_t add_4_744 = ((int64_t)0 + floordiv_743);
+  const int64_t add_6 = (((int64_t)(A.D)) + (int64_t)2);
+  const int64_t sub_8 = (add_6 - (int64_t)1);
+  const int64_t floordiv_9 = (sub_8 / (int64_t)2);
+  const int64_t add_4_10 = ((int64_t)0 + floordiv_9);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -265,14 +265,14 @@ rope_fwd_rows(const rope_args A, float* __restrict__ partials, int64_t rows_per_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_731 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
-          const acc_t mul_2_746 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
-          const acc_t sub_4_747 = (mul_1_731 - mul_2_746);
-          const acc_t mul_3_748 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
-          const acc_t mul_4_749 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
-          const acc_t add_6_750 = (mul_3_748 + mul_4_749);
-          st_0[v] = (acc_t)(sub_4_747);
-          st_1[v] = (acc_t)(add_6_750);
+          const acc_t mul_1_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
+          const acc_t mul_2_13 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
+          const acc_t sub_4_14 = (mul_1_2 - mul_2_13);
+          const acc_t mul_3_15 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_1[k].v[v]));
+          const acc_t mul_4_16 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_3[k].v[v]));
+          const acc_t add_6_17 = (mul_3_15 + mul_4_16);
+          st_0[v] = (acc_t)(sub_4_14);
+          st_1[v] = (acc_t)(add_6_17);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -303,14 +303,14 @@ rope_fwd_rows(const rope_args A, float* __restrict__ partials, int64_t rows_per_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_1_731 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
-          const acc_t mul_2_746 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
-          const acc_t sub_4_747 = (mul_1_731 - mul_2_746);
-          const acc_t mul_3_748 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
-          const acc_t mul_4_749 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
-          const acc_t add_6_750 = (mul_3_748 + mul_4_749);
-          st_0[v] = (acc_t)(sub_4_747);
-          st_1[v] = (acc_t)(add_6_750);
+          const acc_t mul_1_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
+          const acc_t mul_2_13 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
+          const acc_t sub_4_14 = (mul_1_2 - mul_2_13);
+          const acc_t mul_3_15 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_1[u].v[v]));
+          const acc_t mul_4_16 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_3[u].v[v]));
+          const acc_t add_6_17 = (mul_3_15 + mul_4_16);
+          st_0[v] = (acc_t)(sub_4_14);
+          st_1[v] = (acc_t)(add_6_17);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -457,32 +457,32 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_753 = (((int64_t)(A.D)) + (int64_t)2);
-  const int64_t sub_755 = (add_753 - (int64_t)1);
-  const int64_t floordiv_842 = (sub_755 / (int64_t)2);
-  const int64_t add_7_843 = ((int64_t)0 + floordiv_842);
-  const int64_t mul_844 = (floordiv_842 * (int64_t)2);
-  const int64_t sub_2_845 = (mul_844 - ((int64_t)(A.D)));
-  const int64_t sub_3_846 = (floordiv_842 - sub_2_845);
-  const int64_t add_10_847 = (add_7_843 + sub_3_846);
-  const int64_t sub_9_848 = (add_10_847 - sub_3_846);
-  const int64_t add_12_849 = ((int64_t)0 + sub_9_848);
-  // column partials of sum_2_859: this thread's columns, summed over its rows
+  const int64_t add_3 = (((int64_t)(A.D)) + (int64_t)2);
+  const int64_t sub_5 = (add_3 - (int64_t)1);
+  const int64_t floordiv_6 = (sub_5 / (int64_t)2);
+  const int64_t add_7_7 = ((int64_t)0 + floordiv_6);
+  const int64_t mul_8 = (floordiv_6 * (int64_t)2);
+  const int64_t sub_2_9 = (mul_8 - ((int64_t)(A.D)));
+  const int64_t sub_3_10 = (floordiv_6 - sub_2_9);
+  const int64_t add_10_11 = (add_7_7 + sub_3_10);
+  const int64_t sub_9_12 = (add_10_11 - sub_3_10);
+  const int64_t add_12_13 = ((int64_t)0 + sub_9_12);
+  // column partials of sum_2_28: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
-  // column partials of sum_4_836: this thread's columns, summed over its rows
+  // column partials of sum_4_31: this thread's columns, summed over its rows
   acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
   float* cpart_1 = partials + (1 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = 0.f;
-  // column partials of sum_1_862: this thread's columns, summed over its rows
+  // column partials of sum_1_34: this thread's columns, summed over its rows
   acc_t cacc_2[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_2[k][v] = 0;
   float* cpart_2 = partials + (2 * slots + slot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = 0.f;
-  // column partials of sum_3_864: this thread's columns, summed over its rows
+  // column partials of sum_3_36: this thread's columns, summed over its rows
   acc_t cacc_3[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_3[k][v] = 0;
   float* cpart_3 = partials + (3 * slots + slot) * W;
@@ -531,23 +531,23 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_851 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
-          const acc_t mul_12_835 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
-          const acc_t add_16_852 = (mul_6_851 + mul_12_835);
-          const acc_t mul_8_853 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
-          const acc_t neg_2_826 = (-(acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]));
-          const acc_t mul_10_854 = (neg_2_826 * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
-          const acc_t add_14_855 = (mul_8_853 + mul_10_854);
-          const acc_t mul_7_858 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
-          const acc_t mul_11_833 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
-          const acc_t mul_5_861 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
-          const acc_t mul_9_863 = (neg_2_826 * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
-          st_0[v] = (acc_t)(add_16_852);
-          st_1[v] = (acc_t)(add_14_855);
-          cacc_0[k][v] += mul_7_858;
-          cacc_1[k][v] += mul_11_833;
-          cacc_2[k][v] += mul_5_861;
-          cacc_3[k][v] += mul_9_863;
+          const acc_t mul_6_16 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t mul_12_19 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t add_16_20 = (mul_6_16 + mul_12_19);
+          const acc_t mul_8_21 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t neg_2_22 = (-(acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]));
+          const acc_t mul_10_23 = (neg_2_22 * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t add_14_24 = (mul_8_21 + mul_10_23);
+          const acc_t mul_7_27 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
+          const acc_t mul_11_30 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
+          const acc_t mul_5_33 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
+          const acc_t mul_9_35 = (neg_2_22 * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
+          st_0[v] = (acc_t)(add_16_20);
+          st_1[v] = (acc_t)(add_14_24);
+          cacc_0[k][v] += mul_7_27;
+          cacc_1[k][v] += mul_11_30;
+          cacc_2[k][v] += mul_5_33;
+          cacc_3[k][v] += mul_9_35;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -582,23 +582,23 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_851 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
-          const acc_t mul_12_835 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
-          const acc_t add_16_852 = (mul_6_851 + mul_12_835);
-          const acc_t mul_8_853 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
-          const acc_t neg_2_826 = (-(acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]));
-          const acc_t mul_10_854 = (neg_2_826 * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
-          const acc_t add_14_855 = (mul_8_853 + mul_10_854);
-          const acc_t mul_7_858 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
-          const acc_t mul_11_833 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
-          const acc_t mul_5_861 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
-          const acc_t mul_9_863 = (neg_2_826 * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
-          st_0[v] = (acc_t)(add_16_852);
-          st_1[v] = (acc_t)(add_14_855);
-          cpart_0[c * VEC + v] += mul_7_858;
-          cpart_1[c * VEC + v] += mul_11_833;
-          cpart_2[c * VEC + v] += mul_5_861;
-          cpart_3[c * VEC + v] += mul_9_863;
+          const acc_t mul_6_16 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t mul_12_19 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t add_16_20 = (mul_6_16 + mul_12_19);
+          const acc_t mul_8_21 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t neg_2_22 = (-(acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]));
+          const acc_t mul_10_23 = (neg_2_22 * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t add_14_24 = (mul_8_21 + mul_10_23);
+          const acc_t mul_7_27 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
+          const acc_t mul_11_30 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
+          const acc_t mul_5_33 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
+          const acc_t mul_9_35 = (neg_2_22 * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
+          st_0[v] = (acc_t)(add_16_20);
+          st_1[v] = (acc_t)(add_14_24);
+          cpart_0[c * VEC + v] += mul_7_27;
+          cpart_1[c * VEC + v] += mul_11_30;
+          cpart_2[c * VEC + v] += mul_5_33;
+          cpart_3[c * VEC + v] += mul_9_35;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -642,18 +642,22 @@ __global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __res
   const int64_t per_group = slots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
-    acc_t sum_2_859 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_859 += (acc_t)partials[(0 * slots + g * per_group + s) * W + j];
-    acc_t sum_4_836 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_836 += (acc_t)partials[(1 * slots + g * per_group + s) * W + j];
-    acc_t sum_1_862 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_1_862 += (acc_t)partials[(2 * slots + g * per_group + s) * W + j];
-    acc_t sum_3_864 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_3_864 += (acc_t)partials[(3 * slots + g * per_group + s) * W + j];
-    const acc_t add_17_860 = (sum_2_859 + sum_4_836);
-    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_860));
-    const acc_t add_15_865 = (sum_1_862 + sum_3_864);
-    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_865));
+    double sum_2_28_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_28_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    const acc_t sum_2_28 = (acc_t)sum_2_28_f64;
+    double sum_4_31_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_4_31_f64 += (double)partials[(1 * slots + g * per_group + s) * W + j];
+    const acc_t sum_4_31 = (acc_t)sum_4_31_f64;
+    double sum_1_34_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_1_34_f64 += (double)partials[(2 * slots + g * per_group + s) * W + j];
+    const acc_t sum_1_34 = (acc_t)sum_1_34_f64;
+    double sum_3_36_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_3_36_f64 += (double)partials[(3 * slots + g * per_group + s) * W + j];
+    const acc_t sum_3_36 = (acc_t)sum_3_36_f64;
+    const acc_t add_17_32 = (sum_2_28 + sum_4_31);
+    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_32));
+    const acc_t add_15_37 = (sum_1_34 + sum_3_36);
+    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_37));
   }
 }
 

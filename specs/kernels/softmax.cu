@@ -241,8 +241,8 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
       }
     }
     // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_876 = (acc_t)(-INFINITY);
-    acc_t sum_1_879 = (acc_t)0;
+    acc_t amax_646 = (acc_t)(-INFINITY);
+    acc_t sum_1_649 = (acc_t)0;
     if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
@@ -260,12 +260,12 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sg::online_add(amax_876, sum_1_879, (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v])));
+          sg::online_add(amax_646, sum_1_649, (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v])));
         }
         }
       }
       }
-      sg::group_online<TPR>(amax_876, sum_1_879, red_smem);
+      sg::group_online<TPR>(amax_646, sum_1_649, red_smem);
     } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -274,11 +274,11 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_876 = sg::max_(amax_876, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
+          amax_646 = sg::max_(amax_646, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
         }
         }
       }
-      amax_876 = sg::group_reduce<TPR>(amax_876, sg::Max(), red_smem);
+      amax_646 = sg::group_reduce<TPR>(amax_646, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -286,13 +286,13 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_877 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_876);
-          const acc_t exp_878 = sg::exp_((acc_t)(sub_877));
-          sum_1_879 += exp_878;
+          const acc_t sub_647 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_646);
+          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
+          sum_1_649 += exp_648;
         }
         }
       }
-      sum_1_879 = sg::group_reduce<TPR>(sum_1_879, sg::Sum(), red_smem);
+      sum_1_649 = sg::group_reduce<TPR>(sum_1_649, sg::Sum(), red_smem);
     }
     // final pass: outputs
       if constexpr (ITEMS > 0) {
@@ -304,10 +304,10 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_877 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_876);
-          const acc_t exp_878 = sg::exp_((acc_t)(sub_877));
-          const acc_t div_880 = ((acc_t)(exp_878) * ((acc_t)1 / (acc_t)(sum_1_879)));
-          st_0[v] = (acc_t)(div_880);
+          const acc_t sub_647 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_646);
+          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
+          const acc_t div_650 = ((acc_t)(exp_648) * ((acc_t)1 / (acc_t)(sum_1_649)));
+          st_0[v] = (acc_t)(div_650);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -330,10 +330,10 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_877 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_876);
-          const acc_t exp_878 = sg::exp_((acc_t)(sub_877));
-          const acc_t div_880 = ((acc_t)(exp_878) * ((acc_t)1 / (acc_t)(sum_1_879)));
-          st_0[v] = (acc_t)(div_880);
+          const acc_t sub_647 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_646);
+          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
+          const acc_t div_650 = ((acc_t)(exp_648) * ((acc_t)1 / (acc_t)(sum_1_649)));
+          st_0[v] = (acc_t)(div_650);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -488,7 +488,7 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
       }
     }
     // pass 1: sum over the row
-    acc_t sum_2_908 = (acc_t)0;
+    acc_t sum_2_678 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -497,8 +497,8 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_907 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
-          sum_2_908 += mul_2_907;
+          const acc_t mul_2_677 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
+          sum_2_678 += mul_2_677;
         }
         }
       }
@@ -521,14 +521,14 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_907 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
-          sum_2_908 += mul_2_907;
+          const acc_t mul_2_677 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
+          sum_2_678 += mul_2_677;
         }
         }
       }
       }
       }
-    sum_2_908 = sg::group_reduce<TPR>(sum_2_908, sg::Sum(), red_smem);
+    sum_2_678 = sg::group_reduce<TPR>(sum_2_678, sg::Sum(), red_smem);
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -539,10 +539,10 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_907 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
-          const acc_t mul_3_909 = ((acc_t)sg::to_acc(r_p_out_1[k].v[v]) * sum_2_908);
-          const acc_t sub_1_910 = (mul_2_907 - mul_3_909);
-          st_0[v] = (acc_t)(sub_1_910);
+          const acc_t mul_2_677 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
+          const acc_t mul_3_679 = ((acc_t)sg::to_acc(r_p_out_1[k].v[v]) * sum_2_678);
+          const acc_t sub_1_680 = (mul_2_677 - mul_3_679);
+          st_0[v] = (acc_t)(sub_1_680);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -567,10 +567,10 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_907 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
-          const acc_t mul_3_909 = ((acc_t)sg::to_acc(l_p_out_1[u].v[v]) * sum_2_908);
-          const acc_t sub_1_910 = (mul_2_907 - mul_3_909);
-          st_0[v] = (acc_t)(sub_1_910);
+          const acc_t mul_2_677 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
+          const acc_t mul_3_679 = ((acc_t)sg::to_acc(l_p_out_1[u].v[v]) * sum_2_678);
+          const acc_t sub_1_680 = (mul_2_677 - mul_3_679);
+          st_0[v] = (acc_t)(sub_1_680);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }

@@ -223,10 +223,10 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_913 = (((int64_t)(A.H * 2)) + (int64_t)2);
-  const int64_t sub_915 = (add_913 - (int64_t)1);
-  const int64_t floordiv_941 = (sub_915 / (int64_t)2);
-  const int64_t add_4_942 = ((int64_t)0 + floordiv_941);
+  const int64_t add_178 = (((int64_t)(A.H * 2)) + (int64_t)2);
+  const int64_t sub_180 = (add_178 - (int64_t)1);
+  const int64_t floordiv_206 = (sub_180 / (int64_t)2);
+  const int64_t add_4_207 = ((int64_t)0 + floordiv_206);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -257,13 +257,13 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t neg_929 = (-(acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t exp_930 = sg::exp_((acc_t)(neg_929));
-          const acc_t add_6_938 = ((acc_t)1.0 + exp_930);
-          const acc_t div_939 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_938));
-          const acc_t mul_1_940 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * div_939);
-          const acc_t mul_2_944 = (mul_1_940 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          st_0[v] = (acc_t)(mul_2_944);
+          const acc_t neg_194 = (-(acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t exp_195 = sg::exp_((acc_t)(neg_194));
+          const acc_t add_6_203 = ((acc_t)1.0 + exp_195);
+          const acc_t div_204 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_203));
+          const acc_t mul_1_205 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * div_204);
+          const acc_t mul_2_209 = (mul_1_205 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          st_0[v] = (acc_t)(mul_2_209);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -288,13 +288,13 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t neg_929 = (-(acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t exp_930 = sg::exp_((acc_t)(neg_929));
-          const acc_t add_6_938 = ((acc_t)1.0 + exp_930);
-          const acc_t div_939 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_938));
-          const acc_t mul_1_940 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * div_939);
-          const acc_t mul_2_944 = (mul_1_940 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          st_0[v] = (acc_t)(mul_2_944);
+          const acc_t neg_194 = (-(acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t exp_195 = sg::exp_((acc_t)(neg_194));
+          const acc_t add_6_203 = ((acc_t)1.0 + exp_195);
+          const acc_t div_204 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_203));
+          const acc_t mul_1_205 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * div_204);
+          const acc_t mul_2_209 = (mul_1_205 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          st_0[v] = (acc_t)(mul_2_209);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -431,10 +431,10 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_947 = (((int64_t)(A.H * 2)) + (int64_t)2);
-  const int64_t sub_949 = (add_947 - (int64_t)1);
-  const int64_t floordiv_991 = (sub_949 / (int64_t)2);
-  const int64_t add_4_992 = ((int64_t)0 + floordiv_991);
+  const int64_t add_212 = (((int64_t)(A.H * 2)) + (int64_t)2);
+  const int64_t sub_214 = (add_212 - (int64_t)1);
+  const int64_t floordiv_257 = (sub_214 / (int64_t)2);
+  const int64_t add_4_258 = ((int64_t)0 + floordiv_257);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -470,20 +470,23 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_994 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t neg_1_975 = (-(acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          const acc_t exp_1_976 = sg::exp_((acc_t)(neg_1_975));
-          const acc_t add_7_995 = ((acc_t)1.0 + exp_1_976);
-          const acc_t div_1_996 = ((acc_t)((acc_t)1.0) / (acc_t)(add_7_995));
-          const acc_t mul_5_997 = (mul_4_994 * div_1_996);
-          const acc_t sub_4_998 = ((acc_t)1.0 - div_1_996);
-          const acc_t mul_6_999 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * sub_4_998);
-          const acc_t add_8_1000 = (mul_6_999 + (acc_t)1.0);
-          const acc_t mul_7_1001 = (mul_5_997 * add_8_1000);
-          const acc_t mul_1_1005 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * div_1_996);
-          const acc_t mul_3_1006 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_1005);
-          st_0[v] = (acc_t)(mul_7_1001);
-          st_1[v] = (acc_t)(mul_3_1006);
+          const acc_t mul_4_260 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t neg_1_240 = (-(acc_t)sg::to_acc(r_p_x_2[k].v[v]));
+          const acc_t exp_1_241 = sg::exp_((acc_t)(neg_1_240));
+          const acc_t add_7_243 = (exp_1_241 + (acc_t)1.0);
+          const acc_t reciprocal_244 = ((acc_t)1 / (acc_t)(add_7_243));
+          const acc_t mul_5_261 = (reciprocal_244 * (acc_t)1.0);
+          const acc_t mul_6_262 = (mul_4_260 * mul_5_261);
+          const acc_t sub_4_263 = ((acc_t)1.0 - mul_5_261);
+          const acc_t mul_7_264 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * sub_4_263);
+          const acc_t add_8_265 = (mul_7_264 + (acc_t)1.0);
+          const acc_t mul_8_266 = (mul_6_262 * add_8_265);
+          const acc_t add_6_268 = ((acc_t)1.0 + exp_1_241);
+          const acc_t div_269 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_268));
+          const acc_t mul_1_270 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * div_269);
+          const acc_t mul_3_271 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_270);
+          st_0[v] = (acc_t)(mul_8_266);
+          st_1[v] = (acc_t)(mul_3_271);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -512,20 +515,23 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_994 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t neg_1_975 = (-(acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          const acc_t exp_1_976 = sg::exp_((acc_t)(neg_1_975));
-          const acc_t add_7_995 = ((acc_t)1.0 + exp_1_976);
-          const acc_t div_1_996 = ((acc_t)((acc_t)1.0) / (acc_t)(add_7_995));
-          const acc_t mul_5_997 = (mul_4_994 * div_1_996);
-          const acc_t sub_4_998 = ((acc_t)1.0 - div_1_996);
-          const acc_t mul_6_999 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * sub_4_998);
-          const acc_t add_8_1000 = (mul_6_999 + (acc_t)1.0);
-          const acc_t mul_7_1001 = (mul_5_997 * add_8_1000);
-          const acc_t mul_1_1005 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * div_1_996);
-          const acc_t mul_3_1006 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_1005);
-          st_0[v] = (acc_t)(mul_7_1001);
-          st_1[v] = (acc_t)(mul_3_1006);
+          const acc_t mul_4_260 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t neg_1_240 = (-(acc_t)sg::to_acc(l_p_x_2[u].v[v]));
+          const acc_t exp_1_241 = sg::exp_((acc_t)(neg_1_240));
+          const acc_t add_7_243 = (exp_1_241 + (acc_t)1.0);
+          const acc_t reciprocal_244 = ((acc_t)1 / (acc_t)(add_7_243));
+          const acc_t mul_5_261 = (reciprocal_244 * (acc_t)1.0);
+          const acc_t mul_6_262 = (mul_4_260 * mul_5_261);
+          const acc_t sub_4_263 = ((acc_t)1.0 - mul_5_261);
+          const acc_t mul_7_264 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * sub_4_263);
+          const acc_t add_8_265 = (mul_7_264 + (acc_t)1.0);
+          const acc_t mul_8_266 = (mul_6_262 * add_8_265);
+          const acc_t add_6_268 = ((acc_t)1.0 + exp_1_241);
+          const acc_t div_269 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_268));
+          const acc_t mul_1_270 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * div_269);
+          const acc_t mul_3_271 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_270);
+          st_0[v] = (acc_t)(mul_8_266);
+          st_1[v] = (acc_t)(mul_3_271);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);

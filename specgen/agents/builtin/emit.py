@@ -141,6 +141,9 @@ class DirectionEmitter:
         self.kname = f"{spec.name}_{'fwd' if direction == 'forward' else 'bwd'}"
         self.nodes = program.nodes()
         self.by_id = {n.id: n for n in self.nodes}
+        # Names count from 0 in program order, not from the process-wide node counter, so the
+        # same spec gives the same source byte for byte in any process (kernels are committed).
+        self.local_ids = {n.id: i for i, n in enumerate(self.nodes)}
         self.types = {f.name: f.tensor for f in abi.fields(spec, direction) if f.is_tensor}
         self.elem_loads = self._unique_loads()
         self.colreduces = [n for n in self.nodes if n.op == "colreduce"]
@@ -153,7 +156,8 @@ class DirectionEmitter:
     # ------------------------------------------------------------ naming
     def var(self, node: Node) -> str:
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in (node.name or node.op))
-        return f"{base}_{node.id}"
+        local = self.local_ids.setdefault(node.id, len(self.local_ids))
+        return f"{base}_{local}"
 
     def ctype_of(self, fld: str) -> str:
         t = self.types[fld]
@@ -621,9 +625,11 @@ class DirectionEmitter:
             lines.append("    const int64_t g = idx / W, j = idx % W;")
             ctx = Ctx()
             for i, c in enumerate(self.colreduces):
-                lines.append(f"    acc_t {self.var(c)} = 0;")
-                lines.append(f"    for (int64_t s = 0; s < per_group; ++s) {self.var(c)} += "
-                             f"(acc_t)partials[({i} * slots + g * per_group + s) * W + j];")
+                # hundreds of slot partials in one float chain lose ~1e-5 relative: sum in double
+                lines.append(f"    double {self.var(c)}_f64 = 0;")
+                lines.append(f"    for (int64_t s = 0; s < per_group; ++s) {self.var(c)}_f64 += "
+                             f"(double)partials[({i} * slots + g * per_group + s) * W + j];")
+                lines.append(f"    const acc_t {self.var(c)} = (acc_t){self.var(c)}_f64;")
                 ctx.names[c.id] = self.var(c)
             for s in col:
                 t = self.ctype_of(s.field)
