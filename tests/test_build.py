@@ -223,12 +223,11 @@ def test_a_locked_folder_builds_a_wheel_that_installs_and_passes_its_tests(folde
 @pytest.mark.slow
 @pytest.mark.nvcc
 def test_the_example_specs_build_locked_into_a_wheel_that_passes_its_tests(tmp_path):
-    """CI: `specgen build specs/ --locked` with the committed kernels and lock. --no-verify: the
-    verification records come from the GPU machine; CI checks that the lock is fresh and that
-    the locked kernels compile into a wheel whose tests pass."""
-    if not (SPECS / "specgen.lock").exists():
-        pytest.skip("specs/specgen.lock is not committed yet (the built-in generator writes it)")
-    code = build(SPECS, "--locked", "--no-verify", "--name", "specgen_kernels", "-o", tmp_path / "dist")
+    """CI: `specgen build specs/ --locked` with the committed kernels and lock, as a user's CI
+    would run it: the lock must be fresh and every kernel must carry a GPU verification record
+    (no --no-verify), and the locked kernels must compile into a wheel whose tests pass."""
+    assert (SPECS / "specgen.lock").exists(), "specs/specgen.lock must be committed"
+    code = build(SPECS, "--locked", "--name", "specgen_kernels", "-o", tmp_path / "dist")
     assert code == 0
     (wheel,) = (tmp_path / "dist").glob("specgen_kernels-*.whl")
     result = install_and_test(wheel, "specgen_kernels", tmp_path)
