@@ -8,6 +8,7 @@ import zipfile
 import pytest
 
 from specgen.package.portability import glibc_needs, portability_warning
+from specgen.toolchain import undefined_dynamic_symbols
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("readelf") is None,
                                 reason="needs a C compiler and readelf")
@@ -46,3 +47,37 @@ def test_an_old_symbol_passes(tmp_path):
     library = _library(tmp_path, OLD_SYMBOL, "old")
     assert max(glibc_needs(library).values()) <= (2, 28)
     assert portability_warning(_wheel(tmp_path, library)) is None
+
+
+# What a libstdc++.a built against glibc >= 2.38 does: call the C23 names of strtoul & co.
+C23_CALLER = "unsigned long __isoc23_strtoul(const char*, char**, int);\n" \
+             "unsigned long parse(const char* s) { return __isoc23_strtoul(s, 0, 10); }\n"
+
+
+def _shared(tmp_path, name, sources, compiler="cc"):
+    library = tmp_path / f"lib{name}.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-I", str(tmp_path), *map(str, sources), "-o", str(library)],
+                   check=True, capture_output=True)
+    return library
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_generated_shims_resolve_c23_strtol_names_inside_the_extension(tmp_path):
+    from specgen.package.emit import environment  # the package templates, as the emitter loads them
+
+    env = environment()
+    (tmp_path / "glibc_compat.h").write_text(env.get_template("torch-ext/glibc_compat.h.j2").render())
+    (tmp_path / "glibc_shims.cpp").write_text(env.get_template("torch-ext/glibc_shims.cpp.j2").render())
+    (tmp_path / "caller.c").write_text(C23_CALLER)
+    subprocess.run(["cc", "-c", "-fPIC", str(tmp_path / "caller.c"), "-o", str(tmp_path / "caller.o")], check=True)
+    subprocess.run(["c++", "-c", "-fPIC", "-include", str(tmp_path / "glibc_compat.h"), str(tmp_path / "glibc_shims.cpp"),
+                    "-o", str(tmp_path / "shims.o")], check=True)
+
+    without = _shared(tmp_path, "without", [tmp_path / "caller.o"])
+    with_shims = _shared(tmp_path, "with", [tmp_path / "caller.o", tmp_path / "shims.o"], compiler="c++")
+    imported = lambda lib: {s.name for s in undefined_dynamic_symbols(lib)}  # noqa: E731
+    assert "__isoc23_strtoul" in imported(without)  # the problem, as the H200's wheel had it
+    assert "__isoc23_strtoul" not in imported(with_shims)
+    assert "strtoul" in imported(with_shims)  # the classic symbol, which every glibc has
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(with_shims)], capture_output=True, text=True).stdout
+    assert "__isoc23" not in exported  # hidden: the shims are not part of the extension's interface

@@ -59,6 +59,7 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
     if pkg.has_kernels:
         files["torch-ext/torch_binding.cpp"] = env.get_template("torch-ext/torch_binding.cpp.j2").render(context)
         files["torch-ext/glibc_compat.h"] = env.get_template("torch-ext/glibc_compat.h.j2").render(context)
+        files["torch-ext/glibc_shims.cpp"] = env.get_template("torch-ext/glibc_shims.cpp.j2").render(context)
     reference = env.get_template("torch-ext/pkg/_reference.py.j2")
     for op in pkg.ops:
         files[f"{py}/_reference_{op.name}.py"] = reference.render(context, op=op)
