@@ -580,6 +580,15 @@ def undefined_dynamic_symbols(library: Path) -> list[DynamicSymbol]:
     return symbols
 
 
+# `    12: 0000000000001139    42 FUNC    GLOBAL DEFAULT   12 gelu_tanh_forward`
+_DEFINED = re.compile(r"^\s*\d+:\s+[0-9a-fA-F]+\s+\d+\s+\w+\s+(?:GLOBAL|WEAK)\s+\w+\s+(?!UND\b)\S+\s+([^\s@]+)")
+
+
+def defined_symbols(library: Path) -> set[str]:
+    """Names the library exports (defined, global or weak): its entry points among them."""
+    return {match[1] for line in _readelf(library, "--dyn-syms").splitlines() if (match := _DEFINED.match(line))}
+
+
 def undefined_symbols(library: Path) -> list[str]:
     """The library's undefined dynamic symbols (names without their version), sorted."""
     return sorted({symbol.name for symbol in undefined_dynamic_symbols(library)})

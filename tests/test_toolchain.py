@@ -466,3 +466,13 @@ def test_cli_compile_without_toolkit_exits_3(tmp_path, monkeypatch, capsys):
     kernel.write_text(GELU_KERNEL)
     assert main(["compile", str(REPO / "specs" / "gelu_tanh.yaml"), "--kernel", str(kernel)]) == EXIT_ENVIRONMENT
     assert "CUDA_HOME" in capsys.readouterr().err
+
+
+@pytest.mark.nvcc
+def test_defined_symbols_lists_the_entry_points_and_not_the_imports(tmp_path):
+    from specgen.toolchain import defined_symbols
+
+    kernel = compile_kernel(ADD_ONE, cache_dir=tmp_path)
+    exported = defined_symbols(kernel.library)
+    assert "run" in exported
+    assert "cudaLaunchKernel" not in exported and "cudaGetLastError" not in exported

@@ -6,8 +6,6 @@ check. The result is a `Verdict` with one stable reason (see verdict.REASONS).
 """
 from __future__ import annotations
 
-import re
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,24 +17,10 @@ DEFAULT_EXAMPLES = 30
 VERIFIER_VERSION = "1"  # bump when a check changes meaning: lock records are keyed by it
 
 
-def defined_dynamic_symbols(library: Path) -> set[str]:
-    """Names the library exports (defined, global or weak) per `readelf --dyn-syms`."""
-    from ..toolchain import _binutil
-
-    out = subprocess.run([_binutil("readelf"), "-W", "--dyn-syms", str(library)], capture_output=True, text=True,
-                         timeout=60).stdout
-    found = set()
-    for line in out.splitlines():
-        m = re.match(r"^\s*\d+:\s+[0-9a-fA-F]+\s+\d+\s+\w+\s+(GLOBAL|WEAK)\s+\w+\s+(\S+)\s+([^\s@]+)", line)
-        if m and m.group(2) != "UND":
-            found.add(m.group(3))
-    return found
-
-
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:
     """Compile, symbols, entry points. Returns (a rejecting verdict or None, the CompiledKernel or None)."""
     from ..abi import write_header
-    from ..toolchain import CompileError, compile_kernel
+    from ..toolchain import CompileError, compile_kernel, defined_symbols
     from .checks import check_entry_points, check_library_symbols
 
     with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
@@ -50,7 +34,7 @@ def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | No
     timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
     try:
         check_library_symbols(compiled.library, spec)
-        check_entry_points(defined_dynamic_symbols(compiled.library), spec)
+        check_entry_points(defined_symbols(compiled.library), spec)
     except Failure as failure:
         return Verdict.from_failure(failure, timings=timings), compiled
     return None, compiled
@@ -101,5 +85,5 @@ def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int =
     return verdict
 
 
-__all__ = ["DEFAULT_EXAMPLES", "VERIFIER_VERSION", "REASONS", "Counterexample", "Failure", "Verdict", "defined_dynamic_symbols",
+__all__ = ["DEFAULT_EXAMPLES", "VERIFIER_VERSION", "REASONS", "Counterexample", "Failure", "Verdict",
            "gpu_available", "static_checks", "verify_kernel", "PASSED"]
