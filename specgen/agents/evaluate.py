@@ -156,7 +156,8 @@ class KernelEvaluator(Evaluator):
         timings = details.get("timings") or {}
         return [Record(kernel_hash=kernel_hash(candidate.source), verifier_version=str(getattr(verify, "VERIFIER_VERSION", "1")),
                        gpu_arch=self.arch or detect_gpu_arch() or "unknown",
-                       verification=verdict, benchmark=timings.get("benchmark"))]
+                       verification={**verdict, "sanitized": bool(self.verify_options.get("sanitize"))},
+                       benchmark=timings.get("benchmark"))]
 
 
 def _plain(value: Any) -> Any:

@@ -54,6 +54,9 @@ def add_agent_arguments(parser) -> None:
     g.add_argument("--retries", type=int, default=4, help="per LLM request on 429/5xx/timeouts (default 4)")
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
+    g.add_argument("--sanitize", action="store_true",
+                   help="also run every candidate under compute-sanitizer (memcheck + racecheck) before it "
+                        "can be locked; slower, and the lock record says it was sanitized")
 
 
 def _positive_int(text: str) -> int:
@@ -98,7 +101,7 @@ def generate_one(spec, agent, args, console: Console) -> int:
         baseline = Candidate(Path(status.kernel_path).read_text(), status.entry.agent, status.entry.model)
     task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
                       gpu=gpu_facts(), baseline=baseline)
-    evaluator = KernelEvaluator(task, arch=args.arch)
+    evaluator = KernelEvaluator(task, arch=args.arch, verify_options=verify_options(args))
     if baseline is not None and evaluator.can_verify:
         task.baseline_timings = _baseline_timings(evaluator, baseline)
     budget = Budget(attempts=args.attempts, samples=args.samples, wall_time_s=args.wall_time,
@@ -141,6 +144,11 @@ def generate_one(spec, agent, args, console: Console) -> int:
     console.print(f"  [red]no kernel[/] for {escape(spec.name)}: {escape(result.stopped)}; the package "
                   f"keeps the reference path for this op")
     return EXIT_REJECTED
+
+
+def verify_options(args) -> dict:
+    """What the verifier is asked for besides its defaults: the sanitizer gate when --sanitize."""
+    return {"sanitize": True} if getattr(args, "sanitize", False) else {}
 
 
 def _baseline_timings(evaluator, baseline) -> dict | None:
