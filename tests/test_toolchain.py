@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from specgen import toolchain
+from specgen.toolchain import cuda as toolchain_cuda
+from specgen.toolchain import diagnostics as toolchain_diagnostics
 from specgen.errors import EXIT_ENVIRONMENT, EXIT_REJECTED, EnvironmentMissing, UsageError
 from specgen.toolchain import (
     CompileError, Diagnostic, check_symbols, compile_kernel, find_cuda_toolkit, needed_libraries,
@@ -93,7 +95,7 @@ def test_nvcc_wrapper_script_on_path_reports_the_real_root(tmp_path):
     wrapper.write_text(f'#!/bin/sh\nexec {real.nvcc} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     # dirname(wrapper)/.. is tmp_path, which holds no toolkit: the root must come from nvcc itself.
-    assert toolchain._ask_nvcc_for_root(wrapper) == real.root
+    assert toolchain_cuda._ask_nvcc_for_root(wrapper) == real.root
 
 
 def test_bogus_cuda_home_is_an_error_naming_what_is_missing(tmp_path, monkeypatch):
@@ -121,7 +123,7 @@ def test_no_toolkit_anywhere_lists_every_place_looked(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc here
-    monkeypatch.setattr(toolchain, "DEFAULT_CUDA_ROOT", tmp_path / "cuda")
+    monkeypatch.setattr(toolchain_cuda, "DEFAULT_CUDA_ROOT", tmp_path / "cuda")
     with pytest.raises(EnvironmentMissing) as caught:
         find_cuda_toolkit()
     message = str(caught.value)
@@ -133,7 +135,7 @@ def test_cuda_path_is_used_when_cuda_home_is_unset(monkeypatch):
     real = find_cuda_toolkit()
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.setenv("CUDA_PATH", str(real.root))
-    monkeypatch.setattr(toolchain, "DEFAULT_CUDA_ROOT", Path("/nonexistent/cuda"))
+    monkeypatch.setattr(toolchain_cuda, "DEFAULT_CUDA_ROOT", Path("/nonexistent/cuda"))
     assert find_cuda_toolkit().root == real.root
 
 
@@ -143,9 +145,9 @@ def test_gpu_arch_from_nvidia_smi(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert toolchain._arch_from_nvidia_smi() == "sm_90"
+    assert toolchain_cuda._arch_from_nvidia_smi() == "sm_90"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert toolchain._arch_from_nvidia_smi() is None
+    assert toolchain_cuda._arch_from_nvidia_smi() is None
 
 
 def test_gpu_arch_from_the_toolkit_device_query(tmp_path):
@@ -154,8 +156,8 @@ def test_gpu_arch_from_the_toolkit_device_query(tmp_path):
     fails.write_text('#!/bin/sh\necho "failed to call load_driver_entries()" >&2\nexit 1\n')
     for tool in (works, fails):
         tool.chmod(0o755)
-    assert toolchain._arch_from_device_query(works) == "sm_100"
-    assert toolchain._arch_from_device_query(fails) is None
+    assert toolchain_cuda._arch_from_device_query(works) == "sm_100"
+    assert toolchain_cuda._arch_from_device_query(fails) is None
 
 
 @pytest.mark.gpu
@@ -408,7 +410,7 @@ def test_compile_error_text_is_short_and_errors_first():
     lines = text.splitlines()
     assert lines[0] == "nvcc failed:" and lines[1] == "k.cu:100: error: e0"
     assert len(lines) == 1 + 20 + 1 and lines[-1] == "... and 15 more"
-    assert max(len(line) for line in lines) <= toolchain.MAX_MESSAGE_CHARS
+    assert max(len(line) for line in lines) <= toolchain_diagnostics.MAX_MESSAGE_CHARS
 
 
 def test_compile_error_without_parsed_diagnostics_shows_the_log_tail():
