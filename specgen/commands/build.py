@@ -353,7 +353,7 @@ def _summary(results: list[OpResult], console: Console, gpu_arch: str | None) ->
     from ..package.provenance import geomean_speedup
 
     table = Table(title="specgen build", title_justify="left")
-    for column in ("op", "CUDA path", "agent", "verified on", "vs eager", "vs compile"):
+    for column in ("op", "CUDA path", "agent", "verified on", "vs eager (geomean)", "vs compile (geomean)"):
         table.add_column(column)
     for r in results:
         p = r.provenance
