@@ -166,6 +166,19 @@ def test_readme_and_docstrings_say_what_is_verified(pkg):
     assert "NOT verified on a GPU" in init
 
 
+def test_readme_benchmark_table_names_the_direction_of_each_row(specs):
+    rows = [{"direction": d, "dims": {"N": 16384, "H": 8192}, "dtype": "bfloat16", "kernel_us": k, "eager_us": 2 * k,
+             "compile_us": 1.5 * k, "speedup_vs_eager": 2.0, "speedup_vs_compile": 1.5,
+             "kernel_roofline_fraction": 0.9} for d, k in (("forward", 200.0), ("backward", 340.0))]
+    provenance = {"swiglu": {"agent": "builtin", "verified_on": "sm_90 (NVIDIA H200)",
+                             "verification": {"passed": True},
+                             "benchmark": {"device": "NVIDIA H200", "copy_gbs": 4150.0, "rows": rows}}}
+    readme = render_files(package_model("sgtest", specs, {"swiglu": SWIGLU_CU}, provenance=provenance))["README.md"]
+    assert "| direction | shape | dtype |" in readme
+    assert "| forward | N=16384, H=8192 | bfloat16 | 200.0 |" in readme
+    assert "| backward | N=16384, H=8192 | bfloat16 | 340.0 |" in readme
+
+
 def _run_generated_tests(python: str, package: str, cwd: Path, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", f"{package}.tests"],
                           cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
