@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 VERIFIED, UNVERIFIED, REFERENCE = "verified", "unverified", "reference"
-ROW_KEYS = ("dims", "dtype", "kernel_us", "eager_us", "compile_us", "speedup_vs_eager", "speedup_vs_compile",
+ROW_KEYS = ("direction", "dims", "dtype", "kernel_us", "eager_us", "compile_us", "speedup_vs_eager", "speedup_vs_compile",
             "kernel_roofline_fraction")
 
 
