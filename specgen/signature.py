@@ -69,6 +69,20 @@ class Dim:
             return None
         return scaled // self.mul
 
+    def c_expr(self, prefix: str = "") -> str:
+        """The size as a C/C++ integer expression over the resolved symbols (`prefix` names
+        where they live, e.g. "A." for the ABI struct)."""
+        if self.symbol is None:
+            return str(self.add)
+        text = f"{prefix}{self.symbol}"
+        if self.mul != 1:
+            text = f"{text} * {self.mul}"
+        if self.div != 1:
+            text = f"({text}) / {self.div}"
+        if self.add:
+            text = f"({text} + {self.add})" if self.add > 0 else f"({text} - {-self.add})"
+        return text
+
     def __str__(self) -> str:
         if self.symbol is None:
             return str(self.add)

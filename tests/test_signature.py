@@ -102,3 +102,12 @@ def test_bad_signatures_point_at_the_character(text, offset, words):
         parse_signature(text)
     assert words in info.value.message
     assert info.value.offset == offset, info.value.caret()
+
+
+@pytest.mark.parametrize("text, expected", [("N", "A.N"), ("2*H", "A.H * 2"), ("D/2", "(A.D) / 2"),
+                                            ("N+1", "(A.N + 1)"), ("N-3", "(A.N - 3)"), ("64", "64")])
+def test_dims_render_as_c_expressions(text, expected):
+    dim = parse_signature(f"f(x: Tensor[{text}, N, H, D]) -> Tensor[N]").inputs[0].type.dims[0]
+    assert dim.c_expr("A.") == expected
+    values = {"N": 7, "H": 5, "D": 12}
+    assert eval(expected.replace("A.", "").replace("/", "//"), {}, values) == dim.resolve(values)

@@ -43,16 +43,7 @@ class DimModel:
 
     def size_expr(self, dims: str = "") -> str:
         """The size this axis must have, from resolved symbols (`dims` prefixes them)."""
-        if self.symbol is None:
-            return str(self.add)
-        text = f"{dims}{self.symbol}"
-        if self.mul != 1:
-            text = f"{text} * {self.mul}"
-        if self.div != 1:
-            text = f"({text}) / {self.div}"
-        if self.add:
-            text = f"({text} + {self.add})" if self.add > 0 else f"({text} - {-self.add})"
-        return text
+        return Dim(self.symbol, self.mul, self.div, self.add).c_expr(dims)
 
     def py_size_expr(self, dims: str = "") -> str:
         return self.size_expr(dims).replace(" / ", " // ")

@@ -106,14 +106,7 @@ def shape_class(tpr: int, items: int) -> str:
 def dim_expr(d, prefix: str = "A.") -> str:
     if d.symbol is None:
         return f"(int64_t){d.add}"
-    text = f"{prefix}{d.symbol}"
-    if d.mul != 1:
-        text = f"{text} * {d.mul}"
-    if d.div != 1:
-        text = f"({text}) / {d.div}"
-    if d.add:
-        text = f"({text} + {d.add})"
-    return f"((int64_t)({text}))"
+    return f"((int64_t)({d.c_expr(prefix)}))"
 
 
 def _float_literal(value: float) -> str:
