@@ -11,3 +11,15 @@ COMMANDS = [
     "generate",
     "build",
 ]
+
+
+def kernel_argument(text: str):
+    """The `--kernel FILE.cu` of compile, verify and bench, checked to exist."""
+    from pathlib import Path
+
+    from ..errors import UsageError
+
+    kernel = Path(text)
+    if not kernel.is_file():
+        raise UsageError(f"--kernel {text}: no such file; pass the candidate's .cu source")
+    return kernel

@@ -67,6 +67,7 @@ def results_table(result) -> Table:
 
 
 def run(args) -> int:
+    from . import kernel_argument
     from ..fsutil import write_atomic
     from ..spec import load_spec
     from ..verify import gpu_available
@@ -80,9 +81,7 @@ def run(args) -> int:
         raise UsageError(f"{args.spec}: the spec has no `benchmark:` shapes; pass --shape N=...,D=...")
     library = None
     if args.kernel:
-        kernel = Path(args.kernel)
-        if not kernel.is_file():
-            raise UsageError(f"--kernel {args.kernel}: no such file")
+        kernel = kernel_argument(args.kernel)
         from ..abi import write_header
         from ..toolchain import compile_kernel
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+from ..errors import EXIT_OK, EXIT_REJECTED
 
 
 def register(subparsers) -> None:
@@ -26,15 +26,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from . import kernel_argument
     from ..abi import write_header
     from ..fsutil import write_atomic
     from ..spec import load_spec
     from ..toolchain import CompileError, check_symbols, compile_kernel
 
     spec = load_spec(args.spec)
-    kernel = Path(args.kernel)
-    if not kernel.is_file():
-        raise UsageError(f"--kernel {args.kernel}: no such file; pass the candidate's .cu source")
+    kernel = kernel_argument(args.kernel)
     with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
         write_header(spec, header_dir)
         try:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,14 +32,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from . import kernel_argument
     from ..fsutil import write_atomic
     from ..spec import load_spec
     from ..verify import verify_kernel
 
     spec = load_spec(args.spec)
-    kernel = Path(args.kernel)
-    if not kernel.is_file():
-        raise UsageError(f"--kernel {args.kernel}: no such file; pass the candidate's .cu source")
+    kernel = kernel_argument(args.kernel)
     if args.examples < 0:
         raise UsageError(f"--examples {args.examples}: give a count >= 0")
     console = Console(highlight=False, stderr=True)
