@@ -53,8 +53,28 @@ def test_combine_takes_each_class_from_its_winner():
 def test_wide_softmax_takes_one_online_pass_for_max_and_sum():
     source = build_source(load_spec(SPECS / "softmax.yaml"))
     forward = source.split("// ======================= backward")[0]
-    assert "sg::online_add(" in forward and "sg::group_online<TPR>(" in forward
+    assert "sg::online_add_vec<T, VEC>(" in forward and "sg::group_online<TPR>(" in forward
     assert forward.count("if constexpr (ITEMS == 0) {  // streamed row: one online pass") == 1
+
+
+def _streamed_passes(source: str) -> int:
+    return source.count("for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR)")
+
+
+def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times():
+    # the backward's first batch is max(x) plus the sum over the target column: the max still
+    # pairs with sum(exp(x - max)) in one online pass, the other sum riding along
+    source = build_source(load_spec(SPECS / "cross_entropy.yaml"))
+    forward, backward = source.split("// ======================= backward")
+    assert backward.count("streamed row: one online pass") == 1
+    assert _streamed_passes(backward) == 2  # online (max, sum, target sum), then the gradient
+    assert _streamed_passes(forward) == 1  # the loss needs no second sweep
+
+
+def test_transcendentals_follow_the_storage_dtype():
+    source = build_source(load_spec(SPECS / "gelu_tanh.yaml"))
+    assert "sg::tanh_<T>(" in source and "tanhf(" in source  # fast form only for 16-bit T (prelude)
+    assert "sizeof(T) == 2) return __expf(x); else return expf(x);" in source
 
 
 def test_row_stays_raw_in_registers_and_grid_is_one_wave():

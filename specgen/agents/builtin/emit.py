@@ -221,13 +221,14 @@ class DirectionEmitter:
             if exponent.op == "const" and exponent.attrs["value"] in (3, 3.0):
                 return f"({x[0]} * {x[0]} * {x[0]})"
             return f"sg::pow_((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        unary = {"exp": "sg::exp_", "log": "sg::log_", "tanh": "sg::tanh_", "rsqrt": "sg::rsqrt_",
+        # exp and tanh by the storage dtype T (fast forms for 16-bit storage: prelude)
+        unary = {"exp": "sg::exp_<T>", "log": "sg::log_", "tanh": "sg::tanh_<T>", "rsqrt": "sg::rsqrt_",
                  "sqrt": "sg::sqrt_", "erf": "sg::erf_"}
         if op in unary:
             return f"{unary[op]}((acc_t)({x[0]}))"
         simple = {"neg": "(-{0})", "abs": "fabs((acc_t)({0}))", "not": "(!{0})",
                   "reciprocal": "((acc_t)1 / (acc_t)({0}))",
-                  "sigmoid": "((acc_t)1 / ((acc_t)1 + sg::exp_(-(acc_t)({0}))))",
+                  "sigmoid": "((acc_t)1 / ((acc_t)1 + sg::exp_<T>(-(acc_t)({0}))))",
                   "log1p": "log1p((acc_t)({0}))", "expm1": "expm1((acc_t)({0}))", "sin": "sin((acc_t)({0}))",
                   "cos": "cos((acc_t)({0}))", "exp2": "exp2((acc_t)({0}))", "floor": "floor((acc_t)({0}))",
                   "ceil": "ceil((acc_t)({0}))",
@@ -342,6 +343,9 @@ class DirectionEmitter:
                 slot = "l_{}[u]"
             for i, s in enumerate(stores):
                 body.append(f"{ind}acc_t st_{i}[VEC];")
+            onlines = [(n, acc) for kind, n, acc in consumers if kind == "online"]
+            for i, _ in enumerate(onlines):
+                body.append(f"{ind}acc_t on_{i}[VEC];  // the chunk, fed to the online (max, sum) at once")
             body.append(f"{ind}#pragma unroll")
             body.append(f"{ind}for (int v = 0; v < VEC; ++v) {{")
             inner = ind + "  "
@@ -352,9 +356,10 @@ class DirectionEmitter:
                 for n in ns:
                     ctx.loads[n.id] = self.load_ref(n, raw)
             body += self.elem_statements(roots, ctx, inner)
+            for i, (n, _) in enumerate(onlines):
+                body.append(f"{inner}on_{i}[v] = (acc_t)({self.expr(n, ctx)});")
             for kind, n, acc in consumers:
                 if kind == "online":
-                    body.append(f"{inner}sg::online_add({acc[0]}, {acc[1]}, (acc_t)({self.expr(n, ctx)}));")
                     continue
                 val = self.expr(n.args[0], ctx)
                 if kind == "sum":
@@ -370,6 +375,8 @@ class DirectionEmitter:
                 else:
                     body.append(f"{inner}cpart_{i}[c * VEC + v] += {val};")
             body.append(f"{ind}}}")
+            for i, (_, acc) in enumerate(onlines):
+                body.append(f"{ind}sg::online_add_vec<T, VEC>({acc[0]}, {acc[1]}, on_{i});")
             for i, s in enumerate(stores):
                 body.append(f"{ind}sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
             body.append("        }")
@@ -381,17 +388,19 @@ class DirectionEmitter:
             return out[0]
         return ["      if constexpr (ITEMS > 0) {"] + out[0] + ["      } else {"] + out[1] + ["      }"]
 
-    def online_partner(self, batch: list[Node], pending: list[Node]) -> Node | None:
-        """The sum of exp(a - max) that can share one online pass with `batch` == [max(a)]
-        (softmax, log-softmax, logsumexp, cross-entropy), or None."""
-        if len(batch) != 1 or batch[0].attrs["kind"] != "max":
-            return None
-        m = batch[0]
-        for n in pending:
-            arg = n.args[0] if n.op == "rowreduce" else None
-            if n.op == "rowreduce" and n.attrs["kind"] == "sum" and arg.op == "exp" and arg.args[0].op == "sub" \
-                    and arg.args[0].args[0] is m.args[0] and arg.args[0].args[1] is m:
-                return n
+    def online_partner(self, batch: list[Node], pending: list[Node]) -> tuple[Node, Node] | None:
+        """(max(a), sum(exp(a - max))) that can share one online pass: a max in `batch` and its
+        pending partner (softmax, log-softmax, logsumexp, cross-entropy), or None. The other
+        reductions of the batch (cross-entropy backward's sum over the target column) ride
+        along in the same pass."""
+        for m in batch:
+            if m.attrs["kind"] != "max":
+                continue
+            for n in pending:
+                arg = n.args[0] if n.op == "rowreduce" else None
+                if n.op == "rowreduce" and n.attrs["kind"] == "sum" and arg.op == "exp" \
+                        and arg.args[0].op == "sub" and arg.args[0].args[0] is m.args[0] and arg.args[0].args[1] is m:
+                    return m, n
         return None
 
     def emit_row_kernel(self, variant: Variant) -> str:
@@ -424,12 +433,16 @@ class DirectionEmitter:
                 name = self.var(n)
                 lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
                 ctx.names[n.id] = name
+        if self.colreduces:
+            lines.append("  // column partials: one slot per block (narrow rows merge their row groups at the end)")
+            lines.append("  const int64_t cslot = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;")
+            lines.append("  const int64_t cslots = (int64_t)gridDim.x * gridDim.y;")
         for i, c in enumerate(self.colreduces):
             lines.append(f"  // column partials of {self.var(c)}: this thread's columns, summed over its rows")
             lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
             lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
                          f"cacc_{i}[k][v] = 0;")
-            lines.append(f"  float* cpart_{i} = partials + ({i} * slots + slot) * W;")
+            lines.append(f"  float* cpart_{i} = partials + ({i} * cslots + cslot) * W;")
             lines.append(f"  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) "
                          f"for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = 0.f;")
         for i, g in enumerate(self.globalreduces):
@@ -492,24 +505,29 @@ class DirectionEmitter:
             batch = [n for n in pending if n.op == "rowreduce" and self.elem_ready(n.args[0], done)]
             if batch:
                 pass_no += 1
-                partner = self.online_partner(batch, pending)
-                if partner is not None:
-                    m, s = batch[0], partner
+                pair = self.online_partner(batch, pending)
+                if pair is not None:
+                    m, s = pair
                     mv, sv = self.var(m), self.var(s)
-                    lines.append(f"    // pass {pass_no}: max and sum of exp(x - max) over the row")
-                    lines.append(f"    acc_t {mv} = {init['max']};")
-                    lines.append(f"    acc_t {sv} = {init['sum']};")
+                    others = [(n.attrs["kind"], n, self.var(n)) for n in batch if n is not m]
+                    with_others = "".join(f", {kind}" for kind, _, _ in others)
+                    lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
+                    for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
+                        lines.append(f"    acc_t {acc} = {init[kind]};")
                     lines.append("    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read")
-                    lines += self.emit_pass([("online", m.args[0], (mv, sv))], ctx, [], [], modes=("loop",))
+                    lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [], modes=("loop",))
                     lines.append(f"      sg::group_online<TPR>({mv}, {sv}, red_smem);")
+                    for kind, n, acc in others:
+                        lines.append(f"      {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
                     lines.append("    } else {  // row in registers: the exact two-pass form")
-                    lines += self.emit_pass([("max", m, mv)], ctx, [], [], modes=("reg",))
-                    lines.append(f"      {mv} = sg::group_reduce<TPR>({mv}, sg::Max(), red_smem);")
+                    lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
+                    for kind, n, acc in [("max", m, mv)] + others:
+                        lines.append(f"      {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
                     ctx.names[m.id] = mv
                     lines += self.emit_pass([("sum", s, sv)], ctx, [], [], modes=("reg",))
                     lines.append(f"      {sv} = sg::group_reduce<TPR>({sv}, sg::Sum(), red_smem);")
                     lines.append("    }")
-                    for n in (m, s):
+                    for n in [m, s] + [n for _, n, _ in others]:
                         ctx.names[n.id] = self.var(n)
                         done.add(n.id)
                         pending.remove(n)
@@ -540,19 +558,45 @@ class DirectionEmitter:
         for i, g in enumerate(self.globalreduces):
             lines.append(f"    gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});")
         lines.append("  }")
-        for i, c in enumerate(self.colreduces):
-            lines.append("  if constexpr (ITEMS > 0) {")
+        if self.colreduces:
+            lines += self.emit_column_partials_out()
+        for i, g in enumerate(self.globalreduces):
+            base = f"{len(self.colreduces)} * cslots * W + " if self.colreduces else ""
+            lines.append(f"  if (lane == 0) partials[{base}{i} * slots + slot] = (float)gacc_{i};")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def emit_column_partials_out(self) -> list[str]:
+        """Write this block's column partials (register path; the looped path accumulated in
+        place). Rows of one block (narrow rows: TPR <= 32, BLOCK / TPR row groups) cover the
+        same columns, so their partials are summed in row-group order (deterministic) through
+        shared memory into the block's one slot: a slot per row group wrote more partial bytes
+        than the op moves (rope's cos/sin grads: 16 row groups of 64 columns per block)."""
+        lines = ["  if constexpr (ITEMS > 0 && TPR > 32) {  // one row group per block: straight out"]
+        for i, _ in enumerate(self.colreduces):
             lines.append("    for (int k = 0; k < ITEMS; ++k) {")
             lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
             lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = "
                          f"(float)cacc_{i}[k][v];")
             lines.append("    }")
-            lines.append("  }")
-        for i, g in enumerate(self.globalreduces):
-            base = len(self.colreduces)
-            lines.append(f"  if (lane == 0) partials[{base} * slots * W + {i} * slots + slot] = (float)gacc_{i};")
-        lines.append("}")
-        return "\n".join(lines)
+        lines.append("  } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order")
+        lines.append("    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch")
+        lines.append("    constexpr int CW = TPR * ITEMS * VEC;")
+        for i, _ in enumerate(self.colreduces):
+            lines.append("    for (int k = 0; k < ITEMS; ++k) {")
+            lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
+            lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = "
+                         f"(float)cacc_{i}[k][v];")
+            lines.append("    }")
+            lines.append("    __syncthreads();")
+            lines.append("    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {")
+            lines.append("      float t = 0.f;")
+            lines.append("      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];")
+            lines.append(f"      cpart_{i}[jj] = t;")
+            lines.append("    }")
+            lines.append("    __syncthreads();")
+        lines.append("  }")
+        return lines
 
     def describe_rows(self) -> str:
         rows = " * ".join(str(d) for d in self.p.row_dims) or "1"
@@ -608,11 +652,11 @@ class DirectionEmitter:
             lines.append("// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue.")
             lines.append("template <typename T>")
             lines.append(f"__global__ void {self.kname}_finalize_cols(const {self.args_t} A, "
-                         "const float* __restrict__ partials, int64_t slots, int64_t groups)")
+                         "const float* __restrict__ partials, int64_t cslots, int64_t groups)")
             lines.append("{")
             lines.append("  using acc_t = typename sg::Acc<T>::type;")
             lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
-            lines.append("  const int64_t per_group = slots / groups;")
+            lines.append("  const int64_t per_group = cslots / groups;")
             lines.append("  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; "
                          "idx += (int64_t)gridDim.x * blockDim.x) {")
             lines.append("    const int64_t g = idx / W, j = idx % W;")
@@ -621,7 +665,7 @@ class DirectionEmitter:
                 # hundreds of slot partials in one float chain lose ~1e-5 relative: sum in double
                 lines.append(f"    double {self.var(c)}_f64 = 0;")
                 lines.append(f"    for (int64_t s = 0; s < per_group; ++s) {self.var(c)}_f64 += "
-                             f"(double)partials[({i} * slots + g * per_group + s) * W + j];")
+                             f"(double)partials[({i} * cslots + g * per_group + s) * W + j];")
                 lines.append(f"    const acc_t {self.var(c)} = (acc_t){self.var(c)}_f64;")
                 ctx.names[c.id] = self.var(c)
             for s in col:
@@ -640,7 +684,7 @@ class DirectionEmitter:
             lines.append("// One block sums the per-slot partials of each reduction over all rows: a fixed tree.")
             lines.append("template <typename T>")
             lines.append(f"__global__ void {self.kname}_finalize_global(const {self.args_t} A, "
-                         "const float* __restrict__ partials, int64_t slots)")
+                         "const float* __restrict__ partials, int64_t slots, int64_t cslots)")
             lines.append("{")
             lines.append("  using acc_t = typename sg::Acc<T>::type;")
             lines.append("  __shared__ double tree[256];")
@@ -650,7 +694,7 @@ class DirectionEmitter:
                 lines.append("  {")
                 lines.append("    double part = 0;")
                 lines.append(f"    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) "
-                             f"part += partials[{ncol} * slots * W + {i} * slots + s];")
+                             f"part += partials[{ncol} * cslots * W + {i} * slots + s];")
                 lines.append("    tree[threadIdx.x] = part;")
                 lines.append("    __syncthreads();")
                 lines.append("    for (int w = blockDim.x / 2; w > 0; w /= 2) {")
@@ -794,24 +838,29 @@ class DirectionEmitter:
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
         lines.append("  if (gx < 1) gx = 1;")
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
-        lines.append("  const int64_t slots = gx * groups * rpb;")
+        lines.append("  const int64_t slots = gx * groups * rpb;  // row groups: global reductions")
+        lines.append("  const int64_t cslots = gx * groups;  // blocks: column reductions")
         ncol, nglob = len(self.colreduces), len(self.globalreduces)
         lines.append("  float* partials = nullptr;")
         if ncol or nglob:
             lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
-            lines.append(f"  const size_t partial_bytes = sizeof(float) * (size_t)slots * ({ncol} * (size_t)W + {nglob});")
+            lines.append(f"  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
+                         f"+ (size_t)slots * {nglob});")
             lines.append("  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);")
             lines.append("  if (err != cudaSuccess) return err;")
         lines.append("  const " + self.args_t + " args = A;")
+        # narrow rows with column partials: shared memory to merge the block's row groups
+        smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
         lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
-                     "<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
+                     f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
-                         f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, slots, groups);")
+                         f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")
         if any(s.kind == "global" for s in p.stores):
-            lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots);")
+            lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
+                         f"{'cslots' if ncol else '0'});")
         if ncol or nglob:
             lines.append("  cudaFreeAsync(partials, stream);")
         lines.append("  return cudaGetLastError();")
