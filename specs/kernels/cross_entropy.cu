@@ -100,12 +100,22 @@ __host__ __device__ constexpr int min_blocks(int block, int min_threads, int wor
   return want / block > 0 ? want / block : 1;
 }
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
+// exp and tanh take the storage dtype T: stored in float32/float64, the accurate libm forms;
+// stored in a 16-bit type (rounding 2^-9 for bf16, 2^-12 for fp16), the hardware ex2.approx
+// (about 2 + 1.2|x| ulp of fp32) and tanh from it, far below that rounding. The bf16 GELU and
+// softmax kernels were bound by expf/tanhf's instruction count, not by memory.
+template <typename T = float> __device__ __forceinline__ float exp_(float x) {
+  if constexpr (sizeof(T) == 2) return __expf(x); else return expf(x);
+}
+template <typename T = double> __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
-__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+// 16-bit storage: tanh(x) = 1 - 2 / (1 + e^2x), absolute error ~1e-7 (e^2x = inf gives 1,
+// 0 gives -1, NaN stays NaN).
+template <typename T = float> __device__ __forceinline__ float tanh_(float x) {
+  if constexpr (sizeof(T) == 2) return 1.f - __fdividef(2.f, 1.f + __expf(2.f * x)); else return tanhf(x);
+}
+template <typename T = double> __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
 __device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
@@ -145,16 +155,23 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
-// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
-// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
-// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
-template <typename A>
-__device__ __forceinline__ void online_add(A& m, A& s, A a) {
-  if (a > m || a != a) {
-    s = s * exp_(m - a) + (A)1;
-    m = a;
-  } else if (m != (A)(-INFINITY)) {
-    s += exp_(a - m);
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
+// 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
+// the chunk's max exceeds the running max, then one exp per element (a per-element rescale
+// branch and second exp bound the bf16 pass). NaN propagates as in the two-pass form; while
+// the running max is -inf, elements equal to it add nothing. exp_<T>: see above.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
+  A cm = a[0];
+#pragma unroll
+  for (int v = 1; v < VEC; ++v) cm = max_(cm, a[v]);
+  if (cm > m || cm != cm) {
+    s = m == (A)(-INFINITY) ? (A)0 : s * exp_(m - cm);
+    m = cm;
+  }
+  if (m != (A)(-INFINITY)) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
   }
 }
 
@@ -223,9 +240,9 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t sum_2_773 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_774 = ((int64_t)1 * sum_2_773);
-  const acc_t convert_element_type_1_775 = (acc_t)(sum_2_774);
+  const int64_t sum_2_13 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_14 = ((int64_t)1 * sum_2_13);
+  const acc_t convert_element_type_1_15 = (acc_t)(sum_2_14);
   acc_t gacc_0 = 0;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
@@ -243,10 +260,10 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         }
       }
     }
-    const int64_t target_744 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    const int64_t target_7 = (int64_t)(((const int64_t*)A.target.data)[row]);
     // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_764 = (acc_t)(-INFINITY);
-    acc_t sum_1_767 = (acc_t)0;
+    acc_t amax_1 = (acc_t)(-INFINITY);
+    acc_t sum_1_4 = (acc_t)0;
     if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_logits_0[UNROLL];
@@ -261,15 +278,17 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         for (int u = 0; u < UNROLL; ++u) {
         const int64_t c = c0 + (int64_t)u * TPR;
         if (c * VEC < W) {
+        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sg::online_add(amax_764, sum_1_767, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
+          on_0[v] = (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v]));
         }
+        sg::online_add_vec<T, VEC>(amax_1, sum_1_4, on_0);
         }
       }
       }
-      sg::group_online<TPR>(amax_764, sum_1_767, red_smem);
+      sg::group_online<TPR>(amax_1, sum_1_4, red_smem);
     } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -278,11 +297,11 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_764 = sg::max_(amax_764, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
         }
         }
       }
-      amax_764 = sg::group_reduce<TPR>(amax_764, sg::Max(), red_smem);
+      amax_1 = sg::group_reduce<TPR>(amax_1, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -290,38 +309,38 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_765 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_764);
-          const acc_t exp_766 = sg::exp_((acc_t)(sub_765));
-          sum_1_767 += exp_766;
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          sum_1_4 += exp_3;
         }
         }
       }
-      sum_1_767 = sg::group_reduce<TPR>(sum_1_767, sg::Sum(), red_smem);
+      sum_1_4 = sg::group_reduce<TPR>(sum_1_4, sg::Sum(), red_smem);
     }
-    const acc_t log_768 = sg::log_((acc_t)(sum_1_767));
-    acc_t gather_770;
+    const acc_t log_5 = sg::log_((acc_t)(sum_1_4));
+    acc_t gather_8;
     {
-      const int64_t j = target_744;
-      const acc_t sub_765 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_764);
-      const acc_t sub_1_769 = (sub_765 - log_768);
-      gather_770 = sub_1_769;
+      const int64_t j = target_7;
+      const acc_t sub_2 = ((acc_t)sg::to_acc(p_logits_0[j]) - amax_1);
+      const acc_t sub_1_6 = (sub_2 - log_5);
+      gather_8 = sub_1_6;
     }
-    const acc_t neg_771 = (-gather_770);
-    gacc_0 += (acc_t)(neg_771);
+    const acc_t neg_9 = (-gather_8);
+    gacc_0 += (acc_t)(neg_9);
   }
-  if (lane == 0) partials[0 * slots * W + 0 * slots + slot] = (float)gacc_0;
+  if (lane == 0) partials[0 * slots + slot] = (float)gacc_0;
 }
 
 // One block sums the per-slot partials of each reduction over all rows: a fixed tree.
 template <typename T>
-__global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, const float* __restrict__ partials, int64_t slots)
+__global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, const float* __restrict__ partials, int64_t slots, int64_t cslots)
 {
   using acc_t = typename sg::Acc<T>::type;
   __shared__ double tree[256];
   const int64_t W = ((int64_t)(A.C));
   {
     double part = 0;
-    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) part += partials[0 * slots * W + 0 * slots + s];
+    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) part += partials[0 * cslots * W + 0 * slots + s];
     tree[threadIdx.x] = part;
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w /= 2) {
@@ -329,14 +348,14 @@ __global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, co
       __syncthreads();
     }
   }
-  const acc_t sum_3_772 = (acc_t)tree[0];
+  const acc_t sum_3_10 = (acc_t)tree[0];
   __syncthreads();
   if (threadIdx.x != 0) return;
-  const int64_t sum_2_773 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_774 = ((int64_t)1 * sum_2_773);
-  const acc_t convert_element_type_1_775 = (acc_t)(sum_2_774);
-  const acc_t div_776 = ((acc_t)(sum_3_772) / (acc_t)(convert_element_type_1_775));
-  *(float*)A.out.data = (float)(div_776);
+  const int64_t sum_2_13 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_14 = ((int64_t)1 * sum_2_13);
+  const acc_t convert_element_type_1_15 = (acc_t)(sum_2_14);
+  const acc_t div_16 = ((acc_t)(sum_3_10) / (acc_t)(convert_element_type_1_15));
+  *(float*)A.out.data = (float)(div_16);
 }
 
 template <typename T>
@@ -407,10 +426,11 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
-  const size_t partial_bytes = sizeof(float) * (size_t)slots * (0 * (size_t)W + 1);
+  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const cross_entropy_args args = A;
@@ -433,7 +453,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
   }
 #undef SG_LAUNCH
-  cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots);
+  cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
@@ -467,11 +487,11 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t grad_out_810 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
-  const int64_t sum_2_832 = ((int64_t)1 * ((int64_t)(A.N)));
-  const int64_t sum_2_833 = ((int64_t)1 * sum_2_832);
-  const acc_t convert_element_type_1_834 = (acc_t)(sum_2_833);
-  const acc_t div_1_835 = ((acc_t)(grad_out_810) / (acc_t)(convert_element_type_1_834));
+  const acc_t grad_out_6 = (acc_t)sg::to_acc(*(const float*)A.grad_out.data);
+  const int64_t sum_2_9 = ((int64_t)1 * ((int64_t)(A.N)));
+  const int64_t sum_2_10 = ((int64_t)1 * sum_2_9);
+  const acc_t convert_element_type_1_11 = (acc_t)(sum_2_10);
+  const acc_t div_1_12 = ((acc_t)(grad_out_6) / (acc_t)(convert_element_type_1_11));
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -489,27 +509,12 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         }
       }
     }
-    const int64_t target_815 = (int64_t)(((const int64_t*)A.target.data)[row]);
-    // pass 1: max, sum over the row
-    acc_t amax_837 = (acc_t)(-INFINITY);
-    acc_t sum_4_844 = (acc_t)0;
-      if constexpr (ITEMS > 0) {
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_819 = (j == target_815);
-          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_836 = (scatter_821 * div_1_835);
-          amax_837 = sg::max_(amax_837, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
-          sum_4_844 += mul_2_836;
-        }
-        }
-      }
-      } else {
+    const int64_t target_1 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    // pass 1: max and sum of exp(x - max), sum over the row
+    acc_t amax_15 = (acc_t)(-INFINITY);
+    acc_t sum_1_18 = (acc_t)0;
+    acc_t sum_4_22 = (acc_t)0;
+    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_logits_0[UNROLL];
         #pragma unroll
@@ -523,24 +528,23 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         for (int u = 0; u < UNROLL; ++u) {
         const int64_t c = c0 + (int64_t)u * TPR;
         if (c * VEC < W) {
+        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_819 = (j == target_815);
-          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_836 = (scatter_821 * div_1_835);
-          amax_837 = sg::max_(amax_837, (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v])));
-          sum_4_844 += mul_2_836;
+          const bool scatter_2 = (j == target_1);
+          const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_13 = (scatter_5 * div_1_12);
+          on_0[v] = (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v]));
+          sum_4_22 += mul_2_13;
         }
+        sg::online_add_vec<T, VEC>(amax_15, sum_1_18, on_0);
         }
       }
       }
-      }
-    amax_837 = sg::group_reduce<TPR>(amax_837, sg::Max(), red_smem);
-    sum_4_844 = sg::group_reduce<TPR>(sum_4_844, sg::Sum(), red_smem);
-    // pass 2: sum over the row
-    acc_t sum_1_840 = (acc_t)0;
-      if constexpr (ITEMS > 0) {
+      sg::group_online<TPR>(amax_15, sum_1_18, red_smem);
+      sum_4_22 = sg::group_reduce<TPR>(sum_4_22, sg::Sum(), red_smem);
+    } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -548,39 +552,32 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_838 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_837);
-          const acc_t exp_839 = sg::exp_((acc_t)(sub_838));
-          sum_1_840 += exp_839;
+          const bool scatter_2 = (j == target_1);
+          const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_13 = (scatter_5 * div_1_12);
+          amax_15 = sg::max_(amax_15, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+          sum_4_22 += mul_2_13;
         }
         }
       }
-      } else {
-      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
-        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-          const int64_t c = c0 + (int64_t)u * TPR;
-          if (c * VEC < W) {
-            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
-          }
-        }
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-        const int64_t c = c0 + (int64_t)u * TPR;
+      amax_15 = sg::group_reduce<TPR>(amax_15, sg::Max(), red_smem);
+      sum_4_22 = sg::group_reduce<TPR>(sum_4_22, sg::Sum(), red_smem);
+      #pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_838 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_837);
-          const acc_t exp_839 = sg::exp_((acc_t)(sub_838));
-          sum_1_840 += exp_839;
+          const acc_t sub_16 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_15);
+          const acc_t exp_17 = sg::exp_<T>((acc_t)(sub_16));
+          sum_1_18 += exp_17;
         }
         }
       }
-      }
-      }
-    sum_1_840 = sg::group_reduce<TPR>(sum_1_840, sg::Sum(), red_smem);
-    const acc_t log_841 = sg::log_((acc_t)(sum_1_840));
+      sum_1_18 = sg::group_reduce<TPR>(sum_1_18, sg::Sum(), red_smem);
+    }
+    const acc_t log_19 = sg::log_((acc_t)(sum_1_18));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -591,15 +588,15 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_819 = (j == target_815);
-          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_836 = (scatter_821 * div_1_835);
-          const acc_t sub_838 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_837);
-          const acc_t sub_1_842 = (sub_838 - log_841);
-          const acc_t exp_1_843 = sg::exp_((acc_t)(sub_1_842));
-          const acc_t mul_3_845 = (exp_1_843 * sum_4_844);
-          const acc_t sub_2_846 = (mul_2_836 - mul_3_845);
-          st_0[v] = (acc_t)(sub_2_846);
+          const bool scatter_2 = (j == target_1);
+          const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_13 = (scatter_5 * div_1_12);
+          const acc_t sub_16 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_15);
+          const acc_t sub_1_20 = (sub_16 - log_19);
+          const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
+          const acc_t mul_3_23 = (exp_1_21 * sum_4_22);
+          const acc_t sub_2_24 = (mul_2_13 - mul_3_23);
+          st_0[v] = (acc_t)(sub_2_24);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -622,15 +619,15 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const bool scatter_819 = (j == target_815);
-          const acc_t scatter_821 = (scatter_819 ? (acc_t)-1.0 : (int64_t)0);
-          const acc_t mul_2_836 = (scatter_821 * div_1_835);
-          const acc_t sub_838 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_837);
-          const acc_t sub_1_842 = (sub_838 - log_841);
-          const acc_t exp_1_843 = sg::exp_((acc_t)(sub_1_842));
-          const acc_t mul_3_845 = (exp_1_843 * sum_4_844);
-          const acc_t sub_2_846 = (mul_2_836 - mul_3_845);
-          st_0[v] = (acc_t)(sub_2_846);
+          const bool scatter_2 = (j == target_1);
+          const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
+          const acc_t mul_2_13 = (scatter_5 * div_1_12);
+          const acc_t sub_16 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_15);
+          const acc_t sub_1_20 = (sub_16 - log_19);
+          const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
+          const acc_t mul_3_23 = (exp_1_21 * sum_4_22);
+          const acc_t sub_2_24 = (mul_2_13 - mul_3_23);
+          st_0[v] = (acc_t)(sub_2_24);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -710,7 +707,8 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const cross_entropy_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)

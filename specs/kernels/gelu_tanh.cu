@@ -100,12 +100,22 @@ __host__ __device__ constexpr int min_blocks(int block, int min_threads, int wor
   return want / block > 0 ? want / block : 1;
 }
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
+// exp and tanh take the storage dtype T: stored in float32/float64, the accurate libm forms;
+// stored in a 16-bit type (rounding 2^-9 for bf16, 2^-12 for fp16), the hardware ex2.approx
+// (about 2 + 1.2|x| ulp of fp32) and tanh from it, far below that rounding. The bf16 GELU and
+// softmax kernels were bound by expf/tanhf's instruction count, not by memory.
+template <typename T = float> __device__ __forceinline__ float exp_(float x) {
+  if constexpr (sizeof(T) == 2) return __expf(x); else return expf(x);
+}
+template <typename T = double> __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
-__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+// 16-bit storage: tanh(x) = 1 - 2 / (1 + e^2x), absolute error ~1e-7 (e^2x = inf gives 1,
+// 0 gives -1, NaN stays NaN).
+template <typename T = float> __device__ __forceinline__ float tanh_(float x) {
+  if constexpr (sizeof(T) == 2) return 1.f - __fdividef(2.f, 1.f + __expf(2.f * x)); else return tanhf(x);
+}
+template <typename T = double> __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
 __device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
@@ -145,16 +155,23 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
-// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
-// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
-// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
-template <typename A>
-__device__ __forceinline__ void online_add(A& m, A& s, A a) {
-  if (a > m || a != a) {
-    s = s * exp_(m - a) + (A)1;
-    m = a;
-  } else if (m != (A)(-INFINITY)) {
-    s += exp_(a - m);
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
+// 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
+// the chunk's max exceeds the running max, then one exp per element (a per-element rescale
+// branch and second exp bound the bf16 pass). NaN propagates as in the two-pass form; while
+// the running max is -inf, elements equal to it add nothing. exp_<T>: see above.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
+  A cm = a[0];
+#pragma unroll
+  for (int v = 1; v < VEC; ++v) cm = max_(cm, a[v]);
+  if (cm > m || cm != cm) {
+    s = m == (A)(-INFINITY) ? (A)0 : s * exp_(m - cm);
+    m = cm;
+  }
+  if (m != (A)(-INFINITY)) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
   }
 }
 
@@ -250,16 +267,16 @@ gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_13 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_19 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_1_20 = (mul_19 * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_2_21 = (mul_1_20 * (acc_t)0.044715);
-          const acc_t add_22 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + mul_2_21);
-          const acc_t mul_3_23 = (add_22 * (acc_t)0.7978845608028654);
-          const acc_t tanh_24 = sg::tanh_((acc_t)(mul_3_23));
-          const acc_t add_1_25 = (tanh_24 + (acc_t)1.0);
-          const acc_t mul_5_26 = (mul_4_13 * add_1_25);
-          st_0[v] = (acc_t)(mul_5_26);
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)0.5);
+          const acc_t mul_3 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t mul_1_4 = (mul_3 * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t mul_2_6 = (mul_1_4 * (acc_t)0.044715);
+          const acc_t add_7 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + mul_2_6);
+          const acc_t mul_3_9 = (add_7 * (acc_t)0.7978845608028654);
+          const acc_t tanh_10 = sg::tanh_<T>((acc_t)(mul_3_9));
+          const acc_t add_1_12 = (tanh_10 + (acc_t)1.0);
+          const acc_t mul_5_13 = (mul_4_2 * add_1_12);
+          st_0[v] = (acc_t)(mul_5_13);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -282,16 +299,16 @@ gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_13 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)0.5);
-          const acc_t mul_19 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t mul_1_20 = (mul_19 * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t mul_2_21 = (mul_1_20 * (acc_t)0.044715);
-          const acc_t add_22 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + mul_2_21);
-          const acc_t mul_3_23 = (add_22 * (acc_t)0.7978845608028654);
-          const acc_t tanh_24 = sg::tanh_((acc_t)(mul_3_23));
-          const acc_t add_1_25 = (tanh_24 + (acc_t)1.0);
-          const acc_t mul_5_26 = (mul_4_13 * add_1_25);
-          st_0[v] = (acc_t)(mul_5_26);
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)0.5);
+          const acc_t mul_3 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t mul_1_4 = (mul_3 * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t mul_2_6 = (mul_1_4 * (acc_t)0.044715);
+          const acc_t add_7 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) + mul_2_6);
+          const acc_t mul_3_9 = (add_7 * (acc_t)0.7978845608028654);
+          const acc_t tanh_10 = sg::tanh_<T>((acc_t)(mul_3_9));
+          const acc_t add_1_12 = (tanh_10 + (acc_t)1.0);
+          const acc_t mul_5_13 = (mul_4_2 * add_1_12);
+          st_0[v] = (acc_t)(mul_5_13);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -371,7 +388,8 @@ static cudaError_t gelu_tanh_fwd_launch(const gelu_tanh_args& A, cudaStream_t st
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const gelu_tanh_args args = A;
 #define SG_LAUNCH(V, P, I) gelu_tanh_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
@@ -455,25 +473,25 @@ gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_79 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_7_80 = (mul_6_79 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_8_81 = (mul_7_80 * (acc_t)0.044715);
-          const acc_t add_2_82 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + mul_8_81);
-          const acc_t mul_9_83 = (add_2_82 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_84 = sg::tanh_((acc_t)(mul_9_83));
-          const acc_t add_3_85 = (tanh_1_84 + (acc_t)1.0);
-          const acc_t mul_11_86 = (add_3_85 * (acc_t)0.5);
-          const acc_t mul_10_87 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_12_88 = (tanh_1_84 * tanh_1_84);
-          const acc_t sub_89 = ((acc_t)1.0 - mul_12_88);
-          const acc_t mul_15_90 = (mul_10_87 * sub_89);
-          const acc_t mul_13_91 = (mul_6_79 * (acc_t)0.134145);
-          const acc_t add_4_92 = (mul_13_91 + (acc_t)1.0);
-          const acc_t mul_14_93 = (add_4_92 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_94 = (mul_15_90 * mul_14_93);
-          const acc_t add_5_95 = (mul_11_86 + mul_16_94);
-          const acc_t mul_17_96 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_5_95);
-          st_0[v] = (acc_t)(mul_17_96);
+          const acc_t mul_6_2 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t mul_7_3 = (mul_6_2 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t mul_8_5 = (mul_7_3 * (acc_t)0.044715);
+          const acc_t add_2_6 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + mul_8_5);
+          const acc_t mul_9_8 = (add_2_6 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_9 = sg::tanh_<T>((acc_t)(mul_9_8));
+          const acc_t add_3_11 = (tanh_1_9 + (acc_t)1.0);
+          const acc_t mul_11_13 = (add_3_11 * (acc_t)0.5);
+          const acc_t mul_10_14 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)0.5);
+          const acc_t mul_12_15 = (tanh_1_9 * tanh_1_9);
+          const acc_t sub_16 = ((acc_t)1.0 - mul_12_15);
+          const acc_t mul_15_17 = (mul_10_14 * sub_16);
+          const acc_t mul_13_19 = (mul_6_2 * (acc_t)0.134145);
+          const acc_t add_4_20 = (mul_13_19 + (acc_t)1.0);
+          const acc_t mul_14_21 = (add_4_20 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_22 = (mul_15_17 * mul_14_21);
+          const acc_t add_5_23 = (mul_11_13 + mul_16_22);
+          const acc_t mul_17_24 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_5_23);
+          st_0[v] = (acc_t)(mul_17_24);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -498,25 +516,25 @@ gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_79 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t mul_7_80 = (mul_6_79 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t mul_8_81 = (mul_7_80 * (acc_t)0.044715);
-          const acc_t add_2_82 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + mul_8_81);
-          const acc_t mul_9_83 = (add_2_82 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_84 = sg::tanh_((acc_t)(mul_9_83));
-          const acc_t add_3_85 = (tanh_1_84 + (acc_t)1.0);
-          const acc_t mul_11_86 = (add_3_85 * (acc_t)0.5);
-          const acc_t mul_10_87 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)0.5);
-          const acc_t mul_12_88 = (tanh_1_84 * tanh_1_84);
-          const acc_t sub_89 = ((acc_t)1.0 - mul_12_88);
-          const acc_t mul_15_90 = (mul_10_87 * sub_89);
-          const acc_t mul_13_91 = (mul_6_79 * (acc_t)0.134145);
-          const acc_t add_4_92 = (mul_13_91 + (acc_t)1.0);
-          const acc_t mul_14_93 = (add_4_92 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_94 = (mul_15_90 * mul_14_93);
-          const acc_t add_5_95 = (mul_11_86 + mul_16_94);
-          const acc_t mul_17_96 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_5_95);
-          st_0[v] = (acc_t)(mul_17_96);
+          const acc_t mul_6_2 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t mul_7_3 = (mul_6_2 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t mul_8_5 = (mul_7_3 * (acc_t)0.044715);
+          const acc_t add_2_6 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) + mul_8_5);
+          const acc_t mul_9_8 = (add_2_6 * (acc_t)0.7978845608028654);
+          const acc_t tanh_1_9 = sg::tanh_<T>((acc_t)(mul_9_8));
+          const acc_t add_3_11 = (tanh_1_9 + (acc_t)1.0);
+          const acc_t mul_11_13 = (add_3_11 * (acc_t)0.5);
+          const acc_t mul_10_14 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)0.5);
+          const acc_t mul_12_15 = (tanh_1_9 * tanh_1_9);
+          const acc_t sub_16 = ((acc_t)1.0 - mul_12_15);
+          const acc_t mul_15_17 = (mul_10_14 * sub_16);
+          const acc_t mul_13_19 = (mul_6_2 * (acc_t)0.134145);
+          const acc_t add_4_20 = (mul_13_19 + (acc_t)1.0);
+          const acc_t mul_14_21 = (add_4_20 * (acc_t)0.7978845608028654);
+          const acc_t mul_16_22 = (mul_15_17 * mul_14_21);
+          const acc_t add_5_23 = (mul_11_13 + mul_16_22);
+          const acc_t mul_17_24 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * add_5_23);
+          st_0[v] = (acc_t)(mul_17_24);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -599,7 +617,8 @@ static cudaError_t gelu_tanh_bwd_launch(const gelu_tanh_bwd_args& A, cudaStream_
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const gelu_tanh_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) gelu_tanh_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)

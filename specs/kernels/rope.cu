@@ -100,12 +100,22 @@ __host__ __device__ constexpr int min_blocks(int block, int min_threads, int wor
   return want / block > 0 ? want / block : 1;
 }
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
+// exp and tanh take the storage dtype T: stored in float32/float64, the accurate libm forms;
+// stored in a 16-bit type (rounding 2^-9 for bf16, 2^-12 for fp16), the hardware ex2.approx
+// (about 2 + 1.2|x| ulp of fp32) and tanh from it, far below that rounding. The bf16 GELU and
+// softmax kernels were bound by expf/tanhf's instruction count, not by memory.
+template <typename T = float> __device__ __forceinline__ float exp_(float x) {
+  if constexpr (sizeof(T) == 2) return __expf(x); else return expf(x);
+}
+template <typename T = double> __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
-__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+// 16-bit storage: tanh(x) = 1 - 2 / (1 + e^2x), absolute error ~1e-7 (e^2x = inf gives 1,
+// 0 gives -1, NaN stays NaN).
+template <typename T = float> __device__ __forceinline__ float tanh_(float x) {
+  if constexpr (sizeof(T) == 2) return 1.f - __fdividef(2.f, 1.f + __expf(2.f * x)); else return tanhf(x);
+}
+template <typename T = double> __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
 __device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
@@ -145,16 +155,23 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
-// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
-// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
-// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
-template <typename A>
-__device__ __forceinline__ void online_add(A& m, A& s, A a) {
-  if (a > m || a != a) {
-    s = s * exp_(m - a) + (A)1;
-    m = a;
-  } else if (m != (A)(-INFINITY)) {
-    s += exp_(a - m);
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
+// 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
+// the chunk's max exceeds the running max, then one exp per element (a per-element rescale
+// branch and second exp bound the bf16 pass). NaN propagates as in the two-pass form; while
+// the running max is -inf, elements equal to it add nothing. exp_<T>: see above.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
+  A cm = a[0];
+#pragma unroll
+  for (int v = 1; v < VEC; ++v) cm = max_(cm, a[v]);
+  if (cm > m || cm != cm) {
+    s = m == (A)(-INFINITY) ? (A)0 : s * exp_(m - cm);
+    m = cm;
+  }
+  if (m != (A)(-INFINITY)) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
   }
 }
 
@@ -403,7 +420,8 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const rope_args args = A;
 #define SG_LAUNCH(V, P, I) rope_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
@@ -467,25 +485,28 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
   const int64_t add_10_11 = (add_7_7 + sub_3_10);
   const int64_t sub_9_12 = (add_10_11 - sub_3_10);
   const int64_t add_12_13 = ((int64_t)0 + sub_9_12);
+  // column partials: one slot per block (narrow rows merge their row groups at the end)
+  const int64_t cslot = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+  const int64_t cslots = (int64_t)gridDim.x * gridDim.y;
   // column partials of sum_2_28: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
-  float* cpart_0 = partials + (0 * slots + slot) * W;
+  float* cpart_0 = partials + (0 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
   // column partials of sum_4_31: this thread's columns, summed over its rows
   acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
-  float* cpart_1 = partials + (1 * slots + slot) * W;
+  float* cpart_1 = partials + (1 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = 0.f;
   // column partials of sum_1_34: this thread's columns, summed over its rows
   acc_t cacc_2[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_2[k][v] = 0;
-  float* cpart_2 = partials + (2 * slots + slot) * W;
+  float* cpart_2 = partials + (2 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = 0.f;
   // column partials of sum_3_36: this thread's columns, summed over its rows
   acc_t cacc_3[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_3[k][v] = 0;
-  float* cpart_3 = partials + (3 * slots + slot) * W;
+  float* cpart_3 = partials + (3 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_3[c * VEC + v] = 0.f;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
@@ -607,52 +628,93 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
       }
       }
   }
-  if constexpr (ITEMS > 0) {
+  if constexpr (ITEMS > 0 && TPR > 32) {  // one row group per block: straight out
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
       if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = (float)cacc_0[k][v];
     }
-  }
-  if constexpr (ITEMS > 0) {
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
       if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = (float)cacc_1[k][v];
     }
-  }
-  if constexpr (ITEMS > 0) {
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
       if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = (float)cacc_2[k][v];
     }
-  }
-  if constexpr (ITEMS > 0) {
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
       if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_3[c * VEC + v] = (float)cacc_3[k][v];
     }
+  } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order
+    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch
+    constexpr int CW = TPR * ITEMS * VEC;
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t c = (int64_t)k * TPR + lane;
+      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_0[k][v];
+    }
+    __syncthreads();
+    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
+      float t = 0.f;
+      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
+      cpart_0[jj] = t;
+    }
+    __syncthreads();
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t c = (int64_t)k * TPR + lane;
+      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_1[k][v];
+    }
+    __syncthreads();
+    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
+      float t = 0.f;
+      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
+      cpart_1[jj] = t;
+    }
+    __syncthreads();
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t c = (int64_t)k * TPR + lane;
+      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_2[k][v];
+    }
+    __syncthreads();
+    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
+      float t = 0.f;
+      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
+      cpart_2[jj] = t;
+    }
+    __syncthreads();
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t c = (int64_t)k * TPR + lane;
+      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_3[k][v];
+    }
+    __syncthreads();
+    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
+      float t = 0.f;
+      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
+      cpart_3[jj] = t;
+    }
+    __syncthreads();
   }
 }
 
 // Sums of the per-slot column partials, in slot order (deterministic), then the epilogue.
 template <typename T>
-__global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __restrict__ partials, int64_t slots, int64_t groups)
+__global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
 {
   using acc_t = typename sg::Acc<T>::type;
   const int64_t W = ((int64_t)((A.D) / 2));
-  const int64_t per_group = slots / groups;
+  const int64_t per_group = cslots / groups;
   for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
     const int64_t g = idx / W, j = idx % W;
     double sum_2_28_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_28_f64 += (double)partials[(0 * slots + g * per_group + s) * W + j];
+    for (int64_t s = 0; s < per_group; ++s) sum_2_28_f64 += (double)partials[(0 * cslots + g * per_group + s) * W + j];
     const acc_t sum_2_28 = (acc_t)sum_2_28_f64;
     double sum_4_31_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_31_f64 += (double)partials[(1 * slots + g * per_group + s) * W + j];
+    for (int64_t s = 0; s < per_group; ++s) sum_4_31_f64 += (double)partials[(1 * cslots + g * per_group + s) * W + j];
     const acc_t sum_4_31 = (acc_t)sum_4_31_f64;
     double sum_1_34_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_1_34_f64 += (double)partials[(2 * slots + g * per_group + s) * W + j];
+    for (int64_t s = 0; s < per_group; ++s) sum_1_34_f64 += (double)partials[(2 * cslots + g * per_group + s) * W + j];
     const acc_t sum_1_34 = (acc_t)sum_1_34_f64;
     double sum_3_36_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_3_36_f64 += (double)partials[(3 * slots + g * per_group + s) * W + j];
+    for (int64_t s = 0; s < per_group; ++s) sum_3_36_f64 += (double)partials[(3 * cslots + g * per_group + s) * W + j];
     const acc_t sum_3_36 = (acc_t)sum_3_36_f64;
     const acc_t add_17_32 = (sum_2_28 + sum_4_31);
     ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_32));
@@ -749,14 +811,15 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
-  const size_t partial_bytes = sizeof(float) * (size_t)slots * (4 * (size_t)W + 0);
+  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 4 * (size_t)W + (size_t)slots * 0);
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const rope_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -775,7 +838,7 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
   }
 #undef SG_LAUNCH
-  rope_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, slots, groups);
+  rope_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }

@@ -100,12 +100,22 @@ __host__ __device__ constexpr int min_blocks(int block, int min_threads, int wor
   return want / block > 0 ? want / block : 1;
 }
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
+// exp and tanh take the storage dtype T: stored in float32/float64, the accurate libm forms;
+// stored in a 16-bit type (rounding 2^-9 for bf16, 2^-12 for fp16), the hardware ex2.approx
+// (about 2 + 1.2|x| ulp of fp32) and tanh from it, far below that rounding. The bf16 GELU and
+// softmax kernels were bound by expf/tanhf's instruction count, not by memory.
+template <typename T = float> __device__ __forceinline__ float exp_(float x) {
+  if constexpr (sizeof(T) == 2) return __expf(x); else return expf(x);
+}
+template <typename T = double> __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
-__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+// 16-bit storage: tanh(x) = 1 - 2 / (1 + e^2x), absolute error ~1e-7 (e^2x = inf gives 1,
+// 0 gives -1, NaN stays NaN).
+template <typename T = float> __device__ __forceinline__ float tanh_(float x) {
+  if constexpr (sizeof(T) == 2) return 1.f - __fdividef(2.f, 1.f + __expf(2.f * x)); else return tanhf(x);
+}
+template <typename T = double> __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
 __device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
@@ -145,16 +155,23 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
-// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
-// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
-// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
-template <typename A>
-__device__ __forceinline__ void online_add(A& m, A& s, A a) {
-  if (a > m || a != a) {
-    s = s * exp_(m - a) + (A)1;
-    m = a;
-  } else if (m != (A)(-INFINITY)) {
-    s += exp_(a - m);
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
+// 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
+// the chunk's max exceeds the running max, then one exp per element (a per-element rescale
+// branch and second exp bound the bf16 pass). NaN propagates as in the two-pass form; while
+// the running max is -inf, elements equal to it add nothing. exp_<T>: see above.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
+  A cm = a[0];
+#pragma unroll
+  for (int v = 1; v < VEC; ++v) cm = max_(cm, a[v]);
+  if (cm > m || cm != cm) {
+    s = m == (A)(-INFINITY) ? (A)0 : s * exp_(m - cm);
+    m = cm;
+  }
+  if (m != (A)(-INFINITY)) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
   }
 }
 
@@ -241,8 +258,8 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
       }
     }
     // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_646 = (acc_t)(-INFINITY);
-    acc_t sum_1_649 = (acc_t)0;
+    acc_t amax_1 = (acc_t)(-INFINITY);
+    acc_t sum_1_4 = (acc_t)0;
     if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
@@ -257,15 +274,17 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         for (int u = 0; u < UNROLL; ++u) {
         const int64_t c = c0 + (int64_t)u * TPR;
         if (c * VEC < W) {
+        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          sg::online_add(amax_646, sum_1_649, (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v])));
+          on_0[v] = (acc_t)((acc_t)sg::to_acc(l_p_x_0[u].v[v]));
         }
+        sg::online_add_vec<T, VEC>(amax_1, sum_1_4, on_0);
         }
       }
       }
-      sg::group_online<TPR>(amax_646, sum_1_649, red_smem);
+      sg::group_online<TPR>(amax_1, sum_1_4, red_smem);
     } else {  // row in registers: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -274,11 +293,11 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_646 = sg::max_(amax_646, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
+          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
         }
         }
       }
-      amax_646 = sg::group_reduce<TPR>(amax_646, sg::Max(), red_smem);
+      amax_1 = sg::group_reduce<TPR>(amax_1, sg::Max(), red_smem);
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -286,13 +305,13 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_647 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_646);
-          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
-          sum_1_649 += exp_648;
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          sum_1_4 += exp_3;
         }
         }
       }
-      sum_1_649 = sg::group_reduce<TPR>(sum_1_649, sg::Sum(), red_smem);
+      sum_1_4 = sg::group_reduce<TPR>(sum_1_4, sg::Sum(), red_smem);
     }
     // final pass: outputs
       if constexpr (ITEMS > 0) {
@@ -304,10 +323,10 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_647 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_646);
-          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
-          const acc_t div_650 = ((acc_t)(exp_648) * ((acc_t)1 / (acc_t)(sum_1_649)));
-          st_0[v] = (acc_t)(div_650);
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          const acc_t div_5 = ((acc_t)(exp_3) * ((acc_t)1 / (acc_t)(sum_1_4)));
+          st_0[v] = (acc_t)(div_5);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -330,10 +349,10 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_647 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_646);
-          const acc_t exp_648 = sg::exp_((acc_t)(sub_647));
-          const acc_t div_650 = ((acc_t)(exp_648) * ((acc_t)1 / (acc_t)(sum_1_649)));
-          st_0[v] = (acc_t)(div_650);
+          const acc_t sub_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          const acc_t div_5 = ((acc_t)(exp_3) * ((acc_t)1 / (acc_t)(sum_1_4)));
+          st_0[v] = (acc_t)(div_5);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -413,7 +432,8 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const softmax_args args = A;
 #define SG_LAUNCH(V, P, I) softmax_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
@@ -488,7 +508,7 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
       }
     }
     // pass 1: sum over the row
-    acc_t sum_2_678 = (acc_t)0;
+    acc_t sum_2_3 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -497,8 +517,8 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_677 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
-          sum_2_678 += mul_2_677;
+          const acc_t mul_2_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
+          sum_2_3 += mul_2_2;
         }
         }
       }
@@ -521,14 +541,14 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_677 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
-          sum_2_678 += mul_2_677;
+          const acc_t mul_2_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
+          sum_2_3 += mul_2_2;
         }
         }
       }
       }
       }
-    sum_2_678 = sg::group_reduce<TPR>(sum_2_678, sg::Sum(), red_smem);
+    sum_2_3 = sg::group_reduce<TPR>(sum_2_3, sg::Sum(), red_smem);
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -539,10 +559,10 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_677 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
-          const acc_t mul_3_679 = ((acc_t)sg::to_acc(r_p_out_1[k].v[v]) * sum_2_678);
-          const acc_t sub_1_680 = (mul_2_677 - mul_3_679);
-          st_0[v] = (acc_t)(sub_1_680);
+          const acc_t mul_2_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_out_1[k].v[v]));
+          const acc_t mul_3_4 = ((acc_t)sg::to_acc(r_p_out_1[k].v[v]) * sum_2_3);
+          const acc_t sub_1_5 = (mul_2_2 - mul_3_4);
+          st_0[v] = (acc_t)(sub_1_5);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -567,10 +587,10 @@ softmax_bwd_rows(const softmax_bwd_args A, float* __restrict__ partials, int64_t
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_2_677 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
-          const acc_t mul_3_679 = ((acc_t)sg::to_acc(l_p_out_1[u].v[v]) * sum_2_678);
-          const acc_t sub_1_680 = (mul_2_677 - mul_3_679);
-          st_0[v] = (acc_t)(sub_1_680);
+          const acc_t mul_2_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_out_1[u].v[v]));
+          const acc_t mul_3_4 = ((acc_t)sg::to_acc(l_p_out_1[u].v[v]) * sum_2_3);
+          const acc_t sub_1_5 = (mul_2_2 - mul_3_4);
+          st_0[v] = (acc_t)(sub_1_5);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -653,7 +673,8 @@ static cudaError_t softmax_bwd_launch(const softmax_bwd_args& A, cudaStream_t st
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const softmax_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) softmax_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)

@@ -100,12 +100,22 @@ __host__ __device__ constexpr int min_blocks(int block, int min_threads, int wor
   return want / block > 0 ? want / block : 1;
 }
 
-__device__ __forceinline__ float exp_(float x) { return expf(x); }
-__device__ __forceinline__ double exp_(double x) { return exp(x); }
+// exp and tanh take the storage dtype T: stored in float32/float64, the accurate libm forms;
+// stored in a 16-bit type (rounding 2^-9 for bf16, 2^-12 for fp16), the hardware ex2.approx
+// (about 2 + 1.2|x| ulp of fp32) and tanh from it, far below that rounding. The bf16 GELU and
+// softmax kernels were bound by expf/tanhf's instruction count, not by memory.
+template <typename T = float> __device__ __forceinline__ float exp_(float x) {
+  if constexpr (sizeof(T) == 2) return __expf(x); else return expf(x);
+}
+template <typename T = double> __device__ __forceinline__ double exp_(double x) { return exp(x); }
 __device__ __forceinline__ float log_(float x) { return logf(x); }
 __device__ __forceinline__ double log_(double x) { return log(x); }
-__device__ __forceinline__ float tanh_(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_(double x) { return tanh(x); }
+// 16-bit storage: tanh(x) = 1 - 2 / (1 + e^2x), absolute error ~1e-7 (e^2x = inf gives 1,
+// 0 gives -1, NaN stays NaN).
+template <typename T = float> __device__ __forceinline__ float tanh_(float x) {
+  if constexpr (sizeof(T) == 2) return 1.f - __fdividef(2.f, 1.f + __expf(2.f * x)); else return tanhf(x);
+}
+template <typename T = double> __device__ __forceinline__ double tanh_(double x) { return tanh(x); }
 __device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / sqrt(x); }
 __device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
@@ -145,16 +155,23 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
-// Online max and sum of exp(a - max) over a streamed row (one read instead of two): the
-// running sum is rescaled when the max grows. NaN propagates as in the two-pass form; an
-// element equal to a running max of -inf adds nothing (its exp(a - max) is rescaled to 0).
-template <typename A>
-__device__ __forceinline__ void online_add(A& m, A& s, A a) {
-  if (a > m || a != a) {
-    s = s * exp_(m - a) + (A)1;
-    m = a;
-  } else if (m != (A)(-INFINITY)) {
-    s += exp_(a - m);
+// Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
+// 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
+// the chunk's max exceeds the running max, then one exp per element (a per-element rescale
+// branch and second exp bound the bf16 pass). NaN propagates as in the two-pass form; while
+// the running max is -inf, elements equal to it add nothing. exp_<T>: see above.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
+  A cm = a[0];
+#pragma unroll
+  for (int v = 1; v < VEC; ++v) cm = max_(cm, a[v]);
+  if (cm > m || cm != cm) {
+    s = m == (A)(-INFINITY) ? (A)0 : s * exp_(m - cm);
+    m = cm;
+  }
+  if (m != (A)(-INFINITY)) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
   }
 }
 
@@ -223,10 +240,10 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_178 = (((int64_t)(A.H * 2)) + (int64_t)2);
-  const int64_t sub_180 = (add_178 - (int64_t)1);
-  const int64_t floordiv_206 = (sub_180 / (int64_t)2);
-  const int64_t add_4_207 = ((int64_t)0 + floordiv_206);
+  const int64_t add_10 = (((int64_t)(A.H * 2)) + (int64_t)2);
+  const int64_t sub_12 = (add_10 - (int64_t)1);
+  const int64_t floordiv_13 = (sub_12 / (int64_t)2);
+  const int64_t add_4_14 = ((int64_t)0 + floordiv_13);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -257,13 +274,13 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t neg_194 = (-(acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t exp_195 = sg::exp_((acc_t)(neg_194));
-          const acc_t add_6_203 = ((acc_t)1.0 + exp_195);
-          const acc_t div_204 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_203));
-          const acc_t mul_1_205 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * div_204);
-          const acc_t mul_2_209 = (mul_1_205 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          st_0[v] = (acc_t)(mul_2_209);
+          const acc_t neg_2 = (-(acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(neg_2));
+          const acc_t add_6_4 = ((acc_t)1.0 + exp_3);
+          const acc_t div_5 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_4));
+          const acc_t mul_1_6 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * div_5);
+          const acc_t mul_2_16 = (mul_1_6 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          st_0[v] = (acc_t)(mul_2_16);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -288,13 +305,13 @@ swiglu_fwd_rows(const swiglu_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t neg_194 = (-(acc_t)sg::to_acc(l_p_x_0[u].v[v]));
-          const acc_t exp_195 = sg::exp_((acc_t)(neg_194));
-          const acc_t add_6_203 = ((acc_t)1.0 + exp_195);
-          const acc_t div_204 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_203));
-          const acc_t mul_1_205 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * div_204);
-          const acc_t mul_2_209 = (mul_1_205 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          st_0[v] = (acc_t)(mul_2_209);
+          const acc_t neg_2 = (-(acc_t)sg::to_acc(l_p_x_0[u].v[v]));
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(neg_2));
+          const acc_t add_6_4 = ((acc_t)1.0 + exp_3);
+          const acc_t div_5 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_4));
+          const acc_t mul_1_6 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * div_5);
+          const acc_t mul_2_16 = (mul_1_6 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          st_0[v] = (acc_t)(mul_2_16);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -377,7 +394,8 @@ static cudaError_t swiglu_fwd_launch(const swiglu_args& A, cudaStream_t stream)
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const swiglu_args args = A;
 #define SG_LAUNCH(V, P, I) swiglu_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
@@ -431,10 +449,10 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
   const int rpb = blockDim.x / TPR;
   const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
   const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
-  const int64_t add_212 = (((int64_t)(A.H * 2)) + (int64_t)2);
-  const int64_t sub_214 = (add_212 - (int64_t)1);
-  const int64_t floordiv_257 = (sub_214 / (int64_t)2);
-  const int64_t add_4_258 = ((int64_t)0 + floordiv_257);
+  const int64_t add_4 = (((int64_t)(A.H * 2)) + (int64_t)2);
+  const int64_t sub_6 = (add_4 - (int64_t)1);
+  const int64_t floordiv_7 = (sub_6 / (int64_t)2);
+  const int64_t add_4_8 = ((int64_t)0 + floordiv_7);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -470,23 +488,23 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_260 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t neg_1_240 = (-(acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          const acc_t exp_1_241 = sg::exp_((acc_t)(neg_1_240));
-          const acc_t add_7_243 = (exp_1_241 + (acc_t)1.0);
-          const acc_t reciprocal_244 = ((acc_t)1 / (acc_t)(add_7_243));
-          const acc_t mul_5_261 = (reciprocal_244 * (acc_t)1.0);
-          const acc_t mul_6_262 = (mul_4_260 * mul_5_261);
-          const acc_t sub_4_263 = ((acc_t)1.0 - mul_5_261);
-          const acc_t mul_7_264 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * sub_4_263);
-          const acc_t add_8_265 = (mul_7_264 + (acc_t)1.0);
-          const acc_t mul_8_266 = (mul_6_262 * add_8_265);
-          const acc_t add_6_268 = ((acc_t)1.0 + exp_1_241);
-          const acc_t div_269 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_268));
-          const acc_t mul_1_270 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * div_269);
-          const acc_t mul_3_271 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_270);
-          st_0[v] = (acc_t)(mul_8_266);
-          st_1[v] = (acc_t)(mul_3_271);
+          const acc_t mul_4_10 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
+          const acc_t neg_1_12 = (-(acc_t)sg::to_acc(r_p_x_2[k].v[v]));
+          const acc_t exp_1_13 = sg::exp_<T>((acc_t)(neg_1_12));
+          const acc_t add_7_15 = (exp_1_13 + (acc_t)1.0);
+          const acc_t reciprocal_16 = ((acc_t)1 / (acc_t)(add_7_15));
+          const acc_t mul_5_17 = (reciprocal_16 * (acc_t)1.0);
+          const acc_t mul_6_18 = (mul_4_10 * mul_5_17);
+          const acc_t sub_4_19 = ((acc_t)1.0 - mul_5_17);
+          const acc_t mul_7_20 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * sub_4_19);
+          const acc_t add_8_21 = (mul_7_20 + (acc_t)1.0);
+          const acc_t mul_8_22 = (mul_6_18 * add_8_21);
+          const acc_t add_6_23 = ((acc_t)1.0 + exp_1_13);
+          const acc_t div_24 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_23));
+          const acc_t mul_1_25 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * div_24);
+          const acc_t mul_3_26 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_25);
+          st_0[v] = (acc_t)(mul_8_22);
+          st_1[v] = (acc_t)(mul_3_26);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -515,23 +533,23 @@ swiglu_bwd_rows(const swiglu_bwd_args A, float* __restrict__ partials, int64_t r
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_260 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
-          const acc_t neg_1_240 = (-(acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          const acc_t exp_1_241 = sg::exp_((acc_t)(neg_1_240));
-          const acc_t add_7_243 = (exp_1_241 + (acc_t)1.0);
-          const acc_t reciprocal_244 = ((acc_t)1 / (acc_t)(add_7_243));
-          const acc_t mul_5_261 = (reciprocal_244 * (acc_t)1.0);
-          const acc_t mul_6_262 = (mul_4_260 * mul_5_261);
-          const acc_t sub_4_263 = ((acc_t)1.0 - mul_5_261);
-          const acc_t mul_7_264 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * sub_4_263);
-          const acc_t add_8_265 = (mul_7_264 + (acc_t)1.0);
-          const acc_t mul_8_266 = (mul_6_262 * add_8_265);
-          const acc_t add_6_268 = ((acc_t)1.0 + exp_1_241);
-          const acc_t div_269 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_268));
-          const acc_t mul_1_270 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * div_269);
-          const acc_t mul_3_271 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_270);
-          st_0[v] = (acc_t)(mul_8_266);
-          st_1[v] = (acc_t)(mul_3_271);
+          const acc_t mul_4_10 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
+          const acc_t neg_1_12 = (-(acc_t)sg::to_acc(l_p_x_2[u].v[v]));
+          const acc_t exp_1_13 = sg::exp_<T>((acc_t)(neg_1_12));
+          const acc_t add_7_15 = (exp_1_13 + (acc_t)1.0);
+          const acc_t reciprocal_16 = ((acc_t)1 / (acc_t)(add_7_15));
+          const acc_t mul_5_17 = (reciprocal_16 * (acc_t)1.0);
+          const acc_t mul_6_18 = (mul_4_10 * mul_5_17);
+          const acc_t sub_4_19 = ((acc_t)1.0 - mul_5_17);
+          const acc_t mul_7_20 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * sub_4_19);
+          const acc_t add_8_21 = (mul_7_20 + (acc_t)1.0);
+          const acc_t mul_8_22 = (mul_6_18 * add_8_21);
+          const acc_t add_6_23 = ((acc_t)1.0 + exp_1_13);
+          const acc_t div_24 = ((acc_t)((acc_t)1.0) / (acc_t)(add_6_23));
+          const acc_t mul_1_25 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * div_24);
+          const acc_t mul_3_26 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_25);
+          st_0[v] = (acc_t)(mul_8_22);
+          st_1[v] = (acc_t)(mul_3_26);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -621,7 +639,8 @@ static cudaError_t swiglu_bwd_launch(const swiglu_bwd_args& A, cudaStream_t stre
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;
+  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
+  const int64_t cslots = gx * groups;  // blocks: column reductions
   float* partials = nullptr;
   const swiglu_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) swiglu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
