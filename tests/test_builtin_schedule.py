@@ -18,7 +18,10 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 @pytest.mark.parametrize("op, direction, dims, dtype, expected", [
     ("softmax", "forward", {"N": 16384, "D": 8192}, "bfloat16", "medium"),
     ("softmax", "forward", {"N": 16384, "D": 8192}, "float32", "medium"),
-    ("softmax", "forward", {"N": 1024, "D": 131072}, "bfloat16", "wide"),
+    ("softmax", "forward", {"N": 1024, "D": 131072}, "bfloat16", "split"),  # a cluster of 4 blocks per row
+    ("softmax", "forward", {"N": 1024, "D": 131072}, "float32", "split"),  # a cluster of 8
+    ("cross_entropy", "backward", {"N": 1024, "C": 131072}, "float32", "split"),
+    ("rmsnorm", "backward", {"N": 4, "D": 262144}, "float32", "wide"),  # column partials: never split
     ("softmax", "forward", {"N": 64, "D": 256}, "float32", "narrow"),
     ("cross_entropy", "forward", {"N": 8192, "C": 32768}, "float32", "medium"),  # 128 KB rows in registers
     ("layernorm_gelu", "backward", {"N": 16384, "D": 4096}, "bfloat16", "medium"),
@@ -33,7 +36,9 @@ def test_a_row_is_held_by_the_fewest_threads_with_several_16_byte_loads_each():
     assert imax == 8
     assert plan(DEFAULT_VARIANT, 8192 // 8, imax) == (128, 8)  # D = 8192 bf16: 128 threads per row
     assert plan(DEFAULT_VARIANT, 1024 // 8, imax) == (32, 4)  # D = 1024: one warp per row, 4 rows per block
-    assert plan(DEFAULT_VARIANT, 131072 // 8, imax) == (512, 0)  # too wide: streamed
+    assert plan(DEFAULT_VARIANT, 131072 // 8, imax) == (2048, 8)  # too wide for a block: a cluster of 4
+    assert plan(DEFAULT_VARIANT, 131072 // 8, imax, split=False) == (512, 0)  # no clusters: streamed
+    assert plan(DEFAULT_VARIANT, 4 * 131072 // 8, imax) == (512, 0)  # too wide for a cluster of 8
     assert items_max(DEFAULT_VARIANT, 40) == 1  # many inputs: one chunk, the launch bounds relax
 
 
@@ -44,8 +49,8 @@ def test_combine_takes_each_class_from_its_winner():
     assert combine({}) == Variant(DEFAULT_VARIANT.name)
     for v in VARIANTS[1:]:  # each variant changes exactly one class
         changed = {cls for cls, fields in
-                   {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads"),
-                    "wide": ("loop_tpr", "loop_unroll")}.items()
+                   {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads", "persistent"),
+                    "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}.items()
                    if any(getattr(v, f) != getattr(DEFAULT_VARIANT, f) for f in fields)}
         assert len(changed) == 1, v.name
 
@@ -53,7 +58,7 @@ def test_combine_takes_each_class_from_its_winner():
 def test_wide_softmax_takes_one_online_pass_for_max_and_sum():
     source = build_source(load_spec(SPECS / "softmax.yaml"))
     forward = source.split("// ======================= backward")[0]
-    assert "sg::online_add_vec<T, VEC>(" in forward and "sg::group_online<TPR>(" in forward
+    assert "sg::online_add_vec<T, VEC>(" in forward and "sg::group_online<TPR, BLOCK>(" in forward
     assert forward.count("if constexpr (ITEMS == 0) {  // streamed row: one online pass") == 1
 
 
@@ -103,3 +108,14 @@ def test_row_in_register_schedules_do_not_spill_for_softmax():
     for name, r in rows.items():
         assert r["registers"] <= 64, name  # >= 1024 threads resident per SM
         assert r["spill_store_bytes"] == 0, name
+
+
+def test_split_rows_launch_a_cluster_only_for_programs_without_column_partials():
+    softmax = build_source(load_spec(SPECS / "softmax.yaml"))
+    assert softmax.count("sg::launch_cluster<(P) / 512>(") == 2  # forward and backward
+    assert "sg::clusters_ok<softmax_fwd_rows<T, VEC, 2048, ITEMS_MAX, 512>>()" in softmax
+    assert "sg::group_reduce<TPR, BLOCK>(" in softmax and "sg::group_reduce<TPR>(" not in softmax
+    rmsnorm = build_source(load_spec(SPECS / "rmsnorm.yaml"))
+    forward, backward = rmsnorm.split("// ======================= backward")
+    assert "SG_LAUNCH_CL(VEC, 2048" in forward  # the forward has no column partials
+    assert "SG_LAUNCH_CL(VEC" not in backward.split("#define SG_LAUNCH_CL")[1]  # weight grad: no split

@@ -132,6 +132,22 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
             cases.append(make_case(dims, dtype, distribution=distribution, seed=seed + k,
                                    offset=ELEMENT_OFFSETS[k % len(ELEMENT_OFFSETS)]))
             k += 1
+    # Every dtype at the widest row and half of it, aligned, the other dims small: kernels
+    # switch schedule by row width (one block, a cluster of blocks, a looped pass), and the walk
+    # above meets each width in one dtype only.
+    row_dim = _row_dim(sig)
+    if row_dim is not None:
+        lo, hi = spec.dims[row_dim]
+        step = steps.get(row_dim, 1)
+        for width in legal_sizes(lo, hi, step, [hi // 16 * 16, hi // 32 * 16]):
+            dims = {s: width if s == row_dim else small[s][0] for s in symbols}
+            dims = fit_budget(sig, dims, spec.dims, budget, keep=row_dim)
+            for dtype in spec.dtypes:
+                key = (tuple(dims.items()), dtype)
+                if key not in seen:
+                    seen.add(key)
+                    cases.append(make_case(dims, dtype, seed=seed + k))
+                    k += 1
     # Every dtype at one mid-sized aligned shape, so none is only seen at odd sizes.
     mid = fit_budget(sig, {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [257])[0] for s in symbols},
                      spec.dims, budget)
@@ -149,6 +165,11 @@ def smoke_case(spec, seed: int = 0) -> Case:
     return make_case(dims, spec.dtypes[0], seed=seed)
 
 
+def _row_dim(sig) -> str | None:
+    """The symbol of the first input's last dim (the row kernels work along it), if any."""
+    return next((d.symbol for d in reversed(sig.inputs[0].type.dims) if d.symbol), None) if sig.inputs else None
+
+
 def large_case(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, dtype: str | None = None) -> Case:
     """The first benchmark shape (else the largest sizes) scaled into the budget: many blocks,
     so races between blocks and atomics have room to show."""
@@ -158,7 +179,7 @@ def large_case(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, dtype
     else:
         dims = {s: spec.dims[s][1] for s in sig.symbols()}
     # keep rows wide (the last dim of the first input): many blocks per row, where atomics race
-    row_dim = next((d.symbol for d in reversed(sig.inputs[0].type.dims) if d.symbol), None) if sig.inputs else None
+    row_dim = _row_dim(sig)
     dims = fit_budget(sig, dims, spec.dims, budget * LARGE_CASE_FACTOR, keep=row_dim)
     return make_case(dims, dtype or spec.dtypes[0], seed=seed)
 

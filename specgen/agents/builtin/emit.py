@@ -31,7 +31,13 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
 # wide for registers), unrolled LOOP_UNROLL chunks deep.
 NARROW = ((4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8))  # rows of <= 32 threads, several per block
 MEDIUM = ((64, None), (128, None), (256, None), (512, None), (1024, None))  # one row per block, in registers
-VEC_SCHEDULES = NARROW + MEDIUM + ((512, 0),)
+# Split rows (sm_90+, programs without column reductions): a row too wide for one block stays
+# in registers across a cluster of TPR / SPLIT_BLOCK blocks, which combine their reductions
+# through distributed shared memory: the row is read once, where the looped pass reads it two
+# or three times (softmax, cross-entropy over vocabulary-sized rows).
+SPLIT = ((2048, None), (4096, None))
+SPLIT_BLOCK = 512  # two such blocks per SM under the 64-register cap
+VEC_SCHEDULES = NARROW + MEDIUM + SPLIT + ((512, 0),)
 SCALAR_SCHEDULES = ((32, 1), (256, 0))  # unaligned or odd widths
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
 LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
@@ -44,7 +50,10 @@ class Variant:
     narrow rows (TPR <= 32): `row_block` threads per block, several rows each;
     medium rows (the row in registers): `data_regs` 32-bit registers per thread for the raw
     row (storage dtype) and column partials, at most `items_cap` 16-byte chunks;
-    wide rows (looped): `loop_tpr` threads per row, `loop_unroll` chunks in flight each.
+    wide rows (looped): `loop_tpr` threads per row, `loop_unroll` chunks in flight each;
+    split rows: `split_rows` False streams them by the looped pass instead.
+    `persistent` False: a block per row group instead of one wave of blocks striding over rows
+    (programs without column partials, whose bytes grow with the blocks).
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -54,10 +63,12 @@ class Variant:
     loop_tpr: int = 512
     loop_unroll: int = LOOP_UNROLL
     min_threads: int = 1024
+    split_rows: bool = True
+    persistent: bool = True
 
     @property
     def schedules(self) -> tuple:
-        return NARROW + MEDIUM + ((self.loop_tpr, 0),)
+        return NARROW + MEDIUM + (SPLIT if self.split_rows else ()) + ((self.loop_tpr, 0),)
 
 
 DEFAULT_VARIANT = Variant("default")
@@ -66,9 +77,11 @@ VARIANTS = [
     Variant("rows256", row_block=256),  # narrow: 8 warps of rows per block
     Variant("regs16", data_regs=16, items_cap=4),  # medium: twice the threads per row, more warps per SM
     Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
+    Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
+    Variant("grid", persistent=False),  # medium: a block per row, the hardware schedules them
 ]
-CLASS_FIELDS = {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads"),
-                "wide": ("loop_tpr", "loop_unroll")}
+CLASS_FIELDS = {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads", "persistent"),
+                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -87,10 +100,12 @@ def items_max(variant: Variant, words_per_item: int) -> int:
     return 1 << (fit.bit_length() - 1)
 
 
-def plan(variant: Variant, chunks: int, imax: int) -> tuple[int, int]:
+def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[int, int]:
     """(TPR, ITEMS) the host picks for a vectorized row of `chunks` 16-byte chunks
-    (mirrors the generated host code)."""
+    (mirrors the generated host code; `split`: the program and device allow split rows)."""
     for tpr, items in variant.schedules:
+        if (tpr, items) in SPLIT and not split:
+            continue
         if items == 0:
             return tpr, 0
         items = imax if items is None else items
@@ -100,7 +115,7 @@ def plan(variant: Variant, chunks: int, imax: int) -> tuple[int, int]:
 
 
 def shape_class(tpr: int, items: int) -> str:
-    return "wide" if items == 0 else "narrow" if tpr <= 32 else "medium"
+    return "wide" if items == 0 else "narrow" if tpr <= 32 else "split" if tpr > 1024 else "medium"
 
 
 def dim_expr(d, prefix: str = "A.") -> str:
@@ -422,11 +437,15 @@ class DirectionEmitter:
         lines.append("  __shared__ acc_t red_smem[33];")
         lines.append("  (void)red_smem; (void)partials;")
         lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
-        lines.append("  const int lane = threadIdx.x % TPR;")
-        lines.append("  const int rg = threadIdx.x / TPR;")
-        lines.append("  const int rpb = blockDim.x / TPR;")
-        lines.append("  const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;")
-        lines.append("  const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;")
+        lines.append("  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
+        lines.append("  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;")
+        lines.append("  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x "
+                     ": (int)(threadIdx.x % TPR);")
+        lines.append("  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);")
+        lines.append("  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);")
+        lines.append("  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;")
+        lines.append("  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;")
+        lines.append("  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;")
         ctx = Ctx()
         for n in self.nodes:
             if n.level == "global" and n.op not in ("dim", "stride"):
@@ -435,8 +454,8 @@ class DirectionEmitter:
                 ctx.names[n.id] = name
         if self.colreduces:
             lines.append("  // column partials: one slot per block (narrow rows merge their row groups at the end)")
-            lines.append("  const int64_t cslot = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;")
-            lines.append("  const int64_t cslots = (int64_t)gridDim.x * gridDim.y;")
+            lines.append("  const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;")
+            lines.append("  const int64_t cslots = nbx * gridDim.y;")
         for i, c in enumerate(self.colreduces):
             lines.append(f"  // column partials of {self.var(c)}: this thread's columns, summed over its rows")
             lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
@@ -448,8 +467,7 @@ class DirectionEmitter:
         for i, g in enumerate(self.globalreduces):
             lines.append(f"  acc_t gacc_{i} = 0;")
         lines.append("  // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.")
-        lines.append("  for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; "
-                     "local += (int64_t)gridDim.x * rpb) {")
+        lines.append("  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {")
         lines.append("    const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;")
         for key, ns in self.elem_loads.items():
             fld, kind, off, div = key
@@ -516,16 +534,16 @@ class DirectionEmitter:
                         lines.append(f"    acc_t {acc} = {init[kind]};")
                     lines.append("    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read")
                     lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [], modes=("loop",))
-                    lines.append(f"      sg::group_online<TPR>({mv}, {sv}, red_smem);")
+                    lines.append(f"      sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
                     for kind, n, acc in others:
-                        lines.append(f"      {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
+                        lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
                     lines.append("    } else {  // row in registers: the exact two-pass form")
                     lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
                     for kind, n, acc in [("max", m, mv)] + others:
-                        lines.append(f"      {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
+                        lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
                     ctx.names[m.id] = mv
                     lines += self.emit_pass([("sum", s, sv)], ctx, [], [], modes=("reg",))
-                    lines.append(f"      {sv} = sg::group_reduce<TPR>({sv}, sg::Sum(), red_smem);")
+                    lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
                     lines.append("    }")
                     for n in [m, s] + [n for _, n, _ in others]:
                         ctx.names[n.id] = self.var(n)
@@ -541,7 +559,7 @@ class DirectionEmitter:
                     consumers.append((n.attrs["kind"], n, acc))
                 lines += self.emit_pass(consumers, ctx, [], [])
                 for kind, n, acc in consumers:
-                    lines.append(f"    {acc} = sg::group_reduce<TPR>({acc}, {combine_op[kind]}, red_smem);")
+                    lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
                     ctx.names[n.id] = acc
                     done.add(n.id)
                     pending.remove(n)
@@ -749,13 +767,25 @@ class DirectionEmitter:
         words += len(self.colreduces) * vec * acc // 4
         return max(words, 1)
 
+    def split_allowed(self, variant: Variant) -> bool:
+        """Split rows: one slot per cluster for row-level results; column partials (per thread,
+        summed over its rows) have no split form."""
+        return variant.split_rows and not self.colreduces
+
+    def vec_schedules(self, variant: Variant) -> list[tuple]:
+        return [s for s in variant.schedules if s not in SPLIT or self.split_allowed(variant)]
+
     def schedule_chain(self, variant: Variant, action: str) -> list[str]:
-        """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule."""
+        """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
+        split rows run `action`_CL."""
         lines = ["  if (vec_ok) {"]
         first = True
-        for tpr, items in variant.schedules:
+        for tpr, items in self.vec_schedules(variant):
             kw = "if" if first else "else if"
             first = False
+            if (tpr, items) in SPLIT:
+                lines.append(f"    {kw} (tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);")
+                continue
             cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
             arg = "ITEMS_MAX" if items is None else str(items)
             if items is not None and items > 0:
@@ -810,9 +840,16 @@ class DirectionEmitter:
         lines.append("  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
         lines.append(f"  // wider than {1024} threads x ITEMS_MAX chunks are streamed by a looped pass.")
         lines.append("  int tpr = 0, items = 0;")
+        if self.split_allowed(variant):
+            lines.append("  // split rows only where the row is wider than one block holds, on sm_90+ code")
+            lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<"
+                         f"{self.kname}_rows<T, VEC, {SPLIT[0][0]}, ITEMS_MAX, {SPLIT_BLOCK}>>();")
         lines.append("  if (vec_ok) {")
-        for tpr, items in variant.schedules:
-            if items == 0:
+        for tpr, items in self.vec_schedules(variant):
+            if (tpr, items) in SPLIT:
+                lines.append(f"    if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of {tpr // SPLIT_BLOCK} blocks")
+            elif items == 0:
                 lines.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
             elif items is None:
                 lines.append(f"    if (tpr == 0 && chunks <= (int64_t){tpr} * ITEMS_MAX) "
@@ -824,22 +861,29 @@ class DirectionEmitter:
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
         rb = variant.row_block
-        lines.append(f"  const int block = tpr > 32 ? tpr : {rb};  // TPR > 32: one row per block")
-        lines.append("  const int rpb = block / tpr;")
+        lines.append(f"  const int block = tpr > 1024 ? {SPLIT_BLOCK} : tpr > 32 ? tpr : {rb};  "
+                     "// TPR > 32: one row per block (or per cluster)")
+        lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
+        lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
         lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
         lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
         lines.append("  int per_sm = 1;")
         lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
                      f"((P) > 32 ? (P) : {rb})>>(block)")
+        lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
         lines += self.schedule_chain(variant, "SG_OCC")
         lines.append("#undef SG_OCC")
+        lines.append("#undef SG_OCC_CL")
         lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
         lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
         lines.append("  if (gx < 1) gx = 1;")
+        if not variant.persistent and not self.colreduces:
+            lines.append("  gx = per_group_blocks;  // not persistent: a block per row group, scheduled by the hardware")
+        lines.append("  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass")
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
-        lines.append("  const int64_t slots = gx * groups * rpb;  // row groups: global reductions")
-        lines.append("  const int64_t cslots = gx * groups;  // blocks: column reductions")
+        lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
+        lines.append("  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
         ncol, nglob = len(self.colreduces), len(self.globalreduces)
         lines.append("  float* partials = nullptr;")
         if ncol or nglob:
@@ -853,8 +897,12 @@ class DirectionEmitter:
         smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
         lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
                      f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
+        lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {SPLIT_BLOCK}>("
+                     f"{self.kname}_rows<T, V, P, I, {SPLIT_BLOCK}>, grid, block, stream, args, partials, "
+                     "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
+        lines.append("#undef SG_LAUNCH_CL")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
                          f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")

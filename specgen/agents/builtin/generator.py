@@ -112,7 +112,7 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
         return "wide" if width > 32 else "narrow"
     emitter = DirectionEmitter(spec, program, direction)
     imax = items_max(DEFAULT_VARIANT, emitter.words_per_item(itemsize, vec))
-    return shape_class(*plan(DEFAULT_VARIANT, width // vec, imax))
+    return shape_class(*plan(DEFAULT_VARIANT, width // vec, imax, split=emitter.split_allowed(DEFAULT_VARIANT)))
 
 
 def _directions(spec) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ PRELUDE = r"""// ---- specgen builtin runtime helpers (inlined into every genera
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <stdint.h>
 #include <math.h>
 
@@ -116,8 +117,10 @@ template <typename A> __device__ __forceinline__ A max_(A a, A b) { return (a > 
 template <typename A> __device__ __forceinline__ A min_(A a, A b) { return (a < b || a != a) ? a : b; }
 
 // A reduction over the TPR threads that share a row. TPR <= 32: shuffles inside a part of a
-// warp; TPR > 32 (the whole block): shuffles, then one value per warp through shared memory.
-template <int TPR, typename A, typename Op>
+// warp; TPR > 32 (the whole block): shuffles, then one value per warp through shared memory;
+// TPR > BLOCK (a split row, sm_90+): then the cluster's TPR / BLOCK blocks combine their block
+// values in rank order through distributed shared memory. Every order is fixed: deterministic.
+template <int TPR, int BLOCK = TPR, typename A, typename Op>
 __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   if constexpr (TPR <= 32) {
     const unsigned lane = threadIdx.x & 31u;
@@ -133,12 +136,24 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
     __syncthreads();
     if (warp == 0) {
       v = smem[0];
-      for (int w = 1; w < TPR / 32; ++w) v = op(v, smem[w]);  // fixed order: deterministic
+      for (int w = 1; w < BLOCK / 32; ++w) v = op(v, smem[w]);  // fixed order: deterministic
       smem[32] = v;
     }
-    __syncthreads();
-    v = smem[32];
-    __syncthreads();
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();  // every block's value is in its smem[32]
+      v = *cluster.map_shared_rank(smem + 32, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r) v = op(v, *cluster.map_shared_rank(smem + 32, r));
+      cluster.sync();  // all have read before any block reuses smem
+#else
+      __trap();  // the host picks split rows only for code built for sm_90+ (clusters_ok)
+#endif
+    } else {
+      __syncthreads();
+      v = smem[32];
+      __syncthreads();
+    }
     return v;
   }
 }
@@ -170,11 +185,11 @@ struct Min { template <typename A> __device__ A operator()(A a, A b) const { ret
 // Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
 // and summed in the fixed order of group_reduce (deterministic). A thread without elements
 // (max -inf, sum 0) adds 0.
-template <int TPR, typename A>
+template <int TPR, int BLOCK = TPR, typename A>
 __device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
-  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mg = group_reduce<TPR, BLOCK>(m, Max(), smem);
   const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
-  s = group_reduce<TPR>(mine, Sum(), smem);
+  s = group_reduce<TPR, BLOCK>(mine, Sum(), smem);
   m = mg;
 }
 
@@ -201,6 +216,40 @@ inline int sm_count() {
       count = 132;
   }
   return count;
+}
+
+// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+ and
+// this kernel built for it (a package's arch list may hold only older code).
+template <auto Kernel>
+inline bool clusters_ok() {
+  static int ok = -1;
+  if (ok < 0) {
+    int device = 0, major = 0;
+    cudaFuncAttributes fa;
+    cudaGetDevice(&device);
+    ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
+         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+  }
+  return ok == 1;
+}
+
+// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL).
+template <int CL, typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
+                                  Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
