@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cooperative_groups.h>
 #include <stdint.h>
 #include <math.h>
 
@@ -128,8 +129,10 @@ template <typename A> __device__ __forceinline__ A max_(A a, A b) { return (a > 
 template <typename A> __device__ __forceinline__ A min_(A a, A b) { return (a < b || a != a) ? a : b; }
 
 // A reduction over the TPR threads that share a row. TPR <= 32: shuffles inside a part of a
-// warp; TPR > 32 (the whole block): shuffles, then one value per warp through shared memory.
-template <int TPR, typename A, typename Op>
+// warp; TPR > 32 (the whole block): shuffles, then one value per warp through shared memory;
+// TPR > BLOCK (a split row, sm_90+): then the cluster's TPR / BLOCK blocks combine their block
+// values in rank order through distributed shared memory. Every order is fixed: deterministic.
+template <int TPR, int BLOCK = TPR, typename A, typename Op>
 __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   if constexpr (TPR <= 32) {
     const unsigned lane = threadIdx.x & 31u;
@@ -145,12 +148,24 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
     __syncthreads();
     if (warp == 0) {
       v = smem[0];
-      for (int w = 1; w < TPR / 32; ++w) v = op(v, smem[w]);  // fixed order: deterministic
+      for (int w = 1; w < BLOCK / 32; ++w) v = op(v, smem[w]);  // fixed order: deterministic
       smem[32] = v;
     }
-    __syncthreads();
-    v = smem[32];
-    __syncthreads();
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();  // every block's value is in its smem[32]
+      v = *cluster.map_shared_rank(smem + 32, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r) v = op(v, *cluster.map_shared_rank(smem + 32, r));
+      cluster.sync();  // all have read before any block reuses smem
+#else
+      __trap();  // the host picks split rows only for code built for sm_90+ (clusters_ok)
+#endif
+    } else {
+      __syncthreads();
+      v = smem[32];
+      __syncthreads();
+    }
     return v;
   }
 }
@@ -182,11 +197,11 @@ struct Min { template <typename A> __device__ A operator()(A a, A b) const { ret
 // Merge the (max, sum) pairs of a row group: the group max, then each sum rescaled to it
 // and summed in the fixed order of group_reduce (deterministic). A thread without elements
 // (max -inf, sum 0) adds 0.
-template <int TPR, typename A>
+template <int TPR, int BLOCK = TPR, typename A>
 __device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
-  const A mg = group_reduce<TPR>(m, Max(), smem);
+  const A mg = group_reduce<TPR, BLOCK>(m, Max(), smem);
   const A mine = s == (A)0 ? (A)0 : s * exp_(m - mg);
-  s = group_reduce<TPR>(mine, Sum(), smem);
+  s = group_reduce<TPR, BLOCK>(mine, Sum(), smem);
   m = mg;
 }
 
@@ -215,6 +230,40 @@ inline int sm_count() {
   return count;
 }
 
+// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+ and
+// this kernel built for it (a package's arch list may hold only older code).
+template <auto Kernel>
+inline bool clusters_ok() {
+  static int ok = -1;
+  if (ok < 0) {
+    int device = 0, major = 0;
+    cudaFuncAttributes fa;
+    cudaGetDevice(&device);
+    ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
+         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+  }
+  return ok == 1;
+}
+
+// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL).
+template <int CL, typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
+                                  Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace sg
@@ -235,16 +284,19 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
-  const int lane = threadIdx.x % TPR;
-  const int rg = threadIdx.x / TPR;
-  const int rpb = blockDim.x / TPR;
-  const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
-  const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
+  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
+  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;
+  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x : (int)(threadIdx.x % TPR);
+  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);
+  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);
+  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
+  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
+  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
   const acc_t sym_float_3 = (acc_t)(((int64_t)(A.D)));
   const acc_t var_9 = (sym_float_3 - (acc_t)0.0);
   const acc_t eps_11 = (acc_t)A.eps;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
-  for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
+  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
     const T* p_x_0 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
     const T* p_weight_1 = (const T*)A.weight.data + 0;
@@ -303,7 +355,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
       }
       }
       }
-    sum_1_1 = sg::group_reduce<TPR>(sum_1_1, sg::Sum(), red_smem);
+    sum_1_1 = sg::group_reduce<TPR, BLOCK>(sum_1_1, sg::Sum(), red_smem);
     const acc_t div_4 = ((acc_t)(sum_1_1) / (acc_t)(sym_float_3));
     // pass 2: sum over the row
     acc_t var_ssq_7 = (acc_t)0;
@@ -346,7 +398,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
       }
       }
       }
-    var_ssq_7 = sg::group_reduce<TPR>(var_ssq_7, sg::Sum(), red_smem);
+    var_ssq_7 = sg::group_reduce<TPR, BLOCK>(var_ssq_7, sg::Sum(), red_smem);
     const acc_t var_10 = ((acc_t)(var_ssq_7) / (acc_t)(var_9));
     const acc_t add_12 = (var_10 + eps_11);
     const acc_t rsqrt_13 = sg::rsqrt_((acc_t)(add_12));
@@ -451,6 +503,8 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
   // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
   // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
+  // split rows only where the row is wider than one block holds, on sm_90+ code
+  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<layernorm_gelu_fwd_rows<T, VEC, 2048, ITEMS_MAX, 512>>();
   if (vec_ok) {
     if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
     if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
@@ -464,16 +518,20 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
     if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
     if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
     if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
+    if (tpr == 0 && split_ok && chunks <= (int64_t)2048 * ITEMS_MAX) { tpr = 2048; items = ITEMS_MAX; }  // a cluster of 4 blocks
+    if (tpr == 0 && split_ok && chunks <= (int64_t)4096 * ITEMS_MAX) { tpr = 4096; items = ITEMS_MAX; }  // a cluster of 8 blocks
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
-  const int rpb = block / tpr;
+  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int rpb = tpr >= block ? 1 : block / tpr;
+  const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
   // registers decide), each striding over rows; fewer when there are fewer rows.
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<layernorm_gelu_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+#define SG_OCC_CL(V, P, I) per_sm = 1
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
@@ -487,21 +545,26 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
     else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
     else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
     else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 2048 && items == ITEMS_MAX) SG_OCC_CL(VEC, 2048, ITEMS_MAX);
+    else if (tpr == 4096 && items == ITEMS_MAX) SG_OCC_CL(VEC, 4096, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
   } else {
     if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
   }
 #undef SG_OCC
+#undef SG_OCC_CL
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
+  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
-  const int64_t cslots = gx * groups;  // blocks: column reductions
+  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
+  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
   float* partials = nullptr;
   const layernorm_gelu_args args = A;
 #define SG_LAUNCH(V, P, I) layernorm_gelu_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(layernorm_gelu_fwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -515,11 +578,14 @@ static cudaError_t layernorm_gelu_fwd_launch(const layernorm_gelu_args& A, cudaS
     else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
     else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
     else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 2048 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 2048, ITEMS_MAX);
+    else if (tpr == 4096 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 4096, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
   }
 #undef SG_LAUNCH
+#undef SG_LAUNCH_CL
   return cudaGetLastError();
 }
 
@@ -547,17 +613,20 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
   __shared__ acc_t red_smem[33];
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
-  const int lane = threadIdx.x % TPR;
-  const int rg = threadIdx.x / TPR;
-  const int rpb = blockDim.x / TPR;
-  const int64_t slot = ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * rpb + rg;
-  const int64_t slots = (int64_t)gridDim.x * gridDim.y * rpb; (void)slots; (void)slot;
+  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
+  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;
+  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x : (int)(threadIdx.x % TPR);
+  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);
+  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);
+  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
+  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
+  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
   const acc_t var_3 = (acc_t)(((int64_t)(A.D)));
   const acc_t var_9 = (var_3 - (acc_t)0.0);
   const acc_t eps_11 = (acc_t)A.eps;
   // column partials: one slot per block (narrow rows merge their row groups at the end)
-  const int64_t cslot = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-  const int64_t cslots = (int64_t)gridDim.x * gridDim.y;
+  const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;
+  const int64_t cslots = nbx * gridDim.y;
   // column partials of sum_4_54: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
@@ -569,7 +638,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
   float* cpart_1 = partials + (1 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = 0.f;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
-  for (int64_t local = (int64_t)blockIdx.x * rpb + rg; local < rows_per_group; local += (int64_t)gridDim.x * rpb) {
+  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
     const T* p_x_0 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
     const T* p_grad_out_1 = (const T*)A.grad_out.data + row * ((int64_t)(A.D)) + 0;
@@ -631,7 +700,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
       }
       }
-    var_sum_1 = sg::group_reduce<TPR>(var_sum_1, sg::Sum(), red_smem);
+    var_sum_1 = sg::group_reduce<TPR, BLOCK>(var_sum_1, sg::Sum(), red_smem);
     const acc_t var_4 = ((acc_t)(var_sum_1) / (acc_t)(var_3));
     // pass 2: sum over the row
     acc_t var_ssq_7 = (acc_t)0;
@@ -674,7 +743,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
       }
       }
-    var_ssq_7 = sg::group_reduce<TPR>(var_ssq_7, sg::Sum(), red_smem);
+    var_ssq_7 = sg::group_reduce<TPR, BLOCK>(var_ssq_7, sg::Sum(), red_smem);
     const acc_t var_10 = ((acc_t)(var_ssq_7) / (acc_t)(var_9));
     const acc_t add_12 = (var_10 + eps_11);
     const acc_t rsqrt_13 = sg::rsqrt_((acc_t)(add_12));
@@ -773,8 +842,8 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
       }
       }
-    sum_2_46 = sg::group_reduce<TPR>(sum_2_46, sg::Sum(), red_smem);
-    sum_3_49 = sg::group_reduce<TPR>(sum_3_49, sg::Sum(), red_smem);
+    sum_2_46 = sg::group_reduce<TPR, BLOCK>(sum_2_46, sg::Sum(), red_smem);
+    sum_3_49 = sg::group_reduce<TPR, BLOCK>(sum_3_49, sg::Sum(), red_smem);
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -989,12 +1058,14 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 32 ? tpr : 128;  // TPR > 32: one row per block
-  const int rpb = block / tpr;
+  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int rpb = tpr >= block ? 1 : block / tpr;
+  const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
   // registers decide), each striding over rows; fewer when there are fewer rows.
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+#define SG_OCC_CL(V, P, I) per_sm = 1
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
@@ -1013,13 +1084,15 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
     if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
   }
 #undef SG_OCC
+#undef SG_OCC_CL
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
+  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass
   const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx * groups * rpb;  // row groups: global reductions
-  const int64_t cslots = gx * groups;  // blocks: column reductions
+  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
+  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
   float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 2 * (size_t)W + (size_t)slots * 0);
@@ -1027,6 +1100,7 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   if (err != cudaSuccess) return err;
   const layernorm_gelu_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(layernorm_gelu_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -1045,6 +1119,7 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
   }
 #undef SG_LAUNCH
+#undef SG_LAUNCH_CL
   layernorm_gelu_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
