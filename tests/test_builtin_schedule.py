@@ -21,6 +21,7 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
     ("softmax", "forward", {"N": 1024, "D": 131072}, "bfloat16", "split"),  # a cluster of 4 blocks per row
     ("softmax", "forward", {"N": 1024, "D": 131072}, "float32", "split"),  # a cluster of 8
     ("cross_entropy", "backward", {"N": 1024, "C": 131072}, "float32", "split"),
+    ("cross_entropy", "forward", {"N": 1024, "C": 131072}, "float32", "wide"),  # a loss: read once anyway
     ("rmsnorm", "backward", {"N": 4, "D": 262144}, "float32", "wide"),  # column partials: never split
     ("softmax", "forward", {"N": 64, "D": 256}, "float32", "narrow"),
     ("cross_entropy", "forward", {"N": 8192, "C": 32768}, "float32", "medium"),  # 128 KB rows in registers
@@ -59,7 +60,10 @@ def test_wide_softmax_takes_one_online_pass_for_max_and_sum():
     source = build_source(load_spec(SPECS / "softmax.yaml"))
     forward = source.split("// ======================= backward")[0]
     assert "sg::online_add_vec<T, VEC>(" in forward and "sg::group_online<TPR, BLOCK>(" in forward
-    assert forward.count("if constexpr (ITEMS == 0) {  // streamed row: one online pass") == 1
+    # one online pass and one (max, sum) reduction round, whether the row is streamed or in registers
+    assert forward.count("// pass 1: max and sum of exp(x - max) over the row") == 1
+    assert forward.count("sg::group_online<TPR, BLOCK>(") == 1
+    assert "sg::Max()" not in forward.split("// ---- end of helpers ----")[1]
 
 
 def _streamed_passes(source: str) -> int:
@@ -71,7 +75,7 @@ def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times():
     # pairs with sum(exp(x - max)) in one online pass, the other sum riding along
     source = build_source(load_spec(SPECS / "cross_entropy.yaml"))
     forward, backward = source.split("// ======================= backward")
-    assert backward.count("streamed row: one online pass") == 1
+    assert backward.count("sg::group_online<TPR, BLOCK>(") == 1
     assert _streamed_passes(backward) == 2  # online (max, sum, target sum), then the gradient
     assert _streamed_passes(forward) == 1  # the loss needs no second sweep
 
@@ -82,10 +86,15 @@ def test_transcendentals_follow_the_storage_dtype():
     assert "sizeof(T) == 2) return __expf(x); else return expf(x);" in source
 
 
-def test_row_stays_raw_in_registers_and_grid_is_one_wave():
+def test_row_stays_raw_in_registers_and_only_column_partials_keep_one_wave_of_blocks():
     source = build_source(load_spec(SPECS / "rmsnorm.yaml"))
+    forward, backward = source.split("// ======================= backward")
     assert "sg::Raw<T, VEC> r_p_x_" in source and "sg::load_raw<VEC>(" in source
-    assert "sg::blocks_per_sm<" in source and "__launch_bounds__(BLOCK, sg::min_blocks(" in source
+    assert "__launch_bounds__(BLOCK, sg::min_blocks(" in source
+    assert "gx = per_group_blocks;  // not persistent" in forward  # a block per row
+    assert "gx = per_group_blocks;  // not persistent" not in backward  # weight-grad partials per block
+    wave = build_source(load_spec(SPECS / "rmsnorm.yaml"), next(v for v in VARIANTS if v.name == "wave"))
+    assert "// not persistent" not in wave
     assert not re.search(r"\) / \(acc_t\)\(rsqrt", source)  # per-row denominators are reciprocals
 
 

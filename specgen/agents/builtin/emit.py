@@ -52,8 +52,8 @@ class Variant:
     row (storage dtype) and column partials, at most `items_cap` 16-byte chunks;
     wide rows (looped): `loop_tpr` threads per row, `loop_unroll` chunks in flight each;
     split rows: `split_rows` False streams them by the looped pass instead.
-    `persistent` False: a block per row group instead of one wave of blocks striding over rows
-    (programs without column partials, whose bytes grow with the blocks).
+    `persistent` True: one wave of blocks striding over rows instead of a block per row group
+    (programs with column partials always take it: their partial bytes grow with the blocks).
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -64,7 +64,7 @@ class Variant:
     loop_unroll: int = LOOP_UNROLL
     min_threads: int = 1024
     split_rows: bool = True
-    persistent: bool = True
+    persistent: bool = False
 
     @property
     def schedules(self) -> tuple:
@@ -78,7 +78,7 @@ VARIANTS = [
     Variant("regs16", data_regs=16, items_cap=4),  # medium: twice the threads per row, more warps per SM
     Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
     Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
-    Variant("grid", persistent=False),  # medium: a block per row, the hardware schedules them
+    Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
 ]
 CLASS_FIELDS = {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads", "persistent"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}
@@ -434,7 +434,7 @@ class DirectionEmitter:
         loads_words = " + ".join(f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in self.elem_loads) or "1"
         lines.append("  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)")
         lines.append(f"  constexpr int UNROLL = sg::items_max(8, {loads_words}, {variant.loop_unroll});")
-        lines.append("  __shared__ acc_t red_smem[33];")
+        lines.append("  __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)")
         lines.append("  (void)red_smem; (void)partials;")
         lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
         lines.append("  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
@@ -532,19 +532,12 @@ class DirectionEmitter:
                     lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
                     for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
                         lines.append(f"    acc_t {acc} = {init[kind]};")
-                    lines.append("    if constexpr (ITEMS == 0) {  // streamed row: one online pass, one read")
-                    lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [], modes=("loop",))
-                    lines.append(f"      sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+                    # one online pass (a read of a streamed row; one sweep of a row in registers)
+                    # and one reduction round for the (max, sum) pair
+                    lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
+                    lines.append(f"    sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
                     for kind, n, acc in others:
-                        lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
-                    lines.append("    } else {  // row in registers: the exact two-pass form")
-                    lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
-                    for kind, n, acc in [("max", m, mv)] + others:
-                        lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
-                    ctx.names[m.id] = mv
-                    lines += self.emit_pass([("sum", s, sv)], ctx, [], [], modes=("reg",))
-                    lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
-                    lines.append("    }")
+                        lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
                     for n in [m, s] + [n for _, n, _ in others]:
                         ctx.names[n.id] = self.var(n)
                         done.add(n.id)
@@ -769,8 +762,10 @@ class DirectionEmitter:
 
     def split_allowed(self, variant: Variant) -> bool:
         """Split rows: one slot per cluster for row-level results; column partials (per thread,
-        summed over its rows) have no split form."""
-        return variant.split_rows and not self.colreduces
+        summed over its rows) have no split form; and a program that writes no elements (a
+        loss) reads a streamed row once anyway, so splitting it only adds reduction rounds
+        (cross-entropy forward was 0.56-0.67x slower split on the H200)."""
+        return variant.split_rows and not self.colreduces and any(st.kind == "elem" for st in self.p.stores)
 
     def vec_schedules(self, variant: Variant) -> list[tuple]:
         return [s for s in variant.schedules if s not in SPLIT or self.split_allowed(variant)]
@@ -865,8 +860,12 @@ class DirectionEmitter:
                      "// TPR > 32: one row per block (or per cluster)")
         lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
         lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
-        lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
-        lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
+        if variant.persistent or self.colreduces:
+            lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
+            lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
+        else:
+            lines.append("  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:")
+            lines.append("  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
         lines.append("  int per_sm = 1;")
         lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
                      f"((P) > 32 ? (P) : {rb})>>(block)")
@@ -879,7 +878,7 @@ class DirectionEmitter:
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
         lines.append("  if (gx < 1) gx = 1;")
         if not variant.persistent and not self.colreduces:
-            lines.append("  gx = per_group_blocks;  // not persistent: a block per row group, scheduled by the hardware")
+            lines.append("  gx = per_group_blocks;  // not persistent")
         lines.append("  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass")
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
         lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
