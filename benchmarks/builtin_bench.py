@@ -2,7 +2,7 @@
 PyTorch and torch.compile, with the copy bandwidth of the same run.
 
     python benchmarks/builtin_bench.py --out DIR [--ops softmax,rmsnorm] [--dtypes bfloat16,float32]
-        [--no-tune] [--extra-shapes]
+        [--no-tune | --variants default,twopass,wave] [--extra-shapes]
 
 Per op: generate (verify; autotune unless --no-tune), then time with specgen.bench, the one
 timing method (a fresh torch.compile per shape, dtype and direction; backward times only
@@ -105,10 +105,18 @@ def main() -> int:
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--variants", default="", help="autotune only these variants (comma-separated names)")
     parser.add_argument("--extra-shapes", action="store_true")
     parser.add_argument("--write-lock", action="store_true", help="write specs/kernels + lock records")
     args = parser.parse_args()
     from specgen.agents.builtin import generate_builtin
+    from specgen.agents.builtin.emit import VARIANTS
+
+    by_name = {v.name: v for v in VARIANTS}
+    unknown = [n for n in args.variants.split(",") if n and n not in by_name]
+    if unknown:
+        parser.error(f"--variants: no variant {', '.join(unknown)}; variants: {', '.join(by_name)}")
+    variants = [by_name[n] for n in args.variants.split(",") if n] or None
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,7 +129,7 @@ def main() -> int:
         try:
             spec = load_spec(REPO / "specs" / f"{op}.yaml")
             gen = generate_builtin(spec, gpu=True, write=args.write_lock, regenerate=False, tune=not args.no_tune,
-                                   bench=False)
+                                   bench=False, variants=variants)
             entry.update(variant=gen.variant, timings=gen.timings, notes=gen.notes,
                          verdicts={k: v.to_json() for k, v in gen.verdicts.items()})
             shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])

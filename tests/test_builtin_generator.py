@@ -73,3 +73,45 @@ def test_generated_source_is_the_same_in_any_process_state():
     first = build_source(rmsnorm)
     build_source(load_spec(SPECS / "softmax.yaml"))  # advances any process-wide counters
     assert build_source(rmsnorm) == first
+
+
+def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monkeypatch):
+    """The tuner on fakes (no GPU): `twopass` is fastest on medium rows, `nosplit` on split
+    rows; the kept kernel takes each class's fields from its winner and is verified again."""
+    import re
+    from types import SimpleNamespace
+
+    import specgen.bench
+    import specgen.verify
+    from specgen.agents.builtin import generator
+    from specgen.agents.builtin.emit import VARIANTS
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    verified = []
+
+    def fake_compile(spec, source, **_):
+        return SimpleNamespace(library=re.search(r"// Schedule variant: (\S+)\.", source).group(1), arch="sm_90")
+
+    def fake_verify(spec, source, **_):
+        verified.append(re.search(r"// Schedule variant: (\S+)\.", source).group(1))
+        return SimpleNamespace(passed=True, summary=lambda: "ok")
+
+    def fake_bench(spec, library, shapes=None, dtypes=None, **_):
+        rows = []
+        for dims, fast in [({"N": 8192, "C": 32768}, "twopass"), ({"N": 1024, "C": 131072}, "nosplit")]:
+            us = 100.0 if fast in library else 150.0  # medium rows, then split rows
+            rows.append(SimpleNamespace(kernel_us=us, direction="backward", dims=dims, dtype="float32"))
+        return SimpleNamespace(rows=rows)
+
+    monkeypatch.setattr(generator, "compile_source", fake_compile)
+    monkeypatch.setattr(specgen.verify, "verify_kernel", fake_verify)
+    monkeypatch.setattr(specgen.bench, "bench_spec", fake_bench)
+    by_name = {v.name: v for v in VARIANTS}
+    result = generator.GeneratedKernel(spec, "", "default")
+    candidates = [by_name["default"], by_name["twopass"], by_name["nosplit"]]
+    variant, source, _, verdict = generator.autotune(spec, candidates, result=result)
+    assert variant.online_in_registers is False and variant.split_rows is False
+    assert "exact two-pass form" in source and "SG_LAUNCH_CL(VEC" not in source.split("#define SG_LAUNCH_CL")[-1]
+    assert verdict.passed and verified == ["default", "twopass", "nosplit", variant.name]
+    assert any("medium rows: variant twopass fastest" in n for n in result.notes)
+    assert any("split rows: variant nosplit fastest" in n for n in result.notes)

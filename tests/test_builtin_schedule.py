@@ -50,7 +50,8 @@ def test_combine_takes_each_class_from_its_winner():
     assert combine({}) == Variant(DEFAULT_VARIANT.name)
     for v in VARIANTS[1:]:  # each variant changes exactly one class
         changed = {cls for cls, fields in
-                   {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads", "persistent"),
+                   {"narrow": ("row_block",),
+                    "medium": ("data_regs", "items_cap", "min_threads", "persistent", "online_in_registers"),
                     "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}.items()
                    if any(getattr(v, f) != getattr(DEFAULT_VARIANT, f) for f in fields)}
         assert len(changed) == 1, v.name
@@ -128,3 +129,13 @@ def test_split_rows_launch_a_cluster_only_for_programs_without_column_partials()
     forward, backward = rmsnorm.split("// ======================= backward")
     assert "SG_LAUNCH_CL(VEC, 2048" in forward  # the forward has no column partials
     assert "SG_LAUNCH_CL(VEC" not in backward.split("#define SG_LAUNCH_CL")[1]  # weight grad: no split
+
+
+def test_twopass_variant_keeps_exact_sweeps_for_rows_in_registers():
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    twopass = build_source(spec, next(v for v in VARIANTS if v.name == "twopass"))
+    forward = twopass.split("// ======================= backward")[0]
+    assert "if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form" \
+        in forward
+    assert forward.count("sg::group_online<TPR, BLOCK>(") == 1  # narrow, split, streamed rows stay online
+    assert "exact two-pass form" not in build_source(spec)  # default: one sweep

@@ -54,6 +54,8 @@ class Variant:
     split rows: `split_rows` False streams them by the looped pass instead.
     `persistent` True: one wave of blocks striding over rows instead of a block per row group
     (programs with column partials always take it: their partial bytes grow with the blocks).
+    `online_in_registers` False: a (max, sum of exp) pair over a row in registers takes the
+    exact two sweeps (independent exps) instead of one online sweep and one reduction round.
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -65,6 +67,7 @@ class Variant:
     min_threads: int = 1024
     split_rows: bool = True
     persistent: bool = False
+    online_in_registers: bool = True
 
     @property
     def schedules(self) -> tuple:
@@ -79,8 +82,12 @@ VARIANTS = [
     Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
     Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
     Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
+    # medium: (max, sum) in two exact sweeps; cross-entropy over 32768 classes in fp32 was 1.6x
+    # slower with the online sweep than with these (results/2026-11-30-h200-release-v5)
+    Variant("twopass", online_in_registers=False),
 ]
-CLASS_FIELDS = {"narrow": ("row_block",), "medium": ("data_regs", "items_cap", "min_threads", "persistent"),
+CLASS_FIELDS = {"narrow": ("row_block",),
+                "medium": ("data_regs", "items_cap", "min_threads", "persistent", "online_in_registers"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}
 
 
@@ -532,12 +539,16 @@ class DirectionEmitter:
                     lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
                     for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
                         lines.append(f"    acc_t {acc} = {init[kind]};")
-                    # one online pass (a read of a streamed row; one sweep of a row in registers)
-                    # and one reduction round for the (max, sum) pair
-                    lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-                    lines.append(f"    sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
-                    for kind, n, acc in others:
-                        lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+                    if variant.online_in_registers:
+                        # one online pass (a read of a streamed row; one sweep of a row in
+                        # registers) and one reduction round for the (max, sum) pair
+                        lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
+                        lines.append(f"    sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+                        for kind, n, acc in others:
+                            lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, "
+                                         "red_smem);")
+                    else:
+                        lines += self.emit_exact_pair(m, s, others, ctx)
                     for n in [m, s] + [n for _, n, _ in others]:
                         ctx.names[n.id] = self.var(n)
                         done.add(n.id)
@@ -576,6 +587,29 @@ class DirectionEmitter:
             lines.append(f"  if (lane == 0) partials[{base}{i} * slots + slot] = (float)gacc_{i};")
         lines.append("}")
         return "\n".join(lines)
+
+    def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx) -> list[str]:
+        """The `twopass` variant's (max, sum): a medium row (one block, in registers) takes the
+        exact two sweeps, whose exps are independent of each other (the max and the batch's
+        other reductions in one round, then the sum of exp(x - max)); narrow, split and
+        streamed rows keep the online sweep, so the variant changes the medium class only."""
+        combine_op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}
+        mv, sv = self.var(m), self.var(s)
+        lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
+        lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
+        for kind, n, acc in [("max", m, mv)] + others:
+            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+        pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
+        pass_ctx.names[m.id] = mv
+        lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
+        lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
+        lines.append("    } else {  // one online sweep, one reduction round")
+        lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
+        lines.append(f"      sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+        for kind, n, acc in others:
+            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+        lines.append("    }")
+        return lines
 
     def emit_column_partials_out(self) -> list[str]:
         """Write this block's column partials (register path; the looped path accumulated in

@@ -172,7 +172,8 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
 
 
 def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,
-                     tune: bool = True, bench: bool = True, examples: int | None = None) -> GeneratedKernel:
+                     tune: bool = True, bench: bool = True, examples: int | None = None,
+                     variants: list[Variant] | None = None) -> GeneratedKernel:
     """Generate, compile and (with a GPU) verify, autotune and benchmark the kernel of `spec`,
     then write `specs/kernels/<op>.cu` and its lock entry. Without a GPU: the default
     variant, compiled, no verification record. Raises AgentRefused outside the families,
@@ -189,7 +190,8 @@ def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regen
         result.library = compiled.library
         result.notes.append("no GPU: the default variant was compiled, not verified (no verification record)")
     else:
-        variant, source, compiled, verdict = autotune(spec, VARIANTS if tune else [DEFAULT_VARIANT],
+        candidates = (variants or VARIANTS) if tune else [DEFAULT_VARIANT]
+        variant, source, compiled, verdict = autotune(spec, candidates,
                                                       examples=examples, result=result)
         result.source, result.variant, result.library = source, variant.name, compiled.library
         benchmark = None
