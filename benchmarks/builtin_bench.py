@@ -110,13 +110,12 @@ def main() -> int:
     parser.add_argument("--write-lock", action="store_true", help="write specs/kernels + lock records")
     args = parser.parse_args()
     from specgen.agents.builtin import generate_builtin
-    from specgen.agents.builtin.emit import VARIANTS
+    from specgen.agents.builtin.emit import variants_named
 
-    by_name = {v.name: v for v in VARIANTS}
-    unknown = [n for n in args.variants.split(",") if n and n not in by_name]
-    if unknown:
-        parser.error(f"--variants: no variant {', '.join(unknown)}; variants: {', '.join(by_name)}")
-    variants = [by_name[n] for n in args.variants.split(",") if n] or None
+    try:
+        variants = variants_named(args.variants) or None
+    except ValueError as error:
+        parser.error(f"--variants: {error}")
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from builtin_bench import EXTRA_SHAPES  # noqa: E402
-from specgen.agents.builtin.emit import VARIANTS  # noqa: E402
+from specgen.agents.builtin.emit import variants_named  # noqa: E402
 from specgen.agents.builtin.generator import build_source, compile_source  # noqa: E402
 from specgen.bench import bench_spec  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
@@ -74,16 +74,16 @@ def main() -> int:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--extra-shapes", action="store_true")
     args = parser.parse_args()
-    by_name = {v.name: v for v in VARIANTS}
-    for name in (args.a, args.b):
-        if name not in by_name:
-            parser.error(f"--a/--b: no variant {name!r}; variants: {', '.join(by_name)}")
+    try:
+        variant_a, variant_b = variants_named(f"{args.a},{args.b}")
+    except ValueError as error:
+        parser.error(f"--a/--b: {error}")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for op in args.ops.split(","):
         spec = load_spec(REPO / "specs" / f"{op}.yaml")
         shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])
-        rows += ab_rows(spec, by_name[args.a], by_name[args.b], args.dtypes.split(","), shapes)
+        rows += ab_rows(spec, variant_a, variant_b, args.dtypes.split(","), shapes)
         write_atomic(args.out / "variant_ab.json", json.dumps({"a": args.a, "b": args.b, "rows": rows}, indent=1))
         write_atomic(args.out / "variant_ab.md", table(rows, args.a, args.b) + "\n")
         print(f"[{op}] done", flush=True)

@@ -139,3 +139,12 @@ def test_twopass_variant_keeps_exact_sweeps_for_rows_in_registers():
         in forward
     assert forward.count("sg::group_online<TPR, BLOCK>(") == 1  # narrow, split, streamed rows stay online
     assert "exact two-pass form" not in build_source(spec)  # default: one sweep
+
+
+def test_variants_are_picked_by_name_and_an_unknown_name_is_named():
+    from specgen.agents.builtin.emit import variants_named
+
+    assert [v.name for v in variants_named("default, twopass")] == ["default", "twopass"]
+    assert variants_named("") == []
+    with pytest.raises(ValueError, match=r"no variant twopas; variants: default, .*twopass"):
+        variants_named("default,twopas")

@@ -41,6 +41,8 @@ VEC_SCHEDULES = NARROW + MEDIUM + SPLIT + ((512, 0),)
 SCALAR_SCHEDULES = ((32, 1), (256, 0))  # unaligned or odd widths
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
 LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
+REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
+REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # combiners of sg::group_reduce
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,17 @@ VARIANTS = [
     # slower with the online sweep than with these (results/2026-11-30-h200-release-v5)
     Variant("twopass", online_in_registers=False),
 ]
+def variants_named(names: str) -> list[Variant]:
+    """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
+    unknown ones and lists the known."""
+    by_name = {v.name: v for v in VARIANTS}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise ValueError(f"no variant {', '.join(unknown)}; variants: {', '.join(by_name)}")
+    return [by_name[n] for n in wanted]
+
+
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "online_in_registers"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}
@@ -515,8 +528,6 @@ class DirectionEmitter:
         done = set(ctx.names)
         pending = list(row_nodes)
         pass_no = 0
-        init = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
-        combine_op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}
         while pending:
             progressed = False
             for n in list(pending):
@@ -538,15 +549,9 @@ class DirectionEmitter:
                     with_others = "".join(f", {kind}" for kind, _, _ in others)
                     lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
                     for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
-                        lines.append(f"    acc_t {acc} = {init[kind]};")
+                        lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
                     if variant.online_in_registers:
-                        # one online pass (a read of a streamed row; one sweep of a row in
-                        # registers) and one reduction round for the (max, sum) pair
-                        lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-                        lines.append(f"    sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
-                        for kind, n, acc in others:
-                            lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, "
-                                         "red_smem);")
+                        lines += self.emit_online_pair(m, s, others, ctx, "    ")
                     else:
                         lines += self.emit_exact_pair(m, s, others, ctx)
                     for n in [m, s] + [n for _, n, _ in others]:
@@ -559,11 +564,11 @@ class DirectionEmitter:
                 consumers = []
                 for n in batch:
                     acc = self.var(n)
-                    lines.append(f"    acc_t {acc} = {init[n.attrs['kind']]};")
+                    lines.append(f"    acc_t {acc} = {REDUCE_INIT[n.attrs['kind']]};")
                     consumers.append((n.attrs["kind"], n, acc))
                 lines += self.emit_pass(consumers, ctx, [], [])
                 for kind, n, acc in consumers:
-                    lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+                    lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
                     ctx.names[n.id] = acc
                     done.add(n.id)
                     pending.remove(n)
@@ -593,22 +598,28 @@ class DirectionEmitter:
         exact two sweeps, whose exps are independent of each other (the max and the batch's
         other reductions in one round, then the sum of exp(x - max)); narrow, split and
         streamed rows keep the online sweep, so the variant changes the medium class only."""
-        combine_op = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}
         mv, sv = self.var(m), self.var(s)
         lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
         lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
         for kind, n, acc in [("max", m, mv)] + others:
-            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
         pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
         pass_ctx.names[m.id] = mv
         lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
         lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
         lines.append("    } else {  // one online sweep, one reduction round")
-        lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-        lines.append(f"      sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
-        for kind, n, acc in others:
-            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {combine_op[kind]}, red_smem);")
+        lines += self.emit_online_pair(m, s, others, ctx, "      ")
         lines.append("    }")
+        return lines
+
+    def emit_online_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, indent: str) -> list[str]:
+        """One online pass (a read of a streamed row; one sweep of a row in registers) and one
+        reduction round for the (max, sum) pair; the batch's other reductions ride along."""
+        mv, sv = self.var(m), self.var(s)
+        lines = self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
+        lines.append(f"{indent}sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+        for kind, n, acc in others:
+            lines.append(f"{indent}{acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
         return lines
 
     def emit_column_partials_out(self) -> list[str]:
