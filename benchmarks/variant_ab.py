@@ -1,19 +1,26 @@
-"""A/B of two builtin schedule variants in one run: the same spec's kernel built with each,
-timed side by side at the benchmark shapes (kernel only; the variants are not verified here,
-so nothing is locked: this is for choosing defaults, the autotuner verifies what it keeps).
+"""A/B of builtin schedule variants in one run: the same spec's kernel built with A and with
+each B, timed side by side at the benchmark shapes (kernel only; the variants are not
+verified here, so nothing is locked: this is for choosing defaults, the autotuner verifies
+what it keeps). Every (op, variant) source is compiled up front, in parallel.
 
-    python benchmarks/variant_ab.py --out DIR --ops gelu_tanh,rmsnorm --a default --b grid \
-        [--dtypes bfloat16,float32] [--extra-shapes]
+    python benchmarks/variant_ab.py --out DIR --ops gelu_tanh,rmsnorm --a default --b wave,cl256 \
+        [--dtypes bfloat16,float32] [--extra-shapes] [--verify]
 
-Writes DIR/variant_ab.json and DIR/variant_ab.md (B's time / A's time per row, and the
-fraction of the copy bandwidth each reaches).
+--verify first runs the verifier (every dtype, the same cases the generator's lock records
+need) on A and each B, and writes DIR/variant_verify.json; without --b it only verifies.
+
+Each B is timed in the same call as A (A is timed again beside each B: its repeats show the
+run-to-run noise). Writes DIR/variant_ab.json and DIR/variant_ab.md (each B's time / A's
+time per row, and the fraction of the copy bandwidth each reaches).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,38 +37,80 @@ from specgen.spec import load_spec  # noqa: E402
 REPS = 30
 
 
-def ab_rows(spec, a, b, dtypes, shapes) -> list[dict]:
-    lib_a = compile_source(spec, build_source(spec, a)).library
-    lib_b = compile_source(spec, build_source(spec, b)).library
+def compile_all(specs: list, variants: list) -> dict:
+    """{(op, variant name): library}; nvcc runs in parallel (the compile cache is keyed by content)."""
+    # sources first, in this thread: tracing the reference (make_fx) is not thread-safe
+    jobs = {(spec.name, v.name): (spec, build_source(spec, v)) for spec in specs for v in variants}
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {key: pool.submit(lambda s, text: compile_source(s, text).library, *job)
+                   for key, job in jobs.items()}
+        return {key: f.result() for key, f in futures.items()}
+
+
+def verify_all(specs: list, variants: list, out: Path) -> dict:
+    """{"op/variant": verdict JSON} for each (op, variant), written to out/variant_verify.json."""
+    from specgen.verify import verify_kernel
+
+    results = {}
+    for spec in specs:
+        for v in variants:
+            verdict = verify_kernel(spec, build_source(spec, v))
+            results[f"{spec.name}/{v.name}"] = verdict.to_json()
+            print(f"[verify] {spec.name}/{v.name}: {'PASS' if verdict.passed else 'FAIL'} "
+                  f"({verdict.cases} cases) {'' if verdict.passed else verdict.summary()[:400]}", flush=True)
+            write_atomic(out / "variant_verify.json", json.dumps(results, indent=1, default=str))
+    return results
+
+
+def ab_rows(spec, a, bs, libraries: dict, dtypes, shapes) -> list[dict]:
+    """One row per (direction, shape, dtype): A's time beside each B's (keys a_us[b], b_us[b])."""
     directions = ("forward", "backward") if spec.backward == "kernel" else ("forward",)
-    rows = []
-    for direction in directions:
-        result = bench_spec(spec, lib_b, shapes=shapes, dtypes=dtypes, baseline=lib_a, eager=False, compiled=False,
-                            directions=(direction,), reps=REPS)
-        for row in result.rows:
-            rows.append({"op": spec.name, "direction": direction, "dims": row.dims, "dtype": row.dtype,
-                         "bytes": row.bytes, "a_us": row.baseline_us, "b_us": row.kernel_us,
-                         "a_fraction": row.fraction(row.baseline_us), "b_fraction": row.fraction(row.kernel_us)})
-    return rows
+    rows: dict[tuple, dict] = {}
+    lib_a = libraries[(spec.name, a.name)]
+    for b in bs:
+        for direction in directions:
+            result = bench_spec(spec, libraries[(spec.name, b.name)], shapes=shapes, dtypes=dtypes, baseline=lib_a,
+                                eager=False, compiled=False, directions=(direction,), reps=REPS)
+            for r in result.rows:
+                key = (direction, tuple(r.dims.items()), r.dtype)
+                row = rows.setdefault(key, {"op": spec.name, "direction": direction, "dims": r.dims, "dtype": r.dtype,
+                                            "bytes": r.bytes, "copy_gbs": r.copy_gbs, "a_us": {}, "b_us": {}})
+                row["a_us"][b.name], row["b_us"][b.name] = r.baseline_us, r.kernel_us
+    return list(rows.values())
 
 
-def table(rows, a, b) -> str:
-    lines = [f"| op | dir | shape | dtype | MB | {a} us | {b} us | {b}/{a} time | {a} % copy | {b} % copy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = []
+def _fraction(row, us) -> float:
+    return row["bytes"] / (row["copy_gbs"] * 1e9) / (us * 1e-6) if us else 0.0
+
+
+def table(rows, a: str, bs: list[str]) -> str:
+    head = f"| op | dir | shape | dtype | MB | {a} us | {a} % copy | " + " | ".join(
+        f"{b} us | {b}/{a} | {b} % copy" for b in bs) + " |"
+    lines = [head, "|" + "---|" * (7 + 3 * len(bs))]
+    ratios: dict[str, list[float]] = {b: [] for b in bs}
     for r in rows:
-        if not (r["a_us"] and r["b_us"]):
+        a_times = [t for t in r["a_us"].values() if t]
+        if not a_times:
             continue
-        ratio = r["b_us"] / r["a_us"]
-        ratios.append(ratio)
+        a_us = sorted(a_times)[len(a_times) // 2]  # A's median over its repeats
         shape = ",".join(f"{k}={v}" for k, v in r["dims"].items())
-        lines.append(f"| {r['op']} | {r['direction']} | {shape} | {r['dtype']} | {r['bytes'] / 1e6:.0f} | "
-                     f"{r['a_us']:.1f} | {r['b_us']:.1f} | {ratio:.3f} | {r['a_fraction'] * 100:.0f}% | "
-                     f"{r['b_fraction'] * 100:.0f}% |")
-    if ratios:
-        lines.append("")
-        lines.append(f"geometric mean of {b}/{a} time: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
-                     f"over {len(ratios)} rows (< 1: {b} faster)")
+        cells = [r["op"], r["direction"], shape, r["dtype"], f"{r['bytes'] / 1e6:.0f}", f"{a_us:.1f}",
+                 f"{_fraction(r, a_us) * 100:.0f}%"]
+        for b in bs:
+            b_us = r["b_us"].get(b)
+            if not b_us:
+                cells += ["-", "-", "-"]
+                continue
+            ratio = b_us / r["a_us"][b]  # against A timed in the same call
+            ratios[b].append(ratio)
+            cells += [f"{b_us:.1f}", f"{ratio:.3f}", f"{_fraction(r, b_us) * 100:.0f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for b, values in ratios.items():
+        if values:
+            lines.append(f"geometric mean of {b}/{a} time: {math.exp(sum(map(math.log, values)) / len(values)):.3f} "
+                         f"over {len(values)} rows (< 1: {b} faster)")
     return "\n".join(lines)
 
 
@@ -70,25 +119,39 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ops", required=True)
     parser.add_argument("--a", default="default")
-    parser.add_argument("--b", required=True)
+    parser.add_argument("--b", default="", help="one or more variants, comma-separated")
+    parser.add_argument("--verify", action="store_true", help="verify A and each B first")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--extra-shapes", action="store_true")
     args = parser.parse_args()
     try:
-        variant_a, variant_b = variants_named(f"{args.a},{args.b}")
+        variant_a, *variants_b = variants_named(f"{args.a},{args.b}")
     except ValueError as error:
         parser.error(f"--a/--b: {error}")
+    if not variants_b and not args.verify:
+        parser.error("--b: name at least one variant (or --verify only)")
     args.out.mkdir(parents=True, exist_ok=True)
+    specs = [load_spec(REPO / "specs" / f"{op}.yaml") for op in args.ops.split(",")]
+    libraries = compile_all(specs, [variant_a] + variants_b)
+    print(f"compiled {len(libraries)} kernels", flush=True)
+    failed = []
+    if args.verify:
+        verdicts = verify_all(specs, [variant_a] + variants_b, args.out)
+        failed = [key for key, v in verdicts.items() if not v.get("passed")]
+    if not variants_b:
+        return 1 if failed else 0
+    names = [b.name for b in variants_b]
     rows = []
-    for op in args.ops.split(","):
-        spec = load_spec(REPO / "specs" / f"{op}.yaml")
-        shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])
-        rows += ab_rows(spec, variant_a, variant_b, args.dtypes.split(","), shapes)
-        write_atomic(args.out / "variant_ab.json", json.dumps({"a": args.a, "b": args.b, "rows": rows}, indent=1))
-        write_atomic(args.out / "variant_ab.md", table(rows, args.a, args.b) + "\n")
-        print(f"[{op}] done", flush=True)
-    print(table(rows, args.a, args.b))
-    return 0
+    for spec in specs:
+        shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(spec.name, []) if args.extra_shapes else [])
+        rows += ab_rows(spec, variant_a, variants_b, libraries, args.dtypes.split(","), shapes)
+        write_atomic(args.out / "variant_ab.json", json.dumps({"a": args.a, "b": names, "rows": rows}, indent=1))
+        write_atomic(args.out / "variant_ab.md", table(rows, args.a, names) + "\n")
+        print(f"[{spec.name}] done", flush=True)
+    print(table(rows, args.a, names))
+    if failed:
+        print(f"verification FAILED: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

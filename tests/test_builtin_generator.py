@@ -110,7 +110,7 @@ def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monke
     result = generator.GeneratedKernel(spec, "", "default")
     candidates = [by_name["default"], by_name["twopass"], by_name["nosplit"]]
     variant, source, _, verdict = generator.autotune(spec, candidates, result=result)
-    assert variant.online_in_registers is False and variant.split_rows is False
+    assert variant.reg_pair == "twopass" and variant.split_rows is False
     assert "exact two-pass form" in source and "SG_LAUNCH_CL(VEC" not in source.split("#define SG_LAUNCH_CL")[-1]
     assert verdict.passed and verified == ["default", "twopass", "nosplit", variant.name]
     assert any("medium rows: variant twopass fastest" in n for n in result.notes)

@@ -109,3 +109,23 @@ def test_cse_merges_the_repeated_mean_of_layernorm_backward():
     merged = lower_spec(spec)["backward"]
     count = lambda p: sum(n.op == "rowreduce" for n in p.nodes())
     assert count(merged) < count(raw)
+
+
+def test_a_row_sum_of_a_one_hot_becomes_the_value_at_the_index():
+    # cross-entropy backward: sum_j(onehot(target)_j * -g/N) is -g/N for a target in range
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    raw = lower(trace(spec, "backward"))
+    program = lower_spec(spec)["backward"]
+    kinds = lambda p: sorted(n.attrs["kind"] for n in p.nodes() if n.op == "rowreduce")
+    assert kinds(raw) == ["max", "sum", "sum"] and kinds(program) == ["max", "sum"]
+    # same values as the unrewritten program, targets out of range included (the sum is 0 there)
+    dims = {"N": 6, "C": 5}
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"logits": torch.randn(6, 5, generator=gen, dtype=torch.float64),
+               "target": torch.tensor([0, 4, 2, -1, 5, 1]), "grad_out": torch.tensor(0.7, dtype=torch.float64),
+               "out": torch.tensor(0.0, dtype=torch.float64)}
+    outs = [{"grad_logits": torch.full((6, 5), float("nan"), dtype=torch.float64)} for _ in range(2)]
+    for p, out in zip((raw, program), outs):
+        run_program(p, tensors, {}, dims, out)
+    torch.testing.assert_close(outs[1]["grad_logits"], outs[0]["grad_logits"], rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(outs[1]["grad_logits"]).all()

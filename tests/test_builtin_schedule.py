@@ -2,13 +2,14 @@
 of autotuned variants, and what the generated source does for each class (no GPU needed)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.emit import DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
+from specgen.agents.builtin.emit import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
@@ -48,13 +49,13 @@ def test_combine_takes_each_class_from_its_winner():
     chosen = combine({"narrow": by_name["rows256"], "medium": by_name["regs16"], "wide": by_name["loop1024"]})
     assert (chosen.row_block, chosen.data_regs, chosen.items_cap, chosen.loop_tpr) == (256, 16, 4, 1024)
     assert combine({}) == Variant(DEFAULT_VARIANT.name)
+    fields = [f for names in CLASS_FIELDS.values() for f in names]
+    assert len(fields) == len(set(fields))  # a field steers one class
+    assert set(fields) == {f.name for f in dataclasses.fields(Variant)} - {"name"}  # and every field is tuned
     for v in VARIANTS[1:]:  # each variant changes exactly one class
-        changed = {cls for cls, fields in
-                   {"narrow": ("row_block",),
-                    "medium": ("data_regs", "items_cap", "min_threads", "persistent", "online_in_registers"),
-                    "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}.items()
+        changed = {cls for cls, fields in CLASS_FIELDS.items()
                    if any(getattr(v, f) != getattr(DEFAULT_VARIANT, f) for f in fields)}
-        assert len(changed) == 1, v.name
+        assert len(changed) == (2 if v.name == "cl256" else 1), v.name  # cl256: the row's block, both classes
 
 
 def test_wide_softmax_takes_one_online_pass_for_max_and_sum():
@@ -148,3 +149,52 @@ def test_variants_are_picked_by_name_and_an_unknown_name_is_named():
     assert variants_named("") == []
     with pytest.raises(ValueError, match=r"no variant twopas; variants: default, .*twopass"):
         variants_named("default,twopas")
+
+
+def _variant(name: str) -> Variant:
+    return next(v for v in VARIANTS if v.name == name)
+
+
+def test_a_row_in_registers_takes_its_exact_max_then_its_exps_then_one_round():
+    forward = build_source(load_spec(SPECS / "softmax.yaml")).split("// ======================= backward")[0]
+    registers = forward.split("// in registers: this thread's exact (max, sum)")[1].split("} else {  // streamed")[0]
+    assert "sg::online_add_vec" not in registers  # no per-chunk rescale chain
+    assert registers.index("sg::max_(") < registers.index("sg::exp_<T>(")
+    assert "(acc_t)(-INFINITY)) {  // else no element here adds anything" in registers  # exp(-inf - -inf) = NaN
+    assert forward.count("sg::group_online<TPR, BLOCK>(") == 1 and "sg::group_reduce<" not in forward.split(
+        "// ---- end of helpers ----")[1]
+    online = build_source(load_spec(SPECS / "softmax.yaml"), _variant("online"))
+    assert "// in registers: this thread's exact" not in online and "sg::online_add_vec<T, VEC>(" in online
+
+
+def test_two_reductions_of_one_sweep_share_a_round():
+    backward = build_source(load_spec(SPECS / "rmsnorm.yaml")).split("// ======================= backward")[1]
+    assert backward.count("sg::group_reduce2<TPR, BLOCK>(") == 1  # sum(x * x) and sum(g * w * x)
+    assert "sg::group_reduce<TPR, BLOCK>(" not in backward
+
+
+def test_cl256_splits_rows_over_clusters_of_256_thread_blocks():
+    cl256 = _variant("cl256")
+    assert plan(cl256, 32768 // 8, 8) == (512, 8) and cl256.is_split(512, None)  # CE bf16 C=32768: 2 x 256
+    assert [cl256.split_block_of(t) for t in (512, 1024, 2048, 4096)] == [256, 256, 256, 512]
+    assert plan(cl256, 32768 // 8, 8, split=False) == (512, 0)  # a loss row: streamed once
+    assert plan(DEFAULT_VARIANT, 32768 // 8, 8) == (512, 8) and not DEFAULT_VARIANT.is_split(512, None)
+    source = build_source(load_spec(SPECS / "cross_entropy.yaml"), cl256)
+    backward = source.split("// ======================= backward")[1]
+    assert "const int block = tpr > 4095 ? 512 : tpr > 256 ? 256 : tpr > 32 ? tpr : 128;" in backward
+    assert "{ tpr = 512; items = ITEMS_MAX; }  // a cluster of 2 blocks" in backward
+    assert "sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(" in backward
+    forward = source.split("// ======================= backward")[0]
+    assert "SG_LAUNCH_CL(VEC" not in forward.split("#define SG_LAUNCH_CL")[-1]  # the loss never splits
+
+
+def test_csmem_keeps_column_partials_and_parameters_out_of_registers():
+    source = build_source(load_spec(SPECS / "rmsnorm.yaml"), _variant("csmem"))
+    forward, backward = source.split("// ======================= backward")
+    assert "csm" not in forward.split("// ---- end of helpers ----")[1]  # no column partials there
+    assert "sg::smem_add_vec<VEC>(csm + 0 * W + c * VEC, ccl_0);" in backward
+    assert "sg::launch_dyn(rmsnorm_bwd_rows<" in backward and "csm_ok && chunks <=" in backward
+    assert "r_p_weight_1[" not in backward and "lz_p_weight_1" in backward  # weight re-read per use
+    assert "if constexpr (8 <= ITEMS_NMAX)" in backward  # narrow rows: partials still in registers
+    default = build_source(load_spec(SPECS / "rmsnorm.yaml"))
+    assert "r_p_weight_1[" in default and "csm" not in default.split("// ---- end of helpers ----")[1]

@@ -30,14 +30,13 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
 # each thread with several 16-byte loads outstanding. ITEMS 0: the looped pass (rows too
 # wide for registers), unrolled LOOP_UNROLL chunks deep.
 NARROW = ((4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8))  # rows of <= 32 threads, several per block
-MEDIUM = ((64, None), (128, None), (256, None), (512, None), (1024, None))  # one row per block, in registers
-# Split rows (sm_90+, programs without column reductions): a row too wide for one block stays
-# in registers across a cluster of TPR / SPLIT_BLOCK blocks, which combine their reductions
-# through distributed shared memory: the row is read once, where the looped pass reads it two
-# or three times (softmax, cross-entropy over vocabulary-sized rows).
-SPLIT = ((2048, None), (4096, None))
-SPLIT_BLOCK = 512  # two such blocks per SM under the 64-register cap
-VEC_SCHEDULES = NARROW + MEDIUM + SPLIT + ((512, 0),)
+ROW_TPRS = (64, 128, 256, 512, 1024, 2048, 4096)  # threads per row held in registers (ITEMS_MAX chunks each)
+# A row of up to `block_max` threads is one block (medium rows). Wider (split rows; sm_90+,
+# programs that write elements and have no column reductions): the row stays in registers
+# across a cluster of 2-8 blocks (see Variant.split_block_of), which combine their reductions
+# through distributed shared memory: read once, where the looped pass reads it two or three
+# times (softmax, cross-entropy backward over vocabulary-sized rows).
+MAX_CLUSTER = 8  # the portable cluster size
 SCALAR_SCHEDULES = ((32, 1), (256, 0))  # unaligned or odd widths
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
 LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
@@ -56,8 +55,15 @@ class Variant:
     split rows: `split_rows` False streams them by the looped pass instead.
     `persistent` True: one wave of blocks striding over rows instead of a block per row group
     (programs with column partials always take it: their partial bytes grow with the blocks).
-    `online_in_registers` False: a (max, sum of exp) pair over a row in registers takes the
-    exact two sweeps (independent exps) instead of one online sweep and one reduction round.
+    `reg_pair`: how a (max, sum of exp) pair is taken over a row in registers: "local" (each
+    thread's exact max, then its sum of exp(x - max), independent exps; the threads' pairs
+    merged in one reduction round), "online" (one online sweep, rescaling chunk by chunk: a
+    serial chain), "twopass" (medium rows: max reduced over the row, then the sum: two rounds).
+    `block_max`: threads of the widest row held by one block; wider rows in registers are
+    split over a cluster (`split_block` threads per block, see split_block_of).
+    `col_smem`: a medium row's column partials (weight gradients) accumulate in shared memory
+    ([reduction][W] per block, each column one thread's: no atomics) instead of registers,
+    so the row itself can take more registers (more chunks per thread, fewer threads).
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -69,11 +75,24 @@ class Variant:
     min_threads: int = 1024
     split_rows: bool = True
     persistent: bool = False
-    online_in_registers: bool = True
+    reg_pair: str = "local"
+    block_max: int = 1024
+    split_block: int = 512
+    col_smem: bool = False
 
     @property
     def schedules(self) -> tuple:
-        return NARROW + MEDIUM + (SPLIT if self.split_rows else ()) + ((self.loop_tpr, 0),)
+        rows = tuple((t, None) for t in ROW_TPRS if t <= self.block_max or self.split_rows)
+        return NARROW + rows + ((self.loop_tpr, 0),)
+
+    def is_split(self, tpr: int, items) -> bool:
+        """A schedule whose row spans a cluster of blocks."""
+        return items is None and tpr > self.block_max
+
+    def split_block_of(self, tpr: int) -> int:
+        """Threads per block of a split row of `tpr` threads: `split_block` (at most
+        `block_max`), more when the row would otherwise need over MAX_CLUSTER blocks."""
+        return max(min(self.split_block, self.block_max), tpr // MAX_CLUSTER)
 
 
 DEFAULT_VARIANT = Variant("default")
@@ -86,7 +105,13 @@ VARIANTS = [
     Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
     # medium: (max, sum) in two exact sweeps; cross-entropy over 32768 classes in fp32 was 1.6x
     # slower with the online sweep than with these (results/2026-11-30-h200-release-v5)
-    Variant("twopass", online_in_registers=False),
+    Variant("twopass", reg_pair="twopass"),
+    Variant("online", reg_pair="online"),  # medium: v5's online sweep over a row in registers
+    # medium and split: blocks of 256 threads, a row of more over a cluster of 2-8 of them: four
+    # rows' quarters share an SM instead of one 1024-thread row waiting on its own barriers
+    Variant("cl256", block_max=256, split_block=256),
+    # medium rows with column partials (norm backwards): the partials in shared memory
+    Variant("csmem", col_smem=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -100,8 +125,9 @@ def variants_named(names: str) -> list[Variant]:
 
 
 CLASS_FIELDS = {"narrow": ("row_block",),
-                "medium": ("data_regs", "items_cap", "min_threads", "persistent", "online_in_registers"),
-                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows",)}
+                "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
+                           "block_max", "col_smem"),
+                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block")}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -124,7 +150,7 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
     """(TPR, ITEMS) the host picks for a vectorized row of `chunks` 16-byte chunks
     (mirrors the generated host code; `split`: the program and device allow split rows)."""
     for tpr, items in variant.schedules:
-        if (tpr, items) in SPLIT and not split:
+        if variant.is_split(tpr, items) and not split:
             continue
         if items == 0:
             return tpr, 0
@@ -175,6 +201,7 @@ class DirectionEmitter:
         self.types = {f.name: f.tensor for f in abi.fields(spec, direction) if f.is_tensor}
         self.elem_loads = self._unique_loads()
         self.colreduces = [n for n in self.nodes if n.op == "colreduce"]
+        self.col_smem = False  # set per variant by emit_row_kernel / emit_host
         self.globalreduces = [n for n in self.nodes if n.op == "globalreduce"]
         self.users: dict[int, list[Node]] = {}
         for n in self.nodes:
@@ -381,6 +408,9 @@ class DirectionEmitter:
             onlines = [(n, acc) for kind, n, acc in consumers if kind == "online"]
             for i, _ in enumerate(onlines):
                 body.append(f"{ind}acc_t on_{i}[VEC];  // the chunk, fed to the online (max, sum) at once")
+            if mode == "reg" and self.col_smem:
+                for i, _ in enumerate(col_nodes):
+                    body.append(f"{ind}acc_t ccl_{i}[VEC];  // this chunk's column terms (medium rows)")
             body.append(f"{ind}#pragma unroll")
             body.append(f"{ind}for (int v = 0; v < VEC; ++v) {{")
             inner = ind + "  "
@@ -388,6 +418,10 @@ class DirectionEmitter:
             ctx = Ctx(dict(ctx_row.names))
             for key, ns in loads:
                 raw = slot.format(self.pointer_name(key))
+                if mode == "reg" and key not in self.held_loads():  # a [W] parameter: read at use (L1)
+                    raw = f"lz_{self.pointer_name(key)}"
+                    body.insert(-3, f"{ind}{self.raw_type(key)} {raw}; sg::load_raw<VEC>("
+                                    f"{self.pointer_name(key)} + c * VEC, {raw});")
                 for n in ns:
                     ctx.loads[n.id] = self.load_ref(n, raw)
             body += self.elem_statements(roots, ctx, inner)
@@ -405,13 +439,18 @@ class DirectionEmitter:
                 body.append(f"{inner}st_{i}[v] = (acc_t)({self.expr(s.value, ctx)});")
             for i, c in enumerate(col_nodes):
                 val = self.expr(c.args[0], ctx)
-                if mode == "reg":
+                if mode == "reg" and self.col_smem:
+                    body.append(f"{inner}if constexpr (TPR > 32) ccl_{i}[v] = {val}; else cacc_{i}[k][v] += {val};")
+                elif mode == "reg":
                     body.append(f"{inner}cacc_{i}[k][v] += {val};")
                 else:
                     body.append(f"{inner}cpart_{i}[c * VEC + v] += {val};")
             body.append(f"{ind}}}")
             for i, (_, acc) in enumerate(onlines):
                 body.append(f"{ind}sg::online_add_vec<T, VEC>({acc[0]}, {acc[1]}, on_{i});")
+            if mode == "reg" and self.col_smem:
+                for i, _ in enumerate(col_nodes):
+                    body.append(f"{ind}if constexpr (TPR > 32) sg::smem_add_vec<VEC>(csm + {i} * W + c * VEC, ccl_{i});")
             for i, s in enumerate(stores):
                 body.append(f"{ind}sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
             body.append("        }")
@@ -439,6 +478,7 @@ class DirectionEmitter:
         return None
 
     def emit_row_kernel(self, variant: Variant) -> str:
+        self.col_smem = variant.col_smem and bool(self.colreduces)
         p = self.p
         lines: list[str] = []
         elem_stores = [s for s in p.stores if s.kind == "elem"]
@@ -447,7 +487,7 @@ class DirectionEmitter:
         lines.append(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
         lines.append("template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>")
         lines.append(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
-                     f"{self.words_per_item_expr()}, {variant.data_regs}))")
+                     f"{self.words_per_item_expr(not self.col_smem)}, {variant.data_regs}))")
         lines.append(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
         lines.append("{")
         lines.append("  using acc_t = typename sg::Acc<T>::type;")
@@ -476,11 +516,24 @@ class DirectionEmitter:
             lines.append("  // column partials: one slot per block (narrow rows merge their row groups at the end)")
             lines.append("  const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;")
             lines.append("  const int64_t cslots = nbx * gridDim.y;")
+        if self.col_smem:
+            lines.append("  // medium rows: the column partials in shared memory, [reduction][W], sized at launch;")
+            lines.append("  // each column is one thread's (one row per block), so no atomics and no barriers")
+            lines.append("  extern __shared__ float col_smem[];")
+            lines.append("  acc_t* const csm = reinterpret_cast<acc_t*>(col_smem); (void)csm;")
         for i, c in enumerate(self.colreduces):
             lines.append(f"  // column partials of {self.var(c)}: this thread's columns, summed over its rows")
-            lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
-            lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
-                         f"cacc_{i}[k][v] = 0;")
+            if self.col_smem:
+                lines.append(f"  acc_t cacc_{i}[ITEMS > 0 && TPR <= 32 ? ITEMS : 1][VEC];")
+                lines.append(f"  if constexpr (ITEMS > 0 && TPR > 32) for (int k = 0; k < ITEMS; ++k) {{ "
+                             f"const int64_t c = (int64_t)k * TPR + lane; if (c * VEC < W) "
+                             f"for (int v = 0; v < VEC; ++v) csm[{i} * W + c * VEC + v] = 0; }}")
+                lines.append(f"  for (int k = 0; k < (ITEMS > 0 && TPR <= 32 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
+                             f"cacc_{i}[k][v] = 0;")
+            else:
+                lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
+                lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
+                             f"cacc_{i}[k][v] = 0;")
             lines.append(f"  float* cpart_{i} = partials + ({i} * cslots + cslot) * W;")
             lines.append(f"  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) "
                          f"for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = 0.f;")
@@ -508,7 +561,7 @@ class DirectionEmitter:
         if self.elem_loads:
             lines.append("    // the row stays in registers across passes, raw in the storage dtype (half the")
             lines.append("    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front")
-        for key in self.elem_loads:
+        for key in self.held_loads():
             pn = self.pointer_name(key)
             lines.append(f"    {self.raw_type(key)} r_{pn}[ITEMS > 0 ? ITEMS : 1];")
         if self.elem_loads:
@@ -517,7 +570,7 @@ class DirectionEmitter:
             lines.append("      for (int k = 0; k < ITEMS; ++k) {")
             lines.append("        const int64_t c = (int64_t)k * TPR + lane;")
             lines.append("        if (c * VEC < W) {")
-            for key in self.elem_loads:
+            for key in self.held_loads():
                 pn = self.pointer_name(key)
                 lines.append(f"          sg::load_raw<VEC>({pn} + c * VEC, r_{pn}[k]);")
             lines.append("        }")
@@ -550,10 +603,10 @@ class DirectionEmitter:
                     lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
                     for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
                         lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
-                    if variant.online_in_registers:
-                        lines += self.emit_online_pair(m, s, others, ctx, "    ")
-                    else:
+                    if variant.reg_pair == "twopass":
                         lines += self.emit_exact_pair(m, s, others, ctx)
+                    else:
+                        lines += self.emit_online_pair(m, s, others, ctx, "    ", variant.reg_pair == "local")
                     for n in [m, s] + [n for _, n, _ in others]:
                         ctx.names[n.id] = self.var(n)
                         done.add(n.id)
@@ -567,8 +620,8 @@ class DirectionEmitter:
                     lines.append(f"    acc_t {acc} = {REDUCE_INIT[n.attrs['kind']]};")
                     consumers.append((n.attrs["kind"], n, acc))
                 lines += self.emit_pass(consumers, ctx, [], [])
+                lines += self.emit_group_reductions(consumers, "    ")
                 for kind, n, acc in consumers:
-                    lines.append(f"    {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
                     ctx.names[n.id] = acc
                     done.add(n.id)
                     pending.remove(n)
@@ -612,15 +665,44 @@ class DirectionEmitter:
         lines.append("    }")
         return lines
 
-    def emit_online_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, indent: str) -> list[str]:
-        """One online pass (a read of a streamed row; one sweep of a row in registers) and one
-        reduction round for the (max, sum) pair; the batch's other reductions ride along."""
-        mv, sv = self.var(m), self.var(s)
-        lines = self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-        lines.append(f"{indent}sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
-        for kind, n, acc in others:
-            lines.append(f"{indent}{acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
+    @staticmethod
+    def emit_group_reductions(consumers: list[tuple], indent: str) -> list[str]:
+        """Reduce a batch's accumulators over the row group, two per round (one set of barriers
+        for a pair: the RMSNorm backward's two sums took two)."""
+        lines = []
+        for i in range(0, len(consumers), 2):
+            pair = consumers[i:i + 2]
+            if len(pair) == 2:
+                (ka, _, a), (kb, _, b) = pair
+                lines.append(f"{indent}sg::group_reduce2<TPR, BLOCK>({a}, {REDUCE_OP[ka]}, {b}, {REDUCE_OP[kb]}, "
+                             "red_smem);")
+            else:
+                kind, _, acc = pair[0]
+                lines.append(f"{indent}{acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
         return lines
+
+    def emit_online_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, indent: str,
+                         local: bool = False) -> list[str]:
+        """One online pass (a read of a streamed row; one sweep of a row in registers) and one
+        reduction round for the (max, sum) pair; the batch's other reductions ride along.
+        `local`: a row in registers takes two sweeps of its registers instead (the thread's
+        max, then its sum of exp(x - that max): no rescale chain, one exp per element)."""
+        mv, sv = self.var(m), self.var(s)
+        if local:
+            pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
+            pass_ctx.names[m.id] = mv
+            lines = ["      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)"]
+            lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
+            lines.append(f"      if ({mv} != (acc_t)(-INFINITY)) {{  // else no element here adds anything")
+            lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
+            lines.append("      }")
+            lines.append("      } else {  // streamed: one online sweep")
+            lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [], modes=("loop",))
+            lines.append("      }")
+        else:
+            lines = self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
+        lines.append(f"{indent}sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+        return lines + self.emit_group_reductions(others, indent)
 
     def emit_column_partials_out(self) -> list[str]:
         """Write this block's column partials (register path; the looped path accumulated in
@@ -632,11 +714,13 @@ class DirectionEmitter:
         for i, _ in enumerate(self.colreduces):
             lines.append("    for (int k = 0; k < ITEMS; ++k) {")
             lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
+            part = f"csm[{i} * W + c * VEC + v]" if self.col_smem else f"cacc_{i}[k][v]"
             lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = "
-                         f"(float)cacc_{i}[k][v];")
+                         f"(float){part};")
             lines.append("    }")
         lines.append("  } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order")
-        lines.append("    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch")
+        if not self.col_smem:
+            lines.append("    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch")
         lines.append("    constexpr int CW = TPR * ITEMS * VEC;")
         for i, _ in enumerate(self.colreduces):
             lines.append("    for (int k = 0; k < ITEMS; ++k) {")
@@ -784,13 +868,22 @@ class DirectionEmitter:
         return text
 
     # ------------------------------------------------------------ host side
-    def words_per_item_expr(self) -> str:
+    def words_per_item_expr(self, with_cols: bool = True) -> str:
         """C++: 32-bit registers one 16-byte chunk of the row costs a thread (raw loads, in
-        their storage types, plus fp32/fp64 column partials)."""
-        terms = [f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in self.elem_loads]
-        if self.colreduces:
+        their storage types, plus fp32/fp64 column partials unless `with_cols` is False)."""
+        keys = self.elem_loads if with_cols else self.held_loads()
+        terms = [f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in keys]
+        if self.colreduces and with_cols:
             terms.append(f"{len(self.colreduces)} * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4")
         return " + ".join(terms) or "1"
+
+    def held_loads(self) -> list:
+        """Loads a row in registers holds from its first sweep on: all of them, except the [W]
+        parameters (col loads) of a col_smem kernel, read again at each use (L1 hits)."""
+        return [k for k in self.elem_loads if not (self.col_smem and k[1] == "col")]
+
+    def narrow_max(self) -> str:
+        return "ITEMS_NMAX" if self.col_smem else "ITEMS_MAX"
 
     def words_per_item(self, itemsize: int, vec: int) -> int:
         """Python mirror of words_per_item_expr for a float working dtype of `itemsize` bytes."""
@@ -812,8 +905,31 @@ class DirectionEmitter:
         (cross-entropy forward was 0.56-0.67x slower split on the H200)."""
         return variant.split_rows and not self.colreduces and any(st.kind == "elem" for st in self.p.stores)
 
+    @staticmethod
+    def split_block_expr(variant: Variant) -> str:
+        """C++ condition chain (without its last branch) giving the block of a split row by tpr."""
+        splits = sorted({t for t, i in variant.schedules if variant.is_split(t, i)}, reverse=True)
+        by_block: dict[int, int] = {}  # block -> the smallest tpr taking it
+        for t in splits:
+            by_block[variant.split_block_of(t)] = t
+        parts, ordered = [], sorted(by_block.items(), key=lambda kv: -kv[1])
+        for k, (block, smallest) in enumerate(ordered):
+            bound = variant.block_max if k == len(ordered) - 1 else smallest - 1
+            parts.append(f"tpr > {bound} ? {block}")
+        return " : ".join(parts) or f"tpr > {variant.block_max} ? {variant.split_block}"
+
+    @staticmethod
+    def split_block_macro(variant: Variant) -> str:
+        """The block of split row macro argument P (a literal when every split row takes one)."""
+        splits = [t for t, i in variant.schedules if variant.is_split(t, i)]
+        blocks = {variant.split_block_of(t) for t in splits}
+        if len(blocks) <= 1:
+            return str(blocks.pop() if blocks else variant.split_block)
+        sb = min(variant.split_block, variant.block_max)
+        return f"((P) / {MAX_CLUSTER} > {sb} ? (P) / {MAX_CLUSTER} : {sb})"
+
     def vec_schedules(self, variant: Variant) -> list[tuple]:
-        return [s for s in variant.schedules if s not in SPLIT or self.split_allowed(variant)]
+        return [s for s in variant.schedules if not variant.is_split(*s) or self.split_allowed(variant)]
 
     def schedule_chain(self, variant: Variant, action: str) -> list[str]:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
@@ -823,14 +939,14 @@ class DirectionEmitter:
         for tpr, items in self.vec_schedules(variant):
             kw = "if" if first else "else if"
             first = False
-            if (tpr, items) in SPLIT:
+            if variant.is_split(tpr, items):
                 lines.append(f"    {kw} (tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);")
                 continue
             cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
             arg = "ITEMS_MAX" if items is None else str(items)
             if items is not None and items > 0:
                 # a narrow schedule beyond ITEMS_MAX is never picked: do not instantiate it
-                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {{ if constexpr ({items} <= ITEMS_MAX) "
+                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {{ if constexpr ({items} <= {self.narrow_max()}) "
                              f"{action}(VEC, {tpr}, {arg}); }}")
             else:
                 lines.append(f"    {kw} (tpr == {tpr} && {cond}) {action}(VEC, {tpr}, {arg});")
@@ -872,7 +988,15 @@ class DirectionEmitter:
         lines.append("  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
         lines.append("  // input" + (" and the fp32 column partials" if self.colreduces else "") +
                      f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
-        lines.append(f"  constexpr int WORDS = {self.words_per_item_expr()};")
+        self.col_smem = variant.col_smem and bool(self.colreduces)
+        if self.col_smem:
+            lines.append("  // (medium rows keep their column partials in shared memory: not counted; narrow")
+            lines.append("  // rows keep them in registers: ITEMS_NMAX)")
+            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr(False)};")
+            lines.append(f"  constexpr int ITEMS_NMAX = sg::items_max({variant.data_regs}, "
+                         f"{self.words_per_item_expr()}, {variant.items_cap});")
+        else:
+            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr()};")
         lines.append(f"  constexpr int ITEMS_MAX = sg::items_max({variant.data_regs}, WORDS, {variant.items_cap});")
         lines.append("  const bool vec_ok = " + "\n      && ".join(conds) + ";")
         lines.append("  const int64_t chunks = vec_ok ? W / VEC : W;")
@@ -880,28 +1004,37 @@ class DirectionEmitter:
         lines.append("  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
         lines.append(f"  // wider than {1024} threads x ITEMS_MAX chunks are streamed by a looped pass.")
         lines.append("  int tpr = 0, items = 0;")
+        if self.col_smem:
+            lines.append("  // medium rows: shared memory for the column partials, if the device gives a block that much")
+            lines.append(f"  const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
+                         "sizeof(typename sg::Acc<T>::type);")
+            lines.append("  const bool csm_ok = csm_bytes <= sg::smem_optin();")
         if self.split_allowed(variant):
             lines.append("  // split rows only where the row is wider than one block holds, on sm_90+ code")
-            lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<"
-                         f"{self.kname}_rows<T, VEC, {SPLIT[0][0]}, ITEMS_MAX, {SPLIT_BLOCK}>>();")
+            first = next(t for t, i in variant.schedules if variant.is_split(t, i))
+            lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
+                         f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
+                         f"{variant.split_block_of(first)}>>();")
         lines.append("  if (vec_ok) {")
         for tpr, items in self.vec_schedules(variant):
-            if (tpr, items) in SPLIT:
+            if variant.is_split(tpr, items):
                 lines.append(f"    if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
-                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of {tpr // SPLIT_BLOCK} blocks")
+                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of "
+                             f"{tpr // variant.split_block_of(tpr)} blocks")
             elif items == 0:
                 lines.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
             elif items is None:
-                lines.append(f"    if (tpr == 0 && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                fits = " && csm_ok" if self.col_smem else ""
+                lines.append(f"    if (tpr == 0{fits} && chunks <= (int64_t){tpr} * ITEMS_MAX) "
                              f"{{ tpr = {tpr}; items = ITEMS_MAX; }}")
             else:
-                lines.append(f"    if (tpr == 0 && {items} <= ITEMS_MAX && chunks <= (int64_t){tpr * items}) "
+                lines.append(f"    if (tpr == 0 && {items} <= {self.narrow_max()} && chunks <= (int64_t){tpr * items}) "
                              f"{{ tpr = {tpr}; items = {items}; }}")
         lines.append("  } else {")
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
         rb = variant.row_block
-        lines.append(f"  const int block = tpr > 1024 ? {SPLIT_BLOCK} : tpr > 32 ? tpr : {rb};  "
+        lines.append(f"  const int block = {self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
                      "// TPR > 32: one row per block (or per cluster)")
         lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
         lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
@@ -912,8 +1045,12 @@ class DirectionEmitter:
             lines.append("  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:")
             lines.append("  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
         lines.append("  int per_sm = 1;")
-        lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
-                     f"((P) > 32 ? (P) : {rb})>>(block)")
+        if self.col_smem:
+            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
+                         f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 ? csm_bytes : 0)")
+        else:
+            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
+                         f"((P) > 32 ? (P) : {rb})>>(block)")
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
         lines += self.schedule_chain(variant, "SG_OCC")
         lines.append("#undef SG_OCC")
@@ -939,10 +1076,18 @@ class DirectionEmitter:
         lines.append("  const " + self.args_t + " args = A;")
         # narrow rows with column partials: shared memory to merge the block's row groups
         smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
-        lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
-                     f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
-        lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {SPLIT_BLOCK}>("
-                     f"{self.kname}_rows<T, V, P, I, {SPLIT_BLOCK}>, grid, block, stream, args, partials, "
+        if self.col_smem:
+            smem = f"((P) > 32 ? csm_bytes : (size_t){rb} * (I) * (V) * sizeof(float))"
+            lines.append(f"#define SG_LAUNCH(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
+                         f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
+                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); "
+                         "cudaFreeAsync(partials, stream); return e_; } } while (0)")
+        else:
+            lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
+                         f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
+        sb = self.split_block_macro(variant)
+        lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
+                     f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
                      "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from ...errors import Rejected
 from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
 from .emit import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, emit_source
 from .lower import lower
-from .optimize import cse, reuse_forward_outputs
+from .optimize import cse, onehot_sums, reuse_forward_outputs
 from .trace import trace
 
 _programs: dict[str, dict] = {}
@@ -27,7 +28,7 @@ def lower_spec(spec) -> dict:
     key = spec.hash()
     if key not in _programs:
         directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-        programs = {d: cse(lower(trace(spec, d))) for d in directions}
+        programs = {d: cse(onehot_sums(cse(lower(trace(spec, d))))) for d in directions}
         if "backward" in programs:
             programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
         _programs[key] = programs
@@ -93,6 +94,21 @@ def compile_source(spec, source: str, *, arch: str | None = None):
                               source_name=f"kernels/{spec.name}.cu")
 
 
+def compile_parallel(spec, sources: list[str]) -> None:
+    """Compile several sources at once (nvcc is single-threaded; the compile cache is keyed by
+    content, so the sequential calls after this are cache hits). Errors surface there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(source):
+        try:
+            compile_source(spec, source)
+        except Exception:  # reported by the sequential compile of the same source
+            pass
+
+    with ThreadPoolExecutor(max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        list(pool.map(one, sources))
+
+
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("inf")
 
@@ -129,9 +145,12 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
 
     passed = {}
     per_class: dict[str, dict[str, list[float]]] = {}
+    sources = {v.name: build_source(spec, v) for v in variants}
+    if len(variants) > 1:
+        compile_parallel(spec, list(sources.values()))
     for variant in variants:
-        source = build_source(spec, variant)
-        compiled = compile_source(spec, source)
+        source = sources[variant.name]
+        compiled = compile_source(spec, source)  # a cache hit after compile_parallel
         verdict = verify_kernel(spec, source, **({"examples": examples} if examples else {}))
         result.verdicts[variant.name] = verdict
         if not verdict.passed:

@@ -9,10 +9,14 @@
   and no exp (out * (g - sum(g * out))); the residual add of add_rmsnorm reads one tensor
   instead of two. The stored output is rounded to the working dtype, exactly what PyTorch's
   own backward of these ops reads.
+- `onehot_sums`: a row sum of a one-hot expression (zero except at the column equal to a
+  per-row index, times per-row factors) is that expression's value at the index, with no
+  sweep: cross-entropy backward's sum of its scattered gradient was a reduction round and an
+  index compare per element.
 """
 from __future__ import annotations
 
-from .ir import Node, Program, Store
+from .ir import Node, Program, Store, const, is_const, level_of
 
 
 class _Canon:
@@ -139,4 +143,51 @@ def reuse_forward_outputs(forward: Program, backward: Program, output_fields: se
     return _rebuild(backward, replace)
 
 
-__all__ = ["cse", "reuse_forward_outputs"]
+def _onehot(node: Node):
+    """(index, value) when `node` is `value` at the column `index` (row level) and 0 elsewhere,
+    `value` row level or coarser; else None. Forms: where(col == index, value, 0) and
+    products of such a form with row-level factors."""
+    if node.op == "where":
+        cond, hit, miss = node.args
+        if is_const(miss, 0) and cond.op == "eq" and _row_or_coarser(hit):
+            a, b = cond.args
+            if a.op == "iota" and _row_or_coarser(b):
+                return b, hit
+            if b.op == "iota" and _row_or_coarser(a):
+                return a, hit
+        return None
+    if node.op == "mul":
+        for i in (0, 1):
+            found, other = _onehot(node.args[i]), node.args[1 - i]
+            if found is not None and _row_or_coarser(other):
+                index, value = found
+                return index, Node("mul", (value, other) if i == 0 else (other, value),
+                                   level=level_of(value, other), dtype=node.dtype)
+    return None
+
+
+def _row_or_coarser(node: Node) -> bool:
+    return node.level in ("const", "global", "row")
+
+
+def onehot_sums(program: Program) -> Program:
+    """rowreduce(sum, one-hot) -> where(0 <= index < width, value, 0), a row value."""
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        if built.op != "rowreduce" or built.attrs.get("kind") != "sum":
+            return built
+        found = _onehot(built.args[0])
+        if found is None:
+            return built
+        index, value = found
+        inside = Node("and", (Node("ge", (index, const(0)), level=index.level, dtype="bool"),
+                              Node("lt", (index, program.width), level=level_of(index, program.width),
+                                   dtype="bool")), level=level_of(index, program.width), dtype="bool")
+        value = value if value.dtype == "float" else Node("cast", (value,), level=value.level, dtype="float")
+        return Node("where", (inside, value, const(0.0)), level=level_of(inside, value), dtype="float",
+                    name=built.name)
+
+    return _rebuild(program, replace)
+
+
+__all__ = ["cse", "onehot_sums", "reuse_forward_outputs"]

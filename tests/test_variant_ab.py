@@ -1,0 +1,34 @@
+"""benchmarks/variant_ab.py's table: each B against A timed in the same call (no GPU needed)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import variant_ab  # noqa: E402
+
+
+def _row(a_us: dict, b_us: dict) -> dict:
+    return {"op": "softmax", "direction": "forward", "dims": {"N": 4, "D": 8}, "dtype": "float32",
+            "bytes": 4_000_000, "copy_gbs": 4000.0, "a_us": a_us, "b_us": b_us}
+
+
+def test_each_b_is_compared_with_a_from_its_own_call():
+    rows = [_row({"x": 10.0, "y": 20.0}, {"x": 5.0, "y": 30.0})]
+    text = variant_ab.table(rows, "a", ["x", "y"])
+    line = next(l for l in text.splitlines() if l.startswith("| softmax"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[5] == "20.0"  # A's median over its two calls
+    assert cells[7:10] == ["5.0", "0.500", "20%"]  # x: 5 us vs A's 10 us beside it; 1 us floor / 5 us
+    assert cells[10:13] == ["30.0", "1.500", "3%"]
+    assert "geometric mean of x/a time: 0.500 over 1 rows" in text
+    assert "geometric mean of y/a time: 1.500 over 1 rows" in text
+
+
+def test_a_b_missing_in_a_row_is_shown_and_left_out_of_the_mean():
+    rows = [_row({"x": 10.0}, {"x": 12.0}), _row({"x": 10.0, "y": 10.0}, {"x": 12.0, "y": 9.0})]
+    text = variant_ab.table(rows, "a", ["x", "y"])
+    assert "| - | - | - |" in text
+    assert "geometric mean of y/a time: 0.900 over 1 rows" in text
+    assert "geometric mean of x/a time: 1.200 over 2 rows" in text
