@@ -2,7 +2,8 @@
 PyTorch and torch.compile, with the copy bandwidth of the same run.
 
     python benchmarks/builtin_bench.py --out DIR [--ops softmax,rmsnorm] [--dtypes bfloat16,float32]
-        [--no-tune | --variants default,twopass,wave] [--extra-shapes]
+        [--no-tune | --variants default,twopass,wave | --variants "softmax=default,cl256;rmsnorm=default,csmem"]
+        [--extra-shapes]
 
 Per op: generate (verify; autotune unless --no-tune), then time with specgen.bench, the one
 timing method (a fresh torch.compile per shape, dtype and direction; backward times only
@@ -99,13 +100,31 @@ def table(rows, copy_gbs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def variants_per_op(text: str):
+    """op -> the variants to tune (None: all of them): `a,b` for every op, or `op=a,b;op2=c,d`
+    for the named ops only (the others keep the default variant alone)."""
+    from specgen.agents.builtin.emit import DEFAULT_VARIANT, variants_named
+
+    if "=" not in text:
+        every = variants_named(text) or None
+        return lambda op: every
+    table = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        op, sep, names = part.partition("=")
+        if not sep or not op.strip():
+            raise ValueError(f"{part!r}: write op=variant,variant")
+        table[op.strip()] = variants_named(names)
+    return lambda op: table.get(op, [DEFAULT_VARIANT])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--no-tune", action="store_true")
-    parser.add_argument("--variants", default="", help="autotune only these variants (comma-separated names)")
+    parser.add_argument("--variants", default="", help="autotune only these variants (comma-separated names), "
+                        "or per op: 'op=a,b;op2=a,c' (ops not named: the default variant only)")
     parser.add_argument("--extra-shapes", action="store_true")
     parser.add_argument("--write-lock", action="store_true", help="write specs/kernels + lock records")
     args = parser.parse_args()
@@ -113,7 +132,7 @@ def main() -> int:
     from specgen.agents.builtin.emit import variants_named
 
     try:
-        variants = variants_named(args.variants) or None
+        per_op = variants_per_op(args.variants)
     except ValueError as error:
         parser.error(f"--variants: {error}")
 
@@ -128,7 +147,7 @@ def main() -> int:
         try:
             spec = load_spec(REPO / "specs" / f"{op}.yaml")
             gen = generate_builtin(spec, gpu=True, write=args.write_lock, regenerate=False, tune=not args.no_tune,
-                                   bench=False, variants=variants)
+                                   bench=False, variants=per_op(op))
             entry.update(variant=gen.variant, timings=gen.timings, notes=gen.notes,
                          verdicts={k: v.to_json() for k, v in gen.verdicts.items()})
             shapes = list(spec.benchmark) + (EXTRA_SHAPES.get(op, []) if args.extra_shapes else [])

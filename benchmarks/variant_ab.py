@@ -64,11 +64,16 @@ def verify_all(specs: list, variants: list, out: Path) -> dict:
 
 
 def ab_rows(spec, a, bs, libraries: dict, dtypes, shapes) -> list[dict]:
-    """One row per (direction, shape, dtype): A's time beside each B's (keys a_us[b], b_us[b])."""
+    """One row per (direction, shape, dtype): A's time beside each B's (keys a_us[b], b_us[b]).
+    A library None (failed verification) is not timed."""
     directions = ("forward", "backward") if spec.backward == "kernel" else ("forward",)
     rows: dict[tuple, dict] = {}
     lib_a = libraries[(spec.name, a.name)]
+    if lib_a is None:
+        return []
     for b in bs:
+        if libraries[(spec.name, b.name)] is None:
+            continue
         for direction in directions:
             result = bench_spec(spec, libraries[(spec.name, b.name)], shapes=shapes, dtypes=dtypes, baseline=lib_a,
                                 eager=False, compiled=False, directions=(direction,), reps=REPS)
@@ -138,6 +143,9 @@ def main() -> int:
     if args.verify:
         verdicts = verify_all(specs, [variant_a] + variants_b, args.out)
         failed = [key for key, v in verdicts.items() if not v.get("passed")]
+        for key in failed:  # a wrong or hanging kernel is not timed
+            op, name = key.split("/")
+            libraries[(op, name)] = None
     if not variants_b:
         return 1 if failed else 0
     names = [b.name for b in variants_b]

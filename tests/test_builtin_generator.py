@@ -1,7 +1,9 @@
 """The builtin agent: readable source implementing the ABI, refusals, the no-GPU flow."""
 from __future__ import annotations
 
+import re
 import shutil
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,22 @@ def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monke
     assert verdict.passed and verified == ["default", "twopass", "nosplit", variant.name]
     assert any("medium rows: variant twopass fastest" in n for n in result.notes)
     assert any("split rows: variant nosplit fastest" in n for n in result.notes)
+
+
+def test_autotune_tries_a_source_once_when_variants_coincide(monkeypatch):
+    # csmem only changes programs with column partials: for softmax it is the default kernel
+    import specgen.bench
+    import specgen.verify
+    from specgen.agents.builtin import generator
+    from specgen.agents.builtin.emit import VARIANTS
+
+    spec = load_spec(SPECS / "softmax.yaml")
+    verified = []
+    monkeypatch.setattr(generator, "compile_source", lambda spec, source, **_: SimpleNamespace(
+        library=re.search(r"// Schedule variant: (\S+)\.", source).group(1), arch="sm_90"))
+    monkeypatch.setattr(specgen.verify, "verify_kernel", lambda spec, source, **_: verified.append(
+        re.search(r"// Schedule variant: (\S+)\.", source).group(1)) or SimpleNamespace(passed=True, summary=str))
+    by_name = {v.name: v for v in VARIANTS}
+    variant, *_ = generator.autotune(spec, [by_name["default"], by_name["csmem"]],
+                                     result=generator.GeneratedKernel(spec, "", "default"))
+    assert verified == ["default"] and variant.name == "default"

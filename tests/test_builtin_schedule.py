@@ -181,7 +181,7 @@ def test_cl256_splits_rows_over_clusters_of_256_thread_blocks():
     assert plan(DEFAULT_VARIANT, 32768 // 8, 8) == (512, 8) and not DEFAULT_VARIANT.is_split(512, None)
     source = build_source(load_spec(SPECS / "cross_entropy.yaml"), cl256)
     backward = source.split("// ======================= backward")[1]
-    assert "const int block = tpr > 4095 ? 512 : tpr > 256 ? 256 : tpr > 32 ? tpr : 128;" in backward
+    assert "const int block = items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;" in backward
     assert "{ tpr = 512; items = ITEMS_MAX; }  // a cluster of 2 blocks" in backward
     assert "sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(" in backward
     forward = source.split("// ======================= backward")[0]
@@ -198,3 +198,33 @@ def test_csmem_keeps_column_partials_and_parameters_out_of_registers():
     assert "if constexpr (8 <= ITEMS_NMAX)" in backward  # narrow rows: partials still in registers
     default = build_source(load_spec(SPECS / "rmsnorm.yaml"))
     assert "r_p_weight_1[" in default and "csm" not in default.split("// ---- end of helpers ----")[1]
+
+
+def _c_ternary(expr: str, env: dict) -> int:
+    """Evaluate a generated `c1 ? v1 : c2 ? v2 : v` chain of int comparisons."""
+    head, sep, rest = expr.partition(" ? ")
+    if not sep:
+        return int(eval(expr, {}, env))
+    value, _, tail = rest.partition(" : ")
+    cond = head.replace("&&", "and")
+    return int(eval(value, {}, env)) if eval(cond, {}, env) else _c_ternary(tail, env)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("op", ["softmax", "rmsnorm", "cross_entropy"])
+def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, variant):
+    # the launch's blockDim must be the kernel's BLOCK: a looped 512-thread row once got the
+    # 256-thread block of cl256's split rows and hung at its first barrier
+    source = build_source(load_spec(SPECS / f"{op}.yaml"), variant)
+    for direction_source in source.split("// ======================= backward"):
+        expr = re.search(r"const int block = (.*?);  //", direction_source).group(1)
+        for tpr, items in list(variant.schedules) + [(32, 1), (256, 0)]:
+            items_value = 8 if items is None else items
+            block = _c_ternary(expr, {"tpr": tpr, "items": items_value})
+            if variant.is_split(tpr, items):
+                assert block == variant.split_block_of(tpr) and 2 <= tpr // block <= 8
+                macro = re.search(r"sg::launch_cluster<\(P\) / (.*?)>\(", direction_source)
+                if macro:  # the launch's cluster size and the kernel's BLOCK
+                    assert _c_ternary(macro.group(1).replace("(P)", "P").strip("()"), {"P": tpr}) == block
+            else:
+                assert block == (tpr if tpr > 32 else variant.row_block), (tpr, items, block)

@@ -32,3 +32,19 @@ def test_a_b_missing_in_a_row_is_shown_and_left_out_of_the_mean():
     assert "| - | - | - |" in text
     assert "geometric mean of y/a time: 0.900 over 1 rows" in text
     assert "geometric mean of x/a time: 1.200 over 2 rows" in text
+
+
+def test_builtin_bench_tunes_per_op_variant_lists():
+    import builtin_bench
+    import pytest
+
+    every = builtin_bench.variants_per_op("default,cl256")
+    assert [v.name for v in every("softmax")] == ["default", "cl256"] == [v.name for v in every("rope")]
+    assert builtin_bench.variants_per_op("")("softmax") is None  # all variants
+    per_op = builtin_bench.variants_per_op("softmax=default,cl256; rmsnorm=default,csmem")
+    assert [v.name for v in per_op("rmsnorm")] == ["default", "csmem"]
+    assert [v.name for v in per_op("rope")] == ["default"]  # not named: not tuned
+    with pytest.raises(ValueError, match="no variant nope"):
+        builtin_bench.variants_per_op("softmax=default,nope")
+    with pytest.raises(ValueError, match="op=variant"):
+        builtin_bench.variants_per_op("=default")

@@ -915,8 +915,8 @@ class DirectionEmitter:
         parts, ordered = [], sorted(by_block.items(), key=lambda kv: -kv[1])
         for k, (block, smallest) in enumerate(ordered):
             bound = variant.block_max if k == len(ordered) - 1 else smallest - 1
-            parts.append(f"tpr > {bound} ? {block}")
-        return " : ".join(parts) or f"tpr > {variant.block_max} ? {variant.split_block}"
+            parts.append(f"items > 0 && tpr > {bound} ? {block}")  # a looped row (items 0) is one block
+        return " : ".join(parts) or f"items > 0 && tpr > {variant.block_max} ? {variant.split_block}"
 
     @staticmethod
     def split_block_macro(variant: Variant) -> str:

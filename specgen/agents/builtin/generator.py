@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,7 +146,14 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
 
     passed = {}
     per_class: dict[str, dict[str, list[float]]] = {}
-    sources = {v.name: build_source(spec, v) for v in variants}
+    sources, seen = {}, set()
+    for v in variants:  # variants giving this spec the same source are one candidate
+        text = build_source(spec, v)
+        same = re.sub(r"// Schedule variant: \S+\.", "", text)
+        if same not in seen:
+            seen.add(same)
+            sources[v.name] = text
+    variants = [v for v in variants if v.name in sources]
     if len(variants) > 1:
         compile_parallel(spec, list(sources.values()))
     for variant in variants:
