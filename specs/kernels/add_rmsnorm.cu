@@ -170,6 +170,57 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Two reductions of a row group in one round (one set of barriers where two group_reduce
+// calls take two): the same trees and orders as group_reduce, side by side in smem[0..66).
+template <int TPR, int BLOCK = TPR, typename A, typename OpA, typename OpB>
+__device__ __forceinline__ void group_reduce2(A& a, OpA op_a, A& b, OpB op_b, A* smem) {
+  if constexpr (TPR <= 32) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = TPR == 32 ? 0xffffffffu : (((1u << TPR) - 1u) << (lane / TPR * TPR));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(mask, a, o));
+      b = op_b(b, __shfl_xor_sync(mask, b, o));
+    }
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
+      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) { smem[warp] = a; smem[33 + warp] = b; }
+    __syncthreads();
+    if (warp == 0) {
+      a = smem[0];
+      b = smem[33];
+      for (int w = 1; w < BLOCK / 32; ++w) { a = op_a(a, smem[w]); b = op_b(b, smem[33 + w]); }
+      smem[32] = a;
+      smem[65] = b;
+    }
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      a = *cluster.map_shared_rank(smem + 32, 0);
+      b = *cluster.map_shared_rank(smem + 65, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r) {
+        a = op_a(a, *cluster.map_shared_rank(smem + 32, r));
+        b = op_b(b, *cluster.map_shared_rank(smem + 65, r));
+      }
+      cluster.sync();
+#else
+      __trap();
+#endif
+    } else {
+      __syncthreads();
+      a = smem[32];
+      b = smem[65];
+      __syncthreads();
+    }
+  }
+}
+
 // Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
 // 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
 // the chunk's max exceeds the running max, then one exp per element (a per-element rescale
@@ -187,6 +238,27 @@ __device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
   if (m != (A)(-INFINITY)) {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
+  }
+}
+
+// p[0..VEC) += x (shared memory), in 16-byte accesses where the chunk is a multiple of 16
+// bytes: a thread's VEC columns are contiguous, so lanes stride VEC words apart and scalar
+// accesses would conflict VEC ways.
+template <int VEC, typename A>
+__device__ __forceinline__ void smem_add_vec(A* p, const A (&x)[VEC]) {
+  constexpr int PER = 16 / (int)sizeof(A);
+  if constexpr ((VEC * sizeof(A)) % 16 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / PER; ++q) {
+      uint4 raw = reinterpret_cast<uint4*>(p)[q];
+      A* t = reinterpret_cast<A*>(&raw);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) t[e] += x[q * PER + e];
+      reinterpret_cast<uint4*>(p)[q] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) p[v] += x[v];
   }
 }
 
@@ -261,6 +333,39 @@ inline int blocks_per_sm(int block) {
     cached = n;
   }
   return cached;
+}
+
+// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
+// on the row width), past 48 KB after opting the kernel in to that much.
+template <typename... KArgs>
+inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
+  int n = 0;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  return n;
+}
+
+// The most dynamic shared memory one block may opt in to (227 KB on the H100/H200).
+inline size_t smem_optin() {
+  static int bytes = -1;
+  if (bytes < 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) bytes = 48 * 1024;
+  }
+  return (size_t)bytes;
+}
+
+// Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
+  return cudaSuccess;
 }
 
 inline int sm_count() {
@@ -520,7 +625,7 @@ static cudaError_t add_rmsnorm_fwd_launch(const add_rmsnorm_args& A, cudaStream_
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -705,8 +810,7 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
       }
       }
       }
-    sum_1_6 = sg::group_reduce<TPR, BLOCK>(sum_1_6, sg::Sum(), red_smem);
-    sum_3_16 = sg::group_reduce<TPR, BLOCK>(sum_3_16, sg::Sum(), red_smem);
+    sg::group_reduce2<TPR, BLOCK>(sum_1_6, sg::Sum(), sum_3_16, sg::Sum(), red_smem);
     const acc_t div_9 = ((acc_t)(sum_1_6) / (acc_t)(sym_float_8));
     const acc_t add_1_11 = (div_9 + eps_10);
     const acc_t rsqrt_12 = sg::rsqrt_((acc_t)(add_1_11));
@@ -807,19 +911,35 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
   }
 }
 
-// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue.
+// Sums of the per-slot column partials, then the epilogue. A block takes 32 columns of one
+// group (coalesced rows of partials); its 8 warps sum every 8th slot, then warp 0 sums the
+// 8 in order: a fixed tree (deterministic) with 8x the loads in flight of a thread per column.
 template <typename T>
-__global__ void add_rmsnorm_bwd_finalize_cols(const add_rmsnorm_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
+__global__ void __launch_bounds__(256) add_rmsnorm_bwd_finalize_cols(const add_rmsnorm_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
 {
   using acc_t = typename sg::Acc<T>::type;
   const int64_t W = ((int64_t)(A.D));
   const int64_t per_group = cslots / groups;
-  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = idx / W, j = idx % W;
-    double sum_2_29_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_29_f64 += (double)partials[(0 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_2_29 = (acc_t)sum_2_29_f64;
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_29));
+  __shared__ double fin[1][8][32];
+  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+  const int64_t j = (int64_t)blockIdx.x * 32 + lane;
+  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
+    {
+      double part = 0;
+      if (j < W) {
+        #pragma unroll 4
+        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(0 * cslots + g * per_group + s) * W + j];
+      }
+      fin[0][warp][lane] = part;
+    }
+    __syncthreads();
+    if (warp == 0 && j < W) {
+      double sum_2_29_f64 = fin[0][0][lane];
+      for (int w = 1; w < 8; ++w) sum_2_29_f64 += fin[0][w][lane];
+      const acc_t sum_2_29 = (acc_t)sum_2_29_f64;
+      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_29));
+    }
+    __syncthreads();  // fin is reused by the next group
   }
 }
 
@@ -874,7 +994,7 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
@@ -936,7 +1056,7 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-  add_rmsnorm_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
+  add_rmsnorm_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }

@@ -170,6 +170,57 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Two reductions of a row group in one round (one set of barriers where two group_reduce
+// calls take two): the same trees and orders as group_reduce, side by side in smem[0..66).
+template <int TPR, int BLOCK = TPR, typename A, typename OpA, typename OpB>
+__device__ __forceinline__ void group_reduce2(A& a, OpA op_a, A& b, OpB op_b, A* smem) {
+  if constexpr (TPR <= 32) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = TPR == 32 ? 0xffffffffu : (((1u << TPR) - 1u) << (lane / TPR * TPR));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(mask, a, o));
+      b = op_b(b, __shfl_xor_sync(mask, b, o));
+    }
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
+      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) { smem[warp] = a; smem[33 + warp] = b; }
+    __syncthreads();
+    if (warp == 0) {
+      a = smem[0];
+      b = smem[33];
+      for (int w = 1; w < BLOCK / 32; ++w) { a = op_a(a, smem[w]); b = op_b(b, smem[33 + w]); }
+      smem[32] = a;
+      smem[65] = b;
+    }
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      a = *cluster.map_shared_rank(smem + 32, 0);
+      b = *cluster.map_shared_rank(smem + 65, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r) {
+        a = op_a(a, *cluster.map_shared_rank(smem + 32, r));
+        b = op_b(b, *cluster.map_shared_rank(smem + 65, r));
+      }
+      cluster.sync();
+#else
+      __trap();
+#endif
+    } else {
+      __syncthreads();
+      a = smem[32];
+      b = smem[65];
+      __syncthreads();
+    }
+  }
+}
+
 // Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
 // 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
 // the chunk's max exceeds the running max, then one exp per element (a per-element rescale
@@ -187,6 +238,27 @@ __device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
   if (m != (A)(-INFINITY)) {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
+  }
+}
+
+// p[0..VEC) += x (shared memory), in 16-byte accesses where the chunk is a multiple of 16
+// bytes: a thread's VEC columns are contiguous, so lanes stride VEC words apart and scalar
+// accesses would conflict VEC ways.
+template <int VEC, typename A>
+__device__ __forceinline__ void smem_add_vec(A* p, const A (&x)[VEC]) {
+  constexpr int PER = 16 / (int)sizeof(A);
+  if constexpr ((VEC * sizeof(A)) % 16 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / PER; ++q) {
+      uint4 raw = reinterpret_cast<uint4*>(p)[q];
+      A* t = reinterpret_cast<A*>(&raw);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) t[e] += x[q * PER + e];
+      reinterpret_cast<uint4*>(p)[q] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) p[v] += x[v];
   }
 }
 
@@ -261,6 +333,39 @@ inline int blocks_per_sm(int block) {
     cached = n;
   }
   return cached;
+}
+
+// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
+// on the row width), past 48 KB after opting the kernel in to that much.
+template <typename... KArgs>
+inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
+  int n = 0;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  return n;
+}
+
+// The most dynamic shared memory one block may opt in to (227 KB on the H100/H200).
+inline size_t smem_optin() {
+  static int bytes = -1;
+  if (bytes < 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) bytes = 48 * 1024;
+  }
+  return (size_t)bytes;
+}
+
+// Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
+  return cudaSuccess;
 }
 
 inline int sm_count() {
@@ -356,21 +461,34 @@ log_softmax_fwd_rows(const log_softmax_args A, float* __restrict__ partials, int
     // pass 1: max and sum of exp(x - max) over the row
     acc_t amax_1 = (acc_t)(-INFINITY);
     acc_t sum_1_4 = (acc_t)0;
-      if constexpr (ITEMS > 0) {
+      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          on_0[v] = (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
         }
-        sg::online_add_vec<T, VEC>(amax_1, sum_1_4, on_0);
         }
       }
-      } else {
+      if (amax_1 != (acc_t)(-INFINITY)) {  // else no element here adds anything
+      #pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t c = (int64_t)k * TPR + lane;
+        if (c * VEC < W) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const int64_t j = c * VEC + v; (void)j;
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          sum_1_4 += exp_3;
+        }
+        }
+      }
+      }
+      } else {  // streamed: one online sweep
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
         #pragma unroll
@@ -489,7 +607,7 @@ static cudaError_t log_softmax_fwd_launch(const log_softmax_args& A, cudaStream_
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -744,7 +862,7 @@ static cudaError_t log_softmax_bwd_launch(const log_softmax_bwd_args& A, cudaStr
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:

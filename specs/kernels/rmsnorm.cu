@@ -10,7 +10,7 @@
 
 // Deterministic: fixed reduction trees, no atomics.
 
-// Schedule variant: default.
+// Schedule variant: csmem.
 
 #include "rmsnorm_abi.h"
 
@@ -170,6 +170,57 @@ __device__ __forceinline__ A group_reduce(A v, Op op, A* smem) {
   }
 }
 
+// Two reductions of a row group in one round (one set of barriers where two group_reduce
+// calls take two): the same trees and orders as group_reduce, side by side in smem[0..66).
+template <int TPR, int BLOCK = TPR, typename A, typename OpA, typename OpB>
+__device__ __forceinline__ void group_reduce2(A& a, OpA op_a, A& b, OpB op_b, A* smem) {
+  if constexpr (TPR <= 32) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = TPR == 32 ? 0xffffffffu : (((1u << TPR) - 1u) << (lane / TPR * TPR));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(mask, a, o));
+      b = op_b(b, __shfl_xor_sync(mask, b, o));
+    }
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
+      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) { smem[warp] = a; smem[33 + warp] = b; }
+    __syncthreads();
+    if (warp == 0) {
+      a = smem[0];
+      b = smem[33];
+      for (int w = 1; w < BLOCK / 32; ++w) { a = op_a(a, smem[w]); b = op_b(b, smem[33 + w]); }
+      smem[32] = a;
+      smem[65] = b;
+    }
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      a = *cluster.map_shared_rank(smem + 32, 0);
+      b = *cluster.map_shared_rank(smem + 65, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r) {
+        a = op_a(a, *cluster.map_shared_rank(smem + 32, r));
+        b = op_b(b, *cluster.map_shared_rank(smem + 65, r));
+      }
+      cluster.sync();
+#else
+      __trap();
+#endif
+    } else {
+      __syncthreads();
+      a = smem[32];
+      b = smem[65];
+      __syncthreads();
+    }
+  }
+}
+
 // Online max and sum of exp(a - max) over a streamed row (one read instead of two), fed one
 // 16-byte chunk of VEC elements at a time: the running sum is rescaled once per chunk when
 // the chunk's max exceeds the running max, then one exp per element (a per-element rescale
@@ -187,6 +238,27 @@ __device__ __forceinline__ void online_add_vec(A& m, A& s, const A (&a)[VEC]) {
   if (m != (A)(-INFINITY)) {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s += exp_<T>(a[v] - m);
+  }
+}
+
+// p[0..VEC) += x (shared memory), in 16-byte accesses where the chunk is a multiple of 16
+// bytes: a thread's VEC columns are contiguous, so lanes stride VEC words apart and scalar
+// accesses would conflict VEC ways.
+template <int VEC, typename A>
+__device__ __forceinline__ void smem_add_vec(A* p, const A (&x)[VEC]) {
+  constexpr int PER = 16 / (int)sizeof(A);
+  if constexpr ((VEC * sizeof(A)) % 16 == 0) {
+#pragma unroll
+    for (int q = 0; q < VEC / PER; ++q) {
+      uint4 raw = reinterpret_cast<uint4*>(p)[q];
+      A* t = reinterpret_cast<A*>(&raw);
+#pragma unroll
+      for (int e = 0; e < PER; ++e) t[e] += x[q * PER + e];
+      reinterpret_cast<uint4*>(p)[q] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) p[v] += x[v];
   }
 }
 
@@ -261,6 +333,39 @@ inline int blocks_per_sm(int block) {
     cached = n;
   }
   return cached;
+}
+
+// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
+// on the row width), past 48 KB after opting the kernel in to that much.
+template <typename... KArgs>
+inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
+  int n = 0;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  return n;
+}
+
+// The most dynamic shared memory one block may opt in to (227 KB on the H100/H200).
+inline size_t smem_optin() {
+  static int bytes = -1;
+  if (bytes < 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) bytes = 48 * 1024;
+  }
+  return (size_t)bytes;
+}
+
+// Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
+                              Args... args) {
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
+  return cudaSuccess;
 }
 
 inline int sm_count() {
@@ -497,7 +602,7 @@ static cudaError_t rmsnorm_fwd_launch(const rmsnorm_args& A, cudaStream_t stream
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -578,7 +683,7 @@ extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t strea
 // One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
 // __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
 template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 1 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 32))
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
 rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
@@ -600,9 +705,14 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   // column partials: one slot per block (narrow rows merge their row groups at the end)
   const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;
   const int64_t cslots = nbx * gridDim.y;
+  // medium rows: the column partials in shared memory, [reduction][W], sized at launch;
+  // each column is one thread's (one row per block), so no atomics and no barriers
+  extern __shared__ float col_smem[];
+  acc_t* const csm = reinterpret_cast<acc_t*>(col_smem); (void)csm;
   // column partials of sum_2_27: this thread's columns, summed over its rows
-  acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
-  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
+  acc_t cacc_0[ITEMS > 0 && TPR <= 32 ? ITEMS : 1][VEC];
+  if constexpr (ITEMS > 0 && TPR > 32) for (int k = 0; k < ITEMS; ++k) { const int64_t c = (int64_t)k * TPR + lane; if (c * VEC < W) for (int v = 0; v < VEC; ++v) csm[0 * W + c * VEC + v] = 0; }
+  for (int k = 0; k < (ITEMS > 0 && TPR <= 32 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * cslots + cslot) * W;
   if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
@@ -615,7 +725,6 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
     // the row stays in registers across passes, raw in the storage dtype (half the
     // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
     sg::Raw<T, VEC> r_p_grad_out_0[ITEMS > 0 ? ITEMS : 1];
-    sg::Raw<T, VEC> r_p_weight_1[ITEMS > 0 ? ITEMS : 1];
     sg::Raw<T, VEC> r_p_x_2[ITEMS > 0 ? ITEMS : 1];
     if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -623,7 +732,6 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
           sg::load_raw<VEC>(p_grad_out_0 + c * VEC, r_p_grad_out_0[k]);
-          sg::load_raw<VEC>(p_weight_1 + c * VEC, r_p_weight_1[k]);
           sg::load_raw<VEC>(p_x_2 + c * VEC, r_p_x_2[k]);
         }
       }
@@ -636,10 +744,11 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
+        sg::Raw<T, VEC> lz_p_weight_1; sg::load_raw<VEC>(p_weight_1 + c * VEC, lz_p_weight_1);
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(lz_p_weight_1.v[v]));
           const acc_t mul_4 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
           const acc_t mul_5_13 = (mul_4_2 * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
           sum_1_5 += mul_4;
@@ -678,8 +787,7 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
       }
       }
       }
-    sum_1_5 = sg::group_reduce<TPR, BLOCK>(sum_1_5, sg::Sum(), red_smem);
-    sum_3_14 = sg::group_reduce<TPR, BLOCK>(sum_3_14, sg::Sum(), red_smem);
+    sg::group_reduce2<TPR, BLOCK>(sum_1_5, sg::Sum(), sum_3_14, sg::Sum(), red_smem);
     const acc_t div_8 = ((acc_t)(sum_1_5) / (acc_t)(sym_float_7));
     const acc_t add_10 = (div_8 + eps_9);
     const acc_t rsqrt_11 = sg::rsqrt_((acc_t)(add_10));
@@ -694,10 +802,12 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
         acc_t st_0[VEC];
+        acc_t ccl_0[VEC];  // this chunk's column terms (medium rows)
+        sg::Raw<T, VEC> lz_p_weight_1; sg::load_raw<VEC>(p_weight_1 + c * VEC, lz_p_weight_1);
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_1[k].v[v]));
+          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(lz_p_weight_1.v[v]));
           const acc_t mul_6_12 = (mul_4_2 * rsqrt_11);
           const acc_t mul_9_22 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)2.0);
           const acc_t mul_10_23 = (div_1_20 * mul_9_22);
@@ -705,8 +815,9 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
           const acc_t mul_1_25 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * rsqrt_11);
           const acc_t mul_3_26 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_25);
           st_0[v] = (acc_t)(add_1_24);
-          cacc_0[k][v] += mul_3_26;
+          if constexpr (TPR > 32) ccl_0[v] = mul_3_26; else cacc_0[k][v] += mul_3_26;
         }
+        if constexpr (TPR > 32) sg::smem_add_vec<VEC>(csm + 0 * W + c * VEC, ccl_0);
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
       }
@@ -751,10 +862,9 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   if constexpr (ITEMS > 0 && TPR > 32) {  // one row group per block: straight out
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = (float)cacc_0[k][v];
+      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = (float)csm[0 * W + c * VEC + v];
     }
   } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order
-    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch
     constexpr int CW = TPR * ITEMS * VEC;
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t c = (int64_t)k * TPR + lane;
@@ -770,19 +880,35 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   }
 }
 
-// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue.
+// Sums of the per-slot column partials, then the epilogue. A block takes 32 columns of one
+// group (coalesced rows of partials); its 8 warps sum every 8th slot, then warp 0 sums the
+// 8 in order: a fixed tree (deterministic) with 8x the loads in flight of a thread per column.
 template <typename T>
-__global__ void rmsnorm_bwd_finalize_cols(const rmsnorm_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
+__global__ void __launch_bounds__(256) rmsnorm_bwd_finalize_cols(const rmsnorm_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
 {
   using acc_t = typename sg::Acc<T>::type;
   const int64_t W = ((int64_t)(A.D));
   const int64_t per_group = cslots / groups;
-  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = idx / W, j = idx % W;
-    double sum_2_27_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_27_f64 += (double)partials[(0 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_2_27 = (acc_t)sum_2_27_f64;
-    ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_27));
+  __shared__ double fin[1][8][32];
+  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+  const int64_t j = (int64_t)blockIdx.x * 32 + lane;
+  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
+    {
+      double part = 0;
+      if (j < W) {
+        #pragma unroll 4
+        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(0 * cslots + g * per_group + s) * W + j];
+      }
+      fin[0][warp][lane] = part;
+    }
+    __syncthreads();
+    if (warp == 0 && j < W) {
+      double sum_2_27_f64 = fin[0][0][lane];
+      for (int w = 1; w < 8; ++w) sum_2_27_f64 += fin[0][w][lane];
+      const acc_t sum_2_27 = (acc_t)sum_2_27_f64;
+      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_27));
+    }
+    __syncthreads();  // fin is reused by the next group
   }
 }
 
@@ -797,7 +923,10 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
   // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
   // input and the fp32 column partials; ITEMS_MAX chunks fit the variant's 32 registers of row data.
-  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 1 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4;
+  // (medium rows keep their column partials in shared memory: not counted; narrow
+  // rows keep them in registers: ITEMS_NMAX)
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
+  constexpr int ITEMS_NMAX = sg::items_max(32, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 1 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 8);
   constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.grad_out.data)
@@ -815,39 +944,42 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
   // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
   // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
+  // medium rows: shared memory for the column partials, if the device gives a block that much
+  const size_t csm_bytes = (size_t)1 * (size_t)W * sizeof(typename sg::Acc<T>::type);
+  const bool csm_ok = csm_bytes <= sg::smem_optin();
   if (vec_ok) {
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
-    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
-    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
+    if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
+    if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
+    if (tpr == 0 && 2 <= ITEMS_NMAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
+    if (tpr == 0 && 4 <= ITEMS_NMAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
+    if (tpr == 0 && 8 <= ITEMS_NMAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
+    if (tpr == 0 && csm_ok && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
+    if (tpr == 0 && csm_ok && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
+    if (tpr == 0 && csm_ok && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
+    if (tpr == 0 && csm_ok && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
+    if (tpr == 0 && csm_ok && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
   // registers decide), each striding over rows; fewer when there are fewer rows.
   int per_sm = 1;
-#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn(rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, block, (P) > 32 ? csm_bytes : 0)
 #define SG_OCC_CL(V, P, I) per_sm = 1
   if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_OCC(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_OCC(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_OCC(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_OCC(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_NMAX) SG_OCC(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_NMAX) SG_OCC(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_NMAX) SG_OCC(VEC, 32, 8); }
     else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
     else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
     else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
@@ -873,16 +1005,16 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
   cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
   if (err != cudaSuccess) return err;
   const rmsnorm_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); cudaFreeAsync(partials, stream); return e_; } } while (0)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(rmsnorm_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
+    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 4, 1); }
+    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 8, 1); }
+    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 16, 1); }
+    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 32, 1); }
+    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_NMAX) SG_LAUNCH(VEC, 32, 2); }
+    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_NMAX) SG_LAUNCH(VEC, 32, 4); }
+    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_NMAX) SG_LAUNCH(VEC, 32, 8); }
     else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
     else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
     else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
@@ -894,7 +1026,7 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-  rmsnorm_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
+  rmsnorm_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
