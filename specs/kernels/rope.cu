@@ -914,71 +914,32 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
   }
 }
 
-// Sums of the per-slot column partials, then the epilogue. A block takes 32 columns of one
-// group (coalesced rows of partials); its 8 warps sum every 8th slot, then warp 0 sums the
-// 8 in order: a fixed tree (deterministic) with 8x the loads in flight of a thread per column.
+// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue:
+// a thread per column of a group (grouped reductions: many groups of few slots each).
 template <typename T>
-__global__ void __launch_bounds__(256) rope_bwd_finalize_cols(const rope_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
+__global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
 {
   using acc_t = typename sg::Acc<T>::type;
   const int64_t W = ((int64_t)((A.D) / 2));
   const int64_t per_group = cslots / groups;
-  __shared__ double fin[4][8][32];
-  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
-  const int64_t j = (int64_t)blockIdx.x * 32 + lane;
-  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
-    {
-      double part = 0;
-      if (j < W) {
-        #pragma unroll 4
-        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(0 * cslots + g * per_group + s) * W + j];
-      }
-      fin[0][warp][lane] = part;
-    }
-    {
-      double part = 0;
-      if (j < W) {
-        #pragma unroll 4
-        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(1 * cslots + g * per_group + s) * W + j];
-      }
-      fin[1][warp][lane] = part;
-    }
-    {
-      double part = 0;
-      if (j < W) {
-        #pragma unroll 4
-        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(2 * cslots + g * per_group + s) * W + j];
-      }
-      fin[2][warp][lane] = part;
-    }
-    {
-      double part = 0;
-      if (j < W) {
-        #pragma unroll 4
-        for (int64_t s = warp; s < per_group; s += 8) part += (double)partials[(3 * cslots + g * per_group + s) * W + j];
-      }
-      fin[3][warp][lane] = part;
-    }
-    __syncthreads();
-    if (warp == 0 && j < W) {
-      double sum_2_28_f64 = fin[0][0][lane];
-      for (int w = 1; w < 8; ++w) sum_2_28_f64 += fin[0][w][lane];
-      const acc_t sum_2_28 = (acc_t)sum_2_28_f64;
-      double sum_4_31_f64 = fin[1][0][lane];
-      for (int w = 1; w < 8; ++w) sum_4_31_f64 += fin[1][w][lane];
-      const acc_t sum_4_31 = (acc_t)sum_4_31_f64;
-      double sum_1_34_f64 = fin[2][0][lane];
-      for (int w = 1; w < 8; ++w) sum_1_34_f64 += fin[2][w][lane];
-      const acc_t sum_1_34 = (acc_t)sum_1_34_f64;
-      double sum_3_36_f64 = fin[3][0][lane];
-      for (int w = 1; w < 8; ++w) sum_3_36_f64 += fin[3][w][lane];
-      const acc_t sum_3_36 = (acc_t)sum_3_36_f64;
-      const acc_t add_17_32 = (sum_2_28 + sum_4_31);
-      ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_32));
-      const acc_t add_15_37 = (sum_1_34 + sum_3_36);
-      ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_37));
-    }
-    __syncthreads();  // fin is reused by the next group
+  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t g = idx / W, j = idx % W;
+    double sum_2_28_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_2_28_f64 += (double)partials[(0 * cslots + g * per_group + s) * W + j];
+    const acc_t sum_2_28 = (acc_t)sum_2_28_f64;
+    double sum_4_31_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_4_31_f64 += (double)partials[(1 * cslots + g * per_group + s) * W + j];
+    const acc_t sum_4_31 = (acc_t)sum_4_31_f64;
+    double sum_1_34_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_1_34_f64 += (double)partials[(2 * cslots + g * per_group + s) * W + j];
+    const acc_t sum_1_34 = (acc_t)sum_1_34_f64;
+    double sum_3_36_f64 = 0;
+    for (int64_t s = 0; s < per_group; ++s) sum_3_36_f64 += (double)partials[(3 * cslots + g * per_group + s) * W + j];
+    const acc_t sum_3_36 = (acc_t)sum_3_36_f64;
+    const acc_t add_17_32 = (sum_2_28 + sum_4_31);
+    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_32));
+    const acc_t add_15_37 = (sum_1_34 + sum_3_36);
+    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_37));
   }
 }
 
@@ -1103,7 +1064,7 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-  rope_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
+  rope_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
   cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
