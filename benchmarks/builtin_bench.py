@@ -103,7 +103,7 @@ def table(rows, copy_gbs) -> str:
 def variants_per_op(text: str):
     """op -> the variants to tune (None: all of them): `a,b` for every op, or `op=a,b;op2=c,d`
     for the named ops only (the others keep the default variant alone)."""
-    from specgen.agents.builtin.emit import DEFAULT_VARIANT, variants_named
+    from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variants_named
 
     if "=" not in text:
         every = variants_named(text) or None
@@ -129,7 +129,6 @@ def main() -> int:
     parser.add_argument("--write-lock", action="store_true", help="write specs/kernels + lock records")
     args = parser.parse_args()
     from specgen.agents.builtin import generate_builtin
-    from specgen.agents.builtin.emit import variants_named
 
     try:
         per_op = variants_per_op(args.variants)

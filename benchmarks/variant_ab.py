@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from builtin_bench import EXTRA_SHAPES  # noqa: E402
-from specgen.agents.builtin.emit import variants_named  # noqa: E402
+from specgen.agents.builtin.schedule import variants_named  # noqa: E402
 from specgen.agents.builtin.generator import build_source, compile_source  # noqa: E402
 from specgen.bench import bench_spec  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402

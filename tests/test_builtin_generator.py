@@ -86,7 +86,7 @@ def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monke
     import specgen.bench
     import specgen.verify
     from specgen.agents.builtin import generator
-    from specgen.agents.builtin.emit import VARIANTS
+    from specgen.agents.builtin.schedule import VARIANTS
 
     spec = load_spec(SPECS / "cross_entropy.yaml")
     verified = []
@@ -124,7 +124,7 @@ def test_autotune_tries_a_source_once_when_variants_coincide(monkeypatch):
     import specgen.bench
     import specgen.verify
     from specgen.agents.builtin import generator
-    from specgen.agents.builtin.emit import VARIANTS
+    from specgen.agents.builtin.schedule import VARIANTS
 
     spec = load_spec(SPECS / "softmax.yaml")
     verified = []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.emit import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
+from specgen.agents.builtin.schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
@@ -143,7 +143,7 @@ def test_twopass_variant_keeps_exact_sweeps_for_rows_in_registers():
 
 
 def test_variants_are_picked_by_name_and_an_unknown_name_is_named():
-    from specgen.agents.builtin.emit import variants_named
+    from specgen.agents.builtin.schedule import variants_named
 
     assert [v.name for v in variants_named("default, twopass")] == ["default", "twopass"]
     assert variants_named("") == []

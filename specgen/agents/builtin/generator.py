@@ -16,7 +16,8 @@ from pathlib import Path
 from ... import abi
 from ...errors import Rejected
 from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
-from .emit import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, emit_source
+from .emit import emit_source
+from .schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine
 from .lower import lower
 from .optimize import cse, onehot_sums, reuse_forward_outputs
 from .trace import trace
@@ -117,7 +118,8 @@ def _geomean(values: list[float]) -> float:
 def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
     """narrow | medium | wide: the schedule class the default variant's host code picks for
     one benchmark shape (a Python mirror of the generated dispatch)."""
-    from .emit import DirectionEmitter, items_max, plan, shape_class
+    from .emit import DirectionEmitter
+    from .schedule import items_max, plan, shape_class
 
     program = lower_spec(spec).get(direction)
     if program is None:

@@ -1,0 +1,33 @@
+"""C text shared by the emitters: type names, dim expressions, literals, naming scopes."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+C_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
+           "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
+           "bool": "bool"}
+DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloat16": "SPECGEN_BFLOAT16",
+              "float64": "SPECGEN_FLOAT64"}
+
+
+def dim_expr(d, prefix: str = "A.") -> str:
+    if d.symbol is None:
+        return f"(int64_t){d.add}"
+    return f"((int64_t)({d.c_expr(prefix)}))"
+
+
+def _float_literal(value: float) -> str:
+    if math.isinf(value):
+        return "(acc_t)INFINITY" if value > 0 else "(acc_t)(-INFINITY)"
+    if math.isnan(value):
+        return "(acc_t)NAN"
+    return f"(acc_t){float(value)!r}"
+
+
+@dataclass
+class Ctx:
+    """How to name values while emitting one scope."""
+
+    names: dict[int, str] = field(default_factory=dict)  # node id -> C variable
+    loads: dict[int, str] = field(default_factory=dict)  # elem load id -> expression for the current element

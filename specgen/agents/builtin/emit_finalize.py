@@ -1,0 +1,160 @@
+"""The finalize kernels of a direction: reductions over rows (weight gradients, a loss) summed
+from the row kernel's per-slot partials in a fixed order (deterministic), then their epilogue.
+A mixin of emit.DirectionEmitter."""
+from __future__ import annotations
+
+from .ctext import Ctx, dim_expr
+from .ir import Node, Store
+
+
+class FinalizeEmitter:
+    def post_stores(self) -> list[Store]:
+        return [s for s in self.p.stores if s.kind in ("col", "global")]
+
+    def emit_finalize(self) -> str:
+        if not self.post_stores():
+            return ""
+        lines = []
+        col = [s for s in self.post_stores() if s.kind == "col"]
+        glob = [s for s in self.post_stores() if s.kind == "global"]
+        ncol = len(self.colreduces)
+        if col:  # grouped reductions (many groups of few slots each): a thread per column
+            lines += self.finalize_cols_flat(col) if self.grouped_cols() else self.finalize_cols_tiled(col, ncol)
+        if glob:
+            lines.append("// One block sums the per-slot partials of each reduction over all rows: a fixed tree.")
+            lines.append("template <typename T>")
+            lines.append(f"__global__ void {self.kname}_finalize_global(const {self.args_t} A, "
+                         "const float* __restrict__ partials, int64_t slots, int64_t cslots)")
+            lines.append("{")
+            lines.append("  using acc_t = typename sg::Acc<T>::type;")
+            lines.append("  __shared__ double tree[256];")
+            lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
+            ctx = Ctx()
+            for i, g in enumerate(self.globalreduces):
+                lines.append("  {")
+                lines.append("    double part = 0;")
+                lines.append(f"    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) "
+                             f"part += partials[{ncol} * cslots * W + {i} * slots + s];")
+                lines.append("    tree[threadIdx.x] = part;")
+                lines.append("    __syncthreads();")
+                lines.append("    for (int w = blockDim.x / 2; w > 0; w /= 2) {")
+                lines.append("      if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];")
+                lines.append("      __syncthreads();")
+                lines.append("    }")
+                lines.append("  }")
+                lines.append(f"  const acc_t {self.var(g)} = (acc_t)tree[0];")
+                lines.append("  __syncthreads();")
+                ctx.names[g.id] = self.var(g)
+            lines.append("  if (threadIdx.x != 0) return;")
+            for n in self.nodes:
+                if n.level == "global" and n.op not in ("dim", "stride") and n.id not in ctx.names:
+                    ctx.names[n.id] = self.var(n)
+                    lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr_fresh(n, ctx)};")
+            for s in glob:
+                t = self.ctype_of(s.field)
+                for n in self.closure([s.value], "post"):
+                    if n.id not in ctx.names and n.op != "globalreduce":
+                        ctx.names[n.id] = self.var(n)
+                        lines.append(f"  const acc_t {self.var(n)} = {self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
+                lines.append(f"  *({t}*)A.{s.field}.data = ({t})({self.expr(s.value, ctx)});")
+            lines.append("}")
+        return "\n".join(lines)
+
+    def grouped_cols(self) -> bool:
+        """Column reductions per group of rows (rope's cos/sin grads: a group of H rows per
+        position), not one group of all rows: many groups of a few slots each."""
+        return bool(self.p.group_div) and [str(d) for d in self.p.group_div] != [str(d) for d in self.p.row_dims]
+
+    def finalize_cols_flat(self, col: list) -> list[str]:
+        lines = []
+        lines.append("// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue:")
+        lines.append("// a thread per column of a group (grouped reductions: many groups of few slots each).")
+        lines.append("template <typename T>")
+        lines.append(f"__global__ void {self.kname}_finalize_cols(const {self.args_t} A, "
+                     "const float* __restrict__ partials, int64_t cslots, int64_t groups)")
+        lines.append("{")
+        lines.append("  using acc_t = typename sg::Acc<T>::type;")
+        lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
+        lines.append("  const int64_t per_group = cslots / groups;")
+        lines.append("  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; "
+                     "idx += (int64_t)gridDim.x * blockDim.x) {")
+        lines.append("    const int64_t g = idx / W, j = idx % W;")
+        ctx = Ctx()
+        for i, c in enumerate(self.colreduces):
+            # hundreds of slot partials in one float chain lose ~1e-5 relative: sum in double
+            lines.append(f"    double {self.var(c)}_f64 = 0;")
+            lines.append(f"    for (int64_t s = 0; s < per_group; ++s) {self.var(c)}_f64 += "
+                         f"(double)partials[({i} * cslots + g * per_group + s) * W + j];")
+            lines.append(f"    const acc_t {self.var(c)} = (acc_t){self.var(c)}_f64;")
+            ctx.names[c.id] = self.var(c)
+        lines += self.emit_col_epilogue(col, ctx, "    ")
+        lines.append("  }")
+        lines.append("}")
+        return lines
+
+    def finalize_cols_tiled(self, col: list, ncol: int) -> list[str]:
+        lines = []
+        lines.append("// Sums of the per-slot column partials, then the epilogue. A block takes 32 columns of one")
+        lines.append("// group (coalesced rows of partials); its 8 warps sum every 8th slot, then warp 0 sums the")
+        lines.append("// 8 in order: a fixed tree (deterministic) with 8x the loads in flight of a thread per column.")
+        lines.append("template <typename T>")
+        lines.append(f"__global__ void __launch_bounds__(256) {self.kname}_finalize_cols(const {self.args_t} A, "
+                     "const float* __restrict__ partials, int64_t cslots, int64_t groups)")
+        lines.append("{")
+        lines.append("  using acc_t = typename sg::Acc<T>::type;")
+        lines.append(f"  const int64_t W = {self.expr(self.p.width, Ctx())};")
+        lines.append("  const int64_t per_group = cslots / groups;")
+        lines.append(f"  __shared__ double fin[{ncol}][8][32];")
+        lines.append("  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);")
+        lines.append("  const int64_t j = (int64_t)blockIdx.x * 32 + lane;")
+        lines.append("  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {")
+        for i, c in enumerate(self.colreduces):
+            # hundreds of slot partials in one float chain lose ~1e-5 relative: sum in double
+            lines.append("    {")
+            lines.append("      double part = 0;")
+            lines.append("      if (j < W) {")
+            lines.append("        #pragma unroll 4")
+            lines.append(f"        for (int64_t s = warp; s < per_group; s += 8) "
+                         f"part += (double)partials[({i} * cslots + g * per_group + s) * W + j];")
+            lines.append("      }")
+            lines.append(f"      fin[{i}][warp][lane] = part;")
+            lines.append("    }")
+        lines.append("    __syncthreads();")
+        lines.append("    if (warp == 0 && j < W) {")
+        ctx = Ctx()
+        for i, c in enumerate(self.colreduces):
+            lines.append(f"      double {self.var(c)}_f64 = fin[{i}][0][lane];")
+            lines.append(f"      for (int w = 1; w < 8; ++w) {self.var(c)}_f64 += fin[{i}][w][lane];")
+            lines.append(f"      const acc_t {self.var(c)} = (acc_t){self.var(c)}_f64;")
+            ctx.names[c.id] = self.var(c)
+        lines += self.emit_col_epilogue(col, ctx, "      ")
+        lines.append("    }")
+        lines.append("    __syncthreads();  // fin is reused by the next group")
+        lines.append("  }")
+        lines.append("}")
+        return lines
+
+    def emit_col_epilogue(self, col: list, ctx: Ctx, indent: str) -> list[str]:
+        """The column outputs of group g, column j, from the summed partials named in ctx."""
+        lines = []
+        for s in col:
+            t = self.ctype_of(s.field)
+            pitch = dim_expr(self.types[s.field].dims[-1])
+            off = self.expr(s.offset, ctx) if s.offset is not None else "0"
+            for n in self.closure([s.value], "post"):
+                if n.id not in ctx.names and n.op != "colreduce":
+                    ctx.names[n.id] = self.var(n)
+                    lines.append(f"{indent}const acc_t {self.var(n)} = "
+                                 f"{self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
+            lines.append(f"{indent}(({t}*)A.{s.field}.data)[g * {pitch} + {off} + j] = sg::from_acc<{t}>"
+                         f"((acc_t)({self.expr(s.value, ctx)}));")
+        return lines
+
+    def expr_fresh(self, n: Node, ctx: Ctx) -> str:
+        saved = ctx.names.pop(n.id, None)
+        text = self.expr(n, ctx)
+        if saved is not None:
+            ctx.names[n.id] = saved
+        return text
+
+    # ------------------------------------------------------------ host side

@@ -1,0 +1,270 @@
+"""The host side of a direction: the launcher that checks alignment, picks the schedule from
+the row width (mirrored by schedule.plan), sizes the grid and the partials, launches the row
+kernel and the finalize, and the C entry point that dispatches on the dtype.
+A mixin of emit.DirectionEmitter."""
+from __future__ import annotations
+
+from ... import abi
+from .ctext import C_TYPES, DTYPE_ENUM, Ctx, dim_expr
+from .schedule import DEFAULT_VARIANT, MAX_CLUSTER, Variant
+
+
+class HostEmitter:
+    def words_per_item_expr(self, with_cols: bool = True) -> str:
+        """C++: 32-bit registers one 16-byte chunk of the row costs a thread (raw loads, in
+        their storage types, plus fp32/fp64 column partials unless `with_cols` is False)."""
+        keys = self.elem_loads if with_cols else self.held_loads()
+        terms = [f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in keys]
+        if self.colreduces and with_cols:
+            terms.append(f"{len(self.colreduces)} * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4")
+        return " + ".join(terms) or "1"
+
+    def held_loads(self) -> list:
+        """Loads a row in registers holds from its first sweep on: all of them, except the [W]
+        parameters (col loads) of a col_smem kernel, read again at each use (L1 hits)."""
+        return [k for k in self.elem_loads if not (self.col_smem and k[1] == "col")]
+
+    def narrow_max(self) -> str:
+        return "ITEMS_NMAX" if self.col_smem else "ITEMS_MAX"
+
+    def words_per_item(self, itemsize: int, vec: int) -> int:
+        """Python mirror of words_per_item_expr for a float working dtype of `itemsize` bytes."""
+        sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
+                 "int8": 1, "uint8": 1, "bool": 1}
+        words = 0
+        for key in self.elem_loads:
+            t = self.types[key[0]]
+            size = itemsize if t.dtype is None else sizes[t.dtype]
+            words += (vec * size + 3) // 4
+        acc = 8 if itemsize == 8 else 4
+        words += len(self.colreduces) * vec * acc // 4
+        return max(words, 1)
+
+    def split_allowed(self, variant: Variant) -> bool:
+        """Split rows: one slot per cluster for row-level results; column partials (per thread,
+        summed over its rows) have no split form; and a program that writes no elements (a
+        loss) reads a streamed row once anyway, so splitting it only adds reduction rounds
+        (cross-entropy forward was 0.56-0.67x slower split on the H200)."""
+        return variant.split_rows and not self.colreduces and any(st.kind == "elem" for st in self.p.stores)
+
+    @staticmethod
+    def split_block_expr(variant: Variant) -> str:
+        """C++ condition chain (without its last branch) giving the block of a split row by tpr."""
+        splits = sorted({t for t, i in variant.schedules if variant.is_split(t, i)}, reverse=True)
+        by_block: dict[int, int] = {}  # block -> the smallest tpr taking it
+        for t in splits:
+            by_block[variant.split_block_of(t)] = t
+        parts, ordered = [], sorted(by_block.items(), key=lambda kv: -kv[1])
+        for k, (block, smallest) in enumerate(ordered):
+            bound = variant.block_max if k == len(ordered) - 1 else smallest - 1
+            parts.append(f"items > 0 && tpr > {bound} ? {block}")  # a looped row (items 0) is one block
+        return " : ".join(parts) or f"items > 0 && tpr > {variant.block_max} ? {variant.split_block}"
+
+    @staticmethod
+    def split_block_macro(variant: Variant) -> str:
+        """The block of split row macro argument P (a literal when every split row takes one)."""
+        splits = [t for t, i in variant.schedules if variant.is_split(t, i)]
+        blocks = {variant.split_block_of(t) for t in splits}
+        if len(blocks) <= 1:
+            return str(blocks.pop() if blocks else variant.split_block)
+        sb = min(variant.split_block, variant.block_max)
+        return f"((P) / {MAX_CLUSTER} > {sb} ? (P) / {MAX_CLUSTER} : {sb})"
+
+    def vec_schedules(self, variant: Variant) -> list[tuple]:
+        return [s for s in variant.schedules if not variant.is_split(*s) or self.split_allowed(variant)]
+
+    def schedule_chain(self, variant: Variant, action: str) -> list[str]:
+        """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
+        split rows run `action`_CL."""
+        lines = ["  if (vec_ok) {"]
+        first = True
+        for tpr, items in self.vec_schedules(variant):
+            kw = "if" if first else "else if"
+            first = False
+            if variant.is_split(tpr, items):
+                lines.append(f"    {kw} (tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);")
+                continue
+            cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
+            arg = "ITEMS_MAX" if items is None else str(items)
+            if items is not None and items > 0:
+                # a narrow schedule beyond ITEMS_MAX is never picked: do not instantiate it
+                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {{ if constexpr ({items} <= {self.narrow_max()}) "
+                             f"{action}(VEC, {tpr}, {arg}); }}")
+            else:
+                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {action}(VEC, {tpr}, {arg});")
+        lines.append("  } else {")
+        lines.append(f"    if (items == 1) {action}(1, 32, 1); else {action}(1, 256, 0);")
+        lines.append("  }")
+        return lines
+
+    def emit_host(self, dtypes: list[str], variant: Variant = DEFAULT_VARIANT) -> str:
+        p = self.p
+        entry = abi.entry_point(self.spec, self.direction)
+        rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
+        group = " * ".join(dim_expr(d) for d in (p.group_div or [])) or None
+        lines = ["template <typename T>", f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
+                 f"cudaStream_t stream)", "{"]
+        lines.append(f"  const int64_t rows = {rows};")
+        lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
+        if group and self.colreduces:
+            lines.append(f"  const int64_t rows_per_group = {group};")
+        else:
+            lines.append("  const int64_t rows_per_group = rows;")
+        lines.append("  const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;")
+        lines.append("  if (rows == 0 || W == 0) return cudaSuccess;")
+        # alignment: every vector access must start on a 16-byte boundary
+        conds = ["W % VEC == 0"]
+        for key, ns in self.elem_loads.items():
+            fld, kind, off, div = key
+            conds.append(f"sg::aligned16(A.{fld}.data)")
+            conds.append(f"({off}) % VEC == 0")
+            if kind != "col":
+                conds.append(f"{dim_expr(self.types[fld].dims[-1])} % VEC == 0")
+        for s in p.stores:
+            if s.kind == "elem":
+                conds.append(f"sg::aligned16(A.{s.field}.data)")
+                conds.append(f"{dim_expr(self.types[s.field].dims[-1])} % VEC == 0")
+                if s.offset is not None:
+                    conds.append(f"({self.expr(s.offset, Ctx())}) % VEC == 0")
+        lines.append("  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+        lines.append("  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
+        lines.append("  // input" + (" and the fp32 column partials" if self.colreduces else "") +
+                     f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
+        self.col_smem = variant.col_smem and bool(self.colreduces)
+        if self.col_smem:
+            lines.append("  // (medium rows keep their column partials in shared memory: not counted; narrow")
+            lines.append("  // rows keep them in registers: ITEMS_NMAX)")
+            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr(False)};")
+            lines.append(f"  constexpr int ITEMS_NMAX = sg::items_max({variant.data_regs}, "
+                         f"{self.words_per_item_expr()}, {variant.items_cap});")
+        else:
+            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr()};")
+        lines.append(f"  constexpr int ITEMS_MAX = sg::items_max({variant.data_regs}, WORDS, {variant.items_cap});")
+        lines.append("  const bool vec_ok = " + "\n      && ".join(conds) + ";")
+        lines.append("  const int64_t chunks = vec_ok ? W / VEC : W;")
+        lines.append("  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held")
+        lines.append("  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
+        lines.append(f"  // wider than {1024} threads x ITEMS_MAX chunks are streamed by a looped pass.")
+        lines.append("  int tpr = 0, items = 0;")
+        if self.col_smem:
+            lines.append("  // medium rows: shared memory for the column partials, if the device gives a block that much")
+            lines.append(f"  const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
+                         "sizeof(typename sg::Acc<T>::type);")
+            lines.append("  const bool csm_ok = csm_bytes <= sg::smem_optin();")
+        if self.split_allowed(variant):
+            lines.append("  // split rows only where the row is wider than one block holds, on sm_90+ code")
+            first = next(t for t, i in variant.schedules if variant.is_split(t, i))
+            lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
+                         f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
+                         f"{variant.split_block_of(first)}>>();")
+        lines.append("  if (vec_ok) {")
+        for tpr, items in self.vec_schedules(variant):
+            if variant.is_split(tpr, items):
+                lines.append(f"    if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of "
+                             f"{tpr // variant.split_block_of(tpr)} blocks")
+            elif items == 0:
+                lines.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
+            elif items is None:
+                fits = " && csm_ok" if self.col_smem else ""
+                lines.append(f"    if (tpr == 0{fits} && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}")
+            else:
+                lines.append(f"    if (tpr == 0 && {items} <= {self.narrow_max()} && chunks <= (int64_t){tpr * items}) "
+                             f"{{ tpr = {tpr}; items = {items}; }}")
+        lines.append("  } else {")
+        lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
+        lines.append("  }")
+        rb = variant.row_block
+        lines.append(f"  const int block = {self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
+                     "// TPR > 32: one row per block (or per cluster)")
+        lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
+        lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
+        if variant.persistent or self.colreduces:
+            lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
+            lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
+        else:
+            lines.append("  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:")
+            lines.append("  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
+        lines.append("  int per_sm = 1;")
+        if self.col_smem:
+            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
+                         f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 ? csm_bytes : 0)")
+        else:
+            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
+                         f"((P) > 32 ? (P) : {rb})>>(block)")
+        lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
+        lines += self.schedule_chain(variant, "SG_OCC")
+        lines.append("#undef SG_OCC")
+        lines.append("#undef SG_OCC_CL")
+        lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
+        lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
+        lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
+        lines.append("  if (gx < 1) gx = 1;")
+        if not variant.persistent and not self.colreduces:
+            lines.append("  gx = per_group_blocks;  // not persistent")
+        lines.append("  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass")
+        lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
+        lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
+        lines.append("  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
+        ncol, nglob = len(self.colreduces), len(self.globalreduces)
+        lines.append("  float* partials = nullptr;")
+        if ncol or nglob:
+            lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
+            lines.append(f"  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
+                         f"+ (size_t)slots * {nglob});")
+            lines.append("  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);")
+            lines.append("  if (err != cudaSuccess) return err;")
+        lines.append("  const " + self.args_t + " args = A;")
+        # narrow rows with column partials: shared memory to merge the block's row groups
+        smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
+        if self.col_smem:
+            smem = f"((P) > 32 ? csm_bytes : (size_t){rb} * (I) * (V) * sizeof(float))"
+            lines.append(f"#define SG_LAUNCH(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
+                         f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
+                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); "
+                         "cudaFreeAsync(partials, stream); return e_; } } while (0)")
+        else:
+            lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
+                         f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
+        sb = self.split_block_macro(variant)
+        lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
+                     f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
+                     "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
+        lines += self.schedule_chain(variant, "SG_LAUNCH")
+        lines.append("#undef SG_LAUNCH")
+        lines.append("#undef SG_LAUNCH_CL")
+        if ncol and any(s.kind == "col" for s in p.stores):
+            if self.grouped_cols():
+                lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
+                             f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")
+            else:
+                lines.append(f"  {self.kname}_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < "
+                             f"65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);")
+        if any(s.kind == "global" for s in p.stores):
+            lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
+                         f"{'cslots' if ncol else '0'});")
+        if ncol or nglob:
+            lines.append("  cudaFreeAsync(partials, stream);")
+        lines.append("  return cudaGetLastError();")
+        lines.append("}")
+        dispatch = self.dispatch_field()
+        lines.append("")
+        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
+        lines.append("{")
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+
+    def dispatch_field(self) -> str | None:
+        for p in self.spec.signature.inputs:
+            if p.type.dtype is None:
+                return p.name
+        return None

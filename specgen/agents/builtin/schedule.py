@@ -1,0 +1,145 @@
+"""The builtin generator's schedules: which (TPR, ITEMS) a row gets, and the variants the
+autotuner tries (each steers one shape class; `combine` merges the per-class winners).
+
+`plan` mirrors the host code `emit_host` generates, for the tuner and the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (TPR, ITEMS) schedules of the vectorized path, tried in order; the host takes the first
+# whose capacity TPR * ITEMS * VEC covers the row. ITEMS None: the most 16-byte chunks of the
+# row a thread may keep in registers for this program and dtype (ITEMS_MAX, a constexpr of
+# the kernel), so a row is held by as few threads as possible: more rows per SM in flight,
+# each thread with several 16-byte loads outstanding. ITEMS 0: the looped pass (rows too
+# wide for registers), unrolled LOOP_UNROLL chunks deep.
+NARROW = ((4, 1), (8, 1), (16, 1), (32, 1), (32, 2), (32, 4), (32, 8))  # rows of <= 32 threads, several per block
+ROW_TPRS = (64, 128, 256, 512, 1024, 2048, 4096)  # threads per row held in registers (ITEMS_MAX chunks each)
+# A row of up to `block_max` threads is one block (medium rows). Wider (split rows; sm_90+,
+# programs that write elements and have no column reductions): the row stays in registers
+# across a cluster of 2-8 blocks (see Variant.split_block_of), which combine their reductions
+# through distributed shared memory: read once, where the looped pass reads it two or three
+# times (softmax, cross-entropy backward over vocabulary-sized rows).
+MAX_CLUSTER = 8  # the portable cluster size
+ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
+LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of the autotuner's space. Each field steers one shape class, so the tuner
+    can keep the fastest per class and combine them (see `combine`):
+    narrow rows (TPR <= 32): `row_block` threads per block, several rows each;
+    medium rows (the row in registers): `data_regs` 32-bit registers per thread for the raw
+    row (storage dtype) and column partials, at most `items_cap` 16-byte chunks;
+    wide rows (looped): `loop_tpr` threads per row, `loop_unroll` chunks in flight each;
+    split rows: `split_rows` False streams them by the looped pass instead.
+    `persistent` True: one wave of blocks striding over rows instead of a block per row group
+    (programs with column partials always take it: their partial bytes grow with the blocks).
+    `reg_pair`: how a (max, sum of exp) pair is taken over a row in registers: "local" (each
+    thread's exact max, then its sum of exp(x - max), independent exps; the threads' pairs
+    merged in one reduction round), "online" (one online sweep, rescaling chunk by chunk: a
+    serial chain), "twopass" (medium rows: max reduced over the row, then the sum: two rounds).
+    `block_max`: threads of the widest row held by one block; wider rows in registers are
+    split over a cluster (`split_block` threads per block, see split_block_of).
+    `col_smem`: a medium row's column partials (weight gradients) accumulate in shared memory
+    ([reduction][W] per block, each column one thread's: no atomics) instead of registers,
+    so the row itself can take more registers (more chunks per thread, fewer threads).
+    `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
+
+    name: str
+    row_block: int = ROW_BLOCK
+    data_regs: int = 32
+    items_cap: int = 8
+    loop_tpr: int = 512
+    loop_unroll: int = LOOP_UNROLL
+    min_threads: int = 1024
+    split_rows: bool = True
+    persistent: bool = False
+    reg_pair: str = "local"
+    block_max: int = 1024
+    split_block: int = 512
+    col_smem: bool = False
+
+    @property
+    def schedules(self) -> tuple:
+        rows = tuple((t, None) for t in ROW_TPRS if t <= self.block_max or self.split_rows)
+        return NARROW + rows + ((self.loop_tpr, 0),)
+
+    def is_split(self, tpr: int, items) -> bool:
+        """A schedule whose row spans a cluster of blocks."""
+        return items is None and tpr > self.block_max
+
+    def split_block_of(self, tpr: int) -> int:
+        """Threads per block of a split row of `tpr` threads: `split_block` (at most
+        `block_max`), more when the row would otherwise need over MAX_CLUSTER blocks."""
+        return max(min(self.split_block, self.block_max), tpr // MAX_CLUSTER)
+
+
+DEFAULT_VARIANT = Variant("default")
+VARIANTS = [
+    DEFAULT_VARIANT,
+    Variant("rows256", row_block=256),  # narrow: 8 warps of rows per block
+    Variant("regs16", data_regs=16, items_cap=4),  # medium: twice the threads per row, more warps per SM
+    Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
+    Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
+    Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
+    # medium: (max, sum) in two exact sweeps; cross-entropy over 32768 classes in fp32 was 1.6x
+    # slower with the online sweep than with these (results/2026-11-30-h200-release-v5)
+    Variant("twopass", reg_pair="twopass"),
+    Variant("online", reg_pair="online"),  # medium: v5's online sweep over a row in registers
+    # medium and split: blocks of 256 threads, a row of more over a cluster of 2-8 of them: four
+    # rows' quarters share an SM instead of one 1024-thread row waiting on its own barriers
+    Variant("cl256", block_max=256, split_block=256),
+    # medium rows with column partials (norm backwards): the partials in shared memory
+    Variant("csmem", col_smem=True),
+]
+def variants_named(names: str) -> list[Variant]:
+    """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
+    unknown ones and lists the known."""
+    by_name = {v.name: v for v in VARIANTS}
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise ValueError(f"no variant {', '.join(unknown)}; variants: {', '.join(by_name)}")
+    return [by_name[n] for n in wanted]
+
+
+CLASS_FIELDS = {"narrow": ("row_block",),
+                "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
+                           "block_max", "col_smem"),
+                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block")}
+
+
+def combine(winners: dict[str, Variant]) -> Variant:
+    """One variant taking each class's fields from that class's winner."""
+    fields = {}
+    for cls, names in CLASS_FIELDS.items():
+        source = winners.get(cls, DEFAULT_VARIANT)
+        fields.update({n: getattr(source, n) for n in names})
+    name = "+".join(f"{cls}:{v.name}" for cls, v in sorted(winners.items())) or DEFAULT_VARIANT.name
+    return Variant(name, **fields)
+
+
+def items_max(variant: Variant, words_per_item: int) -> int:
+    """ITEMS_MAX of the kernel (mirrors sg::items_max): a power of two."""
+    fit = max(1, min(variant.items_cap, variant.data_regs // max(1, words_per_item)))
+    return 1 << (fit.bit_length() - 1)
+
+
+def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[int, int]:
+    """(TPR, ITEMS) the host picks for a vectorized row of `chunks` 16-byte chunks
+    (mirrors the generated host code; `split`: the program and device allow split rows)."""
+    for tpr, items in variant.schedules:
+        if variant.is_split(tpr, items) and not split:
+            continue
+        if items == 0:
+            return tpr, 0
+        items = imax if items is None else items
+        if items <= imax and chunks <= tpr * items:
+            return tpr, items
+    raise AssertionError("the schedule list ends with the looped pass")
+
+
+def shape_class(tpr: int, items: int) -> str:
+    return "wide" if items == 0 else "narrow" if tpr <= 32 else "split" if tpr > 1024 else "medium"
