@@ -15,7 +15,7 @@ from .ctext import C_TYPES, Ctx, _float_literal, dim_expr
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store
-from .prelude import PRELUDE
+from .prelude import PRELUDE, PRELUDE_MOMENTS
 from .schedule import DEFAULT_VARIANT, Variant
 
 REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
@@ -300,6 +300,68 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             return out[0]
         return ["      if constexpr (ITEMS > 0) {"] + out[0] + ["      } else {"] + out[1] + ["      }"]
 
+    def moments_partner(self, batch: list[Node], pending: list[Node]):
+        """(sum, sum of squared deviations, mean) of one row: s1 = sum(x) in `batch` and a pending
+        s2 = sum((x - s1 / W)^2) (LayerNorm's mean and variance), or None. A row in registers
+        takes them in one merge round (each thread's exact moments, Chan's combination)."""
+        width = self.p.width
+        for s1 in batch:
+            if s1.attrs["kind"] != "sum":
+                continue
+            for s2 in pending:
+                if s2.op != "rowreduce" or s2.attrs["kind"] != "sum":
+                    continue
+                sq = s2.args[0]
+                if sq.op == "mul" and sq.args[0] is sq.args[1]:
+                    dev = sq.args[0]
+                elif sq.op == "pow" and sq.args[1].op == "const" and sq.args[1].attrs["value"] in (2, 2.0):
+                    dev = sq.args[0]
+                else:
+                    continue
+                if dev.op != "sub" or dev.args[0] is not s1.args[0] or dev.args[1].op != "div":
+                    continue
+                mean = dev.args[1]
+                count = mean.args[1].args[0] if mean.args[1].op == "cast" else mean.args[1]
+                if mean.args[0] is s1 and count.op == "dim" and width.op == "dim" \
+                        and str(count.attrs["dim"]) == str(width.attrs["dim"]):
+                    return s1, s2, mean
+        return None
+
+    def has_moments(self) -> bool:
+        rows = [n for n in self.nodes if n.op == "rowreduce"]
+        return any(self.moments_partner([n], rows) is not None for n in rows)
+
+    def emit_moments(self, moments, batch: list[Node], pass_no: int, ctx: Ctx) -> list[str]:
+        """A row's sum and sum of squared deviations from its mean. In registers: this thread's
+        sum and count, its exact local mean, its sum of squared deviations from that, then one
+        merge round (sg::group_moments) instead of a reduction of the sum, the mean, a second
+        sweep and a second reduction. Streamed: the two sweeps."""
+        s1, s2, mean = moments
+        v1, v2 = self.var(s1), self.var(s2)
+        others = [(n.attrs["kind"], n, self.var(n)) for n in batch if n is not s1]
+        with_others = "".join(f", {kind}" for kind, _, _ in others)
+        lines = [f"    // pass {pass_no}: sum and squared deviations from the mean{with_others} over the row"]
+        for kind, n, acc in [("sum", s1, v1), ("sum", s2, v2)] + others:
+            lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
+        local = Ctx(dict(ctx.names), dict(ctx.loads))
+        local.names[mean.id] = "wmean"
+        lines.append("    if constexpr (ITEMS > 0) {  // in registers: this thread's exact moments, one round")
+        lines.append("      acc_t wn = 0;")
+        lines.append("      for (int k = 0; k < ITEMS; ++k) if (((int64_t)k * TPR + lane) * VEC < W) wn += (acc_t)VEC;")
+        lines += self.emit_pass([("sum", s1, v1)] + others, ctx, [], [], modes=("reg",))
+        lines.append(f"      const acc_t wmean = wn > (acc_t)0 ? {v1} / wn : (acc_t)0;")
+        lines += self.emit_pass([("sum", s2, v2)], local, [], [], modes=("reg",))
+        lines.append(f"      sg::group_moments<TPR, BLOCK>(wn, {v1}, {v2}, moments_smem);")
+        lines += ["  " + l for l in self.emit_group_reductions(others, "    ")]
+        lines.append("    } else {  // streamed: the sum, then the squared deviations from the row's mean")
+        lines += self.emit_pass([("sum", s1, v1)] + others, ctx, [], [], modes=("loop",))
+        lines += ["  " + l for l in self.emit_group_reductions([("sum", s1, v1)] + others, "    ")]
+        lines.append(f"      const acc_t wmean = {self.op_expr(mean, [v1, self.expr(mean.args[1], ctx)])};")
+        lines += self.emit_pass([("sum", s2, v2)], local, [], [], modes=("loop",))
+        lines += ["  " + l for l in self.emit_group_reductions([("sum", s2, v2)], "    ")]
+        lines.append("    }")
+        return lines
+
     def online_partner(self, batch: list[Node], pending: list[Node]) -> tuple[Node, Node] | None:
         """(max(a), sum(exp(a - max))) that can share one online pass: a max in `batch` and its
         pending partner (softmax, log-softmax, logsumexp, cross-entropy), or None. The other
@@ -333,6 +395,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         lines.append("  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)")
         lines.append(f"  constexpr int UNROLL = sg::items_max(8, {loads_words}, {variant.loop_unroll});")
         lines.append("  __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)")
+        if variant.moments and self.has_moments():
+            lines.append("  __shared__ acc_t moments_smem[99];  // (count, sum, squared deviations) per warp")
         lines.append("  (void)red_smem; (void)partials;")
         lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
         lines.append("  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
@@ -432,6 +496,15 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             batch = [n for n in pending if n.op == "rowreduce" and self.elem_ready(n.args[0], done)]
             if batch:
                 pass_no += 1
+                moments = self.moments_partner(batch, pending) if variant.moments else None
+                if moments is not None:
+                    lines += self.emit_moments(moments, batch, pass_no, ctx)
+                    for n in moments[:2] + tuple(n for n in batch if n is not moments[0]):
+                        ctx.names[n.id] = self.var(n)
+                        done.add(n.id)
+                        pending.remove(n)
+                    progressed = True
+                    continue
                 pair = self.online_partner(batch, pending)
                 if pair is not None:
                     m, s = pair
@@ -627,8 +700,10 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
              "// Deterministic: fixed reduction trees, no atomics.",
              f"// Schedule variant: {variant.name}.",
              f'#include "{abi.header_filename(spec)}"', PRELUDE]
-    for direction, program in programs.items():
-        em = DirectionEmitter(spec, program, direction)
+    emitters = {direction: DirectionEmitter(spec, program, direction) for direction, program in programs.items()}
+    if variant.moments and any(em.has_moments() for em in emitters.values()):
+        parts.append(PRELUDE_MOMENTS)
+    for direction, em in emitters.items():
         parts.append(f"// ======================= {direction} =======================")
         parts.append(em.emit_row_kernel(variant))
         parts.append(em.emit_finalize())

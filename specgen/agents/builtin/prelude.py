@@ -406,3 +406,73 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 }  // namespace sg
 // ---- end of helpers ----
 """
+
+
+# Only in kernels with a moments pair (LayerNorm's mean and variance): the other kernels' text,
+# committed and verified, stays byte for byte what it was.
+PRELUDE_MOMENTS = r"""namespace sg {
+// Merge two partial moments of a row: (count, sum, sum of squared deviations from their own
+// mean), Chan et al.'s pairwise combination; an empty part (count 0) adds nothing.
+template <typename A>
+__device__ __forceinline__ void moments_merge(A& n, A& s, A& m2, A n2, A s2, A m22) {
+  if (n2 == (A)0) return;
+  if (n == (A)0) { n = n2; s = s2; m2 = m22; return; }
+  const A total = n + n2;
+  const A delta = s2 / n2 - s / n;
+  m2 = m2 + m22 + delta * delta * (n * n2 / total);
+  s = s + s2;
+  n = total;
+}
+
+// Merge the moments of a row group in one reduction round (shuffles, per warp through 99
+// values of shared memory, per block of a cluster in rank order): fixed orders, deterministic.
+template <int TPR, int BLOCK = TPR, typename A>
+__device__ __forceinline__ void group_moments(A& n, A& s, A& m2, A* smem) {
+  if constexpr (TPR <= 32) {
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned mask = TPR == 32 ? 0xffffffffu : (((1u << TPR) - 1u) << (lane / TPR * TPR));
+#pragma unroll
+    for (int o = TPR / 2; o > 0; o /= 2)
+      moments_merge(n, s, m2, __shfl_xor_sync(mask, n, o), __shfl_xor_sync(mask, s, o), __shfl_xor_sync(mask, m2, o));
+  } else {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2)
+      moments_merge(n, s, m2, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, s, o),
+                    __shfl_xor_sync(0xffffffffu, m2, o));
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) { smem[warp] = n; smem[33 + warp] = s; smem[66 + warp] = m2; }
+    __syncthreads();
+    if (warp == 0) {
+      n = smem[0];
+      s = smem[33];
+      m2 = smem[66];
+      for (int w = 1; w < BLOCK / 32; ++w) moments_merge(n, s, m2, smem[w], smem[33 + w], smem[66 + w]);
+      smem[32] = n;
+      smem[65] = s;
+      smem[98] = m2;
+    }
+    if constexpr (TPR > BLOCK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      n = *cluster.map_shared_rank(smem + 32, 0);
+      s = *cluster.map_shared_rank(smem + 65, 0);
+      m2 = *cluster.map_shared_rank(smem + 98, 0);
+      for (int r = 1; r < TPR / BLOCK; ++r)
+        moments_merge(n, s, m2, *cluster.map_shared_rank(smem + 32, r), *cluster.map_shared_rank(smem + 65, r),
+                      *cluster.map_shared_rank(smem + 98, r));
+      cluster.sync();
+#else
+      __trap();
+#endif
+    } else {
+      __syncthreads();
+      n = smem[32];
+      s = smem[65];
+      m2 = smem[98];
+      __syncthreads();
+    }
+  }
+}
+}  // namespace sg
+"""
