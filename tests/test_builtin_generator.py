@@ -136,3 +136,34 @@ def test_autotune_tries_a_source_once_when_variants_coincide(monkeypatch):
     variant, *_ = generator.autotune(spec, [by_name["default"], by_name["csmem"]],
                                      result=generator.GeneratedKernel(spec, "", "default"))
     assert verified == ["default"] and variant.name == "default"
+
+
+def test_autotune_keeps_the_best_single_variant_when_the_combination_is_slower(monkeypatch):
+    # the csmem lesson: a class's winner can owe its speed to a field of another class, so the
+    # combination is timed too and loses to the best single variant when it is slower
+    import specgen.bench
+    import specgen.verify
+    from specgen.agents.builtin import generator
+    from specgen.agents.builtin.schedule import VARIANTS
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    monkeypatch.setattr(generator, "compile_source", lambda spec, source, **_: SimpleNamespace(
+        library=re.search(r"// Schedule variant: (\S+)\.", source).group(1), arch="sm_90"))
+    monkeypatch.setattr(specgen.verify, "verify_kernel",
+                        lambda spec, source, **_: SimpleNamespace(passed=True, summary=str))
+
+    def fake_bench(spec, library, **_):
+        times = {"default": (120.0, 100.0), "twopass": (100.0, 140.0), "nosplit": (160.0, 90.0)}
+        medium, split = times.get(library, (200.0, 200.0))  # the combination: slow everywhere
+        return SimpleNamespace(rows=[
+            SimpleNamespace(kernel_us=medium, direction="backward", dims={"N": 8192, "C": 32768}, dtype="float32"),
+            SimpleNamespace(kernel_us=split, direction="backward", dims={"N": 1024, "C": 131072}, dtype="float32")])
+
+    monkeypatch.setattr(specgen.bench, "bench_spec", fake_bench)
+    by_name = {v.name: v for v in VARIANTS}
+    result = generator.GeneratedKernel(spec, "", "default")
+    variant, *_ = generator.autotune(spec, [by_name["default"], by_name["twopass"], by_name["nosplit"]],
+                                     result=result)
+    assert variant.name == "default"  # geomean 109.5 us, the best single variant
+    assert "medium:twopass+split:nosplit" in result.timings  # the combination was timed
+    assert any("is slower than default" in n for n in result.notes)

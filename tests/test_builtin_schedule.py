@@ -240,15 +240,15 @@ def test_weight_grads_finalize_in_column_tiles_and_grouped_ones_per_column():
     assert "for (int64_t s = 0; s < per_group; ++s)" in rope and "fin[" not in rope
 
 
-def test_layernorm_takes_mean_and_variance_in_one_round_from_each_threads_moments():
-    source = build_source(load_spec(SPECS / "layernorm_gelu.yaml"))
+def test_moments_variant_takes_layernorm_mean_and_variance_in_one_round():
+    source = build_source(load_spec(SPECS / "layernorm_gelu.yaml"), _variant("moments"))
     forward, backward = source.split("// ======================= backward")
     for part in (forward, backward):
         registers = part.split("// in registers: this thread's exact moments, one round")[1].split("} else {")[0]
         assert "const acc_t wmean = wn > (acc_t)0 ?" in registers  # the thread's own mean, then deviations
         assert registers.count("sg::group_moments<TPR, BLOCK>(wn, ") == 1 and "group_reduce" not in registers
     assert "__device__ __forceinline__ void group_moments(" in source
-    two = build_source(load_spec(SPECS / "layernorm_gelu.yaml"), _variant("twomoments"))
+    two = build_source(load_spec(SPECS / "layernorm_gelu.yaml"))  # the default: two rounds
     assert "group_moments" not in two and two.count("sg::group_reduce<TPR, BLOCK>(") >= 2
     for op in ("rmsnorm", "softmax", "cross_entropy"):  # no (mean, deviations) pair: no moments code
         assert "group_moments" not in build_source(load_spec(SPECS / f"{op}.yaml"))

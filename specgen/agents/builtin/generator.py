@@ -142,8 +142,9 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
     """Verify each variant and time it at the spec's benchmark shapes (both directions); per
     shape class (narrow / medium / wide rows) keep the variant with the best geometric mean,
     and combine the winners into one kernel (each class's schedule fields from its winner),
-    verified again (GPU only). Returns (variant, source, compiled, verdict)."""
-    from ...bench import bench_spec
+    verified and timed again: kept only if it is not slower over all rows than the best single
+    variant (a variant can move rows between classes: csmem takes LayerNorm's wide rows into
+    registers through a medium-class field). GPU only. Returns (variant, source, compiled, verdict)."""
     from ...verify import verify_kernel
 
     passed = {}
@@ -169,9 +170,7 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
         passed[variant.name] = (variant, source, compiled, verdict)
         if len(variants) == 1:
             return variant, source, compiled, verdict
-        timing = bench_spec(spec, compiled.library, eager=False, compiled=False, reps=20,
-                            directions=_directions(spec))
-        result.timings[variant.name] = [row.kernel_us for row in timing.rows if row.kernel_us]
+        timing = _time(spec, compiled, variant, result)
         for row in timing.rows:
             if row.kernel_us:
                 cls = shape_class_of(spec, row.direction, row.dims, row.dtype)
@@ -197,7 +196,22 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
         result.notes.append(f"combined variant {chosen.name} failed verification: {verdict.summary()}; "
                             f"keeping {overall[0].name}")
         return overall
+    _time(spec, compiled, chosen, result)
+    combined_us, best_us = _geomean(result.timings[chosen.name]), _geomean(result.timings[overall[0].name])
+    if combined_us > best_us:
+        result.notes.append(f"combined variant {chosen.name} ({combined_us:.1f} us) is slower than "
+                            f"{overall[0].name} ({best_us:.1f} us) over all rows; keeping {overall[0].name}")
+        return overall
     return chosen, source, compiled, verdict
+
+
+def _time(spec, compiled, variant: Variant, result: GeneratedKernel):
+    """Kernel times of one variant at the benchmark shapes, recorded in result.timings."""
+    from ...bench import bench_spec
+
+    timing = bench_spec(spec, compiled.library, eager=False, compiled=False, reps=20, directions=_directions(spec))
+    result.timings[variant.name] = [row.kernel_us for row in timing.rows if row.kernel_us]
+    return timing
 
 
 def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,

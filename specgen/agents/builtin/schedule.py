@@ -45,8 +45,8 @@ class Variant:
     `col_smem`: a medium row's column partials (weight gradients) accumulate in shared memory
     ([reduction][W] per block, each column one thread's: no atomics) instead of registers,
     so the row itself can take more registers (more chunks per thread, fewer threads).
-    `moments` False: a row's mean and squared deviations (LayerNorm) in two reduction rounds
-    instead of each thread's exact moments merged in one (sg::group_moments).
+    `moments` True: a row's mean and squared deviations (LayerNorm) from each thread's exact
+    moments merged in one round (sg::group_moments) instead of two reduction rounds.
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -62,7 +62,7 @@ class Variant:
     block_max: int = 1024
     split_block: int = 512
     col_smem: bool = False
-    moments: bool = True
+    moments: bool = False
 
     @property
     def schedules(self) -> tuple:
@@ -96,9 +96,9 @@ VARIANTS = [
     Variant("cl256", block_max=256, split_block=256),
     # medium rows with column partials (norm backwards): the partials in shared memory
     Variant("csmem", col_smem=True),
-    # medium: LayerNorm's mean and variance in two rounds (v6's form), alone and with csmem
-    Variant("twomoments", moments=False),
-    Variant("csmem2", col_smem=True, moments=False),
+    # medium: LayerNorm's mean and variance in one merge round; 1.3-1.55x slower than two rounds
+    # on the H200 (Chan's merge per shuffle level; results/2026-11-30-h200-moments-tune)
+    Variant("moments", moments=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
