@@ -249,19 +249,21 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if mode == "reg" and self.col_smem:
                 for i, _ in enumerate(col_nodes):
                     body.append(f"{ind}acc_t ccl_{i}[VEC];  // this chunk's column terms (medium rows)")
+            raws = {}
+            for key, _ in loads:
+                pn = self.pointer_name(key)
+                raws[key] = slot.format(pn)
+                if mode == "reg" and key not in self.held_loads():  # a [W] parameter: read at use (L1)
+                    raws[key] = f"lz_{pn}"
+                    body.append(f"{ind}{self.raw_type(key)} lz_{pn}; sg::load_raw<VEC>({pn} + c * VEC, lz_{pn});")
             body.append(f"{ind}#pragma unroll")
             body.append(f"{ind}for (int v = 0; v < VEC; ++v) {{")
             inner = ind + "  "
             body.append(f"{inner}const int64_t j = c * VEC + v; (void)j;")
             ctx = Ctx(dict(ctx_row.names))
             for key, ns in loads:
-                raw = slot.format(self.pointer_name(key))
-                if mode == "reg" and key not in self.held_loads():  # a [W] parameter: read at use (L1)
-                    raw = f"lz_{self.pointer_name(key)}"
-                    body.insert(-3, f"{ind}{self.raw_type(key)} {raw}; sg::load_raw<VEC>("
-                                    f"{self.pointer_name(key)} + c * VEC, {raw});")
                 for n in ns:
-                    ctx.loads[n.id] = self.load_ref(n, raw)
+                    ctx.loads[n.id] = self.load_ref(n, raws[key])
             body += self.elem_statements(roots, ctx, inner)
             for i, (n, _) in enumerate(onlines):
                 body.append(f"{inner}on_{i}[v] = (acc_t)({self.expr(n, ctx)});")
