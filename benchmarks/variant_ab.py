@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +27,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from builtin_bench import EXTRA_SHAPES  # noqa: E402
 from specgen.agents.builtin.schedule import variants_named  # noqa: E402
-from specgen.agents.builtin.generator import build_source, compile_source  # noqa: E402
+from specgen.agents.builtin.generator import build_source, compile_many  # noqa: E402
 from specgen.bench import bench_spec  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
@@ -37,29 +35,32 @@ from specgen.spec import load_spec  # noqa: E402
 REPS = 30
 
 
-def compile_all(specs: list, variants: list) -> dict:
-    """{(op, variant name): library}; nvcc runs in parallel (the compile cache is keyed by content)."""
-    # sources first, in this thread: tracing the reference (make_fx) is not thread-safe
-    jobs = {(spec.name, v.name): (spec, build_source(spec, v)) for spec in specs for v in variants}
-    workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers) as pool:
-        futures = {key: pool.submit(lambda s, text: compile_source(s, text).library, *job)
-                   for key, job in jobs.items()}
-        return {key: f.result() for key, f in futures.items()}
+def build_all(specs: list, variants: list) -> dict:
+    """{(op, variant name): (spec, source)}, built in this thread: tracing the reference
+    (make_fx) is not thread-safe."""
+    return {(spec.name, v.name): (spec, build_source(spec, v)) for spec in specs for v in variants}
 
 
-def verify_all(specs: list, variants: list, out: Path) -> dict:
+def compile_all(sources: dict) -> dict:
+    """{(op, variant name): library}, nvcc running in parallel; a compile error is raised."""
+    results = compile_many(list(sources.values()))
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+    return {key: result.library for key, result in zip(sources, results)}
+
+
+def verify_all(sources: dict, out: Path) -> dict:
     """{"op/variant": verdict JSON} for each (op, variant), written to out/variant_verify.json."""
     from specgen.verify import verify_kernel
 
     results = {}
-    for spec in specs:
-        for v in variants:
-            verdict = verify_kernel(spec, build_source(spec, v))
-            results[f"{spec.name}/{v.name}"] = verdict.to_json()
-            print(f"[verify] {spec.name}/{v.name}: {'PASS' if verdict.passed else 'FAIL'} "
-                  f"({verdict.cases} cases) {'' if verdict.passed else verdict.summary()[:400]}", flush=True)
-            write_atomic(out / "variant_verify.json", json.dumps(results, indent=1, default=str))
+    for (op, name), (spec, source) in sources.items():
+        verdict = verify_kernel(spec, source)
+        results[f"{op}/{name}"] = verdict.to_json()
+        print(f"[verify] {op}/{name}: {'PASS' if verdict.passed else 'FAIL'} "
+              f"({verdict.cases} cases) {'' if verdict.passed else verdict.summary()[:400]}", flush=True)
+        write_atomic(out / "variant_verify.json", json.dumps(results, indent=1, default=str))
     return results
 
 
@@ -137,11 +138,12 @@ def main() -> int:
         parser.error("--b: name at least one variant (or --verify only)")
     args.out.mkdir(parents=True, exist_ok=True)
     specs = [load_spec(REPO / "specs" / f"{op}.yaml") for op in args.ops.split(",")]
-    libraries = compile_all(specs, [variant_a] + variants_b)
+    sources = build_all(specs, [variant_a] + variants_b)
+    libraries = compile_all(sources)
     print(f"compiled {len(libraries)} kernels", flush=True)
     failed = []
     if args.verify:
-        verdicts = verify_all(specs, [variant_a] + variants_b, args.out)
+        verdicts = verify_all(sources, args.out)
         failed = [key for key, v in verdicts.items() if not v.get("passed")]
         for key in failed:  # a wrong or hanging kernel is not timed
             op, name = key.split("/")

@@ -86,7 +86,7 @@ def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monke
     import specgen.bench
     import specgen.verify
     from specgen.agents.builtin import generator
-    from specgen.agents.builtin.schedule import VARIANTS
+    from specgen.agents.builtin.schedule import variants_named
 
     spec = load_spec(SPECS / "cross_entropy.yaml")
     verified = []
@@ -108,10 +108,8 @@ def test_autotune_keeps_each_shape_class_from_its_fastest_verified_variant(monke
     monkeypatch.setattr(generator, "compile_source", fake_compile)
     monkeypatch.setattr(specgen.verify, "verify_kernel", fake_verify)
     monkeypatch.setattr(specgen.bench, "bench_spec", fake_bench)
-    by_name = {v.name: v for v in VARIANTS}
     result = generator.GeneratedKernel(spec, "", "default")
-    candidates = [by_name["default"], by_name["twopass"], by_name["nosplit"]]
-    variant, source, _, verdict = generator.autotune(spec, candidates, result=result)
+    variant, source, _, verdict = generator.autotune(spec, variants_named("default,twopass,nosplit"), result=result)
     assert variant.reg_pair == "twopass" and variant.split_rows is False
     assert "exact two-pass form" in source and "SG_LAUNCH_CL(VEC" not in source.split("#define SG_LAUNCH_CL")[-1]
     assert verdict.passed and verified == ["default", "twopass", "nosplit", variant.name]
@@ -124,7 +122,7 @@ def test_autotune_tries_a_source_once_when_variants_coincide(monkeypatch):
     import specgen.bench
     import specgen.verify
     from specgen.agents.builtin import generator
-    from specgen.agents.builtin.schedule import VARIANTS
+    from specgen.agents.builtin.schedule import variants_named
 
     spec = load_spec(SPECS / "softmax.yaml")
     verified = []
@@ -132,8 +130,7 @@ def test_autotune_tries_a_source_once_when_variants_coincide(monkeypatch):
         library=re.search(r"// Schedule variant: (\S+)\.", source).group(1), arch="sm_90"))
     monkeypatch.setattr(specgen.verify, "verify_kernel", lambda spec, source, **_: verified.append(
         re.search(r"// Schedule variant: (\S+)\.", source).group(1)) or SimpleNamespace(passed=True, summary=str))
-    by_name = {v.name: v for v in VARIANTS}
-    variant, *_ = generator.autotune(spec, [by_name["default"], by_name["csmem"]],
+    variant, *_ = generator.autotune(spec, variants_named("default,csmem"),
                                      result=generator.GeneratedKernel(spec, "", "default"))
     assert verified == ["default"] and variant.name == "default"
 
@@ -144,7 +141,7 @@ def test_autotune_keeps_the_best_single_variant_when_the_combination_is_slower(m
     import specgen.bench
     import specgen.verify
     from specgen.agents.builtin import generator
-    from specgen.agents.builtin.schedule import VARIANTS
+    from specgen.agents.builtin.schedule import variants_named
 
     spec = load_spec(SPECS / "cross_entropy.yaml")
     monkeypatch.setattr(generator, "compile_source", lambda spec, source, **_: SimpleNamespace(
@@ -160,10 +157,8 @@ def test_autotune_keeps_the_best_single_variant_when_the_combination_is_slower(m
             SimpleNamespace(kernel_us=split, direction="backward", dims={"N": 1024, "C": 131072}, dtype="float32")])
 
     monkeypatch.setattr(specgen.bench, "bench_spec", fake_bench)
-    by_name = {v.name: v for v in VARIANTS}
     result = generator.GeneratedKernel(spec, "", "default")
-    variant, *_ = generator.autotune(spec, [by_name["default"], by_name["twopass"], by_name["nosplit"]],
-                                     result=result)
+    variant, *_ = generator.autotune(spec, variants_named("default,twopass,nosplit"), result=result)
     assert variant.name == "default"  # geomean 109.5 us, the best single variant
     assert "medium:twopass+split:nosplit" in result.timings  # the combination was timed
     assert any("is slower than default" in n for n in result.notes)

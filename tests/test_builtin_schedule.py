@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max, plan
+from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max,
+                                             plan, variants_named)
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
@@ -95,7 +96,7 @@ def test_row_stays_raw_in_registers_and_only_column_partials_keep_one_wave_of_bl
     assert "__launch_bounds__(BLOCK, sg::min_blocks(" in source
     assert "gx = per_group_blocks;  // not persistent" in forward  # a block per row
     assert "gx = per_group_blocks;  // not persistent" not in backward  # weight-grad partials per block
-    wave = build_source(load_spec(SPECS / "rmsnorm.yaml"), next(v for v in VARIANTS if v.name == "wave"))
+    wave = build_source(load_spec(SPECS / "rmsnorm.yaml"), _variant("wave"))
     assert "// not persistent" not in wave
     assert not re.search(r"\) / \(acc_t\)\(rsqrt", source)  # per-row denominators are reciprocals
 
@@ -134,7 +135,7 @@ def test_split_rows_launch_a_cluster_only_for_programs_without_column_partials()
 
 def test_twopass_variant_keeps_exact_sweeps_for_rows_in_registers():
     spec = load_spec(SPECS / "cross_entropy.yaml")
-    twopass = build_source(spec, next(v for v in VARIANTS if v.name == "twopass"))
+    twopass = build_source(spec, _variant("twopass"))
     forward = twopass.split("// ======================= backward")[0]
     assert "if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form" \
         in forward
@@ -152,7 +153,8 @@ def test_variants_are_picked_by_name_and_an_unknown_name_is_named():
 
 
 def _variant(name: str) -> Variant:
-    return next(v for v in VARIANTS if v.name == name)
+    (variant,) = variants_named(name)
+    return variant
 
 
 def test_a_row_in_registers_takes_its_exact_max_then_its_exps_then_one_round():

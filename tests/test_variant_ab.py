@@ -48,3 +48,24 @@ def test_builtin_bench_tunes_per_op_variant_lists():
         builtin_bench.variants_per_op("softmax=default,nope")
     with pytest.raises(ValueError, match="op=variant"):
         builtin_bench.variants_per_op("=default")
+
+
+def test_compile_all_compiles_every_source_and_raises_a_compile_error(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from specgen.agents.builtin import generator
+
+    def fake_compile(spec, source, **_):
+        if "broken" in source:
+            raise RuntimeError(f"nvcc failed on {spec}")
+        return SimpleNamespace(library=f"lib-{source}")
+
+    monkeypatch.setattr(generator, "compile_source", fake_compile)
+    sources = {("softmax", "default"): ("softmax", "a"), ("softmax", "cl256"): ("softmax", "b")}
+    assert variant_ab.compile_all(sources) == {("softmax", "default"): "lib-a", ("softmax", "cl256"): "lib-b"}
+    results = generator.compile_many([("rope", "broken"), ("rope", "c")])
+    assert isinstance(results[0], RuntimeError) and results[1].library == "lib-c"  # one error stops no other
+    with pytest.raises(RuntimeError, match="nvcc failed on rope"):
+        variant_ab.compile_all({("rope", "default"): ("rope", "broken")})

@@ -25,7 +25,7 @@ REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # comb
 class DirectionEmitter(HostEmitter, FinalizeEmitter):
     """One direction of a spec: its row kernel here, the finalize and host code in the mixins."""
 
-    def __init__(self, spec, program: Program, direction: str):
+    def __init__(self, spec, program: Program, direction: str, variant: Variant = DEFAULT_VARIANT):
         self.spec = spec
         self.p = program
         self.direction = direction
@@ -39,7 +39,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         self.types = {f.name: f.tensor for f in abi.fields(spec, direction) if f.is_tensor}
         self.elem_loads = self._unique_loads()
         self.colreduces = [n for n in self.nodes if n.op == "colreduce"]
-        self.col_smem = False  # set per variant by emit_row_kernel / emit_host
+        self.variant = variant
+        self.col_smem = variant.col_smem and bool(self.colreduces)
         self.globalreduces = [n for n in self.nodes if n.op == "globalreduce"]
         self.users: dict[int, list[Node]] = {}
         for n in self.nodes:
@@ -379,8 +380,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                     return m, n
         return None
 
-    def emit_row_kernel(self, variant: Variant) -> str:
-        self.col_smem = variant.col_smem and bool(self.colreduces)
+    def emit_row_kernel(self) -> str:
+        variant = self.variant
         p = self.p
         lines: list[str] = []
         elem_stores = [s for s in p.stores if s.kind == "elem"]
@@ -702,12 +703,13 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
              "// Deterministic: fixed reduction trees, no atomics.",
              f"// Schedule variant: {variant.name}.",
              f'#include "{abi.header_filename(spec)}"', PRELUDE]
-    emitters = {direction: DirectionEmitter(spec, program, direction) for direction, program in programs.items()}
+    emitters = {direction: DirectionEmitter(spec, program, direction, variant)
+                for direction, program in programs.items()}
     if variant.moments and any(em.has_moments() for em in emitters.values()):
         parts.append(PRELUDE_MOMENTS)
     for direction, em in emitters.items():
         parts.append(f"// ======================= {direction} =======================")
-        parts.append(em.emit_row_kernel(variant))
+        parts.append(em.emit_row_kernel())
         parts.append(em.emit_finalize())
-        parts.append(em.emit_host(list(spec.dtypes), variant))
+        parts.append(em.emit_host(list(spec.dtypes)))
     return "\n\n".join(p for p in parts if p) + "\n"

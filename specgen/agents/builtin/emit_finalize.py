@@ -65,6 +65,15 @@ class FinalizeEmitter:
         position), not one group of all rows: many groups of a few slots each."""
         return bool(self.p.group_div) and [str(d) for d in self.p.group_div] != [str(d) for d in self.p.row_dims]
 
+    def finalize_cols_launch(self) -> str:
+        """The host's launch of the column finalize, in the geometry its form assumes."""
+        if self.grouped_cols():  # a thread per (group, column)
+            return (f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
+                    f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")
+        # 32 columns per block of 8 warps, groups along y
+        return (f"  {self.kname}_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < "
+                f"65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);")
+
     def finalize_cols_flat(self, col: list) -> list[str]:
         lines = []
         lines.append("// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue:")

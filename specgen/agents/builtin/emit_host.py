@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import abi
 from .ctext import C_TYPES, DTYPE_ENUM, Ctx, dim_expr
-from .schedule import DEFAULT_VARIANT, MAX_CLUSTER, Variant
+from .schedule import MAX_CLUSTER, Variant
 
 
 class HostEmitter:
@@ -97,7 +97,8 @@ class HostEmitter:
         lines.append("  }")
         return lines
 
-    def emit_host(self, dtypes: list[str], variant: Variant = DEFAULT_VARIANT) -> str:
+    def emit_host(self, dtypes: list[str]) -> str:
+        variant = self.variant
         p = self.p
         entry = abi.entry_point(self.spec, self.direction)
         rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
@@ -130,7 +131,6 @@ class HostEmitter:
         lines.append("  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
         lines.append("  // input" + (" and the fp32 column partials" if self.colreduces else "") +
                      f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
-        self.col_smem = variant.col_smem and bool(self.colreduces)
         if self.col_smem:
             lines.append("  // (medium rows keep their column partials in shared memory: not counted; narrow")
             lines.append("  // rows keep them in registers: ITEMS_NMAX)")
@@ -235,12 +235,7 @@ class HostEmitter:
         lines.append("#undef SG_LAUNCH")
         lines.append("#undef SG_LAUNCH_CL")
         if ncol and any(s.kind == "col" for s in p.stores):
-            if self.grouped_cols():
-                lines.append(f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
-                             f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")
-            else:
-                lines.append(f"  {self.kname}_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < "
-                             f"65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);")
+            lines.append(self.finalize_cols_launch())
         if any(s.kind == "global" for s in p.stores):
             lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
                          f"{'cslots' if ncol else '0'});")

@@ -96,19 +96,20 @@ def compile_source(spec, source: str, *, arch: str | None = None):
                               source_name=f"kernels/{spec.name}.cu")
 
 
-def compile_parallel(spec, sources: list[str]) -> None:
-    """Compile several sources at once (nvcc is single-threaded; the compile cache is keyed by
-    content, so the sequential calls after this are cache hits). Errors surface there."""
+def compile_many(jobs: list[tuple]) -> list:
+    """Compile (spec, source) pairs at once (nvcc is single-threaded); each result is the
+    compiled kernel or the exception its compile raised. The compile cache is keyed by
+    content, so compiling one of these sources again is a cache hit."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(source):
+    def one(job):
         try:
-            compile_source(spec, source)
-        except Exception:  # reported by the sequential compile of the same source
-            pass
+            return compile_source(*job)
+        except Exception as error:  # the caller decides: autotune reports it per variant
+            return error
 
-    with ThreadPoolExecutor(max(1, min(len(sources), os.cpu_count() or 1))) as pool:
-        list(pool.map(one, sources))
+    with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        return list(pool.map(one, jobs))
 
 
 def _geomean(values: list[float]) -> float:
@@ -158,10 +159,10 @@ def autotune(spec, variants: list[Variant], *, examples: int | None = None, resu
             sources[v.name] = text
     variants = [v for v in variants if v.name in sources]
     if len(variants) > 1:
-        compile_parallel(spec, list(sources.values()))
+        compile_many([(spec, source) for source in sources.values()])
     for variant in variants:
         source = sources[variant.name]
-        compiled = compile_source(spec, source)  # a cache hit after compile_parallel
+        compiled = compile_source(spec, source)  # a cache hit after compile_many; raises its error
         verdict = verify_kernel(spec, source, **({"examples": examples} if examples else {}))
         result.verdicts[variant.name] = verdict
         if not verdict.passed:
