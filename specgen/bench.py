@@ -4,6 +4,8 @@ same inputs in one run, against the device-to-device copy bandwidth measured in 
 - CUDA events around each call, warm-up first, the median of many runs;
 - L2 flushed before every run (a buffer of at least twice the L2 is written);
 - several input sets used in turn, so no run finds its inputs in cache from the last one;
+- the kernel runs in its own process and is timed by verify/timed.py: each output poisoned
+  before and checked after its call; a time under the physics floor (verify/physics.py) rejects;
 - bytes moved = every input read once + every output written once (from the signature);
   roofline time = bytes / copy bandwidth. A kernel faster than that is a measurement bug.
 - torch.compile (default mode, static shapes): a fresh compiled reference per (shape, dtype,
@@ -23,7 +25,6 @@ call them); `specgen bench` prints and writes what `bench_spec` returns.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 import statistics
@@ -66,6 +67,11 @@ def _flush_buffer(device_index: int) -> torch.Tensor:
 def flush_l2() -> None:
     """Write a buffer of at least twice the L2 so nothing from the last run stays cached."""
     _flush_buffer(torch.cuda.current_device()).zero_()
+
+
+def flush_bytes() -> int:
+    """The size of the L2 flush (the candidate's process flushes with a buffer of its own)."""
+    return _flush_buffer(torch.cuda.current_device()).numel()
 
 
 def time_callable(fn: Callable[[], object], *, warmup: int = DEFAULT_WARMUP, reps: int = DEFAULT_REPS,
@@ -115,6 +121,8 @@ class BenchRow:
     notes: list[str] = field(default_factory=list)
     direction: str = "forward"
     compile_fallback: str | None = None  # why compile_us is (partly) eager time; None: it compiled
+    rejected: str | None = None  # "<reason>: <detail>" when a timed call's output or time was impossible
+    floor_us: float | None = None  # the physics floor of this row (verify/physics.py)
 
     def gbs(self, us: float | None) -> float | None:
         return None if not us else self.bytes / (us * 1e-6) / 1e9
@@ -148,6 +156,11 @@ class BenchResult:
     def as_record(self) -> dict:
         return {"op": self.op, "device": self.device, "copy_gbs": self.copy_gbs,
                 "rows": [row.as_dict() for row in self.rows]}
+
+    @property
+    def rejected(self) -> list[str]:
+        """Why the candidate cannot be trusted, one line per rejected row (empty: none)."""
+        return [f"{row.direction} {row.dtype} {row.dims}: {row.rejected}" for row in self.rows if row.rejected]
 
 
 def moved_bytes(spec, dims: dict, dtype: str, direction: str = "forward") -> int:
@@ -264,42 +277,6 @@ def fresh_compiled(fn: Callable, backend: str = "inductor") -> tuple[Callable, C
     return torch.compile(fn, dynamic=False, backend=backend), CompileWatch()
 
 
-# ------------------------------------------------------------------ the kernel through the ABI
-
-class _Candidate:
-    """A kernel library with its argument structs packed once per input set, so a timed call
-    costs one ctypes call and no Python packing."""
-
-    def __init__(self, spec, library: Path, direction: str, sets: list[dict], operands: list[tuple[dict, dict]],
-                 dims: dict, dtype: str):
-        from .verify.runner import KernelLibrary
-
-        self.lib = KernelLibrary(spec, library)
-        if not self.lib.has(direction):
-            raise ValueError(f"{library} does not export {abi.entry_point(spec, direction)}")
-        self.fn = self.lib.entry(direction)
-        sig = spec.signature
-        self.structs, self.written = [], []
-        for args, (fwd_outputs, grads) in zip(sets, operands):
-            tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-            scalars = {k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}
-            if direction == "forward":
-                written = {o.name: torch.empty(shape, dtype=tdtype, device="cuda")
-                           for o, (shape, tdtype) in zip(sig.outputs, expected_outputs(sig, dims, dtype))}
-                tensors.update(written)
-            else:
-                written = {f"grad_{name}": torch.empty_like(tensors[name]) for name in floating_inputs(spec)}
-                tensors.update(fwd_outputs, **grads, **written)
-            self.written.append(written)
-            self.structs.append(abi.pack_args(spec, direction, tensors, scalars, dims))
-        self.addresses = [ctypes.addressof(s) for s in self.structs]
-
-    def call(self, index: int) -> None:
-        code = self.fn(self.addresses[index], ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-        if code:
-            raise RuntimeError(f"the kernel returned {self.lib.error_name(code)} ({code})")
-
-
 def _rotating(fn: Callable[[int], object], count: int) -> Callable[[], object]:
     state = {"i": 0}
 
@@ -307,6 +284,42 @@ def _rotating(fn: Callable[[int], object], count: int) -> Callable[[], object]:
         state["i"] = (state["i"] + 1) % count
         return fn(state["i"])
     return call
+
+
+# ------------------------------------------------------------------ the kernel, in its own process
+
+class IsolatedKernel:
+    """A candidate timed the way the verifier's timed phase times it (verify/timed.py): in its
+    own process, outputs poisoned before and checked after every call, the physics floor."""
+
+    def __init__(self, spec, library: Path):
+        from .verify.isolation import IsolatedRunner
+
+        self.spec = spec
+        self.runner = IsolatedRunner(spec)
+        outcome = self.runner.load(library)
+        if outcome.fatal:
+            self.runner.close()
+            raise RuntimeError(f"the kernel library could not be loaded: {outcome.fatal}")
+
+    def time(self, dims: dict, dtype: str, direction: str, *, input_sets: int, warmup: int, reps: int,
+             seed: int = 0) -> tuple[float | None, float | None, str | None]:
+        """(median us, floor us, None) or (None, None, "<reason>: <detail>")."""
+        from .verify.data import prepare
+        from .verify.strategies import make_case
+        from .verify.timed import timed_calls
+        from .verify.verdict import Failure
+
+        sets = [prepare(self.spec, make_case(dims, dtype, seed=seed + i), direction, "cuda")
+                for i in range(input_sets)]
+        try:
+            run = timed_calls(self.runner, self.spec, sets, reps=reps, warmup=warmup, flush_bytes=flush_bytes())
+        except Failure as failure:
+            return None, None, f"{failure.reason}: {failure.detail}"
+        return run.median_us, run.floor_us, None
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 # ------------------------------------------------------------------ one spec
@@ -328,19 +341,25 @@ def bench_spec(spec, library: Path | None = None, shapes: list[dict] | None = No
         raise ValueError(f"spec {spec.name} has no backward (backward: none)")
     copy_gbs = copy_bandwidth_gbs()
     rows = []
-    for dims in shapes:
-        for dtype in dtypes:
-            for direction in directions:
-                row = _bench_one(spec, library, baseline, dims, dtype, direction, copy_gbs, eager=eager,
-                                 compiled=compiled, warmup=warmup, reps=reps, input_sets=input_sets)
-                rows.append(row)
-                if on_row:
-                    on_row(row)
-                torch.cuda.empty_cache()
+    kernels = {name: IsolatedKernel(spec, lib) for name, lib in (("kernel", library), ("baseline", baseline))
+               if lib is not None}
+    try:
+        for dims in shapes:
+            for dtype in dtypes:
+                for direction in directions:
+                    row = _bench_one(spec, kernels, dims, dtype, direction, copy_gbs, eager=eager,
+                                     compiled=compiled, warmup=warmup, reps=reps, input_sets=input_sets)
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
+                    torch.cuda.empty_cache()
+    finally:
+        for kernel in kernels.values():
+            kernel.close()
     return BenchResult(spec.name, torch.cuda.get_device_name(), copy_gbs, rows)
 
 
-def _bench_one(spec, library, baseline, dims: dict, dtype: str, direction: str, copy_gbs: float, *,
+def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy_gbs: float, *,
                eager: bool, compiled: bool, warmup: int, reps: int, input_sets: int) -> BenchRow:
     nbytes = moved_bytes(spec, dims, dtype, direction)
     row = BenchRow(spec.name, dict(dims), dtype, nbytes, nbytes / (copy_gbs * 1e9) * 1e6, copy_gbs,
@@ -378,11 +397,16 @@ def _bench_one(spec, library, baseline, dims: dict, dtype: str, direction: str, 
             del steps
         except Exception as error:  # no triton, an unsupported op...: report, keep going
             row.notes.append(f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}")
-    for name, lib in (("kernel", library), ("baseline", baseline)):
-        if lib is not None:
-            candidate = _Candidate(spec, lib, direction, sets, operands, dims, dtype)
-            setattr(row, f"{name}_us", timed(candidate.call))
-            del candidate
+    del sets, operands
+    for name, kernel in kernels.items():
+        us, floor_us, rejected = kernel.time(dims, dtype, direction, input_sets=input_sets, warmup=warmup, reps=reps)
+        setattr(row, f"{name}_us", us)
+        row.floor_us = floor_us if name == "kernel" else row.floor_us
+        if rejected and name == "kernel":
+            row.rejected = rejected
+            row.notes.append(f"kernel REJECTED: {rejected.splitlines()[0][:300]}")
+        elif rejected:
+            row.notes.append(f"baseline rejected: {rejected.splitlines()[0][:300]}")
     for name in ("kernel", "eager", "compile", "baseline"):
         fraction = row.fraction(getattr(row, f"{name}_us"))
         if fraction is not None and fraction > ROOFLINE_SLACK:

@@ -19,14 +19,54 @@ TORCH_DTYPES = {
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
-# name -> (scale, transform): what the verifier draws values from.
-DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform")
+# What the verifier draws values from. The last three are the value classes kernels get
+# wrong on purpose or by accident: NaN and +-Inf among normal values, magnitudes from 1e3 up
+# to a tenth of the dtype's range, and subnormals among normal values.
+DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal")
+SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 
 
 def default_scalar(param: Param):
     if param.has_default:
         return param.default
     return {"float": 0.5, "int": 1, "bool": False}[param.type.kind]
+
+
+def scalar_range(param: Param) -> tuple[float, float] | None:
+    """The closed range the verifier draws a scalar from; None: always its default.
+
+    `in [lo, hi]` in the signature, else for a float with a nonzero default d the decade
+    around it ([d/10, 10d], same sign), for a float without a default [0.05, 5]; int scalars
+    only with an explicit range; bools take both values (handled by the caller)."""
+    if param.value_range is not None:
+        return param.value_range
+    if param.type.kind != "float":
+        return None
+    if not param.has_default:
+        return (0.05, 5.0)
+    d = float(param.default)
+    if d == 0 or d != d or d in (float("inf"), float("-inf")):
+        return None
+    return (d / 10, d * 10) if d > 0 else (d * 10, d / 10)
+
+
+def draw_scalar(param: Param, rng: random.Random):
+    """One value of a scalar for a verification case: log-uniform over a positive range."""
+    import math
+
+    if param.type.kind == "bool":
+        return rng.random() < 0.5
+    bounds = scalar_range(param)
+    if bounds is None:
+        return default_scalar(param)
+    lo, hi = bounds
+    if param.type.kind == "int":
+        return rng.randint(int(lo), int(hi))
+    if lo > 0:
+        return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    if hi < 0:
+        return -math.exp(rng.uniform(math.log(-hi), math.log(-lo)))
+    return rng.uniform(lo, hi)
 
 
 def sample_dims(sig: Signature, ranges: dict[str, tuple[int, int]], rng: random.Random,
@@ -47,8 +87,26 @@ def sample_dims(sig: Signature, ranges: dict[str, tuple[int, int]], rng: random.
     return dims
 
 
-def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator) -> torch.Tensor:
-    base = torch.randn(shape, generator=gen, dtype=torch.float64)
+def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dtype_name: str = "float32"
+            ) -> torch.Tensor:
+    device = gen.device
+    base = torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
+    if distribution in ("specials", "huge", "denormal"):
+        u = torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
+        info = torch.finfo(TORCH_DTYPES[dtype_name]) if dtype_name in TORCH_DTYPES else torch.finfo(torch.float32)
+        if distribution == "specials":
+            f = SPECIAL_FRACTION
+            base = torch.where(u < f, float("nan"), base)
+            base = torch.where((u >= f) & (u < 2 * f), float("inf"), base)
+            return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
+        if distribution == "huge":  # log-uniform magnitudes from 1e3 to a tenth of the range
+            import math
+
+            top = math.log10(info.max) - 1
+            return torch.sign(base) * torch.pow(10.0, 3 + u * max(top - 3, 0.5))
+        # denormal: half the elements subnormal in the working dtype, the rest normal
+        tiny = torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * info.smallest_normal
+        return torch.where(u < 0.5, torch.sign(base) * tiny, base)
     if distribution == "normal":
         return base
     if distribution == "large":
@@ -58,7 +116,7 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator) -> 
     if distribution == "negative":
         return -base.abs() - 0.01
     if distribution == "uniform":
-        return torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1
+        return torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * 2 - 1
     raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
 
 
@@ -69,20 +127,23 @@ def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribu
     if ttype.value_range is not None:
         lo, hi = (d.resolve(dims) for d in ttype.value_range)
         hi = max(hi, lo + 1)
-        tensor = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64)
+        tensor = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64, device=gen.device)
     elif name == "bool":
-        tensor = torch.rand(shape, generator=gen) < 0.5
+        tensor = torch.rand(shape, generator=gen, device=gen.device) < 0.5
     elif name in ("int64", "int32", "int16", "int8", "uint8"):
-        tensor = torch.randint(0, 100, shape, generator=gen, dtype=torch.int64)
+        tensor = torch.randint(0, 100, shape, generator=gen, dtype=torch.int64, device=gen.device)
     else:
-        tensor = _values(shape, distribution, gen)
+        tensor = _values(shape, distribution, gen, name)
     return tensor.to(TORCH_DTYPES[name]).to(device)
 
 
 def make_inputs(sig: Signature, dims: dict[str, int], dtype: str, *, seed: int = 0, distribution: str = "normal",
-                device: str | torch.device = "cpu", scalars: dict | None = None) -> dict[str, object]:
-    """Arguments by name, in signature order: tensors for tensor params, values for scalars."""
-    gen = torch.Generator().manual_seed(seed)
+                device: str | torch.device = "cpu", scalars: dict | None = None,
+                draw_on: str | torch.device = "cpu") -> dict[str, object]:
+    """Arguments by name, in signature order: tensors for tensor params, values for scalars.
+    `draw_on`: where the random values are drawn (the GPU for full-size cases; the same seed
+    gives other values there than on the CPU)."""
+    gen = torch.Generator(device=draw_on).manual_seed(seed)
     args: dict[str, object] = {}
     for param in sig.params:
         if param.is_tensor:

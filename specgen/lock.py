@@ -266,6 +266,7 @@ class Lock:
                             f"{expected_hash[:12]} it would be stored with")
         if record.verification is not None and not gpu_available():
             raise LockError("a machine without a GPU never writes a verification record")
+        _check_physics(record)
         return record if record.created else Record(**{**asdict(record), "created": _now()})
 
     def to_json_text(self) -> str:
@@ -287,6 +288,21 @@ class Lock:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+def _check_physics(record: Record) -> None:
+    """A benchmark that a timed output or physics rejected never reaches the lock."""
+    from .verify.physics import PHYSICS_MARGIN
+
+    for row in (record.benchmark or {}).get("rows", []) or []:
+        where = f"{row.get('direction', 'forward')} {row.get('dtype')} {row.get('dims')}"
+        if row.get("rejected"):
+            raise LockError(f"the benchmark rejected kernel {record.kernel_hash[:12]} at {where}: "
+                            f"{str(row['rejected'])[:300]}")
+        kernel_us, floor_us = row.get("kernel_us"), row.get("floor_us")
+        if kernel_us is not None and floor_us and kernel_us * PHYSICS_MARGIN < floor_us:
+            raise LockError(f"kernel {record.kernel_hash[:12]} timed {kernel_us:.2f} us at {where}, under the "
+                            f"physics floor of {floor_us:.2f} us: it skips work, and no such record is written")
 
 
 def _merge(existing: list[Record], new: Iterable[Record]) -> list[Record]:

@@ -150,6 +150,8 @@ class Param:
     type: TensorType | ScalarType
     default: float | int | bool | None = None
     has_default: bool = False
+    # `eps: float = 1e-6 in [1e-12, 1e-2]`: the closed range the verifier draws this scalar from
+    value_range: tuple[float, float] | None = None
 
     @property
     def is_tensor(self) -> bool:
@@ -159,6 +161,8 @@ class Param:
         text = f"{self.name}: {self.type}"
         if self.has_default:
             text += f" = {format_scalar(self.default)}"
+        if self.value_range is not None:
+            text += f" in [{format_scalar(self.value_range[0])}, {format_scalar(self.value_range[1])}]"
         return text
 
 
@@ -334,8 +338,28 @@ class _Parser:
         if self.accept("="):
             if isinstance(ptype, TensorType):
                 self.error("tensor parameters cannot have defaults", self.tokens[self.i - 1])
-            return Param(name.text, ptype, self.default(ptype), True)
-        return Param(name.text, ptype)
+            default = self.default(ptype)
+            return Param(name.text, ptype, default, True, self.scalar_range(ptype, default))
+        return Param(name.text, ptype, value_range=self.scalar_range(ptype, None))
+
+    def scalar_range(self, ptype: ScalarType, default) -> tuple[float, float] | None:
+        """`in [lo, hi]` after a float or int scalar: the values the verifier draws it from."""
+        if not (self.tok.kind == "name" and self.tok.text == "in"):
+            return None
+        start = self.tok
+        if ptype.kind == "bool":
+            self.error("a bool scalar takes no range", start)
+        self.i += 1
+        self.take("[", "'[' (a scalar's range is closed: in [lo, hi])")
+        lo = self.default(ptype)
+        self.take(",", "',' between the range's bounds")
+        hi = self.default(ptype)
+        self.take("]", "']' (a scalar's range is closed: in [lo, hi])")
+        if not lo <= hi:
+            self.error(f"the range [{lo}, {hi}] is empty: write the lower bound first", start)
+        if default is not None and not lo <= default <= hi:
+            self.error(f"the default {default} lies outside its range [{lo}, {hi}]", start)
+        return (lo, hi)
 
     def default(self, ptype: ScalarType):
         token = self.tok

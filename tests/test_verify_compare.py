@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.verify.compare import bitwise_equal, compare, effective_atol, locate, reference_error
+from specgen.verify.compare import bitwise_equal, compare, element_tolerance, locate
 
 
 def test_within_tolerance_is_none_and_nan_must_match():
@@ -47,12 +47,38 @@ def test_locate_tail_first_row_and_columns():
     assert "every row (4)" in where and any("columns 8..9 of 10" in w for w in where)
 
 
-def test_tolerance_widens_to_four_times_the_references_error():
-    truth = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    ref = torch.tensor([1.0, 2.01], dtype=torch.float64)
-    assert abs(reference_error(ref, truth) - 0.01) < 1e-12
-    assert abs(effective_atol(1e-3, 0.01) - 0.04) < 1e-12
-    assert effective_atol(1e-3, 1e-6) == 1e-3
+def test_tolerance_widens_element_by_element_where_the_reference_errs():
+    """The reference's own error buys slack at that element only (issue 11: a large error at a
+    large value once widened the whole tensor, letting small outputs be zeroed)."""
+    truth = torch.tensor([1.0, 100.0], dtype=torch.float64)
+    ref = torch.tensor([1.0, 100.5], dtype=torch.float64)  # the reference errs at the large value only
+    tol = element_tolerance(torch.float64, truth, 1e-3, 0.0, ref)
+    assert abs(float(tol[1]) - (1e-3 + 1.0 + 100 * torch.finfo(torch.float64).eps)) < 1e-9
+    assert abs(float(tol[0]) - 1e-3) < 1e-9
+    got = torch.tensor([0.0, 100.9], dtype=torch.float64)  # element 0 zeroed, element 1 within its widening
+    mismatch = compare(got, truth, 1e-3, 0.0, reference=ref)
+    assert mismatch is not None and mismatch.bad == 1 and mismatch.index == [0]
+
+
+def test_a_fast_tanh_in_float32_is_rejected_at_the_spec_tolerance():
+    """tanh.approx.f32 (about 11 correct bits) in a float32 GELU: far outside atol = rtol = 1e-5,
+    even where the reference (float32) errs by its rounding."""
+    x = torch.linspace(-4, 4, 4001, dtype=torch.float64)
+    truth = 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+    reference = torch.nn.functional.gelu(x.float(), approximate="tanh")
+    inner = (0.7978845608028654 * (x + 0.044715 * x ** 3))
+    approx_tanh = torch.tanh(inner) * (1 + 2.0 ** -11 * torch.sign(torch.sin(x * 1000)))  # 11-bit relative error
+    got = (0.5 * x * (1 + approx_tanh)).float()
+    assert compare(got, truth, 1e-5, 1e-5, reference=reference) is not None
+    assert compare(reference, truth, 1e-5, 1e-5, reference=reference) is None
+
+
+def test_nan_positions_must_match_the_truth():
+    truth = torch.tensor([float("nan"), 1.0, float("inf")], dtype=torch.float64)
+    assert compare(torch.tensor([float("nan"), 1.0, float("inf")]), truth, 1e-5, 1e-5) is None
+    assert compare(torch.tensor([0.0, 1.0, float("inf")]), truth, 1e-5, 1e-5) is not None  # NaN turned into 0
+    assert compare(torch.tensor([float("nan"), 1.0, 0.0]), truth, 1e-5, 1e-5) is not None  # Inf turned into 0
+    assert compare(torch.tensor([float("nan"), float("nan"), float("inf")]), truth, 1e-5, 1e-5) is not None
 
 
 def test_bitwise_equal_sees_nan_payload_and_signed_zero():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import EnvironmentMissing
+from ..errors import EnvironmentMissing, Rejected
 from .base import Candidate, KernelTask
 
 MAX_DIAGNOSTIC_CHARS = 4000  # what the next prompt carries of nvcc's output
@@ -132,6 +132,9 @@ class KernelEvaluator(Evaluator):
                                      f"{error}") from None
         baseline = None if candidate is self.task.baseline else self._baseline_library()
         result = benchmark_kernel(self.task.spec, library, baseline=baseline)
+        rejected = getattr(result, "rejected", None)
+        if rejected:  # a timed output was wrong, or a time beat physics: nothing of it can be trusted
+            raise Rejected("the benchmark rejected the kernel: " + "; ".join(rejected)[:2000])
         rows = [_plain(row) for row in getattr(result, "rows", None) or result.get("rows", [])]
         timings = summarize_benchmark(rows)
         timings["benchmark"] = result.as_record() if hasattr(result, "as_record") else _plain(result)

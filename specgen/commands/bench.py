@@ -104,4 +104,8 @@ def run(args) -> int:
             console.print(f"[yellow]note[/] {row.dtype} {row.dims}: {escape(note)}")
     if args.json:
         write_atomic(args.json, json.dumps(result.as_record(), indent=2) + "\n")
+    if result.rejected:
+        console.print("[red]rejected[/]: a timed call's output was wrong or its time beat physics; these "
+                      "timings prove nothing:\n  " + "\n  ".join(escape(line[:400]) for line in result.rejected))
+        return EXIT_REJECTED
     return EXIT_OK

@@ -2,18 +2,16 @@
 and how to fix it; the order inside `check_case` puts the most specific reason first."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
 
 from .. import abi
-from .compare import bitwise_equal, compare, differing_bits, locate, unwritten
+from .compare import bitwise_equal, compare, differing_bits, element_tolerance, locate, unwritten
 from .data import CaseData
-from .runner import (KernelLibrary, allocate_outputs, check_code, fill_value, launch, run_once, sync_or_crash,
-                     synchronize)
-from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, POST_TIMING_MISMATCH,
-                      STREAM_VIOLATION, UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
+from .runner import check_guards, fill_outputs, fill_value, raise_outcome, run_once, synchronize
+from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,
+                      UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
 
 
 # ------------------------------------------------------------------ before anything runs
@@ -58,8 +56,10 @@ def counterexample(data: CaseData, output: str | None = None, mismatch=None, mas
 
 
 def check_inputs_unchanged(data: CaseData) -> None:
+    """Inputs are read-only for the candidate's process (a write faults); where they are not
+    (stand-ins, the writable re-run after a fault) their bytes are compared with a snapshot."""
     for name, storage in data.storages.items():
-        if not bitwise_equal(storage, data.snapshots[name]):
+        if name in data.snapshots and not bitwise_equal(storage, data.snapshots[name]):
             changed = differing_bits(storage, data.snapshots[name])
             ce = counterexample(data, name, mask=changed)
             ce.tensor_role = "input"
@@ -90,149 +90,136 @@ def check_same_bits(data: CaseData, out_a: dict, out_b: dict, what: str = "two r
             raise Failure(NONDETERMINISTIC,
                           f"{what} on the same inputs gave different bits in {int(mask.sum())} element(s) of "
                           f"output {slot.name!r}; the spec is deterministic. Avoid floating-point atomics "
-                          f"across blocks (reduce partials in a fixed order instead)",
+                          f"across blocks (reduce partials in a fixed order instead); a kernel that skips a call "
+                          f"it thinks it has seen (same pointers) leaves one run's fill, which shows here too",
                           counterexample(data, slot.name, mask=mask))
 
 
-def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, prefix: str = "") -> None:
+def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, prefix: str = "",
+                stats: dict | None = None) -> None:
+    """Per element within the tolerance rule (compare.py); `stats` collects, per output dtype,
+    the largest widening the reference's own error gave and the kernel's largest error."""
     for slot in data.outputs:
         atol = data.atol[slot.name]
-        mismatch = compare(outputs[slot.name], data.truth[slot.name], atol, data.rtol,
-                           reference=data.reference.get(slot.name))
+        got, truth, ref = outputs[slot.name], data.truth[slot.name], data.reference.get(slot.name)
+        mismatch = compare(got, truth, atol, data.rtol, reference=ref)
+        if stats is not None and got.is_floating_point():
+            _record_tolerance(stats, got, truth, ref)
         if mismatch is not None:
             raise Failure(reason, f"{prefix}output {slot.name!r} differs from the reference (computed in "
-                                  f"float64) beyond atol={atol:.3g} rtol={data.rtol:.3g}",
-                          counterexample(data, slot.name, mismatch))
+                                  f"float64) beyond the tolerance: atol={atol:.3g} + rtol={data.rtol:.3g} x |truth| "
+                                  f"(+ the working dtype's own rounding and the reference's own error at that "
+                                  f"element)", counterexample(data, slot.name, mismatch))
 
 
-def check_case(lib: KernelLibrary, data: CaseData, stream, *, deterministic: bool) -> dict:
-    """Two runs (outputs pre-filled with two different sentinels): inputs untouched, every
-    element written, the same bits twice, then within tolerance. Returns run A's outputs."""
-    out_a = run_once(lib, data, 0, stream)
+def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, ref) -> None:
+    from .compare import REFERENCE_ERROR_FACTOR, widening
+
+    both = torch.isfinite(truth) & torch.isfinite(got.double())
+    err = (got.double() - truth.double()).abs()
+    widen = widening(ref, truth)
+    max_err = float(err[both].max()) if bool(both.any()) else 0.0
+    max_widen = float(REFERENCE_ERROR_FACTOR * widen.max()) if isinstance(widen, torch.Tensor) and widen.numel() else 0.0
+    stats["max_abs_error"] = max(stats.get("max_abs_error", 0.0), max_err)
+    stats["max_widening"] = max(stats.get("max_widening", 0.0), max_widen)
+
+
+def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | None = None) -> dict:
+    """Two runs (outputs pre-filled with two different sentinels): guards intact, inputs
+    untouched, every element written, the same bits twice, then within tolerance. The case
+    must be staged. Returns run A's outputs."""
+    out_a = run_once(runner, data, 0)
     check_inputs_unchanged(data)
-    out_b = run_once(lib, data, 1, stream)
+    out_b = run_once(runner, data, 1)
     check_inputs_unchanged(data)
     check_all_written(data, out_a, out_b)
     if deterministic:
         check_same_bits(data, out_a, out_b)
-    check_close(data, out_a)
+    check_close(data, out_a, stats=stats)
     return out_a
 
 
-# ------------------------------------------------------------------ streams
+# ------------------------------------------------------------------ CUDA graphs
 
-class SleepCalibration:
-    """How many `torch.cuda._sleep` cycles make a millisecond on this GPU (measured once)."""
-
-    cycles_per_ms: float | None = None
-
-    @classmethod
-    def cycles(cls, ms: float) -> int:
-        if cls.cycles_per_ms is None:
-            probe = 10_000_000
-            torch.cuda._sleep(probe)  # warm-up
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(probe)
-            end.record()
-            end.synchronize()
-            cls.cycles_per_ms = probe / max(start.elapsed_time(end), 1e-3)
-        return int(cls.cycles_per_ms * ms)
+def refill(runner, data: CaseData, fresh: CaseData) -> None:
+    """Fresh values in the same input buffers (same pointers), and the truth that goes with them."""
+    for name, ref in data.input_refs.items():
+        runner.tensor(ref).copy_(fresh.inputs[name])
+    if data.snapshots:
+        data.snapshots = {name: s.clone() for name, s in data.storages.items()}
+    data.truth, data.reference, data.atol = fresh.truth, fresh.reference, fresh.atol
+    synchronize(data.device)
 
 
-def check_stream_discipline(lib: KernelLibrary, data: CaseData, expected: dict, *, deterministic: bool,
-                            hold_ms: float = 300.0) -> None:
-    """Launch on a non-blocking stream held back by a sleeping kernel: nothing may be written
-    while it sleeps (read from another stream), and everything must be right once it ran."""
-    entry = abi.entry_point(lib.spec, data.direction)
-    for attempt in range(3):
-        held, reader = torch.cuda.Stream(), torch.cuda.Stream()
-        outputs = allocate_outputs(data, 0)
-        torch.cuda.synchronize()
-        with torch.cuda.stream(held):
-            torch.cuda._sleep(SleepCalibration.cycles(hold_ms))
-        started = time.perf_counter()
-        code = launch(lib, data, outputs, held)
-        call_s = time.perf_counter() - started
-        check_code(lib, data, code)
-        if call_s * 1000 > 0.5 * hold_ms and held.query():
-            sync_or_crash(entry)
-            raise Failure(STREAM_VIOLATION,
-                          f"{entry} blocked the host for {call_s * 1000:.0f} ms, until the held-back stream "
-                          f"had run: it waits for the GPU (cudaDeviceSynchronize, cudaStreamSynchronize, a "
-                          f"synchronous cudaMemcpy/cudaMalloc/cudaFree). Enqueue everything on `stream` and "
-                          f"return without waiting")
-        time.sleep(0.03)  # work wrongly sent to another stream gets time to run
-        with torch.cuda.stream(reader):
-            early = {name: t.clone() for name, t in outputs.items()}
-        reader.synchronize()
-        if held.query():  # the stream already ran: the look came too late to mean anything
-            sync_or_crash(entry)
-            hold_ms *= 4
-            continue
-        for slot in data.outputs:
-            fill = torch.tensor(fill_value(slot.dtype, 0), dtype=slot.dtype, device=early[slot.name].device)
-            written = ~unwritten(early[slot.name], early[slot.name], fill, fill)
-            if bool(written.any()):
-                sync_or_crash(entry)
-                raise Failure(STREAM_VIOLATION,
-                              f"{int(written.sum())} element(s) of output {slot.name!r} were written while "
-                              f"the `stream` argument was still held back by earlier work: the kernel runs on "
-                              f"another stream (its own, or the default stream). Launch every kernel and copy "
-                              f"on `stream` (<<<grid, block, smem, stream>>>, cudaMemsetAsync(..., stream))",
-                              counterexample(data, slot.name, mask=written))
-        sync_or_crash(entry)
-        for slot in data.outputs:
-            got = outputs[slot.name]
-            if deterministic and bitwise_equal(got, expected[slot.name]):
-                continue
-            if not deterministic and compare(got, data.truth[slot.name], data.atol[slot.name], data.rtol) is None:
-                continue
-            raise Failure(STREAM_VIOLATION,
-                          f"launched behind other work on `stream`, output {slot.name!r} came out different "
-                          f"from the same call on an idle stream: the kernel depends on timing or on another "
-                          f"stream. Put every step on `stream`, in order",
-                          counterexample(data, slot.name))
-        return
-    # The GPU ran the sleeping kernel too fast for a clean look three times: do not guess.
+def check_capture(runner, data: CaseData, fresh: CaseData, *, deterministic: bool) -> None:
+    """The call must be capturable into a CUDA graph on `stream`, and replaying the graph on new
+    input values must compute them: work forked onto another stream and never joined back, the
+    legacy stream, host synchronisation and synchronous copies all fail one or the other.
+    (`torch.compile(mode="reduce-overhead")` and CUDA-graph users need exactly this.)"""
+    entry = abi.entry_point(runner.spec, data.direction)
+    fill_outputs(runner, data.output_refs, 0)
+    synchronize(data.device)
+    outcome = runner.capture(data.direction, data.refs(), data.scalars, data.dims)
+    if outcome.fatal or outcome.timeout:
+        raise_outcome(runner.spec, data, outcome, what=f"capturing {entry} into a CUDA graph")
+    if not outcome.ok:
+        why = outcome.problem or (f"it returned {outcome.error} ({outcome.code}) while the stream was capturing"
+                                  if outcome.code else "the capture failed")
+        raise Failure(NOT_CAPTURABLE,
+                      f"{entry} cannot be captured into a CUDA graph on `stream` ({data.case.describe()}): {why}. "
+                      f"Enqueue every kernel and copy on `stream` (or on streams that wait on it and that it waits "
+                      f"on again before returning); no cudaDeviceSynchronize/cudaStreamSynchronize, no synchronous "
+                      f"cudaMemcpy/cudaMalloc/cudaFree, no work on the default (legacy) stream")
+    check_guards(runner, data, "during capture: ")
+    refill(runner, data, fresh)
+    replayed = []
+    for which in (0, 1):
+        fill_outputs(runner, data.output_refs, which)
+        synchronize(data.device)
+        outcome = runner.replay()
+        raise_outcome(runner.spec, data, outcome, what=f"replaying the CUDA graph of {entry}")
+        check_guards(runner, data, "replaying its CUDA graph: ")
+        replayed.append({name: runner.tensor(ref).clone() for name, ref in data.output_refs.items()})
+    prefix = "replayed from a CUDA graph on new input values, "
+    try:
+        check_all_written(data, replayed[0], replayed[1], prefix=prefix)
+        check_close(data, replayed[0], prefix=prefix)
+    except Failure as failure:
+        raise Failure(NOT_CAPTURABLE, failure.detail + ". The captured graph does not compute the outputs: part "
+                                                       "of the work ran outside `stream` while it was captured",
+                      failure.counterexample) from None
 
 
 # ------------------------------------------------------------------ determinism under load
 
-def check_deterministic_repeats(lib: KernelLibrary, data: CaseData, stream, first: dict, repeats: int = 3) -> None:
+def check_deterministic_repeats(runner, data: CaseData, first: dict, repeats: int = 3) -> None:
     for _ in range(repeats):
-        again = run_once(lib, data, 0, stream)
+        again = run_once(runner, data, 0)
         check_same_bits(data, first, again, what=f"repeated runs on a large case ({data.case.describe()})")
 
 
-# ------------------------------------------------------------------ after timing
 
-def check_after_timing(lib: KernelLibrary, data: CaseData, fresh: CaseData, stream, *, calls: int = 30) -> None:
-    """Call the kernel many times on the same buffers, as a benchmark does; then put new values in
-    the same buffers, and then use new buffers: the results must follow the inputs every time.
-    Catches kernels that cache results by pointer or by call count."""
-    entry = abi.entry_point(lib.spec, data.direction)
-    outputs = allocate_outputs(data, 0)
-    synchronize(data.device)
-    for _ in range(calls):
-        check_code(lib, data, launch(lib, data, outputs, stream))
-    sync_or_crash(f"{entry} called {calls} times in a row", data.device)
-    prefix = f"after {calls} timed calls on the same buffers, "
-    check_close(data, outputs, reason=POST_TIMING_MISMATCH, prefix=prefix)
-    # Same pointers, new values: the inputs overwritten in place, the same output buffers re-filled.
-    data.refill_inputs_from(fresh)
-    runs = []
-    for which in (0, 1):
-        for tensor in outputs.values():
-            tensor.fill_(fill_value(tensor.dtype, which))
-        synchronize(data.device)
-        check_code(lib, data, launch(lib, data, outputs, stream))
-        sync_or_crash(entry, data.device)
-        runs.append({name: t.clone() for name, t in outputs.items()})
-    out_a, out_b = runs
+
+# ------------------------------------------------------------------ the same buffers, over and over
+
+def check_repeated_calls(runner, data: CaseData, fresh: CaseData, *, calls: int = 12) -> None:
+    """Called again and again on the same buffers, as a model with static buffers (or a CUDA
+    graph) calls it, then with new values written into those same buffers: the results must
+    follow the inputs every time. Catches kernels that cache results by pointer or count calls."""
+    from .layout import TensorRef
+    from .verdict import POST_TIMING_MISMATCH
+
+    poison = [TensorRef(r.arena, r.offset, (r.nbytes,), "uint8") for r in data.output_refs.values()]
+    item = {"direction": data.direction, "tensors": data.refs(), "scalars": data.scalars, "dims": data.dims,
+            "poison": poison}
+    outcome = runner.timed([item] * calls)
+    raise_outcome(runner.spec, data, outcome, what=f"{calls} calls in a row on the same buffers")
+    check_guards(runner, data)
+    prefix = f"after {calls} calls in a row on the same buffers, "
+    check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()}, reason=POST_TIMING_MISMATCH,
+                prefix=prefix)
+    refill(runner, data, fresh)
+    runs = [run_once(runner, data, which) for which in (0, 1)]
     prefix = f"{prefix[:-2]} and new values written into the same input buffers, "
-    check_all_written(data, out_a, out_b, reason=POST_TIMING_MISMATCH, prefix=prefix)
-    check_close(data, out_a, reason=POST_TIMING_MISMATCH, prefix=prefix)
-    # Fresh buffers with those values.
-    out_c = run_once(lib, fresh, 0, stream)
-    check_close(fresh, out_c, reason=POST_TIMING_MISMATCH, prefix="after the timed calls, on fresh buffers, ")
+    check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix)
+    check_close(data, runs[0], reason=POST_TIMING_MISMATCH, prefix=prefix)

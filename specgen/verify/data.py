@@ -1,5 +1,6 @@
-"""One case made concrete on the GPU: input views (possibly offset), scalars, dims, and the
-float64 truth with the tolerance it is held to, for the forward or the backward direction."""
+"""One case made concrete on the GPU: the inputs, scalars, dims, and the float64 truth with the
+tolerance it is held to, for the forward or the backward direction. `stage` then lays the
+case out in the runner's arenas (inputs, outputs, guard bytes) for the candidate to run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,8 +10,10 @@ import torch
 from ..checking import run_reference_checked
 from ..inputs import as_tuple, expected_outputs, make_inputs, upcast
 from ..reference import reference_failure
-from .compare import effective_atol, reference_error
+from .layout import Layout, TensorRef
 from .strategies import Case
+
+DRAW_ON_DEVICE_ELEMENTS = 1 << 22  # cases larger than this draw their values on the GPU
 
 
 @dataclass
@@ -25,8 +28,8 @@ class CaseData:
     case: Case
     direction: str
     inputs: dict[str, torch.Tensor]  # every read-only tensor field of the struct, by ABI name
-    storages: dict[str, torch.Tensor]  # the buffer behind each input view (offset padding included)
-    snapshots: dict[str, torch.Tensor]  # copies of those buffers, for the mutation check
+    storages: dict[str, torch.Tensor]  # the memory behind each input view (after staging: its arena bytes)
+    snapshots: dict[str, torch.Tensor]  # copies of those, for the mutation check (empty: not checked)
     scalars: dict
     dims: dict[str, int]
     outputs: list[OutputSlot]
@@ -36,23 +39,34 @@ class CaseData:
     spec_atol: float = 0.0
     device: torch.device = torch.device("cuda")
     reference: dict[str, torch.Tensor] = field(default_factory=dict)  # the reference in the working dtype
+    input_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each input lives
+    output_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each output goes
 
-    def refill_inputs_from(self, other: "CaseData") -> None:
-        """Copy another case's input values into this case's buffers (same pointers, new values)
-        and take over its truth: what a kernel caching by pointer gets wrong."""
-        for name, view in self.inputs.items():
-            view.copy_(other.inputs[name])
-        self.snapshots = {name: s.clone() for name, s in self.storages.items()}
-        self.truth = other.truth
-        self.atol, self.reference = other.atol, other.reference
+    def refs(self) -> dict[str, TensorRef]:
+        return {**self.input_refs, **self.output_refs}
 
 
-def place(tensor: torch.Tensor, offset: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A contiguous view of `tensor` on `device` starting `offset` elements into its buffer."""
-    storage = torch.empty(tensor.numel() + offset, dtype=tensor.dtype, device=device)
-    view = storage[offset:offset + tensor.numel()].view(tensor.shape)
-    view.copy_(tensor)
-    return view, storage
+def stage(runner, data: CaseData, *, layout: Layout | None = None, snapshots: bool = True,
+          output_copies: int = 1) -> list[dict[str, TensorRef]]:
+    """Lay the case out in the runner's arenas: inputs copied in (offset views, as the case
+    says), outputs placed `output_copies` times, guard bytes around each. The case's inputs
+    become views of the arena; returns the output refs of each copy (the first is the case's)."""
+    layout = layout or Layout()
+    input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, data.case.offset)
+                  for name, t in data.inputs.items()}
+    copies = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in data.outputs}
+              for _ in range(output_copies)]
+    runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
+    runner.memory.layout = layout
+    for name, ref in input_refs.items():
+        runner.tensor(ref).copy_(data.inputs[name])
+    runner.memory.arm_guards()
+    data.input_refs, data.output_refs = input_refs, copies[0]
+    data.inputs = {name: runner.tensor(ref) for name, ref in input_refs.items()}
+    data.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
+                     for name, ref in input_refs.items()}
+    data.snapshots = {name: s.clone() for name, s in data.storages.items()} if snapshots else {}
+    return copies
 
 
 def _tolerance(spec, dtype: str) -> tuple[float, float]:
@@ -61,9 +75,14 @@ def _tolerance(spec, dtype: str) -> tuple[float, float]:
 
 
 def prepare(spec, case: Case, direction: str, device="cuda") -> CaseData:
+    from .strategies import case_elements
+
     sig = spec.signature
     dims = case.dim_map
-    host = make_inputs(sig, dims, case.dtype, seed=case.seed, distribution=case.distribution)
+    device = torch.device(device)
+    large = device.type == "cuda" and case_elements(sig, dims) > DRAW_ON_DEVICE_ELEMENTS
+    host = make_inputs(sig, dims, case.dtype, seed=case.seed, distribution=case.distribution,
+                       scalars=dict(case.scalars), draw_on=device if large else "cpu")
     tensors = {k: v.to(device) for k, v in host.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in host.items() if not isinstance(v, torch.Tensor)}
     spec_atol, rtol = _tolerance(spec, case.dtype)
@@ -77,12 +96,9 @@ def prepare(spec, case: Case, direction: str, device="cuda") -> CaseData:
         ref = {slot.name: w for slot, w in zip(written, working)}
     else:
         read, written, truth, ref = _backward(spec, case, tensors, scalars, dims, device)
-    atol = {name: effective_atol(spec_atol, reference_error(ref[name], truth[name])) for name in truth}
-    views, storages = {}, {}
-    for name, tensor in read.items():
-        views[name], storages[name] = place(tensor, case.offset, device)
-    return CaseData(case, direction, views, storages, {k: s.clone() for k, s in storages.items()}, scalars, dims,
-                    written, truth, atol, rtol, spec_atol, torch.device(device), reference=ref)
+    atol = {name: spec_atol for name in truth}
+    return CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
+                    device, reference=ref)
 
 
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
@@ -91,9 +107,10 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     sig = spec.signature
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
-    gen = torch.Generator().manual_seed(case.seed + 1)
-    grads = {f"grad_{o.name}": torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype).to(device)
-             for o, t in floating_out}
+    on_device = torch.device(device).type == "cuda" and sum(t.numel() for _, t in floating_out) > DRAW_ON_DEVICE_ELEMENTS
+    gen = torch.Generator(device=device if on_device else "cpu").manual_seed(case.seed + 1)
+    grads = {f"grad_{o.name}": torch.randn(t.shape, generator=gen, dtype=torch.float64, device=gen.device)
+             .to(t.dtype).to(device) for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
     read.update(grads)

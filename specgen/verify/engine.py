@@ -1,6 +1,8 @@
-"""The verification itself, run inside the worker process (it needs the GPU): per direction,
-a smoke case, stream discipline, the boundary cases, Hypothesis cases (shrunk on failure),
-bit-identical repeats on a large case, and the re-check after timing."""
+"""The verification itself, run in the judge's process (the worker; it needs the GPU): per
+direction, a smoke case, the CUDA-graph capture, the boundary cases and size sweeps,
+Hypothesis cases (shrunk on failure), full-size cases at the benchmark shapes and the tops of
+the dims ranges (with bit-identical repeats), and the timed phase, whose every output is
+checked. The candidate itself runs in its own process (isolation.IsolatedRunner)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,13 +15,16 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import check_after_timing, check_case, check_deterministic_repeats, check_stream_discipline
-from .data import CaseData, prepare
-from .runner import KernelLibrary, load_library
-from .strategies import DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, large_case, smoke_case
-from .verdict import CRASH, PASSED, Failure, Verdict
+from .checks import check_capture, check_case, check_deterministic_repeats, check_repeated_calls
+from .data import CaseData, prepare, stage
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_elements, case_strategy, fit_budget,
+                         full_size_cases, large_case, make_case, smoke_case)
+from .verdict import CRASH, INPUT_MUTATED, PASSED, Failure, Verdict
 
 SHRINK_SECONDS = 20.0  # stop shrinking a counterexample after this long
+TIMED_SETS = 2  # input sets a timed phase rotates over
+TIMED_REPS, TIMED_WARMUP = 4, 2  # the verifier's timed phase (the benchmark times more calls the same way)
+SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
 
 
 @dataclass
@@ -28,7 +33,8 @@ class Options:
     seed: int = 0
     budget: int = DEFAULT_BUDGET_ELEMENTS
     directions: tuple[str, ...] | None = None  # default: forward, and backward when the spec has a kernel
-    quick: bool = False  # the small run for compute-sanitizer: smoke + a few boundary cases, no timing
+    quick: bool = False  # the small run for compute-sanitizer: smoke, a few boundary cases, one large case
+    full_size: bool = True  # cases at the benchmark shapes and the tops of the ranges, and the timed phase
 
 
 Progress = Callable[[str], None]
@@ -37,57 +43,129 @@ Progress = Callable[[str], None]
 class Session:
     """The checks of one candidate, with the bookkeeping the verdict reports."""
 
-    def __init__(self, spec, lib: KernelLibrary, options: Options, progress: Progress, device: str = "cuda"):
-        self.spec, self.lib, self.options, self.progress = spec, lib, options, progress
+    def __init__(self, spec, runner, options: Options, progress: Progress, device: str = "cuda",
+                 writable_runner: Callable[[], object] | None = None):
+        self.spec, self.runner, self.options, self.progress = spec, runner, options, progress
         self.device = torch.device(device)
-        self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        self.writable_runner = writable_runner  # to tell a write to a read-only input from a crash
         self.cases = 0
         self.tolerances: dict[str, dict] = {}
+        self.timed: dict[str, float] = {}
 
     def prepare(self, case: Case, direction: str) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
-        data = prepare(self.spec, case, direction, self.device)
-        key = f"{direction} {case.dtype}"
-        entry = self.tolerances.setdefault(key, {"spec_atol": data.spec_atol, "spec_rtol": data.rtol,
-                                                 "max_atol_used": data.spec_atol})
-        entry["max_atol_used"] = max([entry["max_atol_used"], *data.atol.values()])
-        return data
+        return prepare(self.spec, case, direction, self.device)
+
+    def stats(self, case: Case, direction: str, data: CaseData) -> dict:
+        return self.tolerances.setdefault(f"{direction} {case.dtype}", {"spec_atol": data.spec_atol,
+                                                                         "spec_rtol": data.rtol})
 
     def run_case(self, case: Case, direction: str) -> dict:
         data = self.prepare(case, direction)
+        stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         self.cases += 1
         try:
-            return check_case(self.lib, data, self.stream, deterministic=self.spec.deterministic)
-        except RuntimeError as error:  # torch.AcceleratorError included: torch failed after the kernel ran
-            if "cuda" not in str(error).lower():
-                raise  # not the GPU: a harness problem, reported as such
-            raise Failure(CRASH, f"after {direction} on {case.describe()}: {str(error).strip().splitlines()[0]}",
-                          fatal=True) from None
+            return check_case(self.runner, data, deterministic=self.spec.deterministic,
+                              stats=self.stats(case, direction, data))
+        except Failure as failure:
+            if failure.reason == CRASH and self.runner.readonly_inputs and self.writable_runner:
+                self.explain_crash(case, direction, failure)
+            raise
+
+    def explain_crash(self, case: Case, direction: str, crash: Failure) -> None:
+        """The inputs are mapped read-only for the candidate: run the case again with writable
+        inputs; if the crash goes away, the kernel wrote to an input."""
+        self.progress(f"{direction}: the kernel crashed; again with writable inputs")
+        runner = self.writable_runner()
+        try:
+            data = prepare(self.spec, case, direction, self.device)
+            stage(runner, data, snapshots=True)
+            check_case(runner, data, deterministic=self.spec.deterministic)
+        except Failure as failure:
+            if failure.reason == INPUT_MUTATED:
+                raise Failure(INPUT_MUTATED, failure.detail + " (with the inputs mapped read-only, the write "
+                                                              "faulted)", failure.counterexample) from None
+            raise crash from None
+        finally:
+            runner.close()
+        raise Failure(INPUT_MUTATED, f"the kernel wrote to an input on {case.describe()} ({direction}): with the "
+                                     f"inputs mapped read-only the write faulted ({crash.detail}); with writable "
+                                     f"inputs it ran and left them as they were, so it restored what it wrote. "
+                                     f"Inputs are read only, even for a moment: keep temporaries in your own "
+                                     f"workspace or in the outputs", crash.counterexample)
 
     def direction(self, direction: str) -> None:
         spec, opts = self.spec, self.options
         smoke = smoke_case(spec, opts.seed)
         first = self.run_case(smoke, direction)
-        if not opts.quick and self.device.type == "cuda":
-            self.progress(f"{direction}: stream discipline")
-            check_stream_discipline(self.lib, self.prepare(smoke, direction), first,
-                                    deterministic=spec.deterministic)
+        self.progress(f"{direction}: CUDA graph capture")
+        data = self.prepare(smoke, direction)
+        stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
+        fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
+        check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         boundary = boundary_cases(spec, opts.budget, opts.seed)
         for case in (boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction)
         if opts.quick:
+            self.run_case(self.sanitizer_case(), direction)
             return
         self.hypothesis(direction)
         big = large_case(spec, opts.budget, opts.seed + 7)
+        self.progress(f"{direction}: repeated calls on the same buffers, {big.describe()}")
         data = self.prepare(big, direction)
-        self.cases += 1
-        out = check_case(self.lib, data, self.stream, deterministic=spec.deterministic)
-        if spec.deterministic:
-            self.progress(f"{direction}: repeated runs on {big.describe()}")
-            check_deterministic_repeats(self.lib, data, self.stream, out)
-        self.progress(f"{direction}: re-check after timing")
+        stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
-        check_after_timing(self.lib, data, fresh, self.stream)
+        check_repeated_calls(self.runner, data, fresh)
+        self.cases += 1
+        if opts.full_size:
+            self.full_size(direction)
+        del first
+
+    def scaled(self, case: Case) -> Case:
+        dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
+        return dataclasses.replace(case, dims=tuple(dims.items()))
+
+    def sanitizer_case(self) -> Case:
+        """The first benchmark shape (else the tops of the ranges) scaled to SANITIZER_ELEMENTS:
+        above any size a kernel could branch on to misbehave, small enough for the sanitizer."""
+        spec = self.spec
+        dims = dict(spec.benchmark[0]) if spec.benchmark else {s: spec.dims[s][1] for s in spec.signature.symbols()}
+        dims = fit_budget(spec.signature, {s: int(v) for s, v in dims.items()}, spec.dims, SANITIZER_ELEMENTS)
+        return make_case(dims, spec.dtypes[0], seed=self.options.seed + 99)
+
+    def full_size(self, direction: str) -> None:
+        """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
+        the first for determinism; then the timed phase at every benchmark shape and dtype."""
+        from .timed import timed_calls
+
+        on_gpu = self.device.type == "cuda"
+        cases = full_size_cases(self.spec, self.options.seed + 500)
+        if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
+            cases = [self.scaled(case) for case in cases]
+        for index, case in enumerate(cases):
+            data = self.prepare(case, direction)
+            stage(self.runner, data, snapshots=False)
+            self.cases += 1
+            out = check_case(self.runner, data, deterministic=self.spec.deterministic,
+                             stats=self.stats(case, direction, data))
+            if index == 0 and self.spec.deterministic:
+                self.progress(f"{direction}: repeated runs on {case.describe()}")
+                check_deterministic_repeats(self.runner, data, out)
+            del data, out
+        for shape in self.spec.benchmark:
+            for dtype in self.spec.dtypes:
+                base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
+                                 seed=self.options.seed + 900)
+                base = base if on_gpu else self.scaled(base)
+                self.progress(f"{direction}: timed calls on {base.describe()}")
+                sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
+                                                               distribution=("normal", "uniform")[i % 2]),
+                                direction, self.device) for i in range(TIMED_SETS)]
+                run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+                                  flush_bytes=_flush_bytes() if on_gpu else 0)
+                self.cases += run.checked_calls
+                self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
+                del sets
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""
@@ -132,25 +210,55 @@ class Session:
             raise
 
 
+def _flush_bytes() -> int:
+    from ..bench import flush_bytes
+
+    return flush_bytes()
+
+
 def run_verification(spec, library, options: Options, progress: Progress = lambda text: None,
-                     device: str = "cuda") -> Verdict:
+                     device: str = "cuda", isolated: bool | None = None) -> Verdict:
     """The verdict of one compiled candidate. Raises only for harness problems (e.g. a broken
-    reference); everything the kernel does wrong becomes the verdict."""
+    reference); everything the kernel does wrong becomes the verdict. A library path on a GPU
+    runs in its own process (`isolated`, the default); a stand-in object runs here."""
+    from .isolation import IsolatedRunner, LocalRunner
+
     started = time.perf_counter()
-    session = Session(spec, load_library(spec, library), options, progress, device)
+    isolated = isolated if isolated is not None else (torch.device(device).type == "cuda"
+                                                      and not hasattr(library, "call"))
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
+
+    def isolated_runner(readonly: bool = True):
+        runner = IsolatedRunner(spec, readonly_inputs=readonly)
+        outcome = runner.load(library)
+        if outcome.fatal:
+            runner.close()
+            raise Failure(CRASH, f"loading the kernel library: {outcome.fatal}", fatal=True)
+        return runner
+
+    session = None
+    runner = None
     try:
+        runner = isolated_runner() if isolated else LocalRunner(spec, library, device)
+        session = Session(spec, runner, options, progress, device,
+                          writable_runner=(lambda: isolated_runner(False)) if isolated else None)
         for direction in directions:
             session.direction(direction)
         verdict = Verdict(PASSED, f"{session.cases} cases over {', '.join(directions)} passed every check")
     except Failure as failure:
         verdict = Verdict.from_failure(failure)
+        verdict.fatal = verdict.fatal and not isolated  # a crash in the candidate's process leaves us intact
     except RuntimeError as error:  # torch noticed the GPU is broken after the kernel ran
         if "cuda" not in str(error).lower():
             raise
         verdict = Verdict(CRASH, f"the GPU failed after the kernel ran: {str(error).strip().splitlines()[0]}",
                           fatal=True)
-    verdict.cases = session.cases
-    verdict.tolerances = session.tolerances
+    finally:
+        if runner is not None:
+            runner.close()
+    if session is not None:
+        verdict.cases = session.cases
+        verdict.tolerances = session.tolerances
+        verdict.timings.update({f"timed_us {k}": v for k, v in session.timed.items()})
     verdict.timings["verify_s"] = round(time.perf_counter() - started, 3)
     return verdict

@@ -1,67 +1,16 @@
-"""Calling a candidate: load its shared library with ctypes and call `<op>_<direction>(&args,
-stream)` on a torch CUDA stream; a returned error or a broken context becomes a Failure."""
+"""Calling a candidate from the judge: outputs pre-filled, one call through the runner (the
+candidate's own process, or this one for stand-ins), then what came back turned into a
+Failure when it is one (an error code, a lost context, a hang, guard bytes overwritten)."""
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
 
 from .. import abi
 from .data import CaseData
-from .verdict import CRASH, CUDA_ERROR, Failure
-
-# cudaError_t codes after which the CUDA context is unusable: the worker must be replaced.
-STICKY_ERRORS = {
-    700: "cudaErrorIllegalAddress", 702: "cudaErrorLaunchTimeout", 714: "cudaErrorHardwareStackError",
-    715: "cudaErrorIllegalInstruction", 716: "cudaErrorMisalignedAddress", 717: "cudaErrorInvalidAddressSpace",
-    718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure",
-}
-
-
-class KernelLibrary:
-    """A loaded candidate. Loaded once per process (a library cannot be unloaded safely)."""
-
-    def __init__(self, spec, path: str | Path):
-        self.spec = spec
-        self.path = Path(path)
-        self.lib = ctypes.CDLL(str(self.path))
-        self._entries = {}
-        for direction in abi.DIRECTIONS:
-            name = abi.entry_point(spec, direction)
-            fn = getattr(self.lib, name, None)
-            if fn is not None:
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-                self._entries[direction] = fn
-
-    def has(self, direction: str) -> bool:
-        return direction in self._entries
-
-    def entry(self, direction: str):
-        """The ctypes function of `direction` (argtypes: struct address, stream handle)."""
-        return self._entries[direction]
-
-    def error_name(self, code: int) -> str:
-        # dlsym through the candidate's handle finds its own libcudart
-        try:
-            fn = self.lib.cudaGetErrorName
-            fn.restype = ctypes.c_char_p
-            fn.argtypes = [ctypes.c_int]
-            return fn(code).decode()
-        except (AttributeError, OSError):
-            return STICKY_ERRORS.get(code, f"cudaError {code}")
-
-    def clear_error(self) -> None:
-        """Reset the runtime's last error so torch's next launch check does not blame itself."""
-        try:
-            self.lib.cudaGetLastError()
-        except AttributeError:
-            pass
-
-    def call(self, direction: str, tensors: dict, scalars: dict, dims: dict, stream: torch.cuda.Stream) -> int:
-        args = abi.pack_args(self.spec, direction, tensors, scalars, dims)
-        return int(self._entries[direction](ctypes.addressof(args), ctypes.c_void_p(stream.cuda_stream)))
+from .library import STICKY_ERRORS, KernelLibrary  # noqa: F401 - re-exported
+from .verdict import CRASH, CUDA_ERROR, OUT_OF_BOUNDS, TIMEOUT, Failure
 
 
 def load_library(spec, library) -> "KernelLibrary":
@@ -80,9 +29,9 @@ def fill_value(dtype: torch.dtype, which: int):
     return info.min if which == 0 else info.max
 
 
-def allocate_outputs(data: CaseData, which: int) -> dict[str, torch.Tensor]:
-    return {slot.name: torch.full(slot.shape, fill_value(slot.dtype, which), dtype=slot.dtype, device=data.device)
-            for slot in data.outputs}
+def fill_outputs(runner, refs: dict, which: int) -> None:
+    for ref in refs.values():
+        runner.tensor(ref).fill_(fill_value(runner.tensor(ref).dtype, which))
 
 
 def synchronize(device: torch.device) -> None:
@@ -91,39 +40,47 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def sync_or_crash(what: str, device: torch.device = torch.device("cuda")) -> None:
-    try:
-        synchronize(device)
-    except Exception as error:  # torch.AcceleratorError / RuntimeError: an illegal address, a launch failure...
-        raise Failure(CRASH, f"{what}: the GPU reported {_first_line(error)}", fatal=True) from None
+def raise_outcome(spec, data: CaseData, outcome, what: str | None = None) -> None:
+    """A Failure for a call that did not come back clean: lost context, hang, error code."""
+    entry = abi.entry_point(spec, data.direction)
+    where = what or f"{entry} on {data.case.describe()}"
+    if outcome.timeout:
+        raise Failure(TIMEOUT, f"{where} did not finish: {outcome.fatal}. It probably never finishes (an infinite "
+                               f"loop, __syncthreads in divergent code, a spin wait on a flag)", fatal=True)
+    if outcome.fatal:
+        raise Failure(CRASH, f"{where}: {outcome.fatal}", fatal=True)
+    if outcome.code:
+        name = outcome.error or STICKY_ERRORS.get(outcome.code, f"cudaError {outcome.code}")
+        text = f"{entry} returned {name} ({outcome.code}) on {data.case.describe()}"
+        if outcome.code in STICKY_ERRORS:
+            raise Failure(CRASH, text + "; the CUDA context is lost", fatal=True)
+        raise Failure(CUDA_ERROR, text + ". A kernel returns cudaSuccess for every valid input of the spec; check "
+                                         "launch configurations (grid/block limits, shared memory) for this shape")
 
 
-def launch(lib: KernelLibrary, data: CaseData, outputs: dict[str, torch.Tensor], stream: torch.cuda.Stream) -> int:
-    """Call the entry point and return its code, without waiting for the GPU."""
-    return lib.call(data.direction, {**data.inputs, **outputs}, data.scalars, data.dims, stream)
+def check_guards(runner, data: CaseData, what: str = "") -> None:
+    broken = runner.memory.broken_guards()
+    if broken:
+        shown = "; ".join(broken[:4])
+        raise Failure(OUT_OF_BOUNDS, f"{what}the kernel wrote outside its outputs on {data.case.describe()}: the "
+                                     f"guard bytes around the tensors changed ({shown}). Guard every load and "
+                                     f"store with the tensor's size, including the last partial vector")
 
 
-def check_code(lib: KernelLibrary, data: CaseData, code: int) -> None:
-    if code == 0:
-        return
-    entry = abi.entry_point(lib.spec, data.direction)
-    name = lib.error_name(code)
-    where = f"{entry} returned {name} ({code}) on {data.case.describe()}"
-    if code in STICKY_ERRORS:
-        raise Failure(CRASH, where + "; the CUDA context is lost", fatal=True)
-    lib.clear_error()
-    raise Failure(CUDA_ERROR, where + ". A kernel returns cudaSuccess for every valid input of the spec; "
-                                      "check launch configurations (grid/block limits, shared memory) for this shape")
-
-
-def run_once(lib: KernelLibrary, data: CaseData, which: int, stream: torch.cuda.Stream) -> dict[str, torch.Tensor]:
-    """Outputs pre-filled with sentinel `which`, one call, the whole device synchronised."""
-    outputs = allocate_outputs(data, which)
+def run_once(runner, data: CaseData, which: int, refs: dict | None = None) -> dict[str, torch.Tensor]:
+    """Outputs pre-filled with sentinel `which`, one call, checked for a clean return and intact
+    guards; returns copies of the outputs."""
+    refs = refs or data.output_refs
+    fill_outputs(runner, refs, which)
     synchronize(data.device)
-    code = launch(lib, data, outputs, stream)
-    check_code(lib, data, code)
-    sync_or_crash(f"{abi.entry_point(lib.spec, data.direction)} on {data.case.describe()}", data.device)
-    return outputs
+    outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims)
+    raise_outcome(data_spec(runner), data, outcome)
+    check_guards(runner, data)
+    return {name: runner.tensor(ref).clone() for name, ref in refs.items()}
+
+
+def data_spec(runner):
+    return runner.spec
 
 
 def _first_line(error: BaseException) -> str:

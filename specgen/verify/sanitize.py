@@ -1,7 +1,8 @@
-"""`--sanitize`: compute-sanitizer memcheck and racecheck over a small run of the candidate.
+"""`--sanitize`: compute-sanitizer memcheck, racecheck and initcheck over a small run of the candidate.
 
-The small run is the verifier's own quick session (a smoke case and a few boundary cases,
-both directions) in a child process under the sanitizer, with torch's caching allocator
+The small run is the verifier's own quick session (a smoke case, a few boundary cases and
+one case of about four million elements, above any size a kernel could branch on; both
+directions) in a child process under the sanitizer, with torch's caching allocator
 off so every tensor is its own allocation and an overrun is an overrun.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from .verdict import SANITIZER, Failure
 
-TOOLS = ("memcheck", "racecheck")
+TOOLS = ("memcheck", "racecheck", "initcheck")
 ERROR_EXIT = 86
 SANITIZER_TIMEOUT_S = 300.0
 
@@ -91,7 +92,10 @@ def _child(spec_path: str, library: str, seed: str) -> int:
     from ..spec import load_spec
     from .engine import Options, run_verification
 
-    verdict = run_verification(load_spec(spec_path), library, Options(examples=0, seed=int(seed), quick=True))
+    # In this process (not the isolated runner): the sanitizer must see the kernel's accesses
+    # to ordinary allocations; its quick session ends with a case of SANITIZER_ELEMENTS.
+    verdict = run_verification(load_spec(spec_path), library, Options(examples=0, seed=int(seed), quick=True),
+                               isolated=False)
     print(f"quick run under the sanitizer: {verdict.reason}", file=sys.stderr)
     return 0
 

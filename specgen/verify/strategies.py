@@ -36,6 +36,7 @@ class Case:
     distribution: str = "normal"
     seed: int = 0
     offset: int = 0  # elements; 1 and 3 make every input view unaligned for 16-byte vectors
+    scalars: tuple[tuple[str, float | int | bool], ...] = ()  # drawn scalar values; absent: defaults
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -44,11 +45,13 @@ class Case:
     def describe(self) -> str:
         shape = " ".join(f"{k}={v}" for k, v in self.dims)
         view = f", inputs offset by {self.offset} element(s)" if self.offset else ""
-        return f"{shape} {self.dtype}, {self.distribution} values, seed {self.seed}{view}"
+        scalars = "".join(f", {k}={v:.4g}" if isinstance(v, float) else f", {k}={v}" for k, v in self.scalars)
+        return f"{shape} {self.dtype}, {self.distribution} values, seed {self.seed}{view}{scalars}"
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["dims"] = dict(self.dims)
+        data["scalars"] = dict(self.scalars)
         return data
 
 
@@ -130,7 +133,8 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
             seen.add(key)
             distribution = "normal" if k % 3 else DISTRIBUTIONS[(k // 3) % len(DISTRIBUTIONS)]
             cases.append(make_case(dims, dtype, distribution=distribution, seed=seed + k,
-                                   offset=ELEMENT_OFFSETS[k % len(ELEMENT_OFFSETS)]))
+                                   offset=ELEMENT_OFFSETS[k % len(ELEMENT_OFFSETS)],
+                                   scalars=scalar_values(spec, seed + k) if k % 2 else ()))
             k += 1
     # Every dtype at the widest row and half of it, aligned, the other dims small: kernels
     # switch schedule by row width (one block, a cluster of blocks, a looped pass), and the walk
@@ -148,12 +152,142 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
                     seen.add(key)
                     cases.append(make_case(dims, dtype, seed=seed + k))
                     k += 1
-    # Every dtype at one mid-sized aligned shape, so none is only seen at odd sizes.
+    # Every dtype at one mid-sized aligned shape, so none is only seen at odd sizes; then every
+    # value class and each scalar range's ends at that shape.
     mid = fit_budget(sig, {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [257])[0] for s in symbols},
                      spec.dims, budget)
     for dtype in spec.dtypes:
         cases.append(make_case(mid, dtype, seed=seed + k))
         k += 1
+    for i, distribution in enumerate(VALUE_CLASSES):
+        for dtype in spec.dtypes:
+            cases.append(make_case(mid, dtype, distribution=distribution, seed=seed + k, offset=i % 2))
+            k += 1
+    for end in (0, 1):
+        values = scalar_ends(spec, end)
+        if values:
+            cases.append(make_case(mid, spec.dtypes[end % len(spec.dtypes)], seed=seed + k, scalars=values,
+                                   distribution="tiny" if end == 0 else "normal"))
+            k += 1
+    cases += sweep_cases(spec, budget, seed + 10_000)
+    return cases
+
+
+VALUE_CLASSES = ("specials", "huge", "denormal")
+SWEEP_RATIO = 1.15  # consecutive sizes of a dim's sweep differ by at most 15%: no band of 20% is missed
+SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
+
+
+def sweep_sizes(lo: int, hi: int, step: int = 1) -> list[int]:
+    """A geometric walk from SWEEP_FROM to the top of the range, each size at most 15% above
+    the last: a kernel that is wrong for a band of sizes (its own dispatcher's classes, or on
+    purpose) meets one of them."""
+    sizes, size = [], max(lo, SWEEP_FROM)
+    while size < hi:
+        sizes.append(size)
+        size = max(size + step, int(size * SWEEP_RATIO))
+    sizes.append(hi)
+    return legal_sizes(lo, hi, step, sizes)
+
+
+def sweep_cases(spec, budget: int, seed: int) -> list[Case]:
+    """Each dim walks its sweep while the others stay small (3 of a leading dim, the smallest
+    legal size otherwise), dtypes in turn."""
+    sig = spec.signature
+    symbols = sig.symbols()
+    steps = sig.symbol_divisors()
+    small = {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [3])[0] for s in symbols}
+    cases, seen = [], set()
+    for walking in symbols:
+        for i, size in enumerate(sweep_sizes(*spec.dims[walking], steps.get(walking, 1))):
+            dims = fit_budget(sig, {s: size if s == walking else small[s] for s in symbols}, spec.dims, budget,
+                              keep=walking)
+            key = tuple(dims.items())
+            if key in seen:
+                continue
+            seen.add(key)
+            cases.append(make_case(dims, spec.dtypes[i % len(spec.dtypes)], seed=seed + len(cases)))
+    return cases
+
+
+def scalar_values(spec, seed: int) -> tuple:
+    """Every scalar drawn from its range (docs/VERIFIER.md "Inputs")."""
+    import random
+
+    from ..inputs import draw_scalar
+
+    rng = random.Random(seed)
+    return tuple((p.name, draw_scalar(p, rng)) for p in spec.signature.scalars)
+
+
+def scalar_ends(spec, end: int) -> tuple:
+    """Every ranged scalar at the low (0) or high (1) end of its range; () when none has a range."""
+    from ..inputs import default_scalar, scalar_range
+
+    values, ranged = [], False
+    for p in spec.signature.scalars:
+        bounds = scalar_range(p)
+        if p.type.kind == "bool":
+            values.append((p.name, bool(end)))
+            ranged = True
+        elif bounds is not None:
+            values.append((p.name, type(default_scalar(p))(bounds[end])))
+            ranged = True
+        else:
+            values.append((p.name, default_scalar(p)))
+    return tuple(values) if ranged else ()
+
+
+# Full-size cases: benchmark shapes and the tops of the dims ranges, at real sizes.
+FULL_SIZE_BYTES = 3 << 30  # all tensors of one call, in the working dtype
+
+
+def call_bytes(sig, dims: dict[str, int], dtype: str) -> int:
+    from ..inputs import TORCH_DTYPES
+
+    import torch
+
+    total = 0
+    for t in [p.type for p in sig.inputs] + [o.type for o in sig.outputs]:
+        itemsize = torch.empty((), dtype=TORCH_DTYPES[t.dtype_for(dtype)]).element_size()
+        total += math.prod(t.shape(dims)) * itemsize
+    return total
+
+
+def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> list[Case]:
+    """Each benchmark shape as it is (dtypes in turn), then for each dim a case with that dim at
+    the top of its range (every dim at its top when that fits in `limit_bytes`, else the others
+    shrunk until it does)."""
+    sig = spec.signature
+    symbols = sig.symbols()
+    cases, seen = [], set()
+
+    def add(dims: dict[str, int], dtype: str) -> None:
+        key = (tuple(dims.items()), dtype)
+        if key not in seen:
+            seen.add(key)
+            cases.append(make_case(dims, dtype, seed=seed + len(cases)))
+
+    for i, shape in enumerate(spec.benchmark):
+        add({s: int(shape[s]) for s in symbols}, spec.dtypes[i % len(spec.dtypes)])
+    top = {s: spec.dims[s][1] for s in symbols}
+    widest = max(spec.dtypes, key=lambda d: call_bytes(sig, top, d))
+    if call_bytes(sig, top, widest) <= limit_bytes:
+        add(top, widest)
+        return cases
+    for walking in symbols:
+        dims = dict(top)
+        for _ in range(200):
+            if call_bytes(sig, dims, widest) <= limit_bytes:
+                break
+            others = sorted((s for s in symbols if s != walking and dims[s] > spec.dims[s][0]), key=lambda s: -dims[s])
+            if not others:
+                break
+            s = others[0]
+            step = sig.symbol_divisors().get(s, 1)
+            dims[s] = legal_sizes(spec.dims[s][0], dims[s], step, [dims[s] // 2])[0]
+        if call_bytes(sig, dims, widest) <= limit_bytes * 4:  # a single dim's top may exceed the cap alone
+            add(dims, widest)
     return cases
 
 
@@ -207,8 +341,10 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS) -> Case:
     distribution = draw(st.sampled_from(DISTRIBUTIONS))
     offset = draw(st.sampled_from(ELEMENT_OFFSETS))
     seed = draw(st.integers(0, 2**31 - 1))
-    return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset)
+    scalars = scalar_values(spec, seed) if draw(st.booleans()) else ()
+    return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars)
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "boundary_cases", "boundary_sizes", "case_strategy",
-           "case_elements", "fit_budget", "large_case", "legal_sizes", "make_case", "smoke_case"]
+           "case_elements", "fit_budget", "full_size_cases", "large_case", "legal_sizes", "make_case",
+           "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]

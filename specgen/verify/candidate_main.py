@@ -1,0 +1,168 @@
+"""The candidate's process: it loads one kernel library and runs it when the judge asks.
+
+It holds no checking code: no reference, no comparison, no verdict. It sees the inputs
+through a read-only mapping and writes the outputs into memory the judge reads. Whatever
+a kernel's load-time code does to this process, it can only lie through the outputs (which
+the judge checks) and through what this process reports (return codes, the graph capture's
+outcome, event timings: see docs/VERIFIER.md for what that leaves open).
+
+Run as `python -m specgen.verify.candidate_main SOCKET_FD`; messages: specgen.verify.channel.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import traceback
+
+
+def serve(fd: int) -> int:
+    from .channel import Channel, ChannelClosed
+
+    channel = Channel(socket.socket(fileno=fd))
+    try:
+        import torch
+
+        from .arena import Arena
+        from .layout import view
+
+        torch.empty(1, device="cuda")
+        device = torch.cuda.current_device()
+        stream = torch.cuda.Stream()
+    except Exception:  # noqa: BLE001 - reported to the judge, which decides
+        channel.send({"type": "error", "message": traceback.format_exc()})
+        return 1
+    channel.send({"type": "ready", "device": torch.cuda.get_device_name()})
+    state = {"arenas": {}, "lib": None, "spec": None, "flush": None}
+
+    def tensors(refs: dict) -> dict:
+        from .layout import TensorRef
+
+        return {name: view(state["arenas"][ref[0]][1], TensorRef.from_json(ref)) for name, ref in refs.items()}
+
+    def call(message: dict, on_stream) -> int:
+        return state["lib"].call(message["direction"], tensors(message["tensors"]), message.get("scalars", {}),
+                                 message.get("dims", {}), on_stream)
+
+    while True:
+        try:
+            received = channel.receive()
+        except ChannelClosed:
+            return 0
+        message, fds = received
+        op = message["op"]
+        try:
+            if op == "arenas":
+                for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
+                    old = state["arenas"].pop(name, None)
+                    if old is not None:
+                        old[0].close()
+                    arena = Arena.attach(fd_, nbytes, device, readonly=readonly)
+                    state["arenas"][name] = (arena, arena.tensor())
+                reply = {"type": "ok"}
+            elif op == "load":
+                from ..spec import load_spec
+                from .library import KernelLibrary
+
+                state["spec"] = load_spec(message["spec"])
+                state["lib"] = KernelLibrary(state["spec"], message["library"])  # load-time code runs here
+                reply = {"type": "ok", "entries": [d for d in ("forward", "backward") if state["lib"].has(d)]}
+            elif op == "call":
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                code = call(message, stream)
+                host_ms = (time.perf_counter() - started) * 1e3
+                reply = _after(torch, state, {"type": "done", "code": code, "host_ms": host_ms})
+            elif op == "capture":
+                reply = _capture(torch, state, message, call)
+            elif op == "replay":
+                torch.cuda.synchronize()
+                state["graph"].replay()
+                reply = _after(torch, state, {"type": "done", "code": 0})
+            elif op == "timed":
+                reply = _timed(torch, state, message, call, stream, tensors)
+            else:
+                reply = {"type": "error", "message": f"unknown op {op!r}"}
+        except Exception as error:  # noqa: BLE001 - a broken context is fatal; the judge decides
+            text = str(error).strip().splitlines()
+            reply = {"type": "fatal" if "cuda" in str(error).lower() else "error",
+                     "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
+        channel.send(reply)
+        if reply["type"] == "fatal":
+            return 0  # the CUDA context is unusable: this process is done
+
+
+def _after(torch, state, reply: dict) -> dict:
+    """Wait for the whole device; a launch failure or an illegal address ends this process."""
+    try:
+        torch.cuda.synchronize()
+    except Exception as error:  # noqa: BLE001
+        lines = str(error).strip().splitlines()
+        return {"type": "fatal", "message": lines[0] if lines else type(error).__name__, **reply}
+    if reply.get("code"):
+        reply["error"] = state["lib"].error_name(reply["code"])
+        state["lib"].clear_error()
+    return reply
+
+
+def _capture(torch, state, message: dict, call) -> dict:
+    """Capture one call into a CUDA graph on a fresh stream (kept for `replay`)."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    code, problem = 0, None
+    with torch.cuda.stream(side):
+        try:
+            graph.capture_begin()
+        except Exception as error:  # noqa: BLE001
+            return {"type": "error", "message": f"capture_begin failed: {error}"}
+        try:
+            code = call(message, side)
+        finally:
+            try:
+                graph.capture_end()
+            except Exception as error:  # noqa: BLE001 - the kernel broke the capture
+                lines = str(error).strip().splitlines()
+                problem = lines[0] if lines else type(error).__name__
+    state["lib"].clear_error()
+    if problem is not None or code:
+        try:
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001
+            return {"type": "fatal", "message": str(error).strip().splitlines()[0]}
+        error_name = state["lib"].error_name(code) if code else None
+        return {"type": "captured", "ok": False, "code": code, "error": error_name, "problem": problem}
+    state["graph"] = graph
+    return _after(torch, state, {"type": "captured", "ok": True, "code": 0})
+
+
+def _timed(torch, state, message: dict, call, stream, tensors) -> dict:
+    """Back-to-back calls as a benchmark makes them: before each (outside the timed events)
+    its outputs are poisoned and the L2 is flushed; CUDA events around each call."""
+    flush_bytes = int(message.get("flush_bytes", 0))
+    if flush_bytes and (state["flush"] is None or state["flush"].numel() < flush_bytes):
+        state["flush"] = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
+    calls = message["calls"]
+    events = []
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        for index, item in enumerate(calls):
+            for ref in item.get("poison", []):  # uint8 refs over each output's bytes
+                tensors({"p": ref})["p"].fill_(0xFF)
+            if state["flush"] is not None:
+                state["flush"][:flush_bytes].zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            code = call(item, stream)
+            end.record(stream)
+            events.append((start, end))
+            if code:
+                return _after(torch, state, {"type": "timed", "code": code, "failed_call": index, "times_ms": []})
+    reply = _after(torch, state, {"type": "timed", "code": 0, "times_ms": []})
+    if reply["type"] == "timed":
+        reply["times_ms"] = [s.elapsed_time(e) for s, e in events]
+    return reply
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))

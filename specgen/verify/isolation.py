@@ -1,0 +1,344 @@
+"""The judge's handle on the process that runs a candidate.
+
+`IsolatedRunner` (the default on a GPU): a child process (specgen.verify.candidate_main) loads
+the kernel library; the judge keeps the two arenas (inputs mapped read-only there, outputs
+read-write) and sends it calls by reference. A crash, a hang or tampering stays in that
+process; the judge stays warm and keeps judging.
+
+`LocalRunner`: the same interface in this process, for Python stand-in kernels on the CPU
+(the unit tests) and for the compute-sanitizer's small run, which must see the kernel's
+accesses to ordinary allocations.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .layout import ARENAS, Memory, TensorRef, view
+
+STARTUP_TIMEOUT_S = 240.0
+CALL_TIMEOUT_S = 60.0  # one request with no answer for this long: the kernel hangs
+MIN_ARENA = 64 << 20
+SECRET_MARKERS = ("API_KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+@dataclass
+class Outcome:
+    """What the candidate's process answered for one request."""
+
+    code: int = 0
+    error: str | None = None  # the cudaError name when code != 0
+    fatal: str | None = None  # the process is gone or its CUDA context is lost: why
+    timeout: bool = False
+    host_ms: float = 0.0
+    ok: bool = True  # capture: the graph captured and replayed
+    problem: str | None = None  # capture: what broke it
+    times_ms: list[float] = field(default_factory=list)
+    failed_call: int | None = None
+
+
+class RunnerBase:
+    memory: Memory
+
+    def ensure(self, needed: dict[str, int]) -> None:
+        raise NotImplementedError
+
+    def tensor(self, ref: TensorRef) -> torch.Tensor:
+        return self.memory.tensor(ref)
+
+
+# ------------------------------------------------------------------ in this process
+
+class LocalRunner(RunnerBase):
+    def __init__(self, spec, library, device: str = "cuda"):
+        from .library import KernelLibrary
+
+        self.spec, self.device = spec, torch.device(device)
+        self.lib = KernelLibrary(spec, library) if isinstance(library, (str, Path)) else library
+        self.readonly_inputs = False
+        self._graph = None
+        self.memory = Memory({name: torch.empty(0, dtype=torch.uint8, device=self.device) for name in ARENAS})
+        self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+
+    def ensure(self, needed: dict[str, int]) -> None:
+        for name, nbytes in needed.items():
+            if self.memory.capacity(name) < nbytes:
+                self.memory.arenas[name] = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
+                                                       dtype=torch.uint8, device=self.device)
+
+    def _tensors(self, refs: dict[str, TensorRef]) -> dict[str, torch.Tensor]:
+        return {name: self.memory.tensor(ref) for name, ref in refs.items()}
+
+    def _sync(self) -> str | None:
+        if self.device.type != "cuda":
+            return None
+        try:
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - an illegal address, a launch failure
+            return str(error).strip().splitlines()[0]
+        return None
+
+    def call(self, direction, refs, scalars, dims) -> Outcome:
+        self._sync()
+        started = time.perf_counter()
+        code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
+        outcome = Outcome(code=code, host_ms=(time.perf_counter() - started) * 1e3, fatal=self._sync())
+        if code:
+            outcome.error = self.lib.error_name(code)
+            self.lib.clear_error()
+        return outcome
+
+    def capture(self, direction, refs, scalars, dims) -> Outcome:
+        if self.device.type != "cuda":  # stand-ins say whether they could be captured; replay = call again
+            if not getattr(self.lib, "capturable", True):
+                return Outcome(ok=False, problem="operation not permitted when stream is capturing")
+            self._graph = (direction, refs, scalars, dims)
+            return Outcome()
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        torch.cuda.synchronize()
+        code, problem = 0, None
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            try:
+                code = self.lib.call(direction, self._tensors(refs), scalars, dims, side)
+            finally:
+                try:
+                    graph.capture_end()
+                except Exception as error:  # noqa: BLE001
+                    problem = str(error).strip().splitlines()[0]
+        self.lib.clear_error()
+        if problem or code:
+            return Outcome(ok=False, code=code, problem=problem, fatal=self._sync(),
+                           error=self.lib.error_name(code) if code else None)
+        self._graph = graph
+        return Outcome(fatal=self._sync())
+
+    def replay(self) -> Outcome:
+        if self.device.type != "cuda":
+            return self.call(*self._graph)
+        self._sync()
+        self._graph.replay()
+        return Outcome(fatal=self._sync())
+
+    def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
+        times = []
+        for index, item in enumerate(calls):
+            for ref in item.get("poison", []):
+                self.memory.tensor(ref).fill_(0xFF)
+            self._sync()
+            started = time.perf_counter()
+            code = self.lib.call(item["direction"], self._tensors(item["tensors"]), item.get("scalars", {}),
+                                 item.get("dims", {}), self.stream)
+            fatal = self._sync()
+            times.append((time.perf_counter() - started) * 1e3)
+            if code or fatal:
+                return Outcome(code=code, fatal=fatal, failed_call=index,
+                               error=self.lib.error_name(code) if code else None)
+        return Outcome(times_ms=times)
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ in its own process
+
+def scrubbed_environment() -> dict[str, str]:
+    """The candidate's environment: ours without credentials (API keys, tokens)."""
+    env = {k: v for k, v in os.environ.items() if not any(m in k.upper() for m in SECRET_MARKERS)}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class IsolatedRunner(RunnerBase):
+    """A candidate's own process. `readonly_inputs=False` only to tell an input write from a crash."""
+
+    def __init__(self, spec, *, readonly_inputs: bool = True, startup_timeout: float = STARTUP_TIMEOUT_S,
+                 call_timeout: float = CALL_TIMEOUT_S):
+        from .channel import Channel
+
+        self.spec = spec
+        self.readonly_inputs = readonly_inputs
+        self.call_timeout = call_timeout
+        self.memory = Memory({name: torch.empty(0, dtype=torch.uint8, device="cuda") for name in ARENAS})
+        self._arenas: dict = {}
+        self.dead: str | None = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._scratch = tempfile.TemporaryDirectory(prefix="specgen-candidate-")
+        log = tempfile.NamedTemporaryFile(prefix="specgen-candidate-", suffix=".log", delete=False)
+        self.log_path = Path(log.name)
+        self.process = subprocess.Popen([sys.executable, "-m", "specgen.verify.candidate_main", str(theirs.fileno())],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        pass_fds=(theirs.fileno(),), env=_child_env(), cwd=self._scratch.name,
+                                        start_new_session=True)
+        log.close()
+        theirs.close()
+        self.channel = Channel(ours)
+        self._startup_timeout = startup_timeout
+        self._ready = False
+
+    def wait_ready(self) -> None:
+        if self._ready:
+            return
+        reply = self._receive(self._startup_timeout)
+        if reply.get("type") != "ready":
+            from ..errors import EnvironmentMissing
+
+            raise EnvironmentMissing("the candidate's process did not start: "
+                                     f"{reply.get('message') or self.dead or self.log_tail()}")
+        self._ready = True
+
+    # -- memory
+    def ensure(self, needed: dict[str, int]) -> None:
+        from .arena import Arena
+
+        grow = {name: n for name, n in needed.items() if self.memory.capacity(name) < n}
+        if not grow:
+            return
+        self.wait_ready()
+        torch.cuda.synchronize()
+        fresh = {}
+        for name, nbytes in grow.items():
+            fresh[name] = Arena.create(max(int(nbytes * 1.25), MIN_ARENA), torch.cuda.current_device())
+        message = {"op": "arenas", "arenas": [[name, a.nbytes, name == "inputs" and self.readonly_inputs]
+                                               for name, a in fresh.items()]}
+        self.channel.send(message, fds=tuple(a.fd for a in fresh.values()))
+        reply = self._receive(self.call_timeout)
+        if reply.get("type") != "ok":
+            raise RuntimeError(f"the candidate's process could not map the arenas: {reply.get('message')}")
+        for name, arena in fresh.items():
+            old = self._arenas.pop(name, None)
+            self._arenas[name] = arena
+            self.memory.arenas[name] = arena.tensor()
+            if old is not None:
+                old.close()
+
+    # -- requests
+    def load(self, library: str | Path) -> Outcome:
+        self.wait_ready()
+        return self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
+                              "library": str(Path(library).resolve())})
+
+    def call(self, direction, refs, scalars, dims) -> Outcome:
+        return self._request({"op": "call", **_call_message(direction, refs, scalars, dims)})
+
+    def capture(self, direction, refs, scalars, dims) -> Outcome:
+        return self._request({"op": "capture", **_call_message(direction, refs, scalars, dims)})
+
+    def replay(self) -> Outcome:
+        return self._request({"op": "replay"})
+
+    def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
+        wire = [{**_call_message(c["direction"], c["tensors"], c.get("scalars", {}), c.get("dims", {})),
+                 "poison": [ref.to_json() for ref in c.get("poison", [])]} for c in calls]
+        return self._request({"op": "timed", "calls": wire, "flush_bytes": flush_bytes},
+                             timeout=self.call_timeout + 5 * len(calls))
+
+    def _request(self, message: dict, timeout: float | None = None) -> Outcome:
+        if self.dead:
+            return Outcome(fatal=self.dead)
+        torch.cuda.synchronize()  # the judge's writes (inputs, fills, guards) land first
+        try:
+            self.channel.send(message)
+        except OSError:
+            self._mark_dead("the channel broke")
+            return Outcome(fatal=self.dead)
+        reply = self._receive(timeout or self.call_timeout)
+        if reply.get("type") == "timeout":
+            return Outcome(fatal=self.dead, timeout=True)
+        if reply.get("type") in ("died", "fatal"):
+            if reply.get("type") == "fatal":
+                self._mark_dead(reply.get("message", "the CUDA context was lost"))
+            return Outcome(fatal=self.dead, code=reply.get("code", 0))
+        if reply.get("type") == "error":
+            raise RuntimeError(f"the candidate's process failed a {message['op']} request: "
+                               f"{reply.get('message')}\n{reply.get('trace', '')}")
+        return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
+                       ok=reply.get("ok", True), problem=reply.get("problem"),
+                       times_ms=reply.get("times_ms", []), failed_call=reply.get("failed_call"))
+
+    def _receive(self, timeout: float) -> dict:
+        from .channel import ChannelClosed
+
+        try:
+            received = self.channel.receive(timeout)
+        except ChannelClosed:
+            self._mark_dead(self._exit_text())
+            return {"type": "died"}
+        if received is None:
+            self.kill()
+            self._mark_dead(f"no answer within {timeout:.0f} s")
+            return {"type": "timeout"}
+        return received[0]
+
+    # -- lifecycle
+    def _mark_dead(self, why: str) -> None:
+        self.dead = self.dead or why
+        self.kill()
+
+    def _exit_text(self) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "the candidate's process closed its channel"
+        if code < 0:
+            try:
+                return f"the candidate's process died (signal {signal.Signals(-code).name})"
+            except ValueError:
+                return f"the candidate's process died (signal {-code})"
+        return f"the candidate's process exited (code {code})"
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+
+    def close(self) -> None:
+        self.kill()
+        try:
+            self.channel.sock.close()
+        except OSError:
+            pass
+        for arena in self._arenas.values():
+            try:
+                arena.close()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        self._arenas.clear()
+        self._scratch.cleanup()
+        try:
+            self.log_path.unlink()
+        except OSError:
+            pass
+
+
+def _child_env() -> dict[str, str]:
+    env = scrubbed_environment()
+    repo_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _call_message(direction: str, refs: dict[str, TensorRef], scalars: dict, dims: dict) -> dict:
+    return {"direction": direction, "tensors": {name: ref.to_json() for name, ref in refs.items()},
+            "scalars": scalars, "dims": dims}
+
+
+__all__ = ["IsolatedRunner", "LocalRunner", "Outcome", "scrubbed_environment", "view"]

@@ -1,0 +1,108 @@
+"""Where a call's tensors live: two byte arenas (inputs, outputs) with guard bytes around
+every tensor, laid out by the judge and described to the candidate's process by reference.
+
+A `TensorRef` (arena, byte offset, shape, dtype) is all that crosses to the candidate's
+process; both sides turn it into a view of the same memory. Guard bytes (a fixed pattern,
+GUARD bytes before and after each tensor) are checked by the judge after every call: a
+kernel that writes past its outputs (or before them) is caught even when the overrun lands
+in memory nothing else uses, without compute-sanitizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..inputs import DTYPE_NAMES, TORCH_DTYPES
+
+GUARD = 512  # bytes of guard pattern before and after every tensor
+GUARD_BYTE = 0xA5
+ALIGN = 256  # every tensor region starts on this boundary (the data may start later: offset views)
+ARENAS = ("inputs", "outputs")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    arena: str  # inputs | outputs
+    offset: int  # bytes from the arena's start to element [0, ..., 0]
+    shape: tuple[int, ...]
+    dtype: str  # a specgen dtype name
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
+
+    def to_json(self) -> list:
+        return [self.arena, self.offset, list(self.shape), self.dtype]
+
+    @staticmethod
+    def from_json(data: list) -> "TensorRef":
+        return TensorRef(data[0], int(data[1]), tuple(int(s) for s in data[2]), data[3])
+
+
+def view(arena: torch.Tensor, ref: TensorRef) -> torch.Tensor:
+    """The tensor `ref` describes, as a view of `arena` (a uint8 tensor)."""
+    raw = arena[ref.offset:ref.offset + ref.nbytes]
+    return raw.view(TORCH_DTYPES[ref.dtype]).view(ref.shape)
+
+
+class Layout:
+    """A bump allocator over the two arenas for one case, remembering the guard regions."""
+
+    def __init__(self):
+        self.used = {name: 0 for name in ARENAS}
+        self.guards: dict[str, list[tuple[int, int]]] = {name: [] for name in ARENAS}
+
+    def place(self, arena: str, shape: tuple[int, ...], dtype: torch.dtype, element_offset: int = 0) -> TensorRef:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        start = -(-self.used[arena] // ALIGN) * ALIGN
+        data = start + GUARD + element_offset * itemsize
+        ref = TensorRef(arena, data, tuple(int(s) for s in shape), DTYPE_NAMES[dtype])
+        end = data + ref.nbytes
+        self.guards[arena] += [(start, data - start), (end, GUARD)]
+        self.used[arena] = end + GUARD
+        return ref
+
+    def needed(self, arena: str) -> int:
+        return self.used[arena]
+
+
+class Memory:
+    """The judge's side of the two arenas: the bytes, the layout of the current case, guards."""
+
+    def __init__(self, arenas: dict[str, torch.Tensor]):
+        self.arenas = arenas
+        self.layout = Layout()
+
+    def tensor(self, ref: TensorRef) -> torch.Tensor:
+        return view(self.arenas[ref.arena], ref)
+
+    def capacity(self, arena: str) -> int:
+        return self.arenas[arena].numel()
+
+    def arm_guards(self) -> None:
+        for arena, regions in self.layout.guards.items():
+            for start, length in regions:
+                self.arenas[arena][start:start + length].fill_(GUARD_BYTE)
+
+    def broken_guards(self) -> list[str]:
+        """Where guard bytes changed: 'before|after <tensor region> in <arena>' lines."""
+        found = []
+        for arena, regions in self.layout.guards.items():
+            if not regions:
+                continue
+            parts = [self.arenas[arena][start:start + length] for start, length in regions]
+            changed = [bool((part != GUARD_BYTE).any()) for part in parts] if len(parts) < 64 else None
+            if changed is None:  # many tensors: one pass over all guards, then locate
+                joined = torch.cat(parts)
+                if not bool((joined != GUARD_BYTE).any()):
+                    continue
+                changed = [bool((part != GUARD_BYTE).any()) for part in parts]
+            for index, bad in enumerate(changed):
+                if bad:
+                    side = "before" if index % 2 == 0 else "after"
+                    found.append(f"{arena}: the {GUARD} guard bytes {side} tensor #{index // 2}")
+        return found

@@ -1,0 +1,65 @@
+"""A candidate's compiled library, loaded with ctypes: its entry points and error names.
+
+This module is all the verifier code a candidate's process holds (with the ABI packing):
+it calls the kernel and nothing judges anything here.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from .. import abi
+
+# cudaError_t codes after which the CUDA context is unusable: the worker must be replaced.
+STICKY_ERRORS = {
+    700: "cudaErrorIllegalAddress", 702: "cudaErrorLaunchTimeout", 714: "cudaErrorHardwareStackError",
+    715: "cudaErrorIllegalInstruction", 716: "cudaErrorMisalignedAddress", 717: "cudaErrorInvalidAddressSpace",
+    718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure",
+}
+
+
+class KernelLibrary:
+    """A loaded candidate. Loaded once per process (a library cannot be unloaded safely)."""
+
+    def __init__(self, spec, path: str | Path):
+        self.spec = spec
+        self.path = Path(path)
+        self.lib = ctypes.CDLL(str(self.path))
+        self._entries = {}
+        for direction in abi.DIRECTIONS:
+            name = abi.entry_point(spec, direction)
+            fn = getattr(self.lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                self._entries[direction] = fn
+
+    def has(self, direction: str) -> bool:
+        return direction in self._entries
+
+    def entry(self, direction: str):
+        """The ctypes function of `direction` (argtypes: struct address, stream handle)."""
+        return self._entries[direction]
+
+    def error_name(self, code: int) -> str:
+        # dlsym through the candidate's handle finds its own libcudart
+        try:
+            fn = self.lib.cudaGetErrorName
+            fn.restype = ctypes.c_char_p
+            fn.argtypes = [ctypes.c_int]
+            return fn(code).decode()
+        except (AttributeError, OSError):
+            return STICKY_ERRORS.get(code, f"cudaError {code}")
+
+    def clear_error(self) -> None:
+        """Reset the runtime's last error so torch's next launch check does not blame itself."""
+        try:
+            self.lib.cudaGetLastError()
+        except AttributeError:
+            pass
+
+    def call(self, direction: str, tensors: dict, scalars: dict, dims: dict, stream: torch.cuda.Stream) -> int:
+        args = abi.pack_args(self.spec, direction, tensors, scalars, dims)
+        return int(self._entries[direction](ctypes.addressof(args), ctypes.c_void_p(stream.cuda_stream)))

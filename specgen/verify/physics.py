@@ -1,0 +1,135 @@
+"""Physics as a hard bound: no kernel moves bytes faster than the memory can, or does
+arithmetic faster than the chip can.
+
+The byte floor counts what must come from device memory: every input byte (the L2 is flushed
+before each timed call) and the output bytes that cannot stay in the L2. Its rate is the
+HBM's theoretical peak (from the memory clock and bus width the driver reports; 4.8 TB/s on
+an H200 when unknown), not a measured copy: aten's elementwise kernels reach about 102% of a
+device-to-device copy on an H200, so a copy is no ceiling. The FLOP floor counts the matrix
+products of the reference (torch's FlopCounterMode) at the dtype's dense tensor-core peak.
+A time under either floor, even with PHYSICS_MARGIN to spare, means work was skipped or done
+outside the timed region: the candidate is rejected.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import abi
+from ..inputs import TORCH_DTYPES
+
+DEFAULT_HBM_GBS = 4800.0  # H200 datasheet
+PHYSICS_MARGIN = 1.05  # a time may beat the peak by rounding only: 5% above it rejects
+# Dense tensor-core peaks of an H100/H200 SXM (FLOP/s), by working dtype; float32 counts as TF32.
+DENSE_PEAK_FLOPS = {"bfloat16": 989.5e12, "float16": 989.5e12, "float32": 494.7e12, "float64": 66.9e12}
+
+
+@functools.lru_cache(maxsize=4)
+def hbm_peak_gbs(device_index: int = 0) -> float:
+    """Theoretical HBM bandwidth, GB/s: 2 transfers per memory clock over the whole bus."""
+    try:
+        props = torch.cuda.get_device_properties(device_index)
+        clock_khz = getattr(props, "memory_clock_rate", 0)
+        bus_bits = getattr(props, "memory_bus_width", 0)
+        if clock_khz and bus_bits:
+            return max(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9, 1.0)
+    except Exception:  # noqa: BLE001 - no device properties: the datasheet number
+        pass
+    return DEFAULT_HBM_GBS
+
+
+@functools.lru_cache(maxsize=4)
+def l2_bytes(device_index: int = 0) -> int:
+    try:
+        return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 0)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+@dataclass
+class Floor:
+    bytes_counted: int
+    flops: float
+    peak_gbs: float
+    peak_flops: float | None
+
+    @property
+    def us(self) -> float:
+        """The least time any correct kernel can take, in microseconds."""
+        by_bytes = self.bytes_counted / (self.peak_gbs * 1e9) * 1e6
+        by_flops = self.flops / self.peak_flops * 1e6 if self.peak_flops and self.flops else 0.0
+        return max(by_bytes, by_flops)
+
+    def describe(self) -> str:
+        text = f"{self.bytes_counted / 1e6:.1f} MB at the HBM peak of {self.peak_gbs:.0f} GB/s"
+        if self.flops and self.peak_flops:
+            text += f", {self.flops / 1e9:.2f} GFLOP at {self.peak_flops / 1e12:.0f} TFLOP/s"
+        return text
+
+
+def tensor_bytes(spec, dims: dict, dtype: str, direction: str) -> tuple[int, int]:
+    """(bytes read, bytes written) by one call of `direction`, from its ABI fields."""
+    read = written = 0
+    for f in abi.fields(spec, direction):
+        if not f.is_tensor:
+            continue
+        itemsize = torch.empty((), dtype=TORCH_DTYPES[f.tensor.dtype_for(dtype)]).element_size()
+        nbytes = math.prod(f.tensor.shape(dims)) * itemsize
+        if f.written:
+            written += nbytes
+        elif direction == "forward" or f.role != "fwd_output":  # a backward needs y or x, not both
+            read += nbytes
+    return read, written
+
+
+def reference_flops(spec, dims: dict, dtype: str, direction: str) -> float:
+    """Matrix-product FLOPs of the reference (0 for elementwise and reductions), on meta tensors."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from ..inputs import default_scalar
+
+        args = {}
+        for p in spec.signature.params:
+            if p.is_tensor:
+                args[p.name] = torch.empty(p.type.shape(dims), dtype=TORCH_DTYPES[p.type.dtype_for(dtype)],
+                                           device="meta", requires_grad=direction == "backward"
+                                           and p.type.is_floating)
+            else:
+                args[p.name] = default_scalar(p)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = spec.reference_fn()(**args)
+            if direction == "backward":
+                outs = out if isinstance(out, (tuple, list)) else (out,)
+                grads = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+                if grads:
+                    torch.autograd.backward(grads, [torch.empty_like(o) for o in grads])
+        total = float(counter.get_total_flops())
+        if direction == "backward":  # the counter saw forward + backward
+            forward = reference_flops(spec, dims, dtype, "forward")
+            total = max(total - forward, 0.0)
+        return total
+    except Exception:  # noqa: BLE001 - a reference meta tensors cannot run: no FLOP floor
+        return 0.0
+
+
+def floor(spec, dims: dict, dtype: str, direction: str, device_index: int = 0) -> Floor:
+    read, written = tensor_bytes(spec, dims, dtype, direction)
+    counted = read + max(0, written - l2_bytes(device_index))
+    flops = reference_flops(spec, dims, dtype, direction)
+    return Floor(counted, flops, hbm_peak_gbs(device_index), DENSE_PEAK_FLOPS.get(dtype))
+
+
+def violation(measured_us: float, bound: Floor) -> str | None:
+    """Why a measured time is impossible, or None."""
+    if measured_us <= 0:
+        return f"a time of {measured_us:.3f} us is not a measurement of work"
+    if measured_us * PHYSICS_MARGIN < bound.us:
+        return (f"{measured_us:.2f} us is faster than physics allows: moving {bound.describe()} takes at least "
+                f"{bound.us:.2f} us (the bound rejects anything {PHYSICS_MARGIN:.2f}x faster). The kernel skips "
+                f"work or does it outside the timed call")
+    return None

@@ -1,0 +1,102 @@
+"""Timed runs are verified runs: the calls a benchmark times, each output checked.
+
+Both `specgen verify` (its timed phase, at every benchmark shape) and `specgen bench` time a
+candidate through this one function, in the candidate's own process and with the same call
+pattern, so a kernel cannot tell a verification from a benchmark. Per call, outside the timed
+events: its output buffer is poisoned (all bits set: NaN) and the L2 is flushed; the input
+sets rotate (consecutive calls see different values). After each batch, every output written
+in it is checked against the truth of its input set; a time below the physics floor rejects.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .checks import check_close
+from .data import CaseData
+from .layout import Layout, TensorRef
+from .physics import floor, violation
+from .runner import check_guards, raise_outcome
+from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, Failure
+
+TIMED_OUTPUT_BYTES = 4 << 30  # output copies of one batch
+MIN_BATCH = 2
+
+
+@dataclass
+class TimedRun:
+    times_ms: list[float]  # timed calls, warm-up excluded
+    floor_us: float
+    checked_calls: int
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.times_ms) * 1e3
+
+    @property
+    def min_us(self) -> float:
+        return min(self.times_ms) * 1e3
+
+
+def stage_sets(runner, sets: list[CaseData], copies: int) -> list[dict[str, TensorRef]]:
+    """Every set's inputs in the input arena and `copies` output buffers, guards around all."""
+    layout = Layout()
+    for data in sets:
+        data.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, data.case.offset)
+                           for name, t in data.inputs.items()}
+    outputs = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in sets[0].outputs}
+               for _ in range(copies)]
+    runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
+    runner.memory.layout = layout
+    for data in sets:
+        for name, ref in data.input_refs.items():
+            runner.tensor(ref).copy_(data.inputs[name])
+        data.inputs = {name: runner.tensor(ref) for name, ref in data.input_refs.items()}
+        data.storages, data.snapshots = {}, {}
+    runner.memory.arm_guards()
+    return outputs
+
+
+def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, flush_bytes: int,
+                device_index: int = 0) -> TimedRun:
+    """Time `reps` calls (after `warmup`), rotating over `sets` (same dims, dtype, direction)."""
+    first = sets[0]
+    out_bytes = sum(TensorRef("outputs", 0, slot.shape, _name(slot.dtype)).nbytes for slot in first.outputs)
+    total = warmup + reps
+    batch = max(MIN_BATCH, min(total, TIMED_OUTPUT_BYTES // max(out_bytes, 1)))
+    outputs = stage_sets(runner, sets, batch)
+    times: list[float] = []
+    done = 0
+    while done < total:
+        size = min(batch, total - done)
+        calls = []
+        for j in range(size):
+            data = sets[(done + j) % len(sets)]
+            refs = outputs[j]
+            calls.append({"direction": first.direction, "tensors": {**data.input_refs, **refs},
+                          "scalars": data.scalars, "dims": data.dims,
+                          "poison": [TensorRef(r.arena, r.offset, (r.nbytes,), "uint8") for r in refs.values()]})
+        outcome = runner.timed(calls, flush_bytes)
+        raise_outcome(spec, first, outcome, what=f"a timed call on {first.case.describe()}")
+        check_guards(runner, first, "while timed: ")
+        for j in range(size):
+            data = sets[(done + j) % len(sets)]
+            got = {name: runner.tensor(ref) for name, ref in outputs[j].items()}
+            check_close(data, got, reason=POST_TIMING_MISMATCH,
+                        prefix=f"in timed call {done + j + 1} of {total} (outputs poisoned with NaN before each "
+                               f"call, input values changing from call to call), ")
+        times += outcome.times_ms
+        done += size
+    timed = times[warmup:]
+    bound = floor(spec, first.dims, first.case.dtype, first.direction, device_index)
+    run = TimedRun(timed, bound.us, total)
+    problem = violation(run.median_us, bound)
+    if problem:
+        raise Failure(FASTER_THAN_PHYSICS, f"timed on {first.case.describe()} ({first.direction}): {problem}")
+    return run
+
+
+def _name(dtype) -> str:
+    from ..inputs import DTYPE_NAMES
+
+    return DTYPE_NAMES[dtype]
