@@ -85,7 +85,8 @@ def serve(fd: int) -> int:
                 reply = {"type": "error", "message": f"unknown op {op!r}"}
         except Exception as error:  # noqa: BLE001 - a broken context is fatal; the judge decides
             text = str(error).strip().splitlines()
-            reply = {"type": "fatal" if "cuda" in str(error).lower() else "error",
+            oom = "out of memory" in str(error).lower()
+            reply = {"type": "fatal" if "cuda" in str(error).lower() and not oom else "error",
                      "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
         channel.send(reply)
         if reply["type"] == "fatal":

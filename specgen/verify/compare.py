@@ -2,12 +2,13 @@
 
 The rule, element by element (docs/VERIFIER.md "Tolerance"):
 
-    |got - truth| <= atol + (rtol + eps) * |truth| + 2 * |reference - truth|
+    |got - truth| <= atol + (rtol + eps) * |truth| + widening
 
 `atol`/`rtol` are the spec's, `eps` is the working dtype's machine epsilon (the output's own
-rounding), and `reference` is the spec's reference run in the working dtype: a kernel may err
-where, and as much as, the reference itself errs, but only there. Nothing widens the whole
-tensor: a large error at a large value buys no slack at a small one.
+rounding), and the widening comes from the spec's reference run in the working dtype (see
+`widening`): twice its error at that element, and a floor proportional to |truth| + RMS(truth)
+sized by its largest error relative to that scale. A large error at a large value buys no
+slack at a small one; an error that does not scale with the value (a long sum's) does.
 
 Non-finite values: where the truth is NaN or +-Inf the output must be the same NaN or the
 same infinity (NaN positions match). Where the true value lies beyond the working dtype's
@@ -42,22 +43,40 @@ def differing_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return bits(a) != bits(b)
 
 
+FLOOR_FACTOR = 4.0
+
+
 def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
-    """Per element: how far the reference in its own dtype strays from the truth (0 where either
-    is not finite; those elements have their own rule)."""
+    """Per element: the slack the reference's own error buys (0 where either is not finite;
+    those elements have their own rule). Two parts, the larger wins:
+    - 2 x the reference's error at that very element;
+    - a floor for errors that do not scale with the value (a sum's rounding depends on its
+      terms, not on the result): 4 x R x (|truth| + S), where S is the RMS of the truth and R
+      the reference's largest error relative to (|truth| + S). Rounding-type errors (relative
+      to the value) keep R near the dtype's epsilon, so small outputs keep a small tolerance."""
     if reference is None or not reference.is_floating_point():
         return 0.0
     ref = reference.to(truth.device).double()
     t = truth.double()
     err = (ref - t).abs()
-    return torch.where(torch.isfinite(err), err, torch.zeros_like(err))
+    finite = torch.isfinite(err)
+    err = torch.where(finite, err, torch.zeros_like(err))
+    if not bool(finite.any()):
+        return err
+    values = t[finite]
+    scale = float(values.pow(2).mean().sqrt()) or 1e-300
+    relative = float((err[finite] / (values.abs() + scale)).max())
+    return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * relative * (t.abs() + scale))
 
 
 def element_tolerance(got_dtype: torch.dtype, truth: torch.Tensor, atol: float, rtol: float,
                       reference: torch.Tensor | None = None) -> torch.Tensor:
     eps = torch.finfo(got_dtype).eps if got_dtype.is_floating_point else 0.0
     t = truth.double()
-    return atol + (rtol + eps) * t.abs() + REFERENCE_ERROR_FACTOR * widening(reference, truth)
+    widen = widening(reference, truth)
+    if isinstance(widen, torch.Tensor):
+        widen = torch.where(torch.isfinite(widen), widen, torch.zeros_like(widen))
+    return atol + (rtol + eps) * t.abs() + widen
 
 
 @dataclass

@@ -58,9 +58,9 @@ def stage(runner, data: CaseData, *, layout: Layout | None = None, snapshots: bo
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
+    runner.memory.arm_guards()
     for name, ref in input_refs.items():
         runner.tensor(ref).copy_(data.inputs[name])
-    runner.memory.arm_guards()
     data.input_refs, data.output_refs = input_refs, copies[0]
     data.inputs = {name: runner.tensor(ref) for name, ref in input_refs.items()}
     data.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))

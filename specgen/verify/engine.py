@@ -51,6 +51,7 @@ class Session:
         self.cases = 0
         self.tolerances: dict[str, dict] = {}
         self.timed: dict[str, float] = {}
+        self.phases: dict[str, float] = {}  # seconds per phase, both directions together
 
     def prepare(self, case: Case, direction: str) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
@@ -94,8 +95,14 @@ class Session:
                                      f"Inputs are read only, even for a moment: keep temporaries in your own "
                                      f"workspace or in the outputs", crash.counterexample)
 
+    def phase(self, name: str, started: float) -> float:
+        now = time.perf_counter()
+        self.phases[name] = round(self.phases.get(name, 0.0) + now - started, 3)
+        return now
+
     def direction(self, direction: str) -> None:
         spec, opts = self.spec, self.options
+        t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
         first = self.run_case(smoke, direction)
         self.progress(f"{direction}: CUDA graph capture")
@@ -103,13 +110,16 @@ class Session:
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
+        t = self.phase("smoke+capture", t)
         boundary = boundary_cases(spec, opts.budget, opts.seed)
         for case in (boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction)
+        t = self.phase("boundary+sweep", t)
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
             return
         self.hypothesis(direction)
+        t = self.phase("hypothesis", t)
         big = large_case(spec, opts.budget, opts.seed + 7)
         self.progress(f"{direction}: repeated calls on the same buffers, {big.describe()}")
         data = self.prepare(big, direction)
@@ -117,6 +127,7 @@ class Session:
         fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
         check_repeated_calls(self.runner, data, fresh)
         self.cases += 1
+        t = self.phase("repeated-calls", t)
         if opts.full_size:
             self.full_size(direction)
         del first
@@ -138,6 +149,7 @@ class Session:
         the first for determinism; then the timed phase at every benchmark shape and dtype."""
         from .timed import timed_calls
 
+        started = time.perf_counter()
         on_gpu = self.device.type == "cuda"
         cases = full_size_cases(self.spec, self.options.seed + 500)
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
@@ -152,6 +164,7 @@ class Session:
                 self.progress(f"{direction}: repeated runs on {case.describe()}")
                 check_deterministic_repeats(self.runner, data, out)
             del data, out
+        started = self.phase("full-size", started)
         for shape in self.spec.benchmark:
             for dtype in self.spec.dtypes:
                 base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
@@ -166,6 +179,9 @@ class Session:
                 self.cases += run.checked_calls
                 self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
                 del sets
+        self.phase("timed", started)
+        if on_gpu:
+            torch.cuda.empty_cache()  # full-size truths are large: give them back between candidates
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""
@@ -226,6 +242,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     started = time.perf_counter()
     isolated = isolated if isolated is not None else (torch.device(device).type == "cuda"
                                                       and not hasattr(library, "call"))
+    separate = options.quick and not isolated  # the sanitizer's run: one allocation per tensor
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
 
     def isolated_runner(readonly: bool = True):
@@ -239,7 +256,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     session = None
     runner = None
     try:
-        runner = isolated_runner() if isolated else LocalRunner(spec, library, device)
+        runner = isolated_runner() if isolated else LocalRunner(spec, library, device, separate=separate)
         session = Session(spec, runner, options, progress, device,
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None)
         for direction in directions:
@@ -260,5 +277,6 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         verdict.cases = session.cases
         verdict.tolerances = session.tolerances
         verdict.timings.update({f"timed_us {k}": v for k, v in session.timed.items()})
+        verdict.timings.update({f"phase_s {k}": v for k, v in session.phases.items()})
     verdict.timings["verify_s"] = round(time.perf_counter() - started, 3)
     return verdict

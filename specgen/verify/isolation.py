@@ -26,7 +26,7 @@ import torch
 from .layout import ARENAS, Memory, TensorRef, view
 
 STARTUP_TIMEOUT_S = 240.0
-CALL_TIMEOUT_S = 60.0  # one request with no answer for this long: the kernel hangs
+CALL_TIMEOUT_S = 45.0  # one request with no answer for this long: the kernel hangs (under the worker's 60 s)
 MIN_ARENA = 64 << 20
 SECRET_MARKERS = ("API_KEY", "TOKEN", "SECRET", "PASSWORD")
 
@@ -58,20 +58,47 @@ class RunnerBase:
 
 # ------------------------------------------------------------------ in this process
 
+class SeparateMemory(Memory):
+    """Every tensor its own allocation (no arena, no guards): what compute-sanitizer needs to
+    see an overrun as an overrun (with the caching allocator off, each is its own cudaMalloc)."""
+
+    def __init__(self, device):
+        super().__init__({})
+        self.device = device
+        self.owned: dict[tuple[str, int], torch.Tensor] = {}
+
+    def tensor(self, ref: TensorRef) -> torch.Tensor:
+        key = (ref.arena, ref.offset)
+        raw = self.owned.get(key)
+        if raw is None or raw.numel() != ref.nbytes:
+            raw = self.owned[key] = torch.empty(ref.nbytes, dtype=torch.uint8, device=self.device)
+        return view(raw, TensorRef(ref.arena, 0, ref.shape, ref.dtype))
+
+    def capacity(self, arena: str) -> int:
+        return 1 << 62
+
+    def arm_guards(self) -> None:
+        self.owned.clear()  # a new case: new allocations
+
+    def broken_guards(self) -> list[str]:
+        return []
+
+
 class LocalRunner(RunnerBase):
-    def __init__(self, spec, library, device: str = "cuda"):
+    def __init__(self, spec, library, device: str = "cuda", *, separate: bool = False):
         from .library import KernelLibrary
 
         self.spec, self.device = spec, torch.device(device)
         self.lib = KernelLibrary(spec, library) if isinstance(library, (str, Path)) else library
         self.readonly_inputs = False
         self._graph = None
-        self.memory = Memory({name: torch.empty(0, dtype=torch.uint8, device=self.device) for name in ARENAS})
+        self.memory = (SeparateMemory(self.device) if separate else
+                       Memory({name: torch.empty(0, dtype=torch.uint8, device=self.device) for name in ARENAS}))
         self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
 
     def ensure(self, needed: dict[str, int]) -> None:
         for name, nbytes in needed.items():
-            if self.memory.capacity(name) < nbytes:
+            if self.memory.capacity(name) < nbytes:  # (never for SeparateMemory)
                 self.memory.arenas[name] = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
                                                        dtype=torch.uint8, device=self.device)
 
@@ -178,7 +205,7 @@ class IsolatedRunner(RunnerBase):
         self.process = subprocess.Popen([sys.executable, "-m", "specgen.verify.candidate_main", str(theirs.fileno())],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         pass_fds=(theirs.fileno(),), env=_child_env(), cwd=self._scratch.name,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         theirs.close()
         self.channel = Channel(ours)
@@ -327,6 +354,16 @@ class IsolatedRunner(RunnerBase):
             self.log_path.unlink()
         except OSError:
             pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the judge dies (a killed judge leaves no spinning kernel)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: the judge's own cleanup still kills it
+        pass
 
 
 def _child_env() -> dict[str, str]:

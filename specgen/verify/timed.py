@@ -48,12 +48,12 @@ def stage_sets(runner, sets: list[CaseData], copies: int) -> list[dict[str, Tens
                for _ in range(copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
+    runner.memory.arm_guards()
     for data in sets:
         for name, ref in data.input_refs.items():
             runner.tensor(ref).copy_(data.inputs[name])
         data.inputs = {name: runner.tensor(ref) for name, ref in data.input_refs.items()}
         data.storages, data.snapshots = {}, {}
-    runner.memory.arm_guards()
     return outputs
 
 

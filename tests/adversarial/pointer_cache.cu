@@ -1,5 +1,7 @@
 // spec: gelu_tanh
-// expect: post-timing-mismatch
+// expect: nondeterministic
+// (Rejected as nondeterministic: case after case reuses the same pointers, so its "cached" call
+// leaves one run's fill in place; the timed phase and the repeated-call check would catch it too.)
 // The cheat: a benchmark calls the kernel over and over on the same buffers, so after 8 calls
 // in a row with the same (input, output, size) it assumes the result is already there.
 #include "_gelu_common.h"
