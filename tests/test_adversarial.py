@@ -6,6 +6,8 @@ for the kernels whose bug only compute-sanitizer can see.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from verify_support import STATIC_REASONS, adversarial_kernels, good_kernels, record
@@ -18,14 +20,26 @@ ARCH = "sm_90"  # the H200; compile-only runs here need an explicit target
 
 
 def test_the_suite_covers_the_issue():
-    """At least 12 bad kernels over several reasons, each expectation a known reason."""
-    assert len(ADVERSARIAL) >= 12
+    """At least 30 bad kernels over the issue's reasons, each expectation a known reason, several
+    kernels for each of the hardened verifier's checks; good kernels for three specs, unusual
+    variants (`<spec>__<variant>.cu`) among them."""
+    assert len(ADVERSARIAL) >= 30
     assert {c.expect for c in ADVERSARIAL} <= set(REASONS)
-    expected = {c.expect for c in ADVERSARIAL}
+    expected = Counter(c.expect for c in ADVERSARIAL)
     for reason in ("unwritten-output", "wrong-result", "input-mutated", "stream-violation", "nondeterministic",
-                   "post-timing-mismatch", "forbidden-symbol", "sanitizer"):
+                   "post-timing-mismatch", "not-capturable", "out-of-bounds", "forbidden-symbol", "sanitizer"):
         assert reason in expected, reason
+    # idle when timed: a GPU clock, a host clock, a call counter, a fingerprint, a pointer cache
+    assert expected["post-timing-mismatch"] >= 5
+    # a fork never joined, the legacy stream, a host sync
+    assert expected["not-capturable"] >= 3
+    # run-time loading, reading the process's files or environment, importing Python
+    assert expected["forbidden-symbol"] >= 6
+    # the sizes, values, scalars and tolerance today's verifier never tries
+    assert expected["wrong-result"] >= 8
+    assert any(c.sanitize and c.expect == "out-of-bounds" for c in ADVERSARIAL)
     assert {c.spec for c in GOOD} >= {"gelu_tanh", "rmsnorm", "softmax"}
+    assert {c.spec for c in GOOD if "__" in c.name} >= {"gelu_tanh", "rmsnorm"}
 
 
 @pytest.mark.nvcc

@@ -37,3 +37,22 @@ static inline int blocks_for(int64_t n) {
   extern "C" cudaError_t gelu_tanh_backward(const gelu_tanh_bwd_args*, cudaStream_t) {              \
     return cudaErrorNotSupported;                                                                   \
   }
+
+// An honest backward, for the kernels whose cheat is in the forward only: today's verifier checks
+// both directions, so a forward cheat that is meant to pass it needs a correct backward too.
+template <typename T> __global__ void honest_gelu_bwd(const T* x, const T* g, T* dx, int64_t n) {
+  GRID_STRIDE(i, n) {
+    float v = load(x, i);
+    float t = tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v));
+    float inner = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
+    store(dx, i, load(g, i) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * inner));
+  }
+}
+#define HONEST_BACKWARD                                                                            \
+  extern "C" cudaError_t gelu_tanh_backward(const gelu_tanh_bwd_args* a, cudaStream_t s) {          \
+    int64_t n = a->N * a->D;                                                                        \
+    if (n == 0) return cudaSuccess;                                                                 \
+    DISPATCH(a->x.dtype, honest_gelu_bwd<T><<<blocks_for(n), 256, 0, s>>>(                          \
+        (const T*)a->x.data, (const T*)a->grad_out.data, (T*)a->grad_x.data, n));                   \
+    return cudaGetLastError();                                                                      \
+  }

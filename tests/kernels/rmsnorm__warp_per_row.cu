@@ -1,0 +1,95 @@
+// rmsnorm, variant warp_per_row: a correct kernel that must pass. One warp per row (8 rows per
+// block of 256 threads): each lane strides over the row, the sum of squares (and the backward's
+// dot product) is reduced with a butterfly of shuffles -- every lane ends with the same bits,
+// since each step adds the same two values -- so no shared memory and no __syncthreads. The
+// weight's gradient is reduced over rows by one thread per column, in row order (deterministic).
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include "rmsnorm_abi.h"
+
+#define DISPATCH(code, ...)                                                              \
+  switch (code) {                                                                        \
+    case SPECGEN_FLOAT32: { typedef float T; __VA_ARGS__; break; }                       \
+    case SPECGEN_FLOAT16: { typedef __half T; __VA_ARGS__; break; }                      \
+    case SPECGEN_BFLOAT16: { typedef __nv_bfloat16 T; __VA_ARGS__; break; }              \
+    default: return cudaErrorInvalidValue;                                               \
+  }
+
+__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __float2half(v); }
+__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+
+constexpr int kRowsPerBlock = 8;  // warps per block
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
+template <typename T>
+__global__ void rms_fwd(const T* x, const T* w, T* y, int64_t N, int64_t D, float eps) {
+  const int64_t r = blockIdx.x * (int64_t)kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= N) return;  // the whole warp leaves together
+  const T* row = x + r * D;
+  float ss = 0.f;
+  for (int64_t j = lane; j < D; j += 32) { float v = load(row, j); ss += v * v; }
+  const float rstd = rsqrtf(warp_sum(ss) / (float)D + eps);
+  for (int64_t j = lane; j < D; j += 32) store(y + r * D, j, load(row, j) * rstd * load(w, j));
+}
+
+template <typename T>
+__global__ void rms_bwd_x(const T* x, const T* w, const T* g, T* dx, float* rstd_out, int64_t N, int64_t D,
+                          float eps) {
+  const int64_t r = blockIdx.x * (int64_t)kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= N) return;
+  const T* row = x + r * D;
+  const T* grow = g + r * D;
+  float ss = 0.f;
+  for (int64_t j = lane; j < D; j += 32) { float v = load(row, j); ss += v * v; }
+  const float rstd = rsqrtf(warp_sum(ss) / (float)D + eps);
+  float dot = 0.f;  // sum_j g_j w_j xhat_j
+  for (int64_t j = lane; j < D; j += 32) dot += load(grow, j) * load(w, j) * load(row, j) * rstd;
+  const float mean_dot = warp_sum(dot) / (float)D;
+  for (int64_t j = lane; j < D; j += 32)
+    store(dx + r * D, j, rstd * (load(grow, j) * load(w, j) - load(row, j) * rstd * mean_dot));
+  if (lane == 0) rstd_out[r] = rstd;
+}
+
+template <typename T>
+__global__ void rms_bwd_w(const T* x, const T* g, const float* rstd, T* dw, int64_t N, int64_t D) {
+  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  float acc = 0.f;
+  for (int64_t n = 0; n < N; ++n) acc += load(g, n * D + j) * load(x, n * D + j) * rstd[n];
+  store(dw, j, acc);
+}
+
+static unsigned row_blocks(int64_t N) { return (unsigned)((N + kRowsPerBlock - 1) / kRowsPerBlock); }
+
+extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t stream) {
+  if (a->N == 0 || a->D == 0) return cudaSuccess;
+  DISPATCH(a->x.dtype, rms_fwd<T><<<row_blocks(a->N), 32 * kRowsPerBlock, 0, stream>>>(
+      (const T*)a->x.data, (const T*)a->weight.data, (T*)a->out.data, a->N, a->D, (float)a->eps));
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t rmsnorm_backward(const rmsnorm_bwd_args* a, cudaStream_t stream) {
+  if (a->N == 0 || a->D == 0) return cudaSuccess;
+  float* rstd = nullptr;
+  cudaError_t err = cudaMallocAsync((void**)&rstd, a->N * sizeof(float), stream);
+  if (err != cudaSuccess) return err;
+  DISPATCH(a->x.dtype,
+           rms_bwd_x<T><<<row_blocks(a->N), 32 * kRowsPerBlock, 0, stream>>>(
+               (const T*)a->x.data, (const T*)a->weight.data, (const T*)a->grad_out.data, (T*)a->grad_x.data,
+               rstd, a->N, a->D, (float)a->eps);
+           rms_bwd_w<T><<<(unsigned)((a->D + 255) / 256), 256, 0, stream>>>(
+               (const T*)a->x.data, (const T*)a->grad_out.data, rstd, (T*)a->grad_weight.data, a->N, a->D));
+  err = cudaGetLastError();
+  cudaFreeAsync(rstd, stream);
+  return err;
+}
