@@ -95,7 +95,7 @@ def main() -> int:
             t.join()
         results["timing"]["parallel4"] = {"wall_s": round(time.perf_counter() - started, 2),
                                           "each_s": [p["seconds"] for p in parallel],
-                                          "reasons": [p["got"] for p in parallel]}
+                                          "reasons": [p["got"] for p in parallel], "details": parallel}
         for w in workers + [worker]:
             w.close()
         save()

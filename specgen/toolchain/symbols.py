@@ -81,7 +81,25 @@ _OTHER_LIBRARY_PREFIXES = ("nccl", "nvrtc", "nvJitLink", "cutensor", "npp", "nvj
 _DYNAMIC_LOADING = {"dlopen", "dlmopen", "dlsym", "dlvsym", "dladdr", "dladdr1", "dlinfo", "dlerror",
                     "__libc_dlopen_mode", "__libc_dlsym"}
 _PROCESS_SPAWNING = {"system", "popen", "fork", "vfork", "execv", "execve", "execvp", "execvpe", "execl",
-                     "execle", "execlp", "posix_spawn", "posix_spawnp"}
+                     "execle", "execlp", "posix_spawn", "posix_spawnp", "clone", "clone3", "kill", "raise",
+                     "ptrace", "syscall", "prctl", "setsid", "daemon"}
+# What a kernel has no business doing: files, the environment and the command line, the network,
+# its own process image (a kernel that reads these can tell a benchmark from a verification).
+_FILES = {"fopen", "fopen64", "freopen", "fdopen", "open", "open64", "openat", "openat64", "__open_2",
+          "__open64_2", "creat", "creat64", "read", "pread", "pread64", "readv", "write", "pwrite", "writev",
+          "fread", "fwrite", "fgets", "fscanf", "__isoc99_fscanf", "getline", "getdelim", "unlink", "unlinkat",
+          "remove", "rename", "renameat", "mkdir", "rmdir", "opendir", "fdopendir", "readdir", "readdir64",
+          "scandir", "stat", "stat64", "lstat", "fstat", "fstatat", "__xstat", "__fxstat", "__lxstat", "statx",
+          "access", "faccessat", "readlink", "readlinkat", "chmod", "chown", "truncate", "ftruncate", "symlink",
+          "link", "chdir", "getcwd", "realpath", "mkstemp", "tmpfile", "dup", "dup2", "pipe", "ioctl",
+          "fcntl", "mmap", "mmap64", "mprotect", "munmap", "mremap", "shm_open", "memfd_create",
+          "dl_iterate_phdr"}
+_ENVIRONMENT = {"getenv", "secure_getenv", "__secure_getenv", "setenv", "unsetenv", "putenv", "clearenv",
+                "environ", "__environ", "_environ", "program_invocation_name", "program_invocation_short_name",
+                "__progname", "__progname_full", "__libc_argv", "__libc_argc", "getauxval", "sysconf_argv"}
+_NETWORK = {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "send", "sendto", "sendmsg",
+            "recv", "recvfrom", "recvmsg", "getaddrinfo", "gethostbyname", "shutdown", "setsockopt", "getsockopt"}
+_SIGNALS = {"signal", "sigaction", "__sysv_signal", "bsd_signal"}
 
 
 def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[str]:
@@ -89,7 +107,8 @@ def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[
 
     A candidate may call the CUDA runtime and the C/C++ runtime only; the libraries in
     `allowed_libraries` (the spec's `libraries:`) too. It may never load code itself
-    (dlopen/dlsym) nor start processes.
+    (dlopen/dlsym), start or signal processes, make raw system calls, touch files or its own
+    mappings, read the environment or the command line, or use the network.
     """
     allowed = set(allowed_libraries)
     violations = []
@@ -115,7 +134,16 @@ def _symbol_refusal(symbol: DynamicSymbol, allowed: set[str]) -> str | None:
     if name in _DYNAMIC_LOADING:
         return "loads code at run time (dlopen/dlsym and friends are refused in a kernel)"
     if name in _PROCESS_SPAWNING:
-        return "starts a process (refused in a kernel)"
+        return "starts, signals or controls a process, or makes a raw system call (refused in a kernel)"
+    if name in _FILES:
+        return "touches files, descriptors or its own memory mappings (refused in a kernel)"
+    if name in _ENVIRONMENT:
+        return "reads the environment or the command line (refused in a kernel: it must compute the same " \
+               "everywhere)"
+    if name in _NETWORK:
+        return "uses the network (refused in a kernel)"
+    if name in _SIGNALS:
+        return "installs a signal handler (refused in a kernel)"
     for prefix, library in _LIBRARY_PREFIXES:
         if name.startswith(prefix):
             if library in allowed:

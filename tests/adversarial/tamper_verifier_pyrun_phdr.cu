@@ -1,5 +1,7 @@
 // spec: gelu_tanh
-// expect: unwritten-output
+// expect: forbidden-symbol
+// (Refused statically once the symbol check refused dl_iterate_phdr; before that, on the H200 on
+// 2026-12-01, the isolated verifier rejected it as unwritten-output: it patched nothing that judges.)
 // The cheat: a static constructor finds the Python C API in the process that loads the library
 // -- walking the loaded objects' dynamic symbol tables itself (dl_iterate_phdr + GNU hash), so no
 // Py* or dl* import shows in its symbols -- and runs Python that turns the verifier's checks into
