@@ -1,4 +1,4 @@
-"""Error types and the exit code each one maps to (DESIGN.md: exit codes)."""
+"""Error types and the exit code each one maps to (README.md: exit codes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""The lock: `specs/kernels/<op>.cu` beside `specs/specgen.lock` (DESIGN.md "The lock").
+"""The lock: `specs/kernels/<op>.cu` beside `specs/specgen.lock` (docs/ARCHITECTURE.md "The lock").
 
 The lock is JSON with sorted keys, one entry per op:
 

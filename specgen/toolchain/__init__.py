@@ -4,7 +4,7 @@ read the library's symbols (`symbols`).
 
 A candidate is built against the *shared* CUDA runtime (`-cudart shared`) so that its
 undefined dynamic symbols say exactly what it calls; `check_symbols` refuses anything
-beyond the CUDA runtime and the C/C++ runtime (DESIGN.md, "Verification").
+beyond the CUDA runtime and the C/C++ runtime (docs/VERIFIER.md).
 """
 from .compile import CompiledKernel, CompileError, compile_kernel, default_cache_dir, parse_resources
 from .cuda import CudaToolkit, detect_gpu_arch, find_cuda_toolkit
