@@ -142,3 +142,58 @@ def hangs(spec):
 
 def lost_context(spec):
     return PyKernel(spec, illegal_address)
+
+
+# ------------------------------------------------------------------ issue 11's classes, as stand-ins
+
+def nan_inf_to_zero(k, t, dims):
+    x = t["x"]
+    t["out"].copy_(_gelu(torch.where(torch.isfinite(x), x, torch.zeros_like(x))))
+
+
+def flushes_huge(k, t, dims):
+    x = t["x"]
+    t["out"].copy_(torch.where(x.abs() > 1000, torch.zeros_like(x), _gelu(x)))
+
+
+def wrong_for_mid_widths(k, t, dims):
+    y = _gelu(t["x"])
+    if 5000 <= dims["D"] < 6000:
+        y = y * 1.1
+    t["out"].copy_(y)
+
+
+def idle_after_calls(k, t, dims):
+    """Honest for the first 60 calls of the process, idle afterwards (a call counter)."""
+    if k.calls > 60:
+        return 0
+    gelu_forward(k, t, dims)
+
+
+def rmsnorm_forward_fixed_eps(k, t, dims):
+    x = t["x"].float()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    t["out"].copy_((y * t["weight"].float()).to(t["out"].dtype))
+
+
+def rmsnorm_backward(k, t, dims):
+    x = t["x"].detach().float().clone().requires_grad_(True)
+    w = t["weight"].detach().float().clone().requires_grad_(True)
+    eps = k.last_eps
+    with torch.enable_grad():
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        gx, gw = torch.autograd.grad(y, (x, w), t["grad_out"].float())
+    t["grad_x"].copy_(gx.to(t["grad_x"].dtype))
+    t["grad_weight"].copy_(gw.to(t["grad_weight"].dtype))
+
+
+class RmsKernel(PyKernel):
+    """An rmsnorm stand-in that sees its scalars (the fixed-eps cheat ignores them)."""
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        self.last_eps = scalars.get("eps", 1e-6)
+        return super().call(direction, tensors, scalars, dims, stream)
+
+
+class NotCapturable(PyKernel):
+    capturable = False  # the CPU runner reports a failed capture, as a forked stream would

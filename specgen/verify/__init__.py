@@ -14,8 +14,11 @@ from .verdict import (COMPILE_ERROR, ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, PASS
                       Verdict)
 
 DEFAULT_EXAMPLES = 30
-VERIFIER_VERSION = "2"  # bump when a check changes meaning: lock records are keyed by it
+VERIFIER_VERSION = "3"  # bump when a check changes meaning: lock records are keyed by it
 # 2: every dtype at the widest row and half of it (schedules switch by row width)
+# 3: the candidate in its own process (read-only inputs, guard bytes), CUDA-graph capture, timed
+#    calls checked output by output, the physics floor, full-size cases, value classes, drawn
+#    scalars, size sweeps, per-element tolerance (docs/VERIFIER.md)
 
 
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:

@@ -1,0 +1,222 @@
+"""Verifier v3 on the CPU (issue 11): value classes, drawn scalars, size sweeps, the capture
+check, the timed phase, per-element tolerance, physics, guard bytes, the lock's refusal, and
+the candidate's process holding no checking code. The GPU side: scripts/gpu-suite verify."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import verify_fakes as fakes
+from conftest import SPECS
+from specgen.spec import load_spec
+from specgen.verify.engine import Options, run_verification
+
+SMALL = Options(examples=4, budget=1 << 13, seed=1)
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    return load_spec(SPECS / "gelu_tanh.yaml")
+
+
+@pytest.fixture(scope="module")
+def rmsnorm():
+    return load_spec(SPECS / "rmsnorm.yaml")
+
+
+def verdict_of(spec, kernel, options=SMALL):
+    return run_verification(spec, kernel, options, device="cpu")
+
+
+@pytest.mark.parametrize("impl", [fakes.nan_inf_to_zero, fakes.flushes_huge])
+def test_value_classes_catch_kernels_that_clean_up_their_inputs(gelu, impl):
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, impl))
+    assert verdict.reason == "wrong-result", verdict.summary()
+    assert verdict.counterexample.case["distribution"] in ("specials", "huge")
+
+
+def test_a_kernel_wrong_for_a_band_of_widths_meets_the_sweep(gelu):
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.wrong_for_mid_widths), Options(examples=0, budget=1 << 15))
+    assert verdict.reason == "wrong-result", verdict.summary()
+    assert 5000 <= verdict.counterexample.case["dims"]["D"] < 6000
+
+
+def test_a_hard_coded_eps_fails_once_eps_is_drawn(rmsnorm):
+    kernel = fakes.RmsKernel(rmsnorm, fakes.rmsnorm_forward_fixed_eps, fakes.rmsnorm_backward)
+    verdict = verdict_of(rmsnorm, kernel)
+    assert verdict.reason == "wrong-result", verdict.summary()
+    assert verdict.counterexample.case["scalars"]["eps"] != 1e-6
+
+
+def test_an_honest_rmsnorm_passes_with_drawn_eps(rmsnorm):
+    def forward(k, t, dims):
+        x = t["x"].float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + k.last_eps)
+        t["out"].copy_((y * t["weight"].float()).to(t["out"].dtype))
+
+    verdict = verdict_of(rmsnorm, fakes.RmsKernel(rmsnorm, forward, fakes.rmsnorm_backward))
+    assert verdict.passed, verdict.summary()
+
+
+def test_a_call_that_cannot_be_captured_is_rejected(gelu):
+    verdict = verdict_of(gelu, fakes.NotCapturable(gelu, fakes.gelu_forward))
+    assert verdict.reason == "not-capturable", verdict.summary()
+    assert "CUDA graph" in verdict.detail
+
+
+def test_a_kernel_idle_after_many_calls_is_caught_by_the_timed_phase(gelu):
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.idle_after_calls), Options(examples=0, budget=1 << 13))
+    assert verdict.reason in ("post-timing-mismatch", "unwritten-output", "nondeterministic"), verdict.summary()
+    assert not verdict.passed
+
+
+def test_the_tolerance_record_names_the_largest_error_and_widening(gelu):
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.gelu_forward))
+    assert verdict.passed, verdict.summary()
+    entry = verdict.tolerances["forward float32"]
+    assert entry["max_abs_error"] >= 0 and "max_widening" in entry
+    assert "largest error of the kernel" in verdict.summary()
+
+
+# ------------------------------------------------------------------ strategies
+
+def test_the_sweep_leaves_no_gap_of_20_percent():
+    from specgen.verify.strategies import sweep_sizes
+
+    sizes = sweep_sizes(1, 16384)
+    assert sizes[-1] == 16384
+    assert all(b <= a * 1.2 for a, b in zip(sizes, sizes[1:]))
+    assert any(5000 <= s < 6000 for s in sizes)
+
+
+def test_full_size_cases_cover_benchmark_shapes_and_range_tops(rmsnorm):
+    from specgen.verify.strategies import full_size_cases
+
+    cases = full_size_cases(rmsnorm)
+    dims = [c.dim_map for c in cases]
+    for shape in rmsnorm.benchmark:
+        assert {k: int(v) for k, v in shape.items()} in dims
+    assert any(d["N"] == rmsnorm.dims["N"][1] for d in dims)
+    assert any(d["D"] == rmsnorm.dims["D"][1] for d in dims)
+
+
+def test_scalars_are_drawn_within_their_range():
+    import random
+
+    from specgen.inputs import draw_scalar, scalar_range
+    from specgen.signature import parse_signature
+
+    sig = parse_signature("f(x: Tensor[N], eps: float = 1e-6 in [1e-12, 1e-2], a: float = 0.5, "
+                          "b: float = 0.0, k: int = 2, flag: bool = False) -> Tensor[N]")
+    eps, a, b, k, flag = sig.scalars
+    assert scalar_range(eps) == (1e-12, 1e-2) and scalar_range(a) == (0.05, 5.0)
+    assert scalar_range(b) is None and scalar_range(k) is None
+    rng = random.Random(0)
+    draws = [draw_scalar(eps, rng) for _ in range(200)]
+    assert all(1e-12 <= v <= 1e-2 for v in draws) and min(draws) < 1e-9 < 1e-4 < max(draws)
+    assert {draw_scalar(flag, rng) for _ in range(50)} == {True, False}
+    assert draw_scalar(k, rng) == 2
+
+
+def test_value_classes_make_what_they_say():
+    from specgen.inputs import _values
+
+    gen = torch.Generator().manual_seed(0)
+    specials = _values((20000,), "specials", gen, "float32")
+    assert specials.isnan().any() and (specials == float("inf")).any() and (specials == float("-inf")).any()
+    huge = _values((20000,), "huge", gen, "float16").to(torch.float16)
+    assert bool(torch.isfinite(huge).all()) and float(huge.abs().min()) >= 999
+    denormal = _values((20000,), "denormal", gen, "float32").float()
+    tiny = (denormal != 0) & (denormal.abs() < torch.finfo(torch.float32).smallest_normal)
+    assert int(tiny.sum()) > 5000
+
+
+# ------------------------------------------------------------------ physics and the lock
+
+def test_physics_floor_rejects_a_time_faster_than_the_memory(gelu):
+    from specgen.verify.physics import floor, violation
+
+    bound = floor(gelu, {"N": 16384, "D": 8192}, "bfloat16", "forward")
+    assert bound.bytes_counted >= 16384 * 8192 * 2  # every input byte at least
+    assert violation(bound.us * 0.5, bound) is not None
+    assert "faster than physics" in violation(bound.us * 0.5, bound)
+    assert violation(bound.us * 1.2, bound) is None  # an honest kernel near the peak passes
+
+
+def test_flop_floor_counts_a_matmul_reference():
+    from specgen.verify.physics import reference_flops
+
+    spec = load_spec(SPECS / "linear_bias_relu.yaml")
+    dims = {s: 256 for s in spec.signature.symbols()}
+    assert reference_flops(spec, dims, "bfloat16", "forward") >= 2 * 256 ** 3
+
+
+def test_the_lock_refuses_a_record_that_beat_physics_or_was_rejected(tmp_path, monkeypatch):
+    from specgen.lock import LockError, Record, _check_physics
+
+    ok = Record("h", "3", "sm_90", benchmark={"rows": [{"kernel_us": 100.0, "floor_us": 90.0}]})
+    _check_physics(ok)
+    for rows in ([{"kernel_us": 10.0, "floor_us": 90.0}], [{"kernel_us": 100.0, "rejected": "post-timing-mismatch: x"}]):
+        with pytest.raises(LockError):
+            _check_physics(Record("h", "3", "sm_90", benchmark={"rows": rows}))
+
+
+# ------------------------------------------------------------------ memory and isolation
+
+def test_guard_bytes_catch_a_write_past_a_tensor():
+    from specgen.verify.layout import GUARD, Layout, Memory
+
+    layout = Layout()
+    ref = layout.place("outputs", (10,), torch.float32)
+    memory = Memory({"inputs": torch.zeros(0, dtype=torch.uint8), "outputs": torch.zeros(layout.needed("outputs"),
+                                                                                          dtype=torch.uint8)})
+    memory.layout = layout
+    memory.arm_guards()
+    memory.tensor(ref).fill_(1.0)
+    assert memory.broken_guards() == []
+    memory.arenas["outputs"][ref.offset + ref.nbytes] = 0  # one byte past the end
+    assert memory.broken_guards() and "after" in memory.broken_guards()[0]
+    assert ref.offset >= GUARD
+
+
+def test_the_candidates_process_holds_no_checking_code():
+    """What the candidate's process imports: its own module, the ABI and spec parsing, never
+    the reference, the comparison, the checks or the verdict."""
+    code = ("import sys, specgen.verify.candidate_main, specgen.verify.library, specgen.verify.arena, "
+            "specgen.verify.layout, specgen.spec; import json; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('specgen'))))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout)
+    for judging in ("specgen.verify.checks", "specgen.verify.compare", "specgen.verify.engine",
+                    "specgen.verify.data", "specgen.verify.timed", "specgen.reference", "specgen.checking"):
+        assert judging not in loaded, judging
+
+
+def test_the_candidate_environment_has_no_credentials(monkeypatch):
+    from specgen.verify.isolation import scrubbed_environment
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("HF_TOKEN", "t")
+    env = scrubbed_environment()
+    assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "PATH" in env
+
+
+def test_messages_and_descriptors_cross_the_channel():
+    import os
+    import socket
+
+    from specgen.verify.channel import Channel
+
+    a, b = socket.socketpair()
+    left, right = Channel(a), Channel(b)
+    read_fd, write_fd = os.pipe()
+    left.send({"op": "arenas", "n": 3}, fds=(read_fd,))
+    message, fds = right.receive(timeout=5)
+    assert message == {"op": "arenas", "n": 3} and len(fds) == 1
+    os.write(write_fd, b"x")
+    assert os.read(fds[0], 1) == b"x"
+    assert right.receive(timeout=0.05) is None
