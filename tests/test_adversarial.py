@@ -26,11 +26,12 @@ def test_the_suite_covers_the_issue():
     assert len(ADVERSARIAL) >= 30
     assert {c.expect for c in ADVERSARIAL} <= set(REASONS)
     expected = Counter(c.expect for c in ADVERSARIAL)
-    for reason in ("unwritten-output", "wrong-result", "input-mutated", "stream-violation", "nondeterministic",
+    # stream-violation's kernels are not-capturable now: a CUDA graph capture catches other streams
+    for reason in ("unwritten-output", "wrong-result", "input-mutated", "nondeterministic",
                    "post-timing-mismatch", "not-capturable", "out-of-bounds", "forbidden-symbol", "sanitizer"):
         assert reason in expected, reason
-    # idle when timed: a GPU clock, a host clock, a call counter, a fingerprint, a pointer cache
-    assert expected["post-timing-mismatch"] >= 5
+    # idle when timed: a GPU clock, a host clock, a call counter, a fingerprint
+    assert expected["post-timing-mismatch"] >= 4
     # a fork never joined, the legacy stream, a host sync
     assert expected["not-capturable"] >= 3
     # run-time loading, reading the process's files or environment, importing Python
