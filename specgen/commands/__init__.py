@@ -4,6 +4,7 @@
 COMMANDS = [
     "check",
     "init",
+    "import_",
     "header",
     "compile",
     "verify",
