@@ -5,6 +5,7 @@ COMMANDS = [
     "check",
     "init",
     "import_",
+    "draft",
     "header",
     "compile",
     "verify",
