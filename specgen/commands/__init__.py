@@ -12,6 +12,7 @@ COMMANDS = [
     "bench",
     "generate",
     "build",
+    "report",
 ]
 
 
