@@ -35,8 +35,8 @@ def console(*, stderr: bool = False) -> Console:
     """A Console that never cuts a table to 80 columns when it is not on a terminal."""
     stream = sys.stderr if stderr else sys.stdout
     width = None
-    if not is_terminal(stream):
-        width = int(os.environ.get("COLUMNS") or 0) or PAGE_WIDTH
+    if not is_terminal(stream):  # a log: as wide as asked, but never narrower than a page
+        width = max(int(os.environ.get("COLUMNS") or 0), PAGE_WIDTH)
     return Console(stderr=stderr, highlight=False, width=width, soft_wrap=False)
 
 
@@ -105,3 +105,13 @@ class Progress:
         if done:
             self.console.print(f"[green]✓[/] {escape(text)} [dim]({time.monotonic() - started:.1f} s)[/]",
                                soft_wrap=True)
+
+
+def add_name_column(table, header: str, names, out: Console) -> None:
+    """An op-name column that never cuts a name: whole on one line in a log (other columns
+    fold around it), folded over lines on a terminal narrower than the name."""
+    longest = max((len(n) for n in names), default=len(header))
+    if out.is_terminal:
+        table.add_column(header, overflow="fold", min_width=min(longest, 30))
+    else:
+        table.add_column(header, no_wrap=True, min_width=longest)

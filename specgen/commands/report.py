@@ -28,10 +28,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def summary_table(data: dict) -> Table:
+def summary_table(data: dict, out) -> Table:
+    from ..ui import add_name_column
+
     table = Table(title="specgen report", title_justify="left")
-    width = max([len(op["op"]) for op in data["ops"]] + [2])
-    table.add_column("op", no_wrap=True, min_width=width)
+    add_name_column(table, "op", [op["op"] for op in data["ops"]], out)
     for column in ("path", "verified", "direction", "vs eager", "vs compile", "of roofline"):
         table.add_column(column, justify="left" if column in ("path", "verified", "direction") else "right")
     for op in data["ops"]:
@@ -59,7 +60,7 @@ def run(args) -> int:
     os.umask(umask)
     os.chmod(out, 0o666 & ~umask)  # a report is for sharing (write_atomic's temporary file is 0600)
     human = human_console(args.json)
-    human.print(summary_table(data))
+    human.print(summary_table(data, human))
     human.print(f"[green]wrote[/] {escape(str(out))} ({len(html) / 1024:.0f} KiB, self-contained)", soft_wrap=True)
     emit_json(args.json, data)
     return EXIT_OK
