@@ -82,6 +82,10 @@ def run(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
     out = human_console(args.json)
     progress = Progress()
+    if (args.name or Path(args.out).suffix in (".yaml", ".yml")) and not args.force:
+        early = destination(args.out, args.name or "")
+        if early.exists():  # say so before running the model
+            raise UsageError(f"{early} exists already; pass --force to overwrite it, or -o another path")
     with progress.stage(f"importing {args.target}"):
         imported = import_target(args.target, inputs=args.inputs, init_inputs=args.init_inputs, name=args.name,
                                  reference=args.reference, dtypes=dtypes, backward=args.backward)
