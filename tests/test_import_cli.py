@@ -57,3 +57,19 @@ def test_import_usage_errors(tmp_path, capsys):
                                       "def get_inputs():\n    return [torch.randn(3, 4)]\n")
     assert main(["import", f"{tmp_path / 'flat.py'}:f", "-o", str(tmp_path)]) == 1
     assert "several symbols" in capsys.readouterr().err
+
+
+def test_a_package_function_is_referenced_by_import_path(tmp_path, monkeypatch, capsys):
+    package = tmp_path / "site" / "sgpkg_cli"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text("import torch\n\n\ndef bias_relu(x, bias):\n    return torch.relu(x + bias)\n\n\n"
+                                    "def get_inputs():\n    return [torch.randn(64, 48), torch.randn(48)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    out = tmp_path / "specs"
+    assert main(["import", "sgpkg_cli.ops:bias_relu", "-o", str(out), "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["reference_mode"] == "import"
+    text = (out / "bias_relu.yaml").read_text()
+    assert "reference: sgpkg_cli.ops:bias_relu" in text and "torch.relu" not in text
+    assert main(["check", str(out)]) == 0
