@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    from .ui import restart_clock
+
+    restart_clock()
     try:
         return int(args.func(args) or 0)
     except SpecgenError as error:

@@ -10,13 +10,14 @@ import types
 from typing import Callable
 
 from .errors import Location, SpecError
+from .reference_import import reference_code
 
 _cache: dict[tuple[str, str], Callable] = {}
 
 
 def reference_module(spec) -> types.ModuleType:
     filename = str(spec.path or f"<{spec.name}>")
-    padded = "\n" * (spec.reference_line - 1) + spec.reference_source
+    padded = "\n" * (spec.reference_line - 1) + reference_code(spec)  # an import path: its adapter
     module = types.ModuleType(f"specgen_reference_{spec.name}")
     module.__file__ = filename
     try:

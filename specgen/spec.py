@@ -93,6 +93,7 @@ class KernelSpec(BaseModel):
         data = self.model_dump(mode="json", by_alias=True)
         data["signature"] = str(self.signature)
         data["abi_version"] = ABI_VERSION
+        _add_reference_fingerprint(self, data)
         return data
 
     def hash(self) -> str:
@@ -103,6 +104,15 @@ class KernelSpec(BaseModel):
         from .reference import load_reference
 
         return load_reference(self)
+
+
+def _add_reference_fingerprint(spec: KernelSpec, data: dict) -> None:
+    """An import-path reference (`reference: pkg.mod:fn`): the hash also covers the module's file."""
+    from .reference_import import reference_fingerprint
+
+    fingerprint = reference_fingerprint(spec)
+    if fingerprint is not None:
+        data["reference_import"] = fingerprint
 
 
 SPEC_FIELDS = [name if f.alias is None else f.alias for name, f in KernelSpec.model_fields.items()

@@ -121,6 +121,15 @@ class LLMAgent(Agent):
             raise NoCandidate(str(error), usage=usage, model=self.model, log=log) from None
         return Candidate(source=source, agent=self.name, model=self.model, usage=usage, log=log)
 
+    def send(self, messages: list[dict[str, str]]) -> Reply:
+        """One chat answer for `messages`, with the retry policy: for callers other than
+        `propose`, such as `specgen draft`."""
+        return self._send_with_retries(messages)[0]
+
+    def cost(self, reply: Reply) -> Usage:
+        return Usage(reply.input_tokens, reply.output_tokens,
+                     self.catalog.cost(self.model, reply.input_tokens, reply.output_tokens))
+
     def _classify(self, error: Exception) -> str:
         """'retry', 'auth', 'request' or 'other' for an exception raised by the SDK."""
         sdk = self.sdk

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jinja2
 
+from ..reference_import import reference_display
 from .base import EAGER_NOISE_RATIO, Attempt, KernelTask
 
 SHOWN_ATTEMPTS = 4  # attempts replayed in full; older ones appear in the summary only
@@ -92,6 +93,7 @@ def task_prompt(task: KernelTask) -> str:
     spec = task.spec
     tolerances = [(dtype, spec.tolerance_for(dtype)) for dtype in spec.dtypes]
     return render("task.j2", spec=spec, signature=str(spec.signature), tolerances=tolerances,
+                  reference=reference_display(spec),
                   header=task.header, header_name=task.header_name, gpu=task.gpu,
                   baseline=task.baseline, baseline_timings=task.baseline_timings)
 

@@ -4,12 +4,15 @@
 COMMANDS = [
     "check",
     "init",
+    "import_",
+    "draft",
     "header",
     "compile",
     "verify",
     "bench",
     "generate",
     "build",
+    "report",
 ]
 
 

@@ -1,15 +1,13 @@
 """`specgen bench SPEC [--kernel FILE.cu]`: time a kernel, eager PyTorch and torch.compile side by side."""
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EXIT_OK, EnvironmentMissing, UsageError
+from ..errors import EXIT_OK, EXIT_REJECTED, EnvironmentMissing, UsageError
 
 
 def register(subparsers) -> None:
@@ -27,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--reps", type=int, default=None, help="timed runs per measurement (default 40)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="also write the results as JSON to OUT ('-': stdout); `specgen report --bench OUT` reads it")
     p.set_defaults(func=run)
 
 
@@ -51,10 +50,12 @@ def _fmt(value, pattern: str) -> str:
 
 
 def results_table(result) -> Table:
-    table = Table(title=f"{result.op} on {result.device} (copy roofline {result.copy_gbs:.0f} GB/s)")
+    table = Table(title=f"{result.op} on {result.device} (copy roofline {result.copy_gbs:.0f} GB/s)",
+                  title_justify="left")
     for column in ("shape", "dtype", "MB", "eager ms", "compile ms", "kernel ms", "kernel GB/s", "of roofline",
                    "vs eager", "vs compile"):
-        table.add_column(column, justify="left" if column in ("shape", "dtype") else "right")
+        table.add_column(column, justify="left" if column in ("shape", "dtype") else "right",
+                         no_wrap=column == "shape")
     for row in result.rows:
         data = row.as_dict()
         table.add_row(" ".join(f"{k}={v}" for k, v in row.dims.items()), row.dtype, f"{row.bytes / 1e6:.1f}",
@@ -68,7 +69,6 @@ def results_table(result) -> Table:
 
 def run(args) -> int:
     from . import kernel_argument
-    from ..fsutil import write_atomic
     from ..spec import load_spec
     from ..verify import gpu_available
 
@@ -93,17 +93,18 @@ def run(args) -> int:
         raise EnvironmentMissing("specgen bench needs a CUDA GPU; none is visible")
     from ..bench import DEFAULT_REPS, bench_spec
 
-    console = Console(highlight=False)
-    with console.status("timing...") as status:
+    from ..ui import Progress, emit_json, human_console
+
+    console = human_console(args.json)
+    with Progress().stage(f"timing {spec.name}") as stage:
         result = bench_spec(spec, library, shapes, args.dtype, compiled=not args.no_compile,
                             reps=args.reps or DEFAULT_REPS,
-                            on_row=lambda row: status.update(escape(f"timed {row.dtype} {row.dims}")))
+                            on_row=lambda row: stage.update(f"timed {row.direction} {row.dtype} {row.dims}"))
     console.print(results_table(result))
     for row in result.rows:
         for note in row.notes:
             console.print(f"[yellow]note[/] {row.dtype} {row.dims}: {escape(note)}")
-    if args.json:
-        write_atomic(args.json, json.dumps(result.as_record(), indent=2) + "\n")
+    emit_json(args.json, result.as_record())
     if result.rejected:
         console.print("[red]rejected[/]: a timed call's output was wrong or its time beat physics; these "
                       "timings prove nothing:\n  " + "\n  ".join(escape(line[:400]) for line in result.rejected))

@@ -56,6 +56,8 @@ def register(subparsers) -> None:
                    help="write the package tree into DIR/<name>/ and keep it (default: a temporary folder); "
                         "a kept tree also keeps its compiled objects for the next build")
     p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="also write the wheel and each op's outcome as JSON to OUT ('-': stdout)")
     add_agent_arguments(p)
     p.set_defaults(func=run)
 
@@ -74,7 +76,9 @@ class OpResult:
 def run(args) -> int:
     from ..spec import find_spec_files, load_spec
 
-    console = Console(highlight=False, stderr=True)
+    from ..ui import console as make_console
+
+    console = make_console(stderr=True)
     started = time.monotonic()
     if args.locked and args.regenerate:
         raise UsageError("--locked and --regenerate contradict each other: --locked generates nothing")
@@ -103,12 +107,26 @@ def run(args) -> int:
 
     wheel, pkg, timings = _package(results, args, console)
     _summary(results, console, gpu_arch)
-    out = Console(highlight=False)
+    from ..ui import emit_json, human_console
+
+    out = human_console(getattr(args, "json", None))
+    emit_json(getattr(args, "json", None), _json_summary(wheel, results))
     out.print(f"[green]built[/] {escape(str(wheel))} in {time.monotonic() - started:.0f} s "
               f"(wheel {timings['wheel']:.0f} s)")
     if pkg.unverified_ops:
         out.print(f"[yellow]unverified kernels[/] (built with --no-verify): {', '.join(pkg.unverified_ops)}")
     return EXIT_OK
+
+
+def _json_summary(wheel: Path, results: list[OpResult]) -> dict:
+    from ..package.provenance import geomean_speedup
+
+    return {"wheel": str(wheel), "ops": [
+        {"op": r.spec.name, "path": "kernel" if r.kernel is not None else "reference", "action": r.action,
+         "status": r.provenance.get("status"), "agent": r.provenance.get("agent"),
+         "verified_on": r.provenance.get("verified_on"), "note": r.provenance.get("note"),
+         "vs_eager": geomean_speedup(r.provenance, "speedup_vs_eager"),
+         "vs_compile": geomean_speedup(r.provenance, "speedup_vs_compile")} for r in results]}
 
 
 def _with_problem(result: OpResult, problem: str) -> OpResult:
@@ -196,10 +214,14 @@ def _resolve(specs, args, console: Console) -> list[OpResult]:
     gpu_arch = _gpu_arch()
     agent = None
     results = []
+    from ..ui import Progress
+
+    progress = Progress(console)
     for spec in specs:
         lock = _lock_for(spec)
         status = lock.status(spec)
         fresh_reference, reason = reference_state(lock, spec)
+        progress.line(f"{spec.name}: {'reference path' if fresh_reference else status.state}")
         if not args.regenerate and status.state == FRESH:
             results.append(_kernel_result(spec, lock, "reused", gpu_arch))
         elif not args.regenerate and fresh_reference:
@@ -310,11 +332,11 @@ def _verification_gate(results: list[OpResult], args) -> list[OpResult]:
 
 @contextlib.contextmanager
 def _step(console: Console, text: str):
-    """A spinner while the step runs, then one line with its time."""
-    started = time.monotonic()
-    with console.status(escape(text) + " ..."):
+    """A spinner while the step runs (off a terminal: a timed line), then one line with its time."""
+    from ..ui import Progress
+
+    with Progress(console).stage(text):
         yield
-    console.print(f"[green]✓[/] {escape(text)} [dim]({time.monotonic() - started:.1f} s)[/]")
 
 
 def _package(results: list[OpResult], args, console: Console):
@@ -353,7 +375,10 @@ def _summary(results: list[OpResult], console: Console, gpu_arch: str | None) ->
     from ..package.provenance import geomean_speedup
 
     table = Table(title="specgen build", title_justify="left")
-    for column in ("op", "CUDA path", "agent", "verified on", "vs eager (geomean)", "vs compile (geomean)"):
+    from ..ui import add_name_column
+
+    add_name_column(table, "op", [r.spec.name for r in results], console)
+    for column in ("CUDA path", "agent", "verified on", "vs eager (geomean)", "vs compile (geomean)"):
         table.add_column(column)
     for r in results:
         p = r.provenance

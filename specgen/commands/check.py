@@ -1,7 +1,6 @@
 """`specgen check PATH...`: validate specs and run each reference on small CPU inputs."""
 from __future__ import annotations
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,33 +14,50 @@ def register(subparsers) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="spec files or folders of specs")
     p.add_argument("--samples", type=int, default=2, help="random shapes per dtype (default 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT ('-': stdout)")
     p.set_defaults(func=run)
+
+
+def result_json(result) -> dict:
+    spec = result.spec
+    return {"path": str(result.path), "ok": result.ok, "op": spec.name if spec else None,
+            "signature": str(spec.signature) if spec else None, "dtypes": list(spec.dtypes) if spec else [],
+            "reference_runs": result.runs, "error": str(result.error) if result.error else None,
+            "exit_code": result.error.exit_code if result.error else 0}
 
 
 def run(args) -> int:
     from ..checking import check_spec  # imports torch: only when the command runs
     from ..spec import find_spec_files
+    from ..ui import Progress, add_name_column, console, emit_json, human_console
 
-    console = Console(highlight=False)
+    out = human_console(args.json)
+    progress = Progress()
     files = find_spec_files(args.paths)
-    table = Table(title="specgen check")
-    for column in ("spec", "signature", "dtypes", "result"):
-        table.add_column(column, overflow="fold")
+    table = Table(title="specgen check", title_justify="left")
+    add_name_column(table, "op", [p.stem for p in files], out)
+    table.add_column("spec", overflow="fold")
+    table.add_column("signature", overflow="fold")
+    table.add_column("dtypes", overflow="fold")
+    table.add_column("result", overflow="fold")
     code = EXIT_OK
-    errors = []
+    errors, results = [], []
     for path in files:
-        result = check_spec(path, samples=args.samples, seed=args.seed)
+        with progress.stage(f"checking {path}", done=False):
+            result = check_spec(path, samples=args.samples, seed=args.seed)
+        results.append(result)
         if result.ok:
             spec = result.spec
-            table.add_row(str(path), escape(str(spec.signature)), ", ".join(spec.dtypes),
+            table.add_row(escape(spec.name), escape(str(path)), escape(str(spec.signature)), ", ".join(spec.dtypes),
                           f"[green]ok[/] ({len(result.runs)} reference runs)")
         else:
             code = max(code, result.error.exit_code)
             errors.append(result.error)
-            table.add_row(str(path), "", "", "[red]error[/]")
-    console.print(table)
+            table.add_row(escape(path.stem), escape(str(path)), "", "", "[red]error[/]")
+    out.print(table)
     for error in errors:
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(str(error))}")
+        console(stderr=True).print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
     if errors:
-        console.print(f"{len(errors)} of {len(files)} spec(s) failed")
+        out.print(f"{len(errors)} of {len(files)} spec(s) failed")
+    emit_json(args.json, {"ok": not errors, "specs": [result_json(r) for r in results]})
     return code if errors else EXIT_OK

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from ..agents.base import AgentRefused
 from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
 
 
@@ -25,6 +26,8 @@ def register(subparsers) -> None:
     add_agent_arguments(p)
     p.add_argument("--regenerate", action="store_true",
                    help="replace a hand-edited kernel, or a locked one with an unverified one")
+    p.add_argument("--json", default=None, metavar="OUT",
+                   help="also write each spec's outcome as JSON to OUT ('-': stdout)")
     p.set_defaults(func=run)
 
 
@@ -72,7 +75,10 @@ def run(args) -> int:
 
     if args.target_roofline is not None and not 0 < args.target_roofline <= 1:
         raise UsageError(f"--target-roofline {args.target_roofline}: give a fraction in (0, 1]")
-    console = Console(highlight=False)
+    from ..ui import Progress, emit_json, human_console
+
+    console = human_console(args.json)
+    progress = Progress()
     catalog = load_catalog()
     options = AgentOptions(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                            timeout_s=args.timeout, max_retries=args.retries, temperature=args.temperature,
@@ -83,9 +89,39 @@ def run(args) -> int:
         console.print(f"[yellow]warning:[/] no price known for model {escape(agent.model)}; "
                       f"--budget-usd counts it as free (add it to {escape(str(catalog.source or 'models.toml'))})")
     code = EXIT_OK
+    outcomes = []
     for path in find_spec_files(args.specs):
-        code = max(code, generate_one(load_spec(path), agent, args, console))
+        spec = load_spec(path)
+        with progress.stage(f"generating {spec.name} with {agent.name}", done=False):
+            try:
+                result = generate_one(spec, agent, args, console)
+            except AgentRefused as refusal:  # this op only: the other specs still get their turn
+                console.print(f"  [red]refused[/]: {escape(str(refusal))}", soft_wrap=True)
+                result = EXIT_REJECTED
+        outcome = spec_outcome(spec)
+        if not outcome["verified"]:
+            result = max(result, EXIT_REJECTED)
+            console.print(f"  [yellow]{escape(spec.name)} has no verified kernel[/] ({escape(outcome['state'])}): "
+                          f"exit 1", soft_wrap=True)
+        outcomes.append({**outcome, "exit_code": result})
+        code = max(code, result)
+    emit_json(args.json, {"ok": code == EXIT_OK, "specs": outcomes})
     return code
+
+
+def spec_outcome(spec) -> dict:
+    """Where the spec ends: its lock state and whether its locked kernel has a passing GPU record."""
+    from .. import lock
+
+    status = lock.status(spec)
+    entry = status.entry
+    verified = bool(entry is not None and entry.kernel and status.state == lock.FRESH and entry.verified_on())
+    state = status.state if entry is None or entry.kernel else "reference path"
+    if entry is not None and entry.kernel and not entry.verified_on():
+        state = f"{state}, not verified on a GPU"
+    return {"op": spec.name, "spec": str(spec.path), "state": state, "verified": verified,
+            "kernel": str(status.kernel_path) if entry is not None and entry.kernel else None,
+            "agent": entry.agent if entry is not None else None}
 
 
 def generate_one(spec, agent, args, console: Console) -> int:

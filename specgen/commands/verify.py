@@ -1,9 +1,6 @@
 """`specgen verify SPEC --kernel FILE.cu`: run a candidate through every check of the verifier."""
 from __future__ import annotations
 
-import json
-
-from rich.console import Console
 from rich.markup import escape
 
 from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
@@ -27,13 +24,12 @@ def register(subparsers) -> None:
     p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="a kernel making no progress for this long is a `timeout` (default 60)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict as JSON to OUT")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict as JSON to OUT ('-': stdout)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from . import kernel_argument
-    from ..fsutil import write_atomic
     from ..spec import load_spec
     from ..verify import verify_kernel
 
@@ -41,14 +37,13 @@ def run(args) -> int:
     kernel = kernel_argument(args.kernel)
     if args.examples < 0:
         raise UsageError(f"--examples {args.examples}: give a count >= 0")
-    console = Console(highlight=False, stderr=True)
-    with console.status("verifying...") as status:
+    from ..ui import Progress, emit_json, human_console
+
+    with Progress().stage(f"verifying {kernel} against {spec.name}") as stage:
         verdict = verify_kernel(spec, kernel, examples=args.examples, seed=args.seed, sanitize=args.sanitize,
-                                arch=args.arch, idle_timeout=args.timeout,
-                                on_progress=lambda text: status.update(escape(f"verifying: {text}")))
-    if args.json:
-        write_atomic(args.json, json.dumps(verdict.to_json(), indent=2) + "\n")
-    out = Console(highlight=False)
+                                arch=args.arch, idle_timeout=args.timeout, on_progress=stage.update)
+    emit_json(args.json, verdict.to_json())
+    out = human_console(args.json)
     colour = "green" if verdict.passed else "red"
     lines = verdict.summary().splitlines()
     out.print(f"[bold {colour}]{escape(lines[0])}[/]")

@@ -15,6 +15,7 @@ import jinja2
 
 from ..fsutil import write_atomic
 from .model import SCALAR_TYPES, PackageModel
+from .summary import performance_summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
 
@@ -42,7 +43,8 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
     env = environment()
     context = _with_provenance({"pkg": pkg, "scalar_types": SCALAR_TYPES,
                                 "ops_data": {op.name: op.data() for op in pkg.ops},
-                                "provenance_data": {op.name: _plain(op.provenance) for op in pkg.ops}})
+                                "provenance_data": {op.name: _plain(op.provenance) for op in pkg.ops},
+                                "summary": performance_summary(pkg)})
     py = f"torch-ext/{pkg.name}"
     files = {
         "pyproject.toml": env.get_template("pyproject.toml.j2").render(context),

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from .. import abi
+from ..reference_import import reference_code
 from ..errors import UsageError
 from ..signature import Dim, Param, TensorType, format_scalar
 
@@ -435,7 +436,7 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
         backward=spec.backward,
         kernel_source=kernel_source,
         header_text=abi.header_text(spec),
-        reference_source=spec.reference_source,
+        reference_source=reference_code(spec, resolve=False),  # an import path: its adapter
         provenance=dict(provenance or {}),
         kernel_params_by_direction={d: _kernel_params(spec, d) for d in abi.DIRECTIONS
                                     if d == "forward" or spec.backward == "kernel"},

@@ -59,12 +59,13 @@ def verification_summary(verification: dict | None) -> dict[str, Any] | None:
     """passed, cases and a one-line tolerance text from the verifier's record (Verdict.to_json)."""
     if not verification:
         return None
-    tolerances = verification.get("tolerances") or {}
+    tolerances = verification.get("tolerances") or verification.get("tolerance") or {}  # lock records: "tolerance"
     text = "; ".join(f"{key} atol={t.get('spec_atol', 0):.3g} rtol={t.get('spec_rtol', 0):.3g}"
                      + (f" (widened to {t['max_atol_used']:.3g})"
                         if t.get("max_atol_used", 0) > t.get("spec_atol", 0) else "")
                      for key, t in tolerances.items() if isinstance(t, dict))
-    return {"passed": bool(verification.get("passed")), "cases": verification.get("cases"),
+    return {"passed": bool(verification.get("passed")),
+            "cases": verification.get("cases", verification.get("examples")),  # lock records: "examples"
             "tolerances": text or None}
 
 

@@ -1,0 +1,117 @@
+"""`specgen report`: the committed lock as one self-contained HTML file with SVG charts, the
+same data as JSON, extra `specgen bench` records and the lock's history in git (CPU only)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import SPECS
+from specgen.cli import main
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    assert main(["report", str(SPECS), "-o", str(out), "--no-history"]) == 0
+    return out.read_text()
+
+
+def test_the_html_is_self_contained_with_inline_svg_charts(report):
+    assert report.startswith("<!DOCTYPE html>")
+    assert "<script" not in report and not re.search(r'(src|href)="https?://', report)
+    assert report.count("<svg") >= 2 + 10  # speedups, roofline, and one per timed op
+    ids = re.findall(r'id="([^"]+)"', report)
+    assert len(ids) == len(set(ids))  # several SVGs in one page: no clashing ids
+
+
+def test_every_op_with_its_timings_speedups_and_verification(report):
+    for op in ("add_rmsnorm", "bias_gelu", "cross_entropy", "gelu_tanh", "layernorm_gelu", "linear_bias_relu",
+               "log_softmax", "rmsnorm", "rope", "softmax", "swiglu"):
+        assert f'id="op-{op}"' in report, op
+    lock = json.loads((SPECS / "specgen.lock").read_text())
+    row = lock["ops"]["rmsnorm"]["records"][0]["benchmark"]["rows"][0]
+    section = report[report.index('id="op-rmsnorm"'):report.index('id="op-rope"')]
+    for value in (row["eager_us"], row["compile_us"], row["kernel_us"]):
+        assert f"{value:,.1f}" in section
+    assert f"{row['speedup_vs_compile']:.2f}×" in section and f"{row['kernel_roofline_fraction']:.0%}" in section
+    assert "N=16384, D=8192" in section  # dims in the signature's order
+    assert "256 cases" in section and "dtypes float32, float16, bfloat16" in section
+    assert "forward bfloat16" in section and "compute-sanitizer: not recorded" in section
+    assert "Roofline" in report and "copy roofline" in report
+    assert "No kernel: CUDA runs the reference" in report  # linear_bias_relu
+
+
+def test_json_on_stdout_carries_the_same_data(tmp_path, capsys):
+    assert main(["report", str(SPECS), "-o", str(tmp_path / "r.html"), "--json", "-", "--no-history"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert "wrote" in captured.err and "specgen report" in captured.err
+    ops = {op["op"]: op for op in data["ops"]}
+    assert ops["softmax"]["verified"] and ops["softmax"]["verification"]["gpu_arch"] == "sm_90"
+    assert ops["softmax"]["summary"]["forward"]["vs_compile"] > 1
+    assert ops["linear_bias_relu"]["path"] == "reference"
+    assert data["totals"]["kernels"] == 10 and data["devices"] == ["NVIDIA H200"]
+    html = (tmp_path / "r.html").read_text()
+    assert f"{ops['softmax']['summary']['forward']['vs_compile']:.2f}×" in html
+
+
+def test_bench_records_join_their_op(tmp_path, capsys):
+    record = {"op": "softmax", "device": "NVIDIA H200", "copy_gbs": 4000.0,
+              "rows": [{"op": "softmax", "direction": "forward", "dims": {"N": 7, "D": 77}, "dtype": "float16",
+                        "bytes": 2156, "eager_us": 20.0, "compile_us": 10.0, "kernel_us": 4.0,
+                        "roofline_us": 0.5}]}
+    (tmp_path / "bench.json").write_text(json.dumps(record))
+    assert main(["report", str(SPECS), "-o", str(tmp_path / "r.html"), "--bench", str(tmp_path / "bench.json"),
+                 "--json", "-", "--no-history"]) == 0
+    ops = {op["op"]: op for op in json.loads(capsys.readouterr().out)["ops"]}
+    extra = [r for r in ops["softmax"]["benchmark"]["rows"] if r["source"].endswith("bench.json")]
+    assert extra[0]["speedup_vs_eager"] == 5.0 and extra[0]["kernel_roofline_fraction"] == 0.125
+
+
+def _git(folder, *args):
+    subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_history_follows_the_lock_across_commits(tmp_path, capsys):
+    specs = tmp_path / "repo" / "specs"
+    specs.mkdir(parents=True)
+    shutil.copy(SPECS / "softmax.yaml", specs)
+    shutil.copytree(SPECS / "kernels", specs / "kernels")
+    lock = json.loads((SPECS / "specgen.lock").read_text())
+    lock["ops"] = {"softmax": lock["ops"]["softmax"]}
+    slower = json.loads(json.dumps(lock))
+    for row in slower["ops"]["softmax"]["records"][0]["benchmark"]["rows"]:
+        row["speedup_vs_compile"] /= 2
+    _git(tmp_path / "repo", "init", "-q")
+    for version, message in ((slower, "first kernels"), (lock, "faster kernels")):
+        (specs / "specgen.lock").write_text(json.dumps(version, indent=2))
+        _git(tmp_path / "repo", "add", "-A")
+        _git(tmp_path / "repo", "commit", "-q", "-m", message)
+    assert main(["report", str(specs), "-o", str(tmp_path / "r.html"), "--json", "-"]) == 0
+    history = json.loads(capsys.readouterr().out)["history"]
+    assert [h["subject"] for h in history] == ["first kernels", "faster kernels"]
+    first, second = (h["ops"]["softmax"]["forward"]["vs_compile"] for h in history)
+    assert second == pytest.approx(first * 2)
+    html = (tmp_path / "r.html").read_text()
+    assert "History across lock updates" in html and "faster kernels" in html
+
+
+def test_errors_and_a_missing_matplotlib(tmp_path, monkeypatch, capsys):
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 2
+    assert "no specgen.lock" in capsys.readouterr().err
+
+    def no_matplotlib():
+        from specgen.errors import EnvironmentMissing
+        raise EnvironmentMissing("specgen report draws its charts with matplotlib, which is not installed; "
+                                 "pip install 'specgen[report]'")
+
+    monkeypatch.setattr("specgen.report.charts._pyplot", no_matplotlib)
+    assert main(["report", str(SPECS), "-o", str(tmp_path / "r.html"), "--no-history"]) == 3
+    assert "specgen[report]" in capsys.readouterr().err
