@@ -266,7 +266,8 @@ def run(args, out: Path, result: dict) -> None:
     result["stages"] = [(r["stage"], r["ok"]) for r in attempts]
     result["stopped"] = next((r["stopped"] for r in records if r.get("type") == "end"), None)
     checks = result["checks"]
-    checks["exit code 0"] = code == 0
+    # generate exits 1 when a spec ends without a verified kernel: always so without a GPU
+    checks["exit code (0 verified, 1 compile-only)"] = code == (0 if has_gpu else 1)
     checks["prompt 2 carries the nvcc diagnostic"] = len(prompts) > 1 and "kAlfa" in prompts[1] \
         and "nvcc failed" in prompts[1]
     checks["no API key in the transcript"] = all(
