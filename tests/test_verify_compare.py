@@ -143,7 +143,11 @@ def test_where_the_reference_itself_overflowed_its_infinity_is_accepted_at_that_
     # not poisoned: the other elements are still held to the finite tolerance, NaN still fails
     worse = torch.tensor([float("inf"), 5.0, float("nan")], dtype=torch.float16)
     assert compare(worse, truth, 1e-3, 1e-3, reference=ref).bad == 2
+    # where the working dtype overflowed inside the reference, any non-finite value will do (an
+    # inf - inf's sign is an accident of the order), but not a finite wrong one
     assert compare(torch.tensor([float("-inf"), 1.0, 2.0], dtype=torch.float16), truth, 1e-3, 1e-3,
+                   reference=ref) is None
+    assert compare(torch.tensor([7.0, 1.0, 2.0], dtype=torch.float16), truth, 1e-3, 1e-3,
                    reference=ref).bad == 1
 
 

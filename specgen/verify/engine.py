@@ -266,8 +266,9 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         verdict = Verdict.from_failure(failure)
         verdict.fatal = verdict.fatal and not isolated  # a crash in the candidate's process leaves us intact
     except RuntimeError as error:  # torch noticed the GPU is broken after the kernel ran
-        if "cuda" not in str(error).lower():
-            raise
+        text = str(error).lower()
+        if "cuda" not in text or "out of memory" in text or "cuMemCreate" in str(error):
+            raise  # the judge's own problem (no memory for the arenas...), not the kernel's
         verdict = Verdict(CRASH, f"the GPU failed after the kernel ran: {str(error).strip().splitlines()[0]}",
                           fatal=True)
     finally:
