@@ -9,7 +9,7 @@ import torch
 from .. import abi
 from .compare import bitwise_equal, compare, differing_bits, element_tolerance, locate, unwritten
 from .data import CaseData
-from .runner import check_guards, fill_outputs, fill_value, raise_outcome, run_once, synchronize
+from .runner import check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once, synchronize
 from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,
                       UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
 
@@ -69,18 +69,23 @@ def check_inputs_unchanged(data: CaseData) -> None:
 
 
 def check_all_written(data: CaseData, out_a: dict, out_b: dict, *, reason: str = UNWRITTEN_OUTPUT,
-                      prefix: str = "") -> None:
+                      prefix: str = "", fills: dict | None = None) -> None:
+    """`fills`: {0: {name: fill}, 1: {...}} as the two runs' outputs were pre-filled (random
+    bytes); without them, the two sentinels of `fill_value`."""
     for slot in data.outputs:
-        fill_a = torch.tensor(fill_value(slot.dtype, 0), dtype=slot.dtype, device=out_a[slot.name].device)
-        fill_b = torch.tensor(fill_value(slot.dtype, 1), dtype=slot.dtype, device=out_a[slot.name].device)
+        device = out_a[slot.name].device
+        fill_a = (fills or {}).get(0, {}).get(slot.name)
+        fill_b = (fills or {}).get(1, {}).get(slot.name)
+        if fill_a is None or fill_b is None:
+            fill_a = torch.tensor(fill_value(slot.dtype, 0), dtype=slot.dtype, device=device)
+            fill_b = torch.tensor(fill_value(slot.dtype, 1), dtype=slot.dtype, device=device)
         mask = unwritten(out_a[slot.name], out_b[slot.name], fill_a, fill_b)
         if bool(mask.any()):
             ce = counterexample(data, slot.name, mask=mask)
             raise Failure(reason, f"{prefix}{int(mask.sum())} of {mask.numel()} elements of output {slot.name!r} "
-                                  f"were never written (pre-filled with NaN in one run and {fill_b.item()} in "
-                                  f"another, they kept the fill). Every output element must be written for every "
-                                  f"shape: check the grid covers all rows and the tail past the last full vector",
-                          ce)
+                                  f"were never written (pre-filled with different bytes in two runs, they kept the "
+                                  f"fill). Every output element must be written for every shape: check the grid "
+                                  f"covers all rows and the tail past the last full vector", ce)
 
 
 def check_same_bits(data: CaseData, out_a: dict, out_b: dict, what: str = "two runs") -> None:
@@ -132,7 +137,7 @@ def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | Non
     check_inputs_unchanged(data)
     out_b = run_once(runner, data, 1)
     check_inputs_unchanged(data)
-    check_all_written(data, out_a, out_b)
+    check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
     if deterministic:
         check_same_bits(data, out_a, out_b)
     check_close(data, out_a, stats=stats)
@@ -172,9 +177,10 @@ def check_capture(runner, data: CaseData, fresh: CaseData, *, deterministic: boo
                       f"cudaMemcpy/cudaMalloc/cudaFree, no work on the default (legacy) stream")
     check_guards(runner, data, "during capture: ")
     refill(runner, data, fresh)
-    replayed = []
+    replayed, fills = [], {}
     for which in (0, 1):
         fill_outputs(runner, data.output_refs, which)
+        fills[which] = fills_of(runner, which)
         synchronize(data.device)
         outcome = runner.replay()
         raise_outcome(runner.spec, data, outcome, what=f"replaying the CUDA graph of {entry}")
@@ -182,7 +188,7 @@ def check_capture(runner, data: CaseData, fresh: CaseData, *, deterministic: boo
         replayed.append({name: runner.tensor(ref).clone() for name, ref in data.output_refs.items()})
     prefix = "replayed from a CUDA graph on new input values, "
     try:
-        check_all_written(data, replayed[0], replayed[1], prefix=prefix)
+        check_all_written(data, replayed[0], replayed[1], prefix=prefix, fills=fills)
         check_close(data, replayed[0], prefix=prefix)
     except Failure as failure:
         raise Failure(NOT_CAPTURABLE, failure.detail + ". The captured graph does not compute the outputs: part "
@@ -221,5 +227,6 @@ def check_repeated_calls(runner, data: CaseData, fresh: CaseData, *, calls: int 
     refill(runner, data, fresh)
     runs = [run_once(runner, data, which) for which in (0, 1)]
     prefix = f"{prefix[:-2]} and new values written into the same input buffers, "
-    check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix)
+    check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix,
+                      fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
     check_close(data, runs[0], reason=POST_TIMING_MISMATCH, prefix=prefix)

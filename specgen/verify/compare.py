@@ -44,16 +44,18 @@ def differing_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 FLOOR_FACTOR = 4.0
+ROUNDING_EPS = 8.0  # a reference whose errors all stay under 8 eps x |value| only rounds
 
 
 def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
     """Per element: the slack the reference's own error buys (0 where either is not finite;
     those elements have their own rule). Two parts, the larger wins:
     - 2 x the reference's error at that very element;
-    - a floor for errors that do not scale with the value (a sum's rounding depends on its
-      terms, not on the result): 4 x R x (|truth| + S), where S is the RMS of the truth and R
-      the reference's largest error relative to (|truth| + S). Rounding-type errors (relative
-      to the value) keep R near the dtype's epsilon, so small outputs keep a small tolerance."""
+    - a floor: where every error of the reference stays under 8 eps x |value| (it only rounds),
+      4 x that largest relative error x |truth| (small outputs keep a small tolerance, and
+      large values elsewhere buy nothing); otherwise (errors that do not scale with the value:
+      a long sum's rounding depends on its terms, not on the result) 4 x R x (|truth| + S),
+      with S the RMS of the truth and R the largest error relative to (|truth| + S)."""
     if reference is None or not reference.is_floating_point():
         return 0.0
     ref = reference.to(truth.device).double()
@@ -63,9 +65,15 @@ def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tenso
     err = torch.where(finite, err, torch.zeros_like(err))
     if not bool(finite.any()):
         return err
-    values = t[finite]
+    values = t[finite].abs()
+    info = torch.finfo(reference.dtype)
+    normal = values > 1e3 * info.smallest_normal
+    if bool(normal.any()):
+        relative_to_value = float((err[finite][normal] / values[normal]).max())
+        if relative_to_value <= ROUNDING_EPS * info.eps:  # the reference only rounds: slack relative to each value
+            return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * relative_to_value * t.abs())
     scale = float(values.pow(2).mean().sqrt()) or 1e-300
-    relative = float((err[finite] / (values.abs() + scale)).max())
+    relative = float((err[finite] / (values + scale)).max())
     return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * relative * (t.abs() + scale))
 
 

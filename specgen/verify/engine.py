@@ -22,8 +22,10 @@ from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_ele
 from .verdict import CRASH, INPUT_MUTATED, PASSED, Failure, Verdict
 
 SHRINK_SECONDS = 20.0  # stop shrinking a counterexample after this long
-TIMED_SETS = 2  # input sets a timed phase rotates over
-TIMED_REPS, TIMED_WARMUP = 4, 2  # the verifier's timed phase (the benchmark times more calls the same way)
+TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on input values never seen before
+# once per direction, at the first benchmark shape: the benchmark's own cadence (bench.py's
+# defaults), so a kernel that counts calls or watches the clock meets the benchmark here
+BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
 
 
@@ -163,22 +165,38 @@ class Session:
             if index == 0 and self.spec.deterministic:
                 self.progress(f"{direction}: repeated runs on {case.describe()}")
                 check_deterministic_repeats(self.runner, data, out)
+            if index == 0:  # a kernel may sync or fork only above some size: capture at full size too
+                self.progress(f"{direction}: CUDA graph capture on {case.describe()}")
+                fresh = self.prepare(dataclasses.replace(case, seed=case.seed + 1, distribution="uniform"),
+                                     direction)
+                check_capture(self.runner, data, fresh, deterministic=self.spec.deterministic)
+                del fresh
             del data, out
         started = self.phase("full-size", started)
-        for shape in self.spec.benchmark:
+        flush = _flush_bytes() if on_gpu else 0
+        for number, shape in enumerate(self.spec.benchmark):
             for dtype in self.spec.dtypes:
                 base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
                                  seed=self.options.seed + 900)
                 base = base if on_gpu else self.scaled(base)
                 self.progress(f"{direction}: timed calls on {base.describe()}")
+                calls = TIMED_REPS + TIMED_WARMUP
                 sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
                                                                distribution=("normal", "uniform")[i % 2]),
-                                direction, self.device) for i in range(TIMED_SETS)]
+                                direction, self.device) for i in range(calls)]
                 run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
-                                  flush_bytes=_flush_bytes() if on_gpu else 0)
+                                  flush_bytes=flush)
                 self.cases += run.checked_calls
                 self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
                 del sets
+                if number == 0 and dtype == self.spec.dtypes[0]:
+                    self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
+                    sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
+                                    self.device) for i in range(BENCH_SETS)]
+                    run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
+                                      flush_bytes=flush)
+                    self.cases += run.checked_calls
+                    del sets
         self.phase("timed", started)
         if on_gpu:
             torch.cuda.empty_cache()  # full-size truths are large: give them back between candidates

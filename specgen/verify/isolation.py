@@ -160,7 +160,7 @@ class LocalRunner(RunnerBase):
         times = []
         for index, item in enumerate(calls):
             for ref in item.get("poison", []):
-                self.memory.tensor(ref).fill_(0xFF)
+                self.memory.tensor(ref).random_(0, 256)
             self._sync()
             started = time.perf_counter()
             code = self.lib.call(item["direction"], self._tensors(item["tensors"]), item.get("scalars", {}),

@@ -29,9 +29,27 @@ def fill_value(dtype: torch.dtype, which: int):
     return info.min if which == 0 else info.max
 
 
+_fill_seed = [0]
+
+
 def fill_outputs(runner, refs: dict, which: int) -> None:
-    for ref in refs.values():
-        runner.tensor(ref).fill_(fill_value(runner.tensor(ref).dtype, which))
+    """Pre-fill the outputs: random bytes (a new pattern every call, so a kernel cannot recognise
+    a fill and behave differently), one-byte dtypes the sentinel of `which`. The fills are kept
+    on the runner (`runner.fills[which]`) for the unwritten-element check."""
+    fills = {}
+    for name, ref in refs.items():
+        tensor = runner.tensor(ref)
+        if tensor.element_size() >= 2 and tensor.numel():
+            raw = tensor.reshape(-1).view(torch.uint8)
+            _fill_seed[0] += 1
+            gen = torch.Generator(device=raw.device).manual_seed(_fill_seed[0])
+            raw.copy_(torch.randint(0, 256, raw.shape, generator=gen, dtype=torch.uint8, device=raw.device))
+        else:
+            tensor.fill_(fill_value(tensor.dtype, which))
+        fills[name] = tensor.clone()
+    if not hasattr(runner, "fills"):
+        runner.fills = {}
+    runner.fills[which] = fills
 
 
 def synchronize(device: torch.device) -> None:
@@ -77,6 +95,10 @@ def run_once(runner, data: CaseData, which: int, refs: dict | None = None) -> di
     raise_outcome(data_spec(runner), data, outcome)
     check_guards(runner, data)
     return {name: runner.tensor(ref).clone() for name, ref in refs.items()}
+
+
+def fills_of(runner, which: int) -> dict:
+    return getattr(runner, "fills", {}).get(which, {})
 
 
 def data_spec(runner):

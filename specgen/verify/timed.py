@@ -83,8 +83,8 @@ def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, f
             data = sets[(done + j) % len(sets)]
             got = {name: runner.tensor(ref) for name, ref in outputs[j].items()}
             check_close(data, got, reason=POST_TIMING_MISMATCH,
-                        prefix=f"in timed call {done + j + 1} of {total} (outputs poisoned with NaN before each "
-                               f"call, input values changing from call to call), ")
+                        prefix=f"in timed call {done + j + 1} of {total} (outputs filled with random bytes before "
+                               f"each call, input values changing from call to call), ")
         times += outcome.times_ms
         done += size
     timed = times[warmup:]
