@@ -68,7 +68,8 @@ def _grandchild(request: dict, result_fd: int, task_dir: str) -> None:
     for name in ("TMPDIR", "TEMP", "TMP", "HOME"):
         os.environ[name] = task_dir
     limits = request["limits"]
-    _set_limit(resource.RLIMIT_AS, _vm_bytes() + limits.memory_mb * (1 << 20))
+    if vm := _vm_bytes():  # on top of what torch already maps; unknown (no /proc): no address-space cap
+        _set_limit(resource.RLIMIT_AS, vm + limits.memory_mb * (1 << 20))
     _set_limit(resource.RLIMIT_CPU, int(limits.cpu_s), int(limits.cpu_s) + 2)
     _set_limit(resource.RLIMIT_FSIZE, limits.file_mb * (1 << 20))
     _set_limit(resource.RLIMIT_CORE, 0)
