@@ -206,20 +206,24 @@ def main(argv: list[str]) -> int:
     set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != parent:
         parent_died(None, None)
+    replies = os.fdopen(os.dup(1), "wb")  # see below: the protocol's own descriptor
+    os.dup2(2, 1)
     import torch  # noqa: F401 - torch and the check code, once, before any fork
 
     import specgen.checking  # noqa: F401
     import specgen.inputs  # noqa: F401
     import specgen.reference  # noqa: F401
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    write_frame(stdout, b'{"status": "ready"}')
+    # replies go out on a descriptor of their own (made above, before the imports): whatever
+    # torch or specgen print to stdout goes to the log (stderr), never into the protocol
+    stdin = sys.stdin.buffer
+    write_frame(replies, b'{"status": "ready"}')
     while True:
         header = stdin.read(4)
         if len(header) < 4:
             return 0
         request = pickle.loads(stdin.read(int.from_bytes(header, "big")))
-        write_frame(stdout, json.dumps(_run(request, scratch), default=str).encode())
+        write_frame(replies, json.dumps(_run(request, scratch), default=str).encode())
 
 
 if __name__ == "__main__":
