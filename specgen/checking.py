@@ -1,18 +1,26 @@
-"""`specgen check`'s work for one spec: validate it, then run its reference on small CPU inputs."""
+"""`specgen check`'s work for one spec: validate it, then run its reference on small CPU inputs.
+
+The reference is the user's code: it runs in the sandbox (specgen/sandbox.py), one child
+per spec file, with a wall-clock timeout and memory, CPU and file-size limits. There it is
+called on small inputs of every dtype, once as written and once on float64 copies (the
+verifier's truth); it must return what the signature declares, leave its inputs alone and
+return new tensors, not views of its inputs.
+"""
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from .errors import Location, SpecError
-from .inputs import as_tuple, make_inputs, output_problems, sample_dims, upcast
-from .reference import reference_failure
+from .errors import EnvironmentMissing, Location, SpecError
 from .spec import KernelSpec, load_spec
 
 SMALL_CAP = 48  # largest size drawn per dim when checking: quick on any CPU
+MAX_CHECK_ELEMENTS = 1 << 22  # per tensor: 32 MB in float64
+REFERENCE_TIMEOUT_S = float(os.environ.get("SPECGEN_REFERENCE_TIMEOUT", "60"))
+REFERENCE_MEMORY_MB = int(os.environ.get("SPECGEN_REFERENCE_MEMORY_MB", "4096"))
+REFERENCE_CPU_S = int(os.environ.get("SPECGEN_REFERENCE_CPU", "120"))
 
 
 @dataclass
@@ -27,40 +35,196 @@ class CheckResult:
         return self.error is None
 
 
-def run_reference_checked(spec: KernelSpec, args: dict, dims: dict[str, int], dtype: str) -> tuple:
-    """Run the reference and hold its outputs to the signature; SpecError on any mismatch."""
-    fn = spec.reference_fn()
-    try:
-        with torch.no_grad():
-            outputs = as_tuple(fn(**args))
-    except Exception as error:  # the user's code
-        raise reference_failure(spec, error, f"when called with {dtype} inputs {_shapes(args)}") from None
-    problems = output_problems(spec.signature, outputs, dims, dtype)
-    if problems:
-        raise SpecError("; ".join(problems), location=Location(spec.path, spec.reference_line), field="reference",
-                        hint="the reference must return what the signature declares, in that order")
-    return outputs
-
-
-def _shapes(args: dict) -> str:
-    return "(" + ", ".join(f"{k}={tuple(v.shape)}" if isinstance(v, torch.Tensor) else f"{k}={v!r}"
-                           for k, v in args.items()) + ")"
-
-
-def check_spec(path: Path, *, samples: int = 2, seed: int = 0) -> CheckResult:
+def check_spec(path: Path, *, samples: int = 2, seed: int = 0, sandbox=None) -> CheckResult:
+    """Load the spec here; run its reference in the sandbox (one child for the whole spec)."""
     result = CheckResult(path)
     try:
         spec = load_spec(path)
         result.spec = spec
-        rng = random.Random(seed)
-        for dtype in spec.dtypes:
-            for k in range(samples):
-                dims = sample_dims(spec.signature, spec.dims, rng, cap=SMALL_CAP)
-                args = make_inputs(spec.signature, dims, dtype, seed=seed + k)
-                run_reference_checked(spec, args, dims, dtype)
-                # the verifier computes the truth in float64: that must work too
-                run_reference_checked(spec, upcast(args), dims, "float64")
-                result.runs.append(f"{dtype} " + " ".join(f"{s}={v}" for s, v in dims.items()))
+        result.runs = check_reference(spec, samples=samples, seed=seed, sandbox=sandbox)
     except SpecError as error:
         result.error = error
     return result
+
+
+def check_reference(spec: KernelSpec, *, samples: int = 2, seed: int = 0, sandbox=None) -> list[str]:
+    """Run the reference in the sandbox; the runs made, or a SpecError pointing into the spec."""
+    from .sandbox import Limits, shared_sandbox
+
+    limits = Limits(timeout_s=REFERENCE_TIMEOUT_S, cpu_s=REFERENCE_CPU_S, memory_mb=REFERENCE_MEMORY_MB)
+    reply = (sandbox or shared_sandbox()).call("specgen.checking:reference_runs", spec, samples, seed,
+                                               limits=limits)
+    status = reply.get("status")
+    if status == "ok":
+        return list(reply["value"])
+    raise _sandbox_failure(spec, reply, limits)
+
+
+def _sandbox_failure(spec: KernelSpec, reply: dict, limits) -> SpecError:
+    where = Location(spec.path or spec.name, spec.reference_line)
+    output = (reply.get("output") or "").strip()
+    shown = f"\n  its last output:\n    " + "\n    ".join(output.splitlines()[-8:]) if output else ""
+    status = reply.get("status")
+    if status == "error":
+        e = reply.get("error") or {}
+        location = Location(e["path"], e.get("line"), e.get("column")) if e.get("path") else None
+        return SpecError(e.get("message") or "the reference was refused", location=location, field=e.get("field"),
+                         hint=e.get("hint"))
+    if status == "timeout":
+        return SpecError(f"the reference did not finish within {limits.timeout_s:.0f} s on small CPU inputs "
+                         f"(an endless loop?); it was stopped{shown}", location=where, field="reference",
+                         hint="SPECGEN_REFERENCE_TIMEOUT=SECONDS allows a slower reference")
+    if status == "crash":
+        return SpecError(f"{reply.get('type')} escaped the reference: {reply.get('message')}", location=where,
+                         field="reference")
+    if status == "died":
+        signame, code = reply.get("signal"), reply.get("exit_code")
+        if signame == "SIGXCPU" or signame == "SIGKILL" and code is None and "cpu" in output.lower():
+            why = f"used more than {limits.cpu_s} s of CPU time and was stopped"
+        elif signame == "SIGXFSZ":
+            why = f"wrote a file larger than {limits.file_mb} MB and was stopped"
+        elif signame == "SIGKILL":
+            why = f"was killed (SIGKILL; out of memory? the limit is {limits.memory_mb} MB)"
+        elif signame:
+            why = f"crashed ({signame})"
+        else:
+            why = (f"ended its process (exit status {code}) without returning: a reference must return its "
+                   f"outputs, never call os._exit(), sys.exit() or exit()")
+        return SpecError(f"the reference {why}{shown}", location=where, field="reference")
+    raise EnvironmentMissing(f"the sandbox that runs spec references failed: {reply.get('output') or reply}")
+
+
+# ---------------------------------------------------------------------------- in the sandbox
+
+def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
+    """Runs in the sandbox's grandchild: every dtype x `samples` shapes, as written and in float64."""
+    from .inputs import make_inputs, upcast
+
+    rng = random.Random(seed)
+    runs = []
+    for dtype in spec.dtypes:
+        for k in range(samples):
+            dims = small_dims(spec, rng)
+            args = make_inputs(spec.signature, dims, dtype, seed=seed + k)
+            run_reference_checked(spec, args, dims, dtype)
+            # the verifier computes the truth in float64: that must work too
+            run_reference_checked(spec, upcast(args), dims, "float64")
+            runs.append(f"{dtype} " + " ".join(f"{s}={v}" for s, v in dims.items()))
+    return runs
+
+
+def small_dims(spec: KernelSpec, rng: random.Random) -> dict[str, int]:
+    """Sizes within the spec's ranges, small enough that no tensor exceeds MAX_CHECK_ELEMENTS."""
+    from .inputs import sample_dims
+
+    sig = spec.signature
+    cap = SMALL_CAP
+    while True:
+        dims = sample_dims(sig, spec.dims, rng, cap=cap)
+        largest, name = _largest_tensor(sig, dims)
+        if largest <= MAX_CHECK_ELEMENTS:
+            return dims
+        if cap == 1:
+            raise SpecError(f"{name!r} has {largest} elements even at the smallest sizes dims allows "
+                            f"({', '.join(f'{s}={v}' for s, v in dims.items())}); specgen check runs the reference "
+                            f"on at most {MAX_CHECK_ELEMENTS} elements per tensor",
+                            location=Location(spec.path or spec.name, 1), field="signature",
+                            hint="use smaller literal sizes, or lower bounds in dims")
+        cap = max(1, cap // 2)
+
+
+def _largest_tensor(sig, dims: dict[str, int]) -> tuple[int, str]:
+    largest, name = 0, ""
+    for tname, ttype in [(p.name, p.type) for p in sig.inputs] + [(o.name, o.type) for o in sig.outputs]:
+        count = 1
+        for size in ttype.shape(dims):
+            count *= size
+        if count > largest:
+            largest, name = count, tname
+    return largest, name
+
+
+def run_reference_checked(spec: KernelSpec, args: dict, dims: dict[str, int], dtype: str) -> tuple:
+    """Run the reference and hold it to the signature and to its inputs; SpecError on any mismatch."""
+    import torch
+
+    from .inputs import as_tuple, output_problems
+    from .reference import reference_failure
+
+    fn = spec.reference_fn()
+    before = {name: value.clone() for name, value in args.items() if isinstance(value, torch.Tensor)}
+    try:
+        with torch.no_grad():
+            outputs = as_tuple(fn(**args))
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as error:
+        raise reference_failure(spec, error, f"when called with {dtype} inputs {_shapes(args)}: the reference "
+                                             f"must return its outputs, never end the process") from None
+    except Exception as error:  # the user's code
+        raise reference_failure(spec, error, f"when called with {dtype} inputs {_shapes(args)}") from None
+    where = Location(spec.path or spec.name, spec.reference_line)
+    for name, original in before.items():
+        if _changed(original, args[name]):
+            raise SpecError(f"the reference changed its input {name!r} in place (called with {dtype} inputs "
+                            f"{_shapes(args)}): the packaged op would change the caller's tensor",
+                            location=where, field="reference",
+                            hint="compute into new tensors: out-of-place ops (x.mul(2), not x.mul_(2)), or "
+                                 "x = x.clone() first")
+    problems = output_problems(spec.signature, outputs, dims, dtype)
+    if problems:
+        raise SpecError(_truth_run(dtype) + "; ".join(problems), location=where, field="reference",
+                        hint=_dtype_hint(spec, dtype, problems)
+                        or "the reference must return what the signature declares, in that order")
+    for out, decl in zip(outputs, spec.signature.outputs):
+        for name, value in args.items():
+            if isinstance(value, torch.Tensor) and _shares_memory(out, value):
+                raise SpecError(f"output {decl.name!r} of the reference is its input {name!r} or a view of it "
+                                f"(they share memory)", location=where, field="reference",
+                                hint=f"return a new tensor, e.g. {name}.clone() or an out-of-place op")
+    return outputs
+
+
+def _truth_run(dtype: str) -> str:
+    if dtype != "float64":
+        return ""
+    return ("in the float64 run (the verifier computes its truth from float64 copies of the floating inputs, "
+            "so the reference is also called on float64 tensors): ")
+
+
+def _dtype_hint(spec: KernelSpec, dtype: str, problems: list[str]) -> str | None:
+    if dtype != "float64" or not any("dtype" in p for p in problems):
+        return None
+    fixed = [o.name for o in spec.signature.outputs if o.type.dtype in ("float32", "float16", "bfloat16")]
+    if fixed:
+        return (f"{', '.join(fixed)} declared with a fixed dtype still come back in float64 from float64 inputs "
+                f"(specgen casts to the declared dtype itself): e.g. work = torch.float64 if x.dtype == "
+                f"torch.float64 else torch.float32, then .to(work)")
+    return "return outputs in the dtype of the inputs: no fixed .float() or .half() at the end"
+
+
+def _changed(before, after) -> bool:
+    import torch
+
+    if not isinstance(after, torch.Tensor) or after.shape != before.shape or after.dtype != before.dtype:
+        return True
+    if before.numel() == 0:
+        return False
+    return not torch.equal(before.reshape(-1).view(torch.uint8), after.detach().contiguous().reshape(-1)
+                           .view(torch.uint8))
+
+
+def _shares_memory(out, value) -> bool:
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.numel() == 0 or value.numel() == 0:
+        return False
+    try:
+        return out.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _shapes(args: dict) -> str:
+    import torch
+
+    return "(" + ", ".join(f"{k}={tuple(v.shape)}" if isinstance(v, torch.Tensor) else f"{k}={v!r}"
+                           for k, v in args.items()) + ")"

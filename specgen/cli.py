@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from . import __version__
 from .commands import COMMANDS
-from .errors import EXIT_USAGE, SpecgenError
+from .errors import EXIT_REJECTED, EXIT_USAGE, SpecgenError
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .interrupts import Terminated, termination_as_interrupt
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -37,13 +39,32 @@ def main(argv: list[str] | None = None) -> int:
 
     restart_clock()
     try:
-        return int(args.func(args) or 0)
+        with termination_as_interrupt():
+            return int(args.func(args) or 0)
     except SpecgenError as error:
         err_console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)
         return error.exit_code
+    except Terminated as stop:
+        err_console.print(f"stopped by signal {stop.signum}")
+        return stop.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    except RecursionError as error:  # e.g. a pathological input deep inside a library
+        return _internal_error(error)
+    except Exception as error:  # noqa: BLE001 - no traceback reaches the user (SPECGEN_DEBUG=1 shows it)
+        return _internal_error(error)
+
+
+def _internal_error(error: BaseException) -> int:
+    import os
+
+    if os.environ.get("SPECGEN_DEBUG"):
+        raise error
+    err_console.print(f"[bold red]internal error:[/] {escape(type(error).__name__)}: {escape(str(error)[:500])}\n"
+                      f"  this is a bug in specgen, not in your input: please report it with the command line "
+                      f"(SPECGEN_DEBUG=1 shows the traceback)", soft_wrap=True)
+    return EXIT_REJECTED
 
 
 if __name__ == "__main__":  # pragma: no cover

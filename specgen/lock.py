@@ -47,6 +47,21 @@ def kernel_hash(source: str) -> str:
     return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
+def read_kernel(path: Path) -> str:
+    """A kernel file's text; LockError (not a traceback) for a folder, binary data or a read error."""
+    if path.is_dir():
+        raise LockError(f"{path}: is a folder, not a kernel file; move it away")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise LockError(f"{path}: cannot read the kernel ({error.strerror or error})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise LockError(f"{path}: the kernel is not UTF-8 text ({error.reason} at byte {error.start}); "
+                        f"restore it from version control") from None
+
+
 def gpu_available() -> bool:
     """Whether this machine may write verification records (tests monkeypatch this)."""
     try:
@@ -176,18 +191,28 @@ class Lock:
 
     @staticmethod
     def _read_entries(path: Path) -> dict[str, LockEntry]:
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return {}
+        if path.is_dir():
+            raise LockError(f"{path}: is a folder, not a specgen lock; move it away (the lock is a JSON file)")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            version = data.get("version")
-            if version != LOCK_VERSION:
-                raise LockError(f"{path}: lock version {version!r}, this specgen reads version {LOCK_VERSION}; "
-                                f"regenerate with `specgen generate --regenerate`")
-            return {op: LockEntry.from_json(op, e) for op, e in data.get("ops", {}).items()}
+        except OSError as error:
+            raise LockError(f"{path}: cannot read the lock ({error.strerror or error})") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise LockError(f"{path}: not a valid specgen lock ({type(error).__name__}: {error}); "
+                            f"restore it from version control, or delete it and run `specgen generate`") from None
+        version = data.get("version") if isinstance(data, dict) else None
+        if version != LOCK_VERSION:
+            raise LockError(f"{path}: lock version {version!r}, but this specgen reads version {LOCK_VERSION} only. "
+                            f"If another specgen wrote it, use that version; to start over, move the lock away "
+                            f"and run `specgen generate` (nothing here can rewrite a lock it cannot read)")
+        try:
+            ops = data.get("ops", {})
+            return {op: LockEntry.from_json(op, e) for op, e in ops.items()}
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise LockError(f"{path}: not a valid specgen lock ({type(error).__name__}: {error}); "
-                            f"restore it from version control or delete it and regenerate") from None
+                            f"restore it from version control, or delete it and run `specgen generate`") from None
 
     def entry(self, op: str) -> LockEntry | None:
         return self.entries.get(op)
@@ -199,7 +224,7 @@ class Lock:
         if not kernel.exists():
             reason = "no kernel file" if entry is None else f"{kernel.name} is listed in the lock but missing"
             return LockStatus(op, MISSING, reason, kernel, entry)
-        actual = kernel_hash(kernel.read_text(encoding="utf-8"))
+        actual = kernel_hash(read_kernel(kernel))
         if entry is None:
             return LockStatus(op, HAND_EDITED, f"{kernel.name} exists but has no lock entry", kernel, None)
         if actual != entry.kernel_hash:

@@ -27,6 +27,9 @@ def reference_module(spec) -> types.ModuleType:
                         location=Location(filename, error.lineno, error.offset), field="reference") from None
     try:
         exec(code, module.__dict__)
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as error:
+        raise reference_failure(spec, error, "while loading the reference: a reference must define functions, "
+                                             "never end the process") from None
     except Exception as error:  # the user's code: report where it failed, in the YAML
         raise reference_failure(spec, error, "while loading the reference") from None
     return module
@@ -53,5 +56,9 @@ def reference_failure(spec, error: BaseException, doing: str) -> SpecError:
     for frame in traceback.extract_tb(error.__traceback__):
         if frame.filename == filename:
             line = frame.lineno
-    return SpecError(f"{type(error).__name__} {doing}: {error}", location=Location(filename, line),
-                     field="reference")
+    what = type(error).__name__
+    if isinstance(error, SystemExit):
+        what = f"sys.exit({error.code!r}) (SystemExit)"
+    text = str(error)
+    return SpecError(f"{what} {doing}" + (f": {text}" if text and not isinstance(error, SystemExit) else ""),
+                     location=Location(filename, line), field="reference")

@@ -8,19 +8,26 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .abi import ABI_VERSION
+from .abi import ABI_VERSION, MAX_DIMS
 from .errors import Location, SpecError, UsageError
+from .names import name_problem
 from .signature import FLOAT_DTYPES, Signature, SignatureSyntaxError, parse_signature
 from .yamlpos import Positions, load_yaml_with_positions
 
 FloatDtype = Literal["float32", "float16", "bfloat16", "float64"]
 Library = Literal["cublas", "cublasLt", "cudnn", "cufft", "curand", "cusparse", "cusolver"]
+
+# The largest size a dim range, a literal size or a benchmark shape may name: 2**31 - 1
+# elements along one axis (kernels index rows and columns in 32 bits, and an unbounded range
+# is a typo, not a shape).
+MAX_DIM_SIZE = 2**31 - 1
 
 # Defaults per working dtype; the verifier widens them to 4x the reference's own error.
 DEFAULT_TOLERANCE = {
@@ -168,15 +175,87 @@ def _signature_error(error: SignatureSyntaxError, spec_text: str, pos: Positions
                           "op(x: Tensor[N, D], w: Tensor[D], eps: float = 1e-5) -> Tensor[N, D]")
 
 
+def _name_offset(text: str, name: str, start: int = 0) -> int:
+    """0-based offset of `name` as a whole word in the signature text (0 when not found)."""
+    import re
+
+    match = re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", text[start:])
+    return start + match.start() if match else 0
+
+
+def _at_signature(message: str, name: str, spec: KernelSpec, pos: Positions, *, start: int = 0,
+                  hint: str | None = None) -> SpecError:
+    """A SpecError pointing at `name` inside the signature (line, column and a caret)."""
+    text = spec.signature_text
+    error = _signature_error(SignatureSyntaxError(message, _name_offset(text, name, start), text), text, pos)
+    if hint:
+        error.hint = hint
+    return error
+
+
+def _check_names(spec: KernelSpec, pos: Positions) -> None:
+    """Every name becomes Python, C and a file name: keywords, macros and clashes are refused."""
+    sig = spec.signature
+    if problem := name_problem(spec.name, "op"):
+        raise SpecError(problem, location=pos.location(("name",)), field="name",
+                        hint="rename the op (in name: and in the signature)")
+    arrow = spec.signature_text.find("->")
+    named = [(p.name, "parameter", 0) for p in sig.params]
+    named += [(o.name, "output", max(arrow, 0)) for o in sig.outputs if o.named]
+    named += [(s, "dimension", 0) for s in sig.symbols()]
+    for name, role, start in named:
+        if problem := name_problem(name, role):
+            raise _at_signature(f"{role} {name!r}: {problem}", name, spec, pos, start=start,
+                                hint=f"rename the {role}")
+    if spec.backward != "none":
+        taken = {p.name for p in sig.params} | {o.name for o in sig.outputs} | set(sig.symbols())
+        grads = [p.name for p in sig.inputs if p.type.is_floating] + [o.name for o in sig.outputs if o.type.is_floating]
+        for name in grads:
+            if f"grad_{name}" in taken:
+                raise _at_signature(f"{'grad_' + name!r} is also the name of the gradient of {name!r} in the "
+                                    f"backward pass", f"grad_{name}", spec, pos,
+                                    hint="rename it: names grad_<x> are taken by the gradients of x")
+
+
+def _check_sizes(spec: KernelSpec, pos: Positions) -> None:
+    """Rank and literal sizes within what the kernel ABI and a real tensor can hold."""
+    sig = spec.signature
+    arrow = max(spec.signature_text.find("->"), 0)
+    tensors = [(p.name, p.type, 0) for p in sig.inputs] + [(o.name, o.type, arrow) for o in sig.outputs]
+    for name, ttype, start in tensors:
+        if ttype.ndim > MAX_DIMS:
+            raise _at_signature(f"{name!r} has {ttype.ndim} dimensions; the kernel ABI allows at most {MAX_DIMS}",
+                                name, spec, pos, start=start, hint="merge dimensions, e.g. Tensor[N, D]")
+        dims = list(ttype.dims) + list(ttype.value_range or ())
+        for dim in dims:
+            if max(abs(dim.add), dim.mul, dim.div) > MAX_DIM_SIZE:
+                raise _at_signature(f"the size {dim} of {name!r} is larger than {MAX_DIM_SIZE}", name, spec, pos,
+                                    start=start)
+    for param in sig.scalars:
+        if isinstance(param.default, float) and not math.isfinite(param.default):
+            raise _at_signature(f"the default of {param.name!r} is {param.default}; a default must be a finite "
+                                f"number (the package's torch schema cannot express it)", param.name, spec, pos,
+                                hint="give a finite default, or none (then every call passes a value)")
+
+
+def _check_lists(spec: KernelSpec, pos: Positions) -> None:
+    seen: dict[str, int] = {}
+    for index, dtype in enumerate(spec.dtypes):
+        if dtype in seen:
+            raise SpecError(f"{dtype} is listed twice", location=pos.location(("dtypes", index)),
+                            field=f"dtypes[{index}]", hint="list each working dtype once")
+        seen[dtype] = index
+
+
 def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
     sig = spec.signature
     if sig.name != spec.name:
         raise SpecError(f"the signature names the op {sig.name!r} but name is {spec.name!r}",
                         location=pos.location(("signature",)), field="signature",
                         hint="use the same identifier in both places")
-    if not spec.name.isidentifier():
-        raise SpecError(f"{spec.name!r} is not a valid identifier", location=pos.location(("name",)), field="name",
-                        hint="use letters, digits and underscores, starting with a letter")
+    _check_names(spec, pos)
+    _check_sizes(spec, pos)
+    _check_lists(spec, pos)
     symbols = sig.symbols()
     missing = [s for s in symbols if s not in spec.dims]
     if missing:
@@ -194,6 +273,10 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
         if lo < 0 or hi < lo:
             raise SpecError(f"range [{lo}, {hi}] is empty or negative", location=where, field=f"dims.{symbol}",
                             hint="write [lo, hi] with 0 <= lo <= hi")
+        if hi > MAX_DIM_SIZE:
+            raise SpecError(f"the upper bound {hi} is larger than {MAX_DIM_SIZE}", location=where,
+                            field=f"dims.{symbol}",
+                            hint="give the largest size the op must handle, e.g. [1, 65536]")
         step = divisors.get(symbol, 1)
         if hi // step * step < lo:
             raise SpecError(f"no size in [{lo}, {hi}] is a multiple of {step}, which the signature needs",
@@ -208,6 +291,13 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
             if symbol not in symbols:
                 raise SpecError(f"benchmark shape {index + 1} sets unknown dimension {symbol!r}", location=where,
                                 field=f"benchmark[{index}]", hint=f"{_suggest(symbol, symbols)}")
+            lo, hi = spec.dims[symbol]
+            if not lo <= value <= hi:
+                raise SpecError(f"benchmark {symbol}={value} is outside dims.{symbol} = [{lo}, {hi}]",
+                                location=pos.location(("benchmark", index, symbol)),
+                                field=f"benchmark[{index}].{symbol}",
+                                hint="a benchmark shape must be one the kernel is verified for: widen dims "
+                                     "or change the shape")
             if value % divisors.get(symbol, 1):
                 raise SpecError(f"benchmark {symbol}={value} is not a multiple of {divisors[symbol]}",
                                 location=where, field=f"benchmark[{index}]")

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EXIT_OK, EXIT_REJECTED, EnvironmentMissing, Rejected, UsageError
+from . import positive_int
 
 DEFAULT_PACKAGE_NAME = "specgen_kernels"
 
@@ -55,7 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--keep-tree", default=None, metavar="DIR",
                    help="write the package tree into DIR/<name>/ and keep it (default: a temporary folder); "
                         "a kept tree also keeps its compiled objects for the next build")
-    p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
+    p.add_argument("--jobs", type=positive_int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write the wheel and each op's outcome as JSON to OUT ('-': stdout)")
     add_agent_arguments(p)
@@ -74,7 +75,8 @@ class OpResult:
 
 
 def run(args) -> int:
-    from ..spec import find_spec_files, load_spec
+    from . import check_references, folder_argument, load_specs
+    from .generate import check_agent_arguments
 
     from ..ui import console as make_console
 
@@ -82,13 +84,20 @@ def run(args) -> int:
     started = time.monotonic()
     if args.locked and args.regenerate:
         raise UsageError("--locked and --regenerate contradict each other: --locked generates nothing")
-    from ..package.model import check_package_name, parse_arch_list
+    from ..package.model import check_package_name, check_version, parse_arch_list
 
-    check_package_name(args.name)
+    check_package_name(args.name, installed=True)
+    check_version(args.package_version)
     parse_arch_list(args.arch_list)
-    specs = [load_spec(path) for path in find_spec_files(args.specs)]
-    _check_unique(specs)
+    check_agent_arguments(args)
+    folder_argument(args.out, "-o/--out")
+    if args.keep_tree:
+        folder_argument(args.keep_tree, "--keep-tree")
+    if args.hub_layout:
+        folder_argument(args.hub_layout, "--hub-layout")
+    specs = load_specs(args.specs)
     _require_torch()
+    check_references(specs)  # the package embeds each reference and runs it on the CPU
 
     if args.locked:
         results = _locked(specs)
@@ -134,15 +143,6 @@ def _with_problem(result: OpResult, problem: str) -> OpResult:
     return result
 
 
-def _check_unique(specs) -> None:
-    seen: dict[str, object] = {}
-    for spec in specs:
-        if spec.name in seen:
-            raise UsageError(f"{spec.path} and {seen[spec.name].path} both define the op {spec.name!r}; "
-                             f"op names must be unique in a package")
-        seen[spec.name] = spec
-
-
 def _require_torch() -> None:
     try:
         import torch  # noqa: F401
@@ -170,7 +170,9 @@ def _kernel_result(spec, lock, action: str, gpu_arch: str | None, note: str | No
     from ..package.provenance import op_provenance
 
     entry = lock.entry(spec.name)
-    source = lock.kernel_path(spec.name).read_text(encoding="utf-8")
+    from ..lock import read_kernel
+
+    source = read_kernel(lock.kernel_path(spec.name))
     provenance = op_provenance(entry, gpu_arch=gpu_arch, note=note, symbols=spec.signature.symbols())
     return OpResult(spec, source, provenance, action=action)
 
@@ -278,7 +280,9 @@ def _generate(spec, agent, args, console: Console, gpu_arch: str | None) -> OpRe
 
 def _reverify(spec, lock, status, args, console: Console, gpu_arch: str | None) -> OpResult:
     """A hand-edited kernel: verify it on this GPU and lock it as it is; never overwrite it."""
-    source = status.kernel_path.read_text(encoding="utf-8")
+    from ..lock import read_kernel
+
+    source = read_kernel(status.kernel_path)
     note = f"{status.kernel_path.name} was edited by hand"
     if args.no_verify or gpu_arch is None:
         from ..package.provenance import UNVERIFIED
@@ -351,17 +355,19 @@ def _package(results: list[OpResult], args, console: Console):
         from ..toolchain import find_cuda_toolkit
 
         toolkit = find_cuda_toolkit()  # EnvironmentMissing (exit 3) names what is missing
+        _symbol_gate(results, args, console)
     timings = {}
     with contextlib.ExitStack() as stack:
         tree_root = Path(args.keep_tree) if args.keep_tree else Path(
-            stack.enter_context(tempfile.TemporaryDirectory(prefix="specgen-build-")))
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="specgen-build-", ignore_cleanup_errors=True)))
         tree = tree_root / args.name  # only this subfolder is emptied and rewritten
         with _step(console, f"writing the package tree of {args.name} ({len(pkg.ops)} ops)"):
             emit_package(pkg, tree)
         what = "compiling the CUDA kernels and building the wheel" if pkg.has_kernels else "building the wheel"
         started = time.monotonic()
         with _step(console, what):
-            wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs)
+            wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs,
+                                cleanup=() if args.keep_tree else (str(tree_root),))
         timings["wheel"] = time.monotonic() - started
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")
@@ -369,6 +375,20 @@ def _package(results: list[OpResult], args, console: Console):
         with _step(console, f"writing the kernels hub layout into {args.hub_layout}"):
             write_hub_layout(pkg, wheel, args.hub_layout, toolkit.version if toolkit else "0.0")
     return wheel, pkg, timings
+
+
+def _symbol_gate(results: list[OpResult], args, console: Console) -> None:
+    """Every kernel compiled alone and its symbols read before it is packaged (package/gate.py)."""
+    from ..package.gate import kernel_refusals
+
+    problems = []
+    with _step(console, "checking what each kernel calls"):
+        for r in results:
+            if r.kernel is not None:
+                problems += [f"{r.spec.name}: {line}" for line in kernel_refusals(r.spec, r.kernel, arch=args.arch)]
+    if problems:
+        raise Rejected("the package was not built: a kernel calls what a kernel may not, whatever its lock "
+                       "record says:\n" + "\n".join(f"  - {p}" for p in problems[:20]))
 
 
 def _summary(results: list[OpResult], console: Console, gpu_arch: str | None) -> None:

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from ..agents.base import AgentRefused
 from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+from . import base_url_problem, fraction, non_negative, non_negative_int, positive, positive_int
 
 
 def register(subparsers) -> None:
@@ -43,18 +44,19 @@ def add_agent_arguments(parser) -> None:
                    help="environment variable holding the API key (default: OPENAI_API_KEY / "
                         "ANTHROPIC_API_KEY; openai-compatible: none)")
     g.add_argument("--transcript", default=None, metavar="FILE", help="replay: the transcript to rerun")
-    g.add_argument("--attempts", type=_positive_int, default=8, help="candidates per spec (default 8)")
-    g.add_argument("--samples", type=_positive_int, default=1,
+    g.add_argument("--attempts", type=positive_int, default=8, help="candidates per spec (default 8)")
+    g.add_argument("--samples", type=positive_int, default=1,
                    help="candidates proposed in parallel per round (default 1)")
-    g.add_argument("--budget-usd", type=float, default=None, metavar="X", help="stop once a spec cost X USD")
-    g.add_argument("--wall-time", type=float, default=None, metavar="S", help="stop a spec after S seconds")
-    g.add_argument("--target-roofline", type=float, default=0.8, metavar="F",
+    g.add_argument("--budget-usd", type=non_negative, default=None, metavar="X", help="stop once a spec cost X USD")
+    g.add_argument("--wall-time", type=positive, default=None, metavar="S", help="stop a spec after S seconds")
+    g.add_argument("--target-roofline", type=fraction, default=0.8, metavar="F",
                    help="stop once a verified kernel reaches this fraction of the memory roofline "
                         "(default 0.8)")
     g.add_argument("--transcript-dir", default=".specgen/transcripts", metavar="DIR",
                    help="where the JSONL transcripts go (default .specgen/transcripts)")
-    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per LLM request (default 600)")
-    g.add_argument("--retries", type=int, default=4, help="per LLM request on 429/5xx/timeouts (default 4)")
+    g.add_argument("--timeout", type=positive, default=600.0, metavar="S", help="per LLM request (default 600)")
+    g.add_argument("--retries", type=non_negative_int, default=4,
+                   help="per LLM request on 429/5xx/timeouts (default 4)")
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
     g.add_argument("--sanitize", action="store_true",
@@ -62,19 +64,13 @@ def add_agent_arguments(parser) -> None:
                         "can be locked; slower, and the lock record says it was sanitized")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def run(args) -> int:
     from ..agents.registry import AgentOptions, create_agent, load_catalog
-    from ..spec import find_spec_files, load_spec
+    from . import check_references, load_specs
 
-    if args.target_roofline is not None and not 0 < args.target_roofline <= 1:
-        raise UsageError(f"--target-roofline {args.target_roofline}: give a fraction in (0, 1]")
+    check_agent_arguments(args)
+    specs = load_specs(args.specs)
+    check_references(specs)
     from ..ui import Progress, emit_json, human_console
 
     console = human_console(args.json)
@@ -90,8 +86,7 @@ def run(args) -> int:
                       f"--budget-usd counts it as free (add it to {escape(str(catalog.source or 'models.toml'))})")
     code = EXIT_OK
     outcomes = []
-    for path in find_spec_files(args.specs):
-        spec = load_spec(path)
+    for spec in specs:
         with progress.stage(f"generating {spec.name} with {agent.name}", done=False):
             try:
                 result = generate_one(spec, agent, args, console)
@@ -124,6 +119,14 @@ def spec_outcome(spec) -> dict:
             "agent": entry.agent if entry is not None else None}
 
 
+def check_agent_arguments(args) -> None:
+    """What argparse cannot check alone, before any spec is read or any agent started."""
+    if args.target_roofline is not None and not 0 < args.target_roofline <= 1:
+        raise UsageError(f"--target-roofline {args.target_roofline}: give a fraction in (0, 1]")
+    if args.base_url is not None and (problem := base_url_problem(args.base_url)):
+        raise UsageError(f"--base-url {args.base_url!r}: {problem}; write e.g. http://localhost:8000/v1")
+
+
 def generate_one(spec, agent, args, console: Console) -> int:
     from .. import abi, lock
     from ..agents.base import Candidate, KernelTask
@@ -134,7 +137,7 @@ def generate_one(spec, agent, args, console: Console) -> int:
     status = lock.status(spec)
     baseline = None
     if status.entry is not None and status.kernel_path and Path(status.kernel_path).is_file():
-        baseline = Candidate(Path(status.kernel_path).read_text(), status.entry.agent, status.entry.model)
+        baseline = Candidate(lock.read_kernel(Path(status.kernel_path)), status.entry.agent, status.entry.model)
     task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
                       gpu=gpu_facts(), baseline=baseline)
     evaluator = KernelEvaluator(task, arch=args.arch, verify_options=verify_options(args))

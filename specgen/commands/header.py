@@ -19,10 +19,12 @@ def run(args) -> int:
     from ..abi import header_text, write_header
     from ..spec import load_spec
 
+    from . import folder_argument
+
     spec = load_spec(args.spec)
     if args.stdout:
         sys.stdout.write(header_text(spec))
         return 0
-    path = write_header(spec, Path(args.output_dir))
+    path = write_header(spec, folder_argument(args.output_dir, "-o/--output-dir"))
     print(f"wrote {path}")
     return 0

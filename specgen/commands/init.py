@@ -63,10 +63,15 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..fsutil import write_atomic
 
-    if not args.name.isidentifier():
-        raise UsageError(f"NAME {args.name!r} is not a valid identifier: use letters, digits and underscores")
-    folder = Path(args.dir)
+    from ..names import name_problem
+    from . import folder_argument
+
+    if problem := name_problem(args.name, "op"):
+        raise UsageError(f"NAME {args.name!r}: {problem}")
+    folder = folder_argument(args.dir, "--dir")
     path = folder / f"{args.name}.yaml"
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; choose another NAME or --dir")
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists already; pass --force to overwrite it, or choose another NAME")
     write_atomic(path, STARTER.format(name=args.name, path=path, folder=folder))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+from . import non_negative_int, positive
 
 
 def register(subparsers) -> None:
@@ -13,30 +14,40 @@ def register(subparsers) -> None:
                               description="Compile FILE.cu, check its symbols and entry points, then run it in a "
                                           "worker process against the reference (float64 truth) over boundary and "
                                           "Hypothesis-drawn cases, with the anti-cheat checks. Exit 0 passed, "
-                                          "1 rejected (the reason is printed), 3 no GPU or no nvcc.")
-    p.add_argument("spec", metavar="SPEC", help="a spec file")
-    p.add_argument("--kernel", required=True, metavar="FILE.cu", help="the candidate kernel source")
-    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+                                          "1 rejected (the reason is printed), 3 no GPU or no nvcc. With --locked: "
+                                          "re-verify every kernel the lock of SPECS (default specs/) records: a "
+                                          "lock record is what the lock says, not a proof.")
+    p.add_argument("spec", nargs="*", metavar="SPEC",
+                   help="a spec file (with --kernel); with --locked: spec files or folders (default: specs)")
+    p.add_argument("--kernel", default=None, metavar="FILE.cu", help="the candidate kernel source")
+    p.add_argument("--locked", action="store_true",
+                   help="re-verify every locked kernel of SPECS on this GPU; exit 1 if any fails")
+    p.add_argument("--examples", type=non_negative_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"Hypothesis cases per direction, on top of the boundary cases (default {DEFAULT_EXAMPLES})")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed for the drawn cases (default 0)")
     p.add_argument("--sanitize", action="store_true",
                    help="also run compute-sanitizer memcheck and racecheck over a small run")
     p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--timeout", type=positive, default=None, metavar="SECONDS",
                    help="a kernel making no progress for this long is a `timeout` (default 60)")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict as JSON to OUT ('-': stdout)")
+    p.add_argument("--json", default=None, metavar="OUT", help="also write the verdict(s) as JSON to OUT ('-': stdout)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    if args.locked:
+        if args.kernel:
+            raise UsageError("--locked verifies the kernels the lock records; it takes no --kernel")
+        return run_locked(args)
+    if len(args.spec) != 1 or not args.kernel:
+        raise UsageError("verify one kernel with `specgen verify SPEC --kernel FILE.cu`, or every locked kernel "
+                         "with `specgen verify --locked [SPECS]`")
     from . import kernel_argument
     from ..spec import load_spec
     from ..verify import verify_kernel
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec[0])
     kernel = kernel_argument(args.kernel)
-    if args.examples < 0:
-        raise UsageError(f"--examples {args.examples}: give a count >= 0")
     from ..ui import Progress, emit_json, human_console
 
     with Progress().stage(f"verifying {kernel} against {spec.name}") as stage:
@@ -53,3 +64,56 @@ def run(args) -> int:
     if shown:
         out.print("timings: " + ", ".join(f"{k}={v}" for k, v in shown.items()), style="dim")
     return EXIT_OK if verdict.passed else EXIT_REJECTED
+
+
+def run_locked(args) -> int:
+    """Re-verify every kernel the lock records, on the GPU at hand: 0 all passed, 1 any failed,
+    2 nothing locked, 3 no GPU. A lock record proves nothing by itself: this is the proof."""
+    from ..errors import EnvironmentMissing
+    from ..lock import HAND_EDITED, MISSING, STALE, Lock, gpu_available
+    from . import load_specs
+
+    specs = load_specs(args.spec or ["specs"])
+    locked = []
+    for spec in specs:
+        lock = Lock.for_spec(spec)
+        entry = lock.entry(spec.name)
+        if entry is not None and entry.kernel:
+            locked.append((spec, lock.status(spec)))
+    if not locked:
+        raise UsageError(f"no locked kernels in {', '.join(args.spec or ['specs'])}: nothing to verify")
+    if not gpu_available():
+        raise EnvironmentMissing("specgen verify --locked runs every locked kernel, and no CUDA GPU is visible "
+                                 "here; a lock record is what the lock says, not a proof: run this on a GPU machine")
+    from .. import verify as verifier
+
+    from ..ui import emit_json, human_console
+
+    out = human_console(args.json)
+    failed, report = [], {}
+    for spec, status in locked:
+        if status.state == MISSING:
+            failed.append(spec.name)
+            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(status.reason)}")
+            report[spec.name] = {"passed": False, "reason": status.reason}
+            continue
+        notes = {HAND_EDITED: "the kernel file differs from the locked one: verifying the file as it is",
+                 STALE: "the spec changed since the kernel was locked: verifying against the spec as it is"}
+        if status.state in notes:
+            out.print(f"[yellow]note[/] {escape(spec.name)}: {notes[status.state]}")
+        verdict = verifier.verify_kernel(spec, status.kernel_path, examples=args.examples, seed=args.seed,
+                                         sanitize=args.sanitize, arch=args.arch, idle_timeout=args.timeout)
+        first = (verdict.summary().splitlines() or [""])[0]
+        report[spec.name] = {"passed": bool(verdict.passed), "reason": str(verdict.reason), "summary": first}
+        if verdict.passed:
+            out.print(f"[bold green]ok[/] {escape(spec.name)}: {escape(first)}", soft_wrap=True)
+        else:
+            failed.append(spec.name)
+            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(str(verdict.reason))}: {escape(first)}",
+                      soft_wrap=True)
+    emit_json(args.json, report)
+    if failed:
+        out.print(f"{len(failed)} of {len(locked)} locked kernel(s) failed verification: {', '.join(failed)}")
+        return EXIT_REJECTED
+    out.print(f"all {len(locked)} locked kernel(s) verified on this GPU")
+    return EXIT_OK

@@ -30,12 +30,29 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates_dir())), trim_blocks=True,
                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["pyrepr"] = lambda value: pprint.pformat(value, width=100, sort_dicts=False)
+    env.filters["pydoc"] = docstring_text
     env.filters["num"] = lambda value, digits=1: "–" if value is None else f"{value:.{digits}f}"
     env.filters["times"] = lambda value: "–" if value is None else f"{value:.2f}x"
     env.filters["percent"] = lambda value: "–" if value is None else f"{value:.0%}"
     env.filters["dims"] = lambda value: (", ".join(f"{k}={v}" for k, v in value.items())
                                          if isinstance(value, dict) else str(value))
     return env
+
+
+def docstring_text(value) -> str:
+    """User text made safe inside a triple-quoted Python docstring: backslashes and quotes
+    escaped (no `\"\"\"` can end it, no `\\u` can break it), other control characters as escapes."""
+    out = []
+    for char in str(value):
+        if char == "\\":
+            out.append("\\\\")
+        elif char == '"':
+            out.append('\\"')
+        elif char in "\n\t" or (char.isprintable() and not 0xD800 <= ord(char) <= 0xDFFF):
+            out.append(char)
+        else:
+            out.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
 
 
 def render_files(pkg: PackageModel) -> dict[str, str]:

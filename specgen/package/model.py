@@ -443,11 +443,38 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
     )
 
 
-def check_package_name(name: str) -> str:
+def check_package_name(name: str, *, installed: bool = False) -> str:
+    """A lowercase identifier that is no keyword, torch namespace or well-known module; with
+    `installed`, also nothing importable or installed here that the wheel would shadow."""
+    from ..names import package_name_problem
+
     if not PACKAGE_NAME.fullmatch(name) or keyword.iskeyword(name):
         raise UsageError(f"--name {name!r}: the package name is also the Python module and the torch.ops "
                          f"namespace, so it must be a lowercase identifier such as my_kernels")
+    problem = package_name_problem(name) if installed else _static_name_problem(name)
+    if problem:
+        raise UsageError(f"--name {name!r}: {problem}; choose another name, e.g. {name}_kernels")
     return name
+
+
+def _static_name_problem(name: str) -> str | None:
+    from ..names import package_name_problem
+
+    problem = package_name_problem(name)
+    return problem if problem and "already" not in problem else None
+
+
+# PEP 440, as packaging.version.VERSION_PATTERN has it (public versions, local part allowed)
+_VERSION = re.compile(r"""v?(?:(?:[0-9]+)!)?[0-9]+(?:\.[0-9]+)*(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?[0-9]*)?
+                          (?:(?:-[0-9]+)|(?:[-_.]?(?:post|rev|r)[-_.]?[0-9]*))?(?:[-_.]?dev[-_.]?[0-9]*)?
+                          (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?""", re.VERBOSE | re.IGNORECASE)
+
+
+def check_version(version: str) -> str:
+    """A PEP 440 version such as 0.1.0, 1.2rc1 or 2.0.post1 (it goes into pyproject.toml)."""
+    if not isinstance(version, str) or len(version) > 64 or not _VERSION.fullmatch(version):
+        raise UsageError(f"--version {version!r}: not a Python package version (PEP 440); write e.g. 0.1.0")
+    return version
 
 
 def package_model(name: str, specs, kernels: dict[str, str | None], *, version: str = "0.1.0",
@@ -455,7 +482,11 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
     """`kernels` maps op name -> .cu source (None: the op runs its reference on CUDA too)."""
     from .. import __version__
 
+    from ..names import name_problem, op_collisions
+
     check_package_name(name)
+    check_version(version)
+    arch_list = ";".join(item for item in re.split(r"[;,\s]+", arch_list.strip()) if item)  # no newlines in setup.py
     parse_arch_list(arch_list)
     seen: set[str] = set()
     ops = []
@@ -463,6 +494,11 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
         if spec.name in seen:
             raise UsageError(f"two specs define the op {spec.name!r}; op names must be unique in a package")
         seen.add(spec.name)
+        if problem := name_problem(spec.name, "op"):  # load_spec checked it; a KernelSpec can be built by hand
+            raise UsageError(f"{spec.path or spec.name}: name: {problem}")
         ops.append(op_model(spec, kernels.get(spec.name), (provenance or {}).get(spec.name)))
+    collisions = op_collisions([op.name for op in ops], {op.name: op.has_backward for op in ops})
+    if collisions:
+        raise UsageError("; ".join(collisions) + "; rename one of them")
     return PackageModel(name=name, version=version, ops=tuple(ops), arch_list=arch_list,
                         specgen_version=__version__)

@@ -3,7 +3,6 @@ torch already installed is the one the extension compiles against)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,8 +20,13 @@ def cuda_home() -> str:
 
 
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
-                timeout: float = 3600) -> Path:
-    """Build `tree` into a wheel in `out_dir`; returns the wheel path. The log sits next to it."""
+                timeout: float = 3600, cleanup: tuple = ()) -> Path:
+    """Build `tree` into a wheel in `out_dir`; returns the wheel path. The log sits next to it.
+
+    The build runs under specgen.procguard: it stops (nvcc and all) when specgen is interrupted
+    or killed, and then `cleanup` (the temporary tree) is removed too."""
+    from ..procguard import run_guarded
+
     tree, out_dir = Path(tree), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -34,12 +38,15 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     command = _build_command(tree, out_dir)
     log_path = out_dir / f"{tree.name}.build.log"
     try:
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup)
     except FileNotFoundError as error:  # pragma: no cover
         raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
-    log_path.write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-25:])
+    log_path.write_text(log)
+    if returncode is None:
+        raise Rejected(f"building the wheel of {tree} took more than {timeout:.0f} s and was stopped "
+                       f"(log: {log_path})")
+    if returncode != 0:
+        tail = "\n".join(log.strip().splitlines()[-25:])
         if "No module named" in tail and ("setuptools" in tail or "torch" in tail or "wheel" in tail):
             raise EnvironmentMissing(f"building the wheel needs setuptools, wheel and torch (log: {log_path}):\n{tail}")
         raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")

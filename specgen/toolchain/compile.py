@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -90,12 +89,12 @@ def compile_kernel(source: Path | str, *, include_dirs: Sequence[Path] = (), arc
         raise EnvironmentMissing(f"cannot create the kernel cache folder {cache}: {error}. "
                                  f"Set SPECGEN_CACHE_DIR to a writable folder.") from error
     includes = [f"-I{d}" for d, _ in header_roots]
-    with tempfile.TemporaryDirectory(prefix="specgen-build-") as build_dir:
+    with tempfile.TemporaryDirectory(prefix="specgen-build-", ignore_cleanup_errors=True) as build_dir:
         (Path(build_dir) / build_name).write_text(source_text)
         partial = cache / f".{library.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp.so"
         command = [str(toolkit.nvcc), *flags, *includes, build_name, "-o", str(partial)]
         try:
-            returncode, log = _run_with_timeout(command, cwd=build_dir, timeout=timeout)
+            returncode, log = _run_with_timeout(command, cwd=build_dir, timeout=timeout, cleanup=[build_dir])
             source_names = {build_name: display_name, **{str(Path(build_dir) / build_name): display_name}}
             diagnostics = [_relabel(d, source_names, header_roots) for d in parse_diagnostics(log)]
             if returncode is None:
@@ -156,17 +155,13 @@ def _cache_key(source_text: str, header_roots: list[tuple[Path, bool]], flags: l
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _run_with_timeout(command: list[str], cwd: str, timeout: float) -> tuple[int | None, str]:
-    """Run nvcc in its own process group so a timeout also stops cicc/ptxas; returncode None on timeout."""
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        out, _ = process.communicate(timeout=timeout)
-        return process.returncode, out
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, _ = process.communicate()
-        return None, out
+def _run_with_timeout(command: list[str], cwd: str, timeout: float,
+                      cleanup: Sequence[str] = ()) -> tuple[int | None, str]:
+    """Run nvcc in its own process group under a guard (specgen.procguard): a timeout or an
+    interrupt stops cicc/ptxas too, and so does specgen's own death. returncode None on timeout."""
+    from ..procguard import run_guarded
+
+    return run_guarded(command, cwd=cwd, timeout=timeout, cleanup=cleanup)
 
 
 def _relabel(diagnostic: Diagnostic, source_names: dict[str, str],

@@ -78,38 +78,94 @@ _LIBRARY_PREFIXES = [("cublasLt", "cublasLt"), ("cublas", "cublas"), ("cudnn", "
                      ("curand", "curand"), ("cusparse", "cusparse"), ("cusolver", "cusolver")]
 _OTHER_LIBRARY_PREFIXES = ("nccl", "nvrtc", "nvJitLink", "cutensor", "npp", "nvjpeg", "cusparseLt", "nvshmem",
                            "_ZN2at", "_ZN3c10", "_ZN5torch", "Py")
-_DYNAMIC_LOADING = {"dlopen", "dlmopen", "dlsym", "dlvsym", "dladdr", "dladdr1", "dlinfo", "dlerror",
-                    "__libc_dlopen_mode", "__libc_dlsym"}
-_PROCESS_SPAWNING = {"system", "popen", "fork", "vfork", "execv", "execve", "execvp", "execvpe", "execl",
-                     "execle", "execlp", "posix_spawn", "posix_spawnp", "clone", "clone3", "kill", "raise",
-                     "ptrace", "syscall", "prctl", "setsid", "daemon"}
-# What a kernel has no business doing: files, the environment and the command line, the network,
-# its own process image (a kernel that reads these can tell a benchmark from a verification).
-_FILES = {"fopen", "fopen64", "freopen", "fdopen", "open", "open64", "openat", "openat64", "__open_2",
-          "__open64_2", "creat", "creat64", "read", "pread", "pread64", "readv", "write", "pwrite", "writev",
-          "fread", "fwrite", "fgets", "fscanf", "__isoc99_fscanf", "getline", "getdelim", "unlink", "unlinkat",
-          "remove", "rename", "renameat", "mkdir", "rmdir", "opendir", "fdopendir", "readdir", "readdir64",
-          "scandir", "stat", "stat64", "lstat", "fstat", "fstatat", "__xstat", "__fxstat", "__lxstat", "statx",
-          "access", "faccessat", "readlink", "readlinkat", "chmod", "chown", "truncate", "ftruncate", "symlink",
-          "link", "chdir", "getcwd", "realpath", "mkstemp", "tmpfile", "dup", "dup2", "pipe", "ioctl",
-          "fcntl", "mmap", "mmap64", "mprotect", "munmap", "mremap", "shm_open", "memfd_create",
-          "dl_iterate_phdr"}
-_ENVIRONMENT = {"getenv", "secure_getenv", "__secure_getenv", "setenv", "unsetenv", "putenv", "clearenv",
-                "environ", "__environ", "_environ", "program_invocation_name", "program_invocation_short_name",
-                "__progname", "__progname_full", "__libc_argv", "__libc_argc", "getauxval", "sysconf_argv"}
-_NETWORK = {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "send", "sendto", "sendmsg",
-            "recv", "recvfrom", "recvmsg", "getaddrinfo", "gethostbyname", "shutdown", "setsockopt", "getsockopt"}
-_SIGNALS = {"signal", "sigaction", "__sysv_signal", "bsd_signal"}
+
+# What a kernel may never call, by family. A kernel computes on the GPU through the CUDA
+# runtime; it has no business with files, processes, the network, the environment, signals,
+# memory mappings or loading code. Names are matched after removing glibc's decorations
+# (`__open_2`, `__read_chk`, `open64`, `__xstat64`, `__isoc99_scanf`): see _base_names.
+_REFUSED_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
+    "dynamic loading": ("loads code at run time (dlopen/dlsym and friends are refused in a kernel)", frozenset("""
+        dlopen dlmopen dlsym dlvsym dladdr dladdr1 dlinfo dlerror dlclose dl_iterate_phdr libc_dlopen_mode
+        libc_dlsym libc_dlclose""".split())),
+    "processes": ("starts, signals or controls a process (refused in a kernel)", frozenset("""
+        system popen pclose fork vfork Fork clone clone3 execv execve execvp execvpe execl execle execlp
+        fexecve execveat posix_spawn posix_spawnp kill killpg tgkill tkill raise sigqueue pthread_kill
+        pthread_sigqueue ptrace syscall prctl arch_prctl daemon setsid setpgid setpgrp wait waitpid wait3 wait4
+        waitid pidfd_open pidfd_send_signal pidfd_getfd process_vm_readv process_vm_writev unshare setns
+        personality setuid setgid seteuid setegid setreuid setregid setresuid setresgid setgroups setfsuid
+        setfsgid setrlimit prlimit chroot pivot_root mount umount umount2 reboot init_module finit_module
+        delete_module bpf perf_event_open seccomp pthread_create thrd_create""".split())),
+    "files": ("opens, reads, writes or changes files and folders (refused in a kernel)", frozenset("""
+        open openat openat2 creat fopen freopen fdopen fmemopen open_memstream tmpfile tmpnam tempnam mkstemp
+        mkstemps mkostemp mkostemps mkdtemp mktemp read pread readv preadv preadv2 write pwrite writev pwritev
+        pwritev2 fread fgets fgetc getc getchar gets getline getdelim scanf fscanf vscanf vfscanf getw lseek
+        llseek ftruncate truncate fsync fdatasync sync syncfs sendfile splice tee vmsplice copy_file_range
+        fallocate posix_fallocate fcntl ioctl flock lockf close close_range closefrom dup dup2 dup3 pipe pipe2
+        mkfifo mkfifoat mknod mknodat memfd_create unlink unlinkat remove rename renameat renameat2 mkdir
+        mkdirat rmdir link linkat symlink symlinkat readlink readlinkat chmod fchmod fchmodat chown fchown lchown
+        fchownat utime utimes utimensat futimens futimes lutimes access faccessat faccessat2 euidaccess eaccess
+        chdir fchdir getcwd getwd get_current_dir_name realpath canonicalize_file_name opendir fdopendir
+        readdir readdir_r scandir scandirat glob nftw ftw fts_open fts_read stat fstat lstat fstatat
+        newfstatat statx xstat fxstat lxstat fxstatat statfs fstatfs statvfs fstatvfs setxattr lsetxattr
+        fsetxattr getxattr lgetxattr fgetxattr listxattr llistxattr flistxattr removexattr lremovexattr
+        fremovexattr inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark shm_open
+        shm_unlink sem_open sem_unlink mq_open mq_unlink shmget shmat shmctl msgget semget""".split())),
+    "network": ("uses the network (refused in a kernel)", frozenset("""
+        socket socketpair connect bind listen accept accept4 send sendto sendmsg sendmmsg recv recvfrom recvmsg
+        recvmmsg shutdown getsockopt setsockopt getpeername getsockname getaddrinfo getnameinfo gethostbyname
+        gethostbyname2 gethostbyname_r gethostbyname2_r gethostbyaddr gethostbyaddr_r res_query res_search
+        res_init res_nquery res_nsearch res_ninit""".split())),
+    "environment": ("reads or changes the process environment (refused in a kernel)", frozenset("""
+        getenv secure_getenv setenv unsetenv putenv clearenv environ _environ program_invocation_name
+        program_invocation_short_name progname progname_full getpwnam getpwuid getpwent getlogin getlogin_r
+        stdin""".split())),
+    "memory mapping": ("maps or re-protects memory (refused in a kernel)", frozenset("""
+        mmap munmap mremap mprotect pkey_mprotect pkey_alloc remap_file_pages""".split())),
+    "signals": ("installs signal handlers or timers (refused in a kernel)", frozenset("""
+        signal sigaction sigset bsd_signal sysv_signal ssignal alarm ualarm setitimer timer_create
+        signalfd""".split())),
+}
+_REFUSED = {name: family for family, (_, names) in _REFUSED_FAMILIES.items() for name in names}
+# Names a kernel library must not define: it would interpose on the C library or the CUDA
+# runtime in every process that loads it with global symbol binding.
+_LIBC_CORE = frozenset("""
+    malloc calloc realloc free aligned_alloc posix_memalign memalign valloc memcpy memmove memset memcmp strlen
+    strcpy strncpy strcmp printf fprintf puts fputs fwrite exit abort atexit""".split())
+
+
+def _base_names(name: str) -> list[str]:
+    """The name and its undecorated forms: `__open_2` -> open, `__xstat64` -> xstat, `__isoc99_fscanf` -> fscanf."""
+    forms = [name]
+    base = re.sub(r"^(__isoc\d\d_|__libc_|__GI_)", "", name).lstrip("_")
+    forms.append(base)
+    for suffix in ("_chk", "_2", "_unlocked", "64", "_time64"):
+        if base.endswith(suffix) and len(base) > len(suffix):
+            base = base[:-len(suffix)]
+            forms.append(base)
+    return forms
+
+
+def refused_family(name: str) -> str | None:
+    """The family of refused calls `name` belongs to, or None."""
+    for form in _base_names(name):
+        if form in _REFUSED:
+            return _REFUSED[form]
+        if form.startswith("posix_spawn"):
+            return "processes"
+    return None
 
 
 def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[str]:
     """Why the library is refused, one line per offending symbol or DT_NEEDED entry ([] = clean).
 
     A candidate may call the CUDA runtime and the C/C++ runtime only; the libraries in
-    `allowed_libraries` (the spec's `libraries:`) too. It may never load code itself
-    (dlopen/dlsym), start or signal processes, make raw system calls, touch files or its own
-    mappings, read the environment or the command line, or use the network.
+    `allowed_libraries` (the spec's `libraries:`) too. Even there it may never touch files,
+    processes, the network or the environment, install signal handlers, map memory or load
+    code (the families above); it may not interpose on the C library or the CUDA runtime, run
+    code when it is loaded (static constructors) nor make system calls itself.
     """
+    from .loadcode import load_time_code, raw_system_calls
+
     allowed = set(allowed_libraries)
     violations = []
     for needed in needed_libraries(library):
@@ -126,24 +182,19 @@ def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[
         if reason:
             shown = symbol.name + (f"@{symbol.version}" if symbol.version else "")
             violations.append(f"{shown}: {reason}")
+    for name in sorted(defined_symbols(library)):
+        if refused_family(name) or name in _LIBC_CORE or _CUDA_RUNTIME_SYMBOLS.match(name):
+            violations.append(f"{name}: the library defines a C library or CUDA runtime function, which would "
+                              f"replace the real one in the process that loads it (refused in a kernel)")
+    violations += load_time_code(library)
+    violations += raw_system_calls(library)
     return violations
 
 
 def _symbol_refusal(symbol: DynamicSymbol, allowed: set[str]) -> str | None:
     name = symbol.name
-    if name in _DYNAMIC_LOADING:
-        return "loads code at run time (dlopen/dlsym and friends are refused in a kernel)"
-    if name in _PROCESS_SPAWNING:
-        return "starts, signals or controls a process, or makes a raw system call (refused in a kernel)"
-    if name in _FILES:
-        return "touches files, descriptors or its own memory mappings (refused in a kernel)"
-    if name in _ENVIRONMENT:
-        return "reads the environment or the command line (refused in a kernel: it must compute the same " \
-               "everywhere)"
-    if name in _NETWORK:
-        return "uses the network (refused in a kernel)"
-    if name in _SIGNALS:
-        return "installs a signal handler (refused in a kernel)"
+    if family := refused_family(name):
+        return _REFUSED_FAMILIES[family][0]
     for prefix, library in _LIBRARY_PREFIXES:
         if name.startswith(prefix):
             if library in allowed:
