@@ -101,7 +101,11 @@ class Sandbox:
         self._scratch = tempfile.mkdtemp(prefix="specgen-sandbox-")
         env = scrubbed_env()
         package_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        # the caller's import path too (its working directory for ''): a reference imported by
+        # path (`reference: pkg.module:name`) resolves in the sandbox as it does for the caller
+        caller = [os.path.abspath(p or os.getcwd()) for p in sys.path if os.path.isdir(p or os.getcwd())]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in (package_root, *caller,
+                                                                       env.get("PYTHONPATH", "")) if p))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         for name in ("TMPDIR", "TEMP", "TMP"):
             env[name] = self._scratch
@@ -157,7 +161,9 @@ class Sandbox:
             if not self.alive:
                 self.close()
                 self._start()
-            request = pickle.dumps({"target": target, "args": args, "limits": limits})
+            # the caller's import path as it is now (tests and tools extend it after start)
+            path = [os.path.abspath(p or os.getcwd()) for p in sys.path if os.path.isdir(p or os.getcwd())]
+            request = pickle.dumps({"target": target, "args": args, "limits": limits, "path": path})
             try:
                 write_frame(self._process.stdin, request)
             except (BrokenPipeError, OSError):

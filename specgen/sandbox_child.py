@@ -67,6 +67,9 @@ def _grandchild(request: dict, result_fd: int, task_dir: str) -> None:
     os.chdir(task_dir)
     for name in ("TMPDIR", "TEMP", "TMP", "HOME"):
         os.environ[name] = task_dir
+    for entry in reversed(request.get("path", [])):  # the caller's import path, first
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
     limits = request["limits"]
     if vm := _vm_bytes():  # on top of what torch already maps; unknown (no /proc): no address-space cap
         _set_limit(resource.RLIMIT_AS, vm + limits.memory_mb * (1 << 20))
