@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EXIT_OK, EnvironmentMissing, UsageError
+from ..errors import EXIT_OK, EnvironmentMissing, Rejected, UsageError
 from . import positive_int
 
 
@@ -92,10 +92,16 @@ def run(args) -> int:
         from ..abi import write_header
         from ..toolchain import compile_kernel
 
+        from ..toolchain import check_symbols
+
         with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
             write_header(spec, header_dir)
             library = compile_kernel(kernel, include_dirs=[Path(header_dir)], arch=args.arch, name=spec.name,
                                      source_name=args.kernel).library
+        # the benchmark loads the library: nothing that a kernel may not do gets that far
+        if violations := check_symbols(library, spec.libraries):
+            raise Rejected(f"{args.kernel}: not timed, the compiled kernel calls what a kernel may not:\n  "
+                           + "\n  ".join(violations[:10]))
     if not gpu_available():
         raise EnvironmentMissing("specgen bench needs a CUDA GPU; none is visible")
     from ..bench import DEFAULT_REPS, bench_spec
