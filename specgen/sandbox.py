@@ -51,6 +51,7 @@ class Limits:
     cpu_s: int = 120  # CPU seconds, per call
     memory_mb: int = 4096  # address space on top of what the sandbox holds after importing torch
     file_mb: int = 64  # largest file the call may write (its captured output included)
+    tasks: int = 256  # processes and threads on top of the user's own (RLIMIT_NPROC; not for root)
 
 
 def write_frame(stream, payload: bytes) -> None:

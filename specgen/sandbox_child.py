@@ -39,6 +39,22 @@ def _vm_bytes() -> int:
     return 0
 
 
+def _user_tasks() -> int | None:
+    """Processes and threads of this user (what RLIMIT_NPROC counts), or None where unknown."""
+    uid, count = os.getuid(), 0
+    try:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry.name}/task"))
+                except OSError:
+                    continue
+    except OSError:
+        return None
+    return count
+
+
 def _set_limit(which: int, soft: int, hard: int | None = None) -> None:
     hard = soft if hard is None else hard
     _, current_hard = resource.getrlimit(which)
@@ -76,6 +92,8 @@ def _grandchild(request: dict, result_fd: int, task_dir: str) -> None:
     _set_limit(resource.RLIMIT_CPU, int(limits.cpu_s), int(limits.cpu_s) + 2)
     _set_limit(resource.RLIMIT_FSIZE, limits.file_mb * (1 << 20))
     _set_limit(resource.RLIMIT_CORE, 0)
+    if os.getuid() != 0 and (tasks := _user_tasks()) is not None:  # no fork bombs (root is not limited)
+        _set_limit(resource.RLIMIT_NPROC, tasks + limits.tasks)
     try:
         import torch
 

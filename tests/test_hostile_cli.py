@@ -105,10 +105,28 @@ def test_kernel_argument_that_is_a_device_or_a_folder(tmp_path, capsys):
     (["generate", "specs", "--attempts", "0"], "must be at least 1"),
     (["generate", "specs", "--retries", "-1"], "must be 0 or more"),
     (["check", "specs", "--samples", "-2"], "must be at least 1"),
+    (["check", "specs", "--seed", str(2**70)], "too large for a seed"),
+    (["bench", "specs/gelu_tanh.yaml", "--reps", "0"], "must be at least 1"),
+    (["generate", "specs", "--budget-usd", "nan"], "must be a number >= 0"),
 ])
 def test_numeric_options_are_checked_up_front(capsys, argv, words):
     assert usage_exit(argv) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape, words", [("N=99999999,D=4", "outside the spec's dims.N"),
+                                          ("N=1" + "0" * 30 + ",D=4", "write SYMBOL=SIZE"),
+                                          ("N=-1,D=4", "write SYMBOL=SIZE")])
+def test_bench_shapes_outside_the_dims_are_usage_errors(capsys, shape, words):
+    assert main(["bench", str(SPECS / "gelu_tanh.yaml"), "--shape", shape, "--no-compile"]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_transcript_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["generate", str(SPECS / "swiglu.yaml"), "--transcript-dir", str(blocker)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- case 10

@@ -227,3 +227,15 @@ def test_code_added_to_init_and_raw_system_calls_are_refused(scale_spec):
                               "scale_asm")
     text = "\n".join(check_symbols(compiled.library, spec.libraries))
     assert ".init: code added" in text and "system call instruction" in text, text
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_bench_refuses_to_load_a_kernel_with_a_static_constructor(scale_spec, tmp_path, capsys):
+    from specgen.cli import main
+
+    kernel = tmp_path / "ctor.cu"
+    kernel.write_text(KERNEL % {"includes": "", "globals": CONSTRUCTORS, "calls": ""})
+    assert main(["bench", str(scale_spec), "--kernel", str(kernel), "--arch", ARCH, "--shape", "N=4,D=4"]) == 1
+    err = capsys.readouterr().err
+    assert "not timed" in err and "runs_at_load" in err

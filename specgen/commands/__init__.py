@@ -127,6 +127,16 @@ def positive(text: str) -> float:
     return value
 
 
+def seed_int(text: str) -> int:
+    """argparse type: a random seed, 0 <= seed < 2**63."""
+    import argparse
+
+    value = non_negative_int(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is too large for a seed (at most {2**63 - 1})")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     import argparse
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import EXIT_OK, EXIT_REJECTED, EnvironmentMissing, UsageError
+from ..errors import EXIT_OK, EXIT_REJECTED, EnvironmentMissing, Rejected, UsageError
+from . import positive_int
 
 
 def register(subparsers) -> None:
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--shape", action="append", default=None, metavar="N=16384,D=4096",
                    help="a shape to time (repeatable; default: the spec's benchmark shapes)")
     p.add_argument("--dtype", action="append", default=None, help="a dtype to time (repeatable; default: all)")
-    p.add_argument("--reps", type=int, default=None, help="timed runs per measurement (default 40)")
+    p.add_argument("--reps", type=positive_int, default=None, help="timed runs per measurement (default 40)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
     p.add_argument("--json", default=None, metavar="OUT",
@@ -30,18 +31,24 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def parse_shape(text: str, symbols: list[str]) -> dict[str, int]:
+def parse_shape(text: str, symbols: list[str], ranges: dict[str, tuple[int, int]] | None = None) -> dict[str, int]:
+    """`N=16384,D=4096` -> {N: 16384, D: 4096}; every symbol once, each within the spec's dims."""
     dims = {}
     for part in text.split(","):
         name, _, value = part.partition("=")
         name = name.strip()
-        if name not in symbols or not value.strip().isdigit():
+        if name not in symbols or not value.strip().isascii() or not value.strip().isdigit() or len(value) > 12:
             raise UsageError(f"--shape {text}: write SYMBOL=SIZE pairs over {', '.join(symbols)}, "
                              f"e.g. {','.join(f'{s}=1024' for s in symbols)}")
         dims[name] = int(value)
     missing = [s for s in symbols if s not in dims]
     if missing:
         raise UsageError(f"--shape {text}: no size for {', '.join(missing)}")
+    for name, value in dims.items():
+        lo, hi = (ranges or {}).get(name, (0, value))
+        if not lo <= value <= hi:
+            raise UsageError(f"--shape {text}: {name}={value} is outside the spec's dims.{name} = [{lo}, {hi}] "
+                             f"(the kernel is verified for those sizes only)")
     return dims
 
 
@@ -73,7 +80,7 @@ def run(args) -> int:
     from ..verify import gpu_available
 
     spec = load_spec(args.spec)
-    shapes = [parse_shape(s, spec.signature.symbols()) for s in args.shape] if args.shape else None
+    shapes = [parse_shape(s, spec.signature.symbols(), spec.dims) for s in args.shape] if args.shape else None
     for dtype in args.dtype or []:
         if dtype not in spec.dtypes:
             raise UsageError(f"--dtype {dtype}: the spec's dtypes are {', '.join(spec.dtypes)}")
@@ -85,10 +92,16 @@ def run(args) -> int:
         from ..abi import write_header
         from ..toolchain import compile_kernel
 
+        from ..toolchain import check_symbols
+
         with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
             write_header(spec, header_dir)
             library = compile_kernel(kernel, include_dirs=[Path(header_dir)], arch=args.arch, name=spec.name,
                                      source_name=args.kernel).library
+        # the benchmark loads the library: nothing that a kernel may not do gets that far
+        if violations := check_symbols(library, spec.libraries):
+            raise Rejected(f"{args.kernel}: not timed, the compiled kernel calls what a kernel may not:\n  "
+                           + "\n  ".join(violations[:10]))
     if not gpu_available():
         raise EnvironmentMissing("specgen bench needs a CUDA GPU; none is visible")
     from ..bench import DEFAULT_REPS, bench_spec

@@ -5,7 +5,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import EXIT_OK
-from . import positive_int
+from . import positive_int, seed_int
 
 
 def register(subparsers) -> None:
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
                                           "each reference on small random CPU inputs. No GPU needed.")
     p.add_argument("paths", nargs="+", metavar="PATH", help="spec files or folders of specs")
     p.add_argument("--samples", type=positive_int, default=2, help="random shapes per dtype (default 2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="also write the results as JSON to OUT ('-': stdout)")
     p.set_defaults(func=run)
 

