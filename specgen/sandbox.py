@@ -99,7 +99,8 @@ class Sandbox:
     def _start(self) -> None:
         from .procguard import set_parent_death_signal  # noqa: F401 - the child imports it too
 
-        self._scratch = tempfile.mkdtemp(prefix="specgen-sandbox-")
+        _sweep_stale_scratch()
+        self._scratch = tempfile.mkdtemp(prefix=f"specgen-sandbox-{os.getpid()}-")
         env = scrubbed_env()
         package_root = str(Path(__file__).resolve().parent.parent)
         # the caller's import path too (its working directory for ''): a reference imported by
@@ -185,6 +186,23 @@ class Sandbox:
             _kill_group(self._process.pid)
         self.close()
         return {"status": "lost", "output": f"{why}\n{tail}".strip()}
+
+
+def _sweep_stale_scratch() -> None:
+    """Remove the scratch folders of sandboxes whose specgen is gone (all killed at once, e.g.
+    by SIGKILL to a whole process tree, nothing could remove them): `specgen-sandbox-<pid>-*`."""
+    for folder in Path(tempfile.gettempdir()).glob("specgen-sandbox-*-*"):
+        match = re.fullmatch(r"specgen-sandbox-(\d+)-\w+", folder.name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            if folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
 
 
 def _kill_group(pid: int) -> None:

@@ -241,7 +241,8 @@ def main(argv: list[str]) -> int:
     write_frame(replies, b'{"status": "ready"}')
     while True:
         header = stdin.read(4)
-        if len(header) < 4:
+        if len(header) < 4:  # specgen closed the pipe, or died (then no one else removes the folder)
+            shutil.rmtree(scratch, ignore_errors=True)
             return 0
         request = pickle.loads(stdin.read(int.from_bytes(header, "big")))
         write_frame(replies, json.dumps(_run(request, scratch), default=str).encode())

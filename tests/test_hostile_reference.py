@@ -220,3 +220,24 @@ def test_check_rejects_zero_samples(capsys):
     with pytest.raises(SystemExit) as caught:
         main(["check", "--samples", "0", str(REPO / "specs")])
     assert caught.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+def test_a_sandbox_folder_left_by_a_killed_specgen_is_swept(tmp_path, monkeypatch):
+    import tempfile
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / f"specgen-sandbox-{dead.pid}-abc123"
+    stale.mkdir()
+    (stale / ".sandbox.log").write_text("")
+    live = tmp_path / f"specgen-sandbox-{os.getppid()}-def456"  # a specgen that is still running
+    live.mkdir()
+    sandbox = Sandbox()
+    try:
+        sandbox._start()
+        assert Path(sandbox._scratch).parent == tmp_path and Path(sandbox._scratch).is_dir()
+    finally:
+        sandbox.close()
+    assert not stale.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
