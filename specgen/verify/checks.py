@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from .. import abi
-from .compare import bitwise_equal, compare, differing_bits, element_tolerance, locate, unwritten
+from .compare import bitwise_equal, compare, differing_bits, locate, unwritten
 from .data import CaseData
 from .runner import check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once, synchronize
 from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,

@@ -46,26 +46,30 @@ class CaseData:
         return {**self.input_refs, **self.output_refs}
 
 
-def stage(runner, data: CaseData, *, layout: Layout | None = None, snapshots: bool = True,
+def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
           output_copies: int = 1) -> list[dict[str, TensorRef]]:
-    """Lay the case out in the runner's arenas: inputs copied in (offset views, as the case
-    says), outputs placed `output_copies` times, guard bytes around each. The case's inputs
-    become views of the arena; returns the output refs of each copy (the first is the case's)."""
-    layout = layout or Layout()
-    input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, data.case.offset)
-                  for name, t in data.inputs.items()}
-    copies = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in data.outputs}
+    """Lay one case (or several input sets of one shape) out in the runner's arenas: inputs
+    copied in (offset views, as each case says), outputs placed `output_copies` times, guard
+    bytes around each. Each case's inputs become views of the arena and its `output_refs` the
+    first copy; returns the output refs of every copy."""
+    sets = data if isinstance(data, list) else [data]
+    layout = Layout()
+    for item in sets:
+        item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, item.case.offset)
+                           for name, t in item.inputs.items()}
+    copies = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in sets[0].outputs}
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
     runner.memory.arm_guards()
-    for name, ref in input_refs.items():
-        runner.tensor(ref).copy_(data.inputs[name])
-    data.input_refs, data.output_refs = input_refs, copies[0]
-    data.inputs = {name: runner.tensor(ref) for name, ref in input_refs.items()}
-    data.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
-                     for name, ref in input_refs.items()}
-    data.snapshots = {name: s.clone() for name, s in data.storages.items()} if snapshots else {}
+    for item in sets:
+        for name, ref in item.input_refs.items():
+            runner.tensor(ref).copy_(item.inputs[name])
+        item.output_refs = copies[0]
+        item.inputs = {name: runner.tensor(ref) for name, ref in item.input_refs.items()}
+        item.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
+                         for name, ref in item.input_refs.items()}
+        item.snapshots = {name: t.clone() for name, t in item.storages.items()} if snapshots else {}
     return copies
 
 

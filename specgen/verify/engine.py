@@ -17,7 +17,7 @@ from hypothesis import seed as hypothesis_seed
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
 from .checks import check_capture, check_case, check_deterministic_repeats, check_repeated_calls
 from .data import CaseData, prepare, stage
-from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_elements, case_strategy, fit_budget,
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
                          full_size_cases, large_case, make_case, smoke_case)
 from .verdict import CRASH, INPUT_MUTATED, PASSED, Failure, Verdict
 
@@ -106,7 +106,7 @@ class Session:
         spec, opts = self.spec, self.options
         t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
-        first = self.run_case(smoke, direction)
+        self.run_case(smoke, direction)
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
@@ -132,7 +132,6 @@ class Session:
         t = self.phase("repeated-calls", t)
         if opts.full_size:
             self.full_size(direction)
-        del first
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)

@@ -92,7 +92,7 @@ def run_once(runner, data: CaseData, which: int, refs: dict | None = None) -> di
     fill_outputs(runner, refs, which)
     synchronize(data.device)
     outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims)
-    raise_outcome(data_spec(runner), data, outcome)
+    raise_outcome(runner.spec, data, outcome)
     check_guards(runner, data)
     return {name: runner.tensor(ref).clone() for name, ref in refs.items()}
 
@@ -101,10 +101,3 @@ def fills_of(runner, which: int) -> dict:
     return getattr(runner, "fills", {}).get(which, {})
 
 
-def data_spec(runner):
-    return runner.spec
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

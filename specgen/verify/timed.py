@@ -13,8 +13,8 @@ import statistics
 from dataclasses import dataclass
 
 from .checks import check_close
-from .data import CaseData
-from .layout import Layout, TensorRef
+from .data import CaseData, stage
+from .layout import TensorRef
 from .physics import floor, violation
 from .runner import check_guards, raise_outcome
 from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, Failure
@@ -38,25 +38,6 @@ class TimedRun:
         return min(self.times_ms) * 1e3
 
 
-def stage_sets(runner, sets: list[CaseData], copies: int) -> list[dict[str, TensorRef]]:
-    """Every set's inputs in the input arena and `copies` output buffers, guards around all."""
-    layout = Layout()
-    for data in sets:
-        data.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, data.case.offset)
-                           for name, t in data.inputs.items()}
-    outputs = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in sets[0].outputs}
-               for _ in range(copies)]
-    runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
-    runner.memory.layout = layout
-    runner.memory.arm_guards()
-    for data in sets:
-        for name, ref in data.input_refs.items():
-            runner.tensor(ref).copy_(data.inputs[name])
-        data.inputs = {name: runner.tensor(ref) for name, ref in data.input_refs.items()}
-        data.storages, data.snapshots = {}, {}
-    return outputs
-
-
 def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, flush_bytes: int,
                 device_index: int = 0) -> TimedRun:
     """Time `reps` calls (after `warmup`), rotating over `sets` (same dims, dtype, direction)."""
@@ -64,7 +45,7 @@ def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, f
     out_bytes = sum(TensorRef("outputs", 0, slot.shape, _name(slot.dtype)).nbytes for slot in first.outputs)
     total = warmup + reps
     batch = max(MIN_BATCH, min(total, TIMED_OUTPUT_BYTES // max(out_bytes, 1)))
-    outputs = stage_sets(runner, sets, batch)
+    outputs = stage(runner, sets, snapshots=False, output_copies=batch)
     times: list[float] = []
     done = 0
     while done < total:
