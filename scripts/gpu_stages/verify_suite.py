@@ -82,6 +82,7 @@ def main() -> int:
         warm = verify_one("gelu_tanh", good, False, worker)
         results["timing"]["first"] = first
         results["timing"]["warm"] = warm
+        worker.close()  # its cached GPU memory would crowd the verifications that follow
         save()
     if args.timing and not os.environ.get("VERIFY_NO_PARALLEL"):
         from specgen.verify.worker import VerifyWorker

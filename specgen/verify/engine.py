@@ -131,7 +131,7 @@ class Session:
         self.cases += 1
         t = self.phase("repeated-calls", t)
         if opts.full_size:
-            self.full_size(direction)
+            self.full_size_alone(direction)
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
@@ -144,6 +144,16 @@ class Session:
         dims = dict(spec.benchmark[0]) if spec.benchmark else {s: spec.dims[s][1] for s in spec.signature.symbols()}
         dims = fit_budget(spec.signature, {s: int(v) for s, v in dims.items()}, spec.dims, SANITIZER_ELEMENTS)
         return make_case(dims, spec.dtypes[0], seed=self.options.seed + 99)
+
+    def full_size_alone(self, direction: str) -> None:
+        """full_size with the GPU to itself (gpulock): verifications side by side take turns."""
+        if self.device.type != "cuda":
+            return self.full_size(direction)
+        from .gpulock import exclusive_gpu
+
+        with exclusive_gpu(self.device.index or 0, self.progress) as waited:
+            self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
+            self.full_size(direction)
 
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
