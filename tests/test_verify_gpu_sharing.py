@@ -33,3 +33,13 @@ def test_the_lock_is_free_after_the_block_and_after_an_error(tmp_path):
         pass
     with exclusive_gpu(0, path=path) as waited:
         assert waited < 0.5
+
+
+def test_the_timed_phase_covers_every_shape_and_every_dtype_once():
+    from specgen.verify.engine import timed_pairs
+
+    pairs = timed_pairs(["big", "decode"], ["float32", "float16", "bfloat16"])
+    assert {s for s, _ in pairs} == {"big", "decode"}
+    assert {d for _, d in pairs} == {"float32", "float16", "bfloat16"}
+    assert len(pairs) == 3
+    assert timed_pairs([], ["float32"]) == []
