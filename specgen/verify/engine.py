@@ -154,6 +154,8 @@ class Session:
         with exclusive_gpu(self.device.index or 0, self.progress) as waited:
             self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
             self.full_size(direction)
+            self.runner.shrink()  # leave the GPU's memory to the next holder of the lock (a failure
+            torch.cuda.empty_cache()  # ends the verification, and closing the runner frees it all)
 
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
@@ -206,8 +208,6 @@ class Session:
                 self.cases += run.checked_calls
                 del sets
         self.phase("timed", started)
-        if on_gpu:
-            torch.cuda.empty_cache()  # full-size truths are large: give them back between candidates
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""

@@ -52,6 +52,9 @@ class RunnerBase:
     def ensure(self, needed: dict[str, int]) -> None:
         raise NotImplementedError
 
+    def shrink(self) -> None:
+        """Give back memory grown for large cases (nothing to give back by default)."""
+
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         return self.memory.tensor(ref)
 
@@ -101,6 +104,12 @@ class LocalRunner(RunnerBase):
             if self.memory.capacity(name) < nbytes:  # (never for SeparateMemory)
                 self.memory.arenas[name] = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
                                                        dtype=torch.uint8, device=self.device)
+
+    def shrink(self) -> None:
+        """Give back arenas grown for full-size cases (the next case grows them again)."""
+        for name, arena in list(self.memory.arenas.items()):
+            if isinstance(arena, torch.Tensor) and arena.numel() > MIN_ARENA:
+                self.memory.arenas[name] = torch.empty(0, dtype=torch.uint8, device=self.device)
 
     def _tensors(self, refs: dict[str, TensorRef]) -> dict[str, torch.Tensor]:
         return {name: self.memory.tensor(ref) for name, ref in refs.items()}
@@ -225,16 +234,26 @@ class IsolatedRunner(RunnerBase):
 
     # -- memory
     def ensure(self, needed: dict[str, int]) -> None:
+        grow = {name: n for name, n in needed.items() if self.memory.capacity(name) < n}
+        if grow:
+            self._replace_arenas(grow)
+
+    def shrink(self) -> None:
+        """Give back arenas grown for full-size cases: both processes map new small ones (the
+        memory is freed once neither maps the old); the next large case grows them again."""
+        large = {name: MIN_ARENA for name, arena in self._arenas.items() if arena.nbytes > 2 * MIN_ARENA}
+        if large and not self.dead:
+            self._replace_arenas(large, exact=True)
+
+    def _replace_arenas(self, sizes: dict[str, int], exact: bool = False) -> None:
         from .arena import Arena
 
-        grow = {name: n for name, n in needed.items() if self.memory.capacity(name) < n}
-        if not grow:
-            return
         self.wait_ready()
         torch.cuda.synchronize()
         fresh = {}
-        for name, nbytes in grow.items():
-            fresh[name] = Arena.create(max(int(nbytes * 1.25), MIN_ARENA), torch.cuda.current_device())
+        for name, nbytes in sizes.items():
+            fresh[name] = Arena.create(nbytes if exact else max(int(nbytes * 1.25), MIN_ARENA),
+                                       torch.cuda.current_device())
         message = {"op": "arenas", "arenas": [[name, a.nbytes, name == "inputs" and self.readonly_inputs]
                                                for name, a in fresh.items()]}
         self.channel.send(message, fds=tuple(a.fd for a in fresh.values()))
