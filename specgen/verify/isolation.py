@@ -139,20 +139,12 @@ class LocalRunner(RunnerBase):
                 return Outcome(ok=False, problem="operation not permitted when stream is capturing")
             self._graph = (direction, refs, scalars, dims)
             return Outcome()
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        torch.cuda.synchronize()
-        code, problem = 0, None
-        with torch.cuda.stream(side):
-            graph.capture_begin()
-            try:
-                code = self.lib.call(direction, self._tensors(refs), scalars, dims, side)
-            finally:
-                try:
-                    graph.capture_end()
-                except Exception as error:  # noqa: BLE001
-                    problem = str(error).strip().splitlines()[0]
+        from .graphs import capture_one_call
+
+        graph, code, problem = capture_one_call(
+            lambda stream: self.lib.call(direction, self._tensors(refs), scalars, dims, stream))
         self.lib.clear_error()
-        if problem or code:
+        if graph is None:
             return Outcome(ok=False, code=code, problem=problem, fatal=self._sync(),
                            error=self.lib.error_name(code) if code else None)
         self._graph = graph
