@@ -272,7 +272,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     """The verdict of one compiled candidate. Raises only for harness problems (e.g. a broken
     reference); everything the kernel does wrong becomes the verdict. A library path on a GPU
     runs in its own process (`isolated`, the default); a stand-in object runs here."""
-    from .isolation import IsolatedRunner, LocalRunner
+    from .isolation import LocalRunner, started_runner
 
     started = time.perf_counter()
     isolated = isolated if isolated is not None else (torch.device(device).type == "cuda"
@@ -281,7 +281,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
 
     def isolated_runner(readonly: bool = True):
-        runner = IsolatedRunner(spec, readonly_inputs=readonly)
+        runner = started_runner(spec, readonly_inputs=readonly)
         outcome = runner.load(library)
         if outcome.fatal:
             runner.close()

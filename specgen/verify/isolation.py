@@ -390,3 +390,33 @@ def _call_message(direction: str, refs: dict[str, TensorRef], scalars: dict, dim
 
 
 __all__ = ["IsolatedRunner", "LocalRunner", "Outcome", "scrubbed_environment", "view"]
+
+
+# ------------------------------------------------------------------ a spare, started ahead
+
+_spare: IsolatedRunner | None = None
+keep_spare = False  # the verifier's worker sets it: it verifies one candidate after another
+
+
+def started_runner(spec, *, readonly_inputs: bool = True) -> IsolatedRunner:
+    """A candidate's process for `spec`. Starting one (Python, torch, a CUDA context) takes about
+    4 s, so a long-lived worker keeps one spare process started ahead, which has loaded nothing:
+    each candidate still gets a process of its own that no other kernel ever ran in."""
+    global _spare
+    runner, _spare = _spare, None
+    if runner is not None and (not readonly_inputs or runner.process.poll() is not None):
+        runner.close()
+        runner = None
+    if runner is None:
+        runner = IsolatedRunner(spec, readonly_inputs=readonly_inputs)
+    runner.spec = spec
+    if keep_spare and readonly_inputs:
+        _spare = IsolatedRunner(None)
+    return runner
+
+
+def drop_spare() -> None:
+    global _spare
+    if _spare is not None:
+        _spare.close()
+        _spare = None

@@ -208,7 +208,11 @@ def _serve(fd: int) -> int:
             return 3
         torch.empty(1, device=device)
         from ..spec import load_spec
+        from . import isolation
         from .engine import Options, run_verification
+
+        isolation.keep_spare = device == "cuda"  # candidates one after another: start each process ahead
+        atexit.register(isolation.drop_spare)
     except Exception:
         send(type="error", kind="internal", message="the verifier's worker failed to start:\n" + traceback.format_exc())
         return 1
