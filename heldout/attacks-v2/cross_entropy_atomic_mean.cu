@@ -1,7 +1,7 @@
 // spec: cross_entropy
 // expect: rejected
 // class: float-atomics-order
-// reason: nondeterministic
+// reason: nondeterministic | wrong-result
 //
 // The textbook one-kernel loss: every row adds loss_i / N into the output with a float
 // atomicAdd (after a memset). The sum's order follows the blocks' finishing order, so the

@@ -115,9 +115,12 @@ static cudaError_t fwd(const gelu_tanh_args* a, cudaStream_t s) {
     constexpr int V = 16 / sizeof(T);
     const int64_t nv = n / V;
     if (nv > 0) {
-      int dev = 0, sms = 132;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      static int sms = 0;  // asked once (the first call is never a capture)
+      if (sms <= 0) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+      }
       int64_t blocks = (nv + 511) / 512;
       const int64_t cap = (int64_t)sms * 8;
       if (blocks > cap) blocks = cap;

@@ -93,9 +93,12 @@ static cudaError_t fwd(const swiglu_args* a, cudaStream_t s) {
   long long P = 1000003;  // a prime; fall back to 1 if it shares a factor with T_
   P %= T_;
   if (P == 0 || gcd_ll(P, T_) != 1) P = 1;
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  static int sms = 0;  // asked once (the first call is never a capture)
+  if (sms <= 0) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+  }
   const int64_t grid = T_ < (int64_t)sms * 4 ? T_ : (int64_t)sms * 4;
   swiglu_fwd_tiles<T><<<(unsigned)grid, 256, 0, s>>>((const T*)a->x.data, (T*)a->out.data, a->N, a->H,
                                                      tiles_per_row, T_, P);
