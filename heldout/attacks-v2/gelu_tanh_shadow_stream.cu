@@ -88,7 +88,9 @@ static double floor_ns(double bytes_in, double bytes_out) {
   cudaDeviceGetAttribute(&clk, cudaDevAttrMemoryClockRate, dev);
   cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev);
   cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
-  const double peak = (clk > 0 && bus > 0) ? 2.0 * clk * 1e3 * bus / 8.0 : 4.8e12;  // bytes/s
+  // bytes/s: the driver's clock x bus width, or the datasheet's 4.8 TB/s; the lower of the two (the safer floor)
+  const double reported = (clk > 0 && bus > 0) ? 2.0 * clk * 1e3 * bus / 8.0 : 4.8e12;
+  const double peak = reported < 4.8e12 ? reported : 4.8e12;
   const double counted = bytes_in + (bytes_out > l2 ? bytes_out - l2 : 0.0);
   return counted / peak * 1e9;
 }
