@@ -206,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds = result.get("seconds", 0) + result.get("bench_seconds", 0)
         print(f"{entry['file']:<{width}}  {entry['expect']:<6}  {result['reason'][:22]:<22}  "
               f"{'yes' if as_expected else 'no':<6}  {result['bench']:<9}  {shown:<4}  {seconds:>7.1f}", flush=True)
+        if args.out:  # after every kernel: a run cut by a time limit keeps what it measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"partial": True, "results": rows}, indent=2) + "\n")
 
     cheats = [r for r in rows if r["expect"] == "reject"]
     controls = [r for r in rows if r["expect"] == "pass"]

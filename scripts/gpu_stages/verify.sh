@@ -16,19 +16,28 @@ pids=($!)
 while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
 suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
 pids+=($!)
-( cp specs/specgen.lock "$STAGE_OUT/specgen.lock.before"
-  timeout "$(left)" python3 -m specgen verify --locked --record specs --json "$STAGE_OUT/committed.json" \
+# the committed kernels: --record only when VERIFY_RECORD=1 (it also times each one: minutes)
+( record=""; [ "${VERIFY_RECORD:-0}" = 1 ] && record="--record"
+  cp specs/specgen.lock "$STAGE_OUT/specgen.lock.before"
+  timeout "$(left)" python3 -m specgen verify --locked $record specs --json "$STAGE_OUT/committed.json" \
     > "$STAGE_OUT/committed.log" 2>&1
   echo "exit $?" >> "$STAGE_OUT/committed.log"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock" ) &
 pids+=($!)
-for folder in heldout/attacks-v2 heldout/attacks; do
-  [ -d "$folder" ] || continue
-  name=$(basename "$folder")
-  timeout "$(left)" python3 heldout/run_heldout.py --attacks "$folder" --json "$STAGE_OUT/heldout-$name.json" \
-    > "$STAGE_OUT/heldout-$name.log" 2>&1 &
+# held-out attacks, new suite first (two streams), each kernel in its own process
+if [ -d heldout/attacks-v2 ]; then
+  for part in "gelu_tanh swiglu rmsnorm" "softmax cross_entropy"; do
+    tag=${part%% *}
+    timeout "$(left)" python3 heldout/run_attacks_v2.py heldout/attacks-v2 --only $part \
+      --out "$STAGE_OUT/heldout-v2-$tag.json" > "$STAGE_OUT/heldout-v2-$tag.log" 2>&1 &
+    pids+=($!)
+  done
+fi
+if [ -d heldout/attacks ]; then
+  timeout "$(left)" python3 heldout/run_heldout.py --json "$STAGE_OUT/heldout-v1.json" \
+    > "$STAGE_OUT/heldout-v1.log" 2>&1 &
   pids+=($!)
-done
+fi
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 for f in main adversarial; do [ -f "$STAGE_OUT/$f.log" ] && sed -n '/== summary/,$p' "$STAGE_OUT/$f.log"; done
