@@ -11,7 +11,7 @@ end=$(( $(date +%s) + S ))
 left() { echo $(( end - $(date +%s) > 5 ? end - $(date +%s) : 5 )); }
 suite() { timeout "$(left)" python3 scripts/gpu_stages/verify_suite.py "$@"; }
 done_file="$STAGE_OUT/timing.done"
-suite --json "$STAGE_OUT/main.json" --groups good --timing --timing-done "$done_file" > "$STAGE_OUT/main.log" 2>&1 &
+SPECGEN_WORKER_PROFILE="${VERIFY_PROFILE_DIR:-}" suite --json "$STAGE_OUT/main.json" --groups good --timing --timing-done "$done_file" > "$STAGE_OUT/main.log" 2>&1 &
 pids=($!)
 while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
 suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
