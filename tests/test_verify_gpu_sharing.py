@@ -43,3 +43,54 @@ def test_the_timed_phase_covers_every_shape_and_every_dtype_once():
     assert {d for _, d in pairs} == {"float32", "float16", "bfloat16"}
     assert len(pairs) == 3
     assert timed_pairs([], ["float32"]) == []
+
+
+def test_a_waiting_holder_gets_heartbeats(tmp_path, monkeypatch):
+    from specgen.verify import gpulock
+
+    monkeypatch.setattr(gpulock, "HEARTBEAT_S", 0.2)
+    path = str(tmp_path / "gpu.lock")
+    started = multiprocessing.get_context("fork").Event()
+    holder = multiprocessing.get_context("fork").Process(target=_hold, args=(path, 1.0, started))
+    holder.start()
+    assert started.wait(10)
+    beats = []
+    with exclusive_gpu(0, path=path, waiting=beats.append):
+        pass
+    holder.join(10)
+    assert len(beats) >= 3 and beats == sorted(beats) and beats[-1] > 0.5
+
+
+def test_the_worker_does_not_count_waiting_for_the_gpu_against_the_kernel(monkeypatch):
+    """Scripted worker messages: 90 s of waiting (heartbeats) in a 60 s total budget still ends
+    in the verdict, not a timeout."""
+    from specgen.verify import worker as worker_module
+
+    clock = [0.0]
+    script = [{"type": "progress", "text": "forward: smoke"},
+              {"type": "progress", "text": "waiting for the GPU: another verification is timing on it"}]
+    script += [{"type": "waiting", "seconds": float(s)} for s in range(10, 100, 10)]
+    script += [{"type": "progress", "text": "forward: timed calls"},
+               {"type": "verdict", "verdict": {"reason": "passed", "detail": "ok"}}]
+
+    class Scripted(worker_module.VerifyWorker):
+        def start(self):
+            class Stdin:
+                def write(self, data):
+                    pass
+
+                def flush(self):
+                    pass
+
+            self.process = type("P", (), {"stdin": Stdin()})()
+
+        def _next_message(self, timeout):  # each message comes 10 s after the last
+            if timeout < 10.0:
+                clock[0] += timeout
+                return None
+            clock[0] += 10.0
+            return script.pop(0) if script else None
+
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    verdict = Scripted().verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=60)
+    assert verdict.reason == "passed"

@@ -46,8 +46,10 @@ class Session:
     """The checks of one candidate, with the bookkeeping the verdict reports."""
 
     def __init__(self, spec, runner, options: Options, progress: Progress, device: str = "cuda",
-                 writable_runner: Callable[[], object] | None = None):
+                 writable_runner: Callable[[], object] | None = None,
+                 waiting: Callable[[float], None] | None = None):
         self.spec, self.runner, self.options, self.progress = spec, runner, options, progress
+        self.waiting = waiting  # told the seconds spent waiting for the GPU lock (not the kernel's time)
         self.device = torch.device(device)
         self.writable_runner = writable_runner  # to tell a write to a read-only input from a crash
         self.cases = 0
@@ -151,7 +153,7 @@ class Session:
             return self.full_size(direction)
         from .gpulock import exclusive_gpu
 
-        with exclusive_gpu(self.device.index or 0, self.progress) as waited:
+        with exclusive_gpu(self.device.index or 0, self.progress, waiting=self.waiting) as waited:
             self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
             self.full_size(direction)
             self.runner.shrink()  # leave the GPU's memory to the next holder of the lock (a failure
@@ -268,7 +270,8 @@ def _flush_bytes() -> int:
 
 
 def run_verification(spec, library, options: Options, progress: Progress = lambda text: None,
-                     device: str = "cuda", isolated: bool | None = None) -> Verdict:
+                     device: str = "cuda", isolated: bool | None = None,
+                     waiting: Callable[[float], None] | None = None) -> Verdict:
     """The verdict of one compiled candidate. Raises only for harness problems (e.g. a broken
     reference); everything the kernel does wrong becomes the verdict. A library path on a GPU
     runs in its own process (`isolated`, the default); a stand-in object runs here."""
@@ -292,7 +295,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     runner = None
     try:
         runner = isolated_runner() if isolated else LocalRunner(spec, library, device, separate=separate)
-        session = Session(spec, runner, options, progress, device,
+        session = Session(spec, runner, options, progress, device, waiting=waiting,
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None)
         for direction in directions:
             session.direction(direction)

@@ -133,6 +133,7 @@ class VerifyWorker:
         self.process.stdin.flush()
         last = "starting"
         deadline = time.monotonic() + total_timeout
+        waited = 0.0  # seconds the worker reported waiting for the GPU lock: not the kernel's time
         while True:
             wait = min(idle_timeout, deadline - time.monotonic())
             try:
@@ -148,7 +149,11 @@ class VerifyWorker:
                                         f"loop, __syncthreads in divergent code, a spin wait on a flag)",
                                fatal=True)
             kind = message["type"]
-            if kind == "progress":
+            if kind == "waiting":  # a heartbeat while another verification has the GPU
+                deadline += max(0.0, float(message["seconds"]) - waited)
+                waited = max(waited, float(message["seconds"]))
+            elif kind == "progress":
+                waited = 0.0 if message["text"].startswith("waiting for the GPU") else waited
                 last = message["text"]
                 if on_progress:
                     on_progress(last)
@@ -228,7 +233,8 @@ def _serve(fd: int) -> int:
                 specs[key] = load_spec(job["spec"])
             library = _resolve_library(specs[key], job["library"])
             verdict = _profiled(run_verification, specs[key], library, Options(**job["options"]),
-                                progress=lambda text: send(type="progress", text=text), device=device)
+                                progress=lambda text: send(type="progress", text=text), device=device,
+                                waiting=lambda seconds: send(type="waiting", seconds=round(seconds, 1)))
             send(type="verdict", verdict=verdict.to_json())
             if verdict.fatal:
                 return 0  # the CUDA context is unusable: the next candidate gets a fresh worker
