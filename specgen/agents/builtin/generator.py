@@ -67,7 +67,7 @@ class BuiltinAgent(Agent):
     def propose(self, task: KernelTask, history: list[Attempt]) -> Candidate:
         if history:
             raise AgentExhausted("the builtin generator is deterministic: it has one kernel per spec "
-                                 "(autotuning happens in generate_builtin on a GPU)")
+                                 "(on a GPU, `specgen generate` autotunes its variants: agents/builtin/tune.py)")
         source = build_source(task.spec, self.variant)
         return Candidate(source=source, agent=self.name, model=None,
                          notes=f"builtin generator, schedule variant {self.variant.name}")
@@ -97,14 +97,14 @@ def compile_source(spec, source: str, *, arch: str | None = None):
 
 
 def compile_many(jobs: list[tuple]) -> list:
-    """Compile (spec, source) pairs at once (nvcc is single-threaded); each result is the
+    """Compile (spec, source[, arch]) jobs at once (nvcc is single-threaded); each result is the
     compiled kernel or the exception its compile raised. The compile cache is keyed by
     content, so compiling one of these sources again is a cache hit."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(job):
         try:
-            return compile_source(*job)
+            return compile_source(job[0], job[1], arch=job[2] if len(job) > 2 else None)
         except Exception as error:  # the caller decides: autotune reports it per variant
             return error
 
@@ -116,9 +116,9 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("inf")
 
 
-def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
-    """narrow | medium | wide: the schedule class the default variant's host code picks for
-    one benchmark shape (a Python mirror of the generated dispatch)."""
+def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Variant = DEFAULT_VARIANT) -> str:
+    """narrow | medium | wide | split: the schedule class `variant`'s host code picks for one
+    benchmark shape (a Python mirror of the generated dispatch)."""
     from .emit import DirectionEmitter
     from .schedule import items_max, plan, shape_class
 
@@ -130,9 +130,9 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
     vec = max(1, 16 // itemsize)
     if width % vec:
         return "wide" if width > 32 else "narrow"
-    emitter = DirectionEmitter(spec, program, direction)
-    imax = items_max(DEFAULT_VARIANT, emitter.words_per_item(itemsize, vec))
-    return shape_class(*plan(DEFAULT_VARIANT, width // vec, imax, split=emitter.split_allowed(DEFAULT_VARIANT)))
+    emitter = DirectionEmitter(spec, program, direction, variant)
+    imax = items_max(variant, emitter.words_per_item(itemsize, vec))
+    return shape_class(*plan(variant, width // vec, imax, split=emitter.split_allowed(variant)))
 
 
 def _directions(spec) -> tuple[str, ...]:

@@ -1,0 +1,301 @@
+"""Autotuning in the user's path (agents/builtin/tune.py, `specgen generate` / `specgen build`)
+on a CPU: a fake backend (tests/tune_fakes.py) stands for the verifier and the timer."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specgen import cli, lock
+from specgen.agents.builtin import tune
+from specgen.spec import load_spec
+
+from tune_fakes import FakeBackend, FakeClock, NoGpuCalls
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+@pytest.fixture
+def gelu(tmp_path):
+    shutil.copy(SPECS / "gelu_tanh.yaml", tmp_path / "gelu_tanh.yaml")
+    return tmp_path / "gelu_tanh.yaml"
+
+
+def _rows(spec) -> int:
+    return len(spec.benchmark) * len(spec.dtypes) * (2 if spec.backward == "kernel" else 1)
+
+
+# ---------------------------------------------------------------------------- the tuner alone
+
+def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(gelu):
+    spec = load_spec(gelu)
+    times = {"default": 100.0, "regs16": 90.0, "wave": 50.0, "cl256": 95.0}
+    backend = FakeBackend(kernel_us=lambda v, row: times[v], failing={"wave"})
+    result = tune.tune(spec, backend, budget_s=1000, clock=backend.clock)
+    assert result.variant == "regs16" and result.decision == tune.KERNEL  # wave is faster but wrong
+    assert "// Schedule variant: regs16." in result.source
+    variants = result.record["variants"]
+    assert set(variants) == {"default", "regs16", "wave", "cl256"}
+    assert variants["wave"]["verified"] is False and "wrong_output" in variants["wave"]["reason"]
+    assert "rows" not in variants["wave"]  # a wrong kernel is never timed
+    for name in ("default", "regs16", "cl256"):
+        assert variants[name]["verified"] and len(variants[name]["rows"]) == _rows(spec)
+        assert variants[name]["geomean_us"] == pytest.approx(times[name])
+    verified = [name for kind, name in backend.calls if kind == "verify"]
+    timed = [name for kind, name in backend.calls if kind == "time"]
+    assert verified[0] == "default" and set(verified) == set(times) and set(timed) == set(times) - {"wave"}
+    assert [kind for kind, _ in backend.calls].count("eager") == 1  # eager once, not per variant
+    rows = result.record["rows"]
+    assert len(rows) == _rows(spec) and all(r["speedup_vs_eager"] == pytest.approx(200 / 90, rel=1e-3) for r in rows)
+    assert result.record["key"] == tune.tuning_key(spec, "sm_90") and result.record["complete"]
+    assert result.benchmark["rows"] and result.verification["passed"]
+
+
+def test_the_budget_stops_tuning_after_the_first_verified_variant(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(cost=10.0)  # each variant: 10 s of the fake clock
+    result = tune.tune(spec, backend, budget_s=25, clock=backend.clock)
+    tried = [n for n, v in result.record["variants"].items() if "skipped" not in v]
+    skipped = [n for n, v in result.record["variants"].items() if v.get("skipped")]
+    assert tried == ["default", "regs16"]  # 20 s spent + ~10 s for the next > 25 s
+    assert skipped and result.record["complete"] is False
+    assert result.record["spent_s"] == pytest.approx(20.0)
+    assert any("time budget" in note for note in result.notes)
+
+
+def test_the_first_verified_variant_is_finished_whatever_the_budget(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(failing={"default"}, cost=10.0)
+    result = tune.tune(spec, backend, budget_s=1, clock=backend.clock)
+    assert result.variant == "regs16"  # default failed; one more was tried past the budget
+
+
+def test_no_verified_variant_is_rejected(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
+    with pytest.raises(lock.Rejected, match="no builtin kernel variant passed verification"):
+        tune.tune(spec, backend, clock=backend.clock)
+
+
+def test_slower_than_eager_on_a_row_keeps_the_reference(gelu):
+    spec = load_spec(gelu)
+    decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
+    # every variant: twice eager's speed on the big shape, 0.8x eager at decode size
+    backend = FakeBackend(kernel_us=lambda v, row: 10.0 if decode(row) else 100.0,
+                          eager_us=lambda row: 8.0 if decode(row) else 200.0)
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.decision == tune.REFERENCE and result.benchmark is None
+    slow = result.slower_rows
+    assert slow and all("N=64" in r["id"] for r in slow) and all(r["speedup_vs_eager"] == 0.8 for r in slow)
+    assert "slower than eager PyTorch on 6 of 12 benchmark rows" in result.record["reason"]
+    assert not any(kind == "benchmark" for kind, _ in backend.calls)
+
+
+def test_within_noise_of_eager_ships_the_kernel(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(kernel_us=lambda v, row: 100.0, eager_us=lambda row: 98.0)  # 0.98x: noise
+    assert tune.tune(spec, backend, clock=backend.clock).decision == tune.KERNEL
+
+
+def test_a_variant_not_slower_than_eager_wins_over_a_faster_one_that_is(gelu):
+    spec = load_spec(gelu)
+    decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
+
+    def kernel_us(variant, row):  # regs16: fastest overall, but slower than eager at decode size
+        if variant == "regs16":
+            return 12.0 if decode(row) else 50.0
+        return 9.0 if decode(row) else 100.0
+
+    backend = FakeBackend(kernel_us=kernel_us, eager_us=lambda row: 10.0 if decode(row) else 200.0)
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.decision == tune.KERNEL and result.variant != "regs16"
+    assert any("slower than eager" in note for note in result.notes)
+
+
+def test_candidates_skip_variants_that_change_no_class_of_the_benchmark_rows():
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    pairs, notes = tune.candidates(spec)
+    names = [v.name for v, _ in pairs]
+    assert names[0] == "default" and "loop1024" not in names  # no wide rows at gelu's shapes
+    assert any("loop1024" in n for n in notes)
+    assert len({tune._same(s) for _, s in pairs}) == len(pairs)  # each kernel text once
+
+
+def test_the_key_changes_with_each_of_its_parts(monkeypatch, gelu):
+    spec = load_spec(gelu)
+    key = tune.tuning_key(spec, "sm_90")
+    assert set(key) == {"spec_hash", "generator", "gpu_arch", "verifier_version"}
+    assert tune.tuning_key(spec, "sm_100") != key
+    monkeypatch.setattr("specgen.verify.VERIFIER_VERSION", "99")
+    assert tune.tuning_key(spec, "sm_90")["verifier_version"] == "99"
+
+
+# ---------------------------------------------------------------------------- specgen generate
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A GPU as far as the lock is concerned, and the fake backend in place of the real one."""
+    monkeypatch.setattr(lock, "gpu_available", lambda: True)
+    holder = {}
+
+    def make_backend(arch=None, *, sanitize=False):
+        return holder["backend"]
+
+    monkeypatch.setattr(tune, "make_backend", make_backend)
+    return holder
+
+
+def _generate(path, *extra) -> int:
+    return cli.main(["generate", str(path), *extra])
+
+
+def test_generate_tunes_records_the_variant_and_timings_then_reuses_them(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend(kernel_us=lambda v, row: {"cl256": 80.0}.get(v, 100.0))
+    assert _generate(gelu, "--tune-budget", "500") == 0
+    out = capsys.readouterr().out
+    assert "autotuning on sm_90 within 500 s" in out and "chosen: variant cl256" in out
+    assert "decision: ship the kernel" in out
+    spec = load_spec(gelu)
+    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    assert entry.tuning["variant"] == "cl256" and entry.tuning["decision"] == "kernel"
+    assert entry.tuning["key"] == tune.tuning_key(spec, "sm_90")
+    assert len(entry.tuning["rows"]) == _rows(spec)
+    assert entry.tuning["variants"]["default"]["rows"][0]["kernel_us"] == 100.0
+    assert entry.records[0].verification["variant"] == "cl256" and entry.records[0].benchmark["rows"]
+    assert "// Schedule variant: cl256." in (gelu.parent / "kernels" / "gelu_tanh.cu").read_text()
+
+    gpu["backend"] = NoGpuCalls()  # nothing changed: no verification, no timing
+    assert _generate(gelu) == 0
+    out = capsys.readouterr().out
+    assert "tuning reused from the lock" in out and "chosen: variant cl256" in out
+    assert lock.Lock.for_spec(spec).entry("gelu_tanh").created == entry.created
+
+
+@pytest.mark.parametrize("change", ["arch", "generator", "verifier", "spec", "retune"])
+def test_generate_retunes_when_the_key_changes(gpu, gelu, monkeypatch, capsys, change):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    backend = gpu["backend"] = FakeBackend(arch="sm_100" if change == "arch" else "sm_90")
+    extra = []
+    if change == "generator":
+        monkeypatch.setattr(tune, "generator_fingerprint", lambda: "another-generator")
+    elif change == "verifier":
+        monkeypatch.setattr("specgen.verify.VERIFIER_VERSION", "99")
+    elif change == "spec":
+        gelu.write_text(gelu.read_text().replace("{N: 64, D: 4096}", "{N: 64, D: 2048}"))
+    elif change == "retune":
+        extra = ["--retune"]
+    assert _generate(gelu, *extra) == 0
+    assert any(kind == "verify" for kind, _ in backend.calls)
+    out = capsys.readouterr().out
+    assert "autotuning on" in out and "tuning reused" not in out
+    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
+    assert entry.tuning["key"] == tune.tuning_key(load_spec(gelu), backend.arch)
+
+
+def test_generate_keeps_the_reference_when_slower_than_eager_and_reuses_that(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    assert kernel.exists()
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # eager now twice as fast
+    assert _generate(gelu, "--retune") == 1  # no kernel for this op: as when an agent finds none
+    out = capsys.readouterr().out
+    assert "decision: keep the reference path" in out and "reference path" in out
+    assert "SLOWER than eager" in out
+    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
+    assert not entry.kernel and "slower than eager" in entry.reference
+    assert entry.tuning["decision"] == "reference" and entry.tuning["rows"][0]["eager_us"] == 50.0
+    assert not kernel.exists()  # the lock's own (slower) kernel is removed
+
+    gpu["backend"] = NoGpuCalls()
+    assert _generate(gelu) == 1
+    assert "tuning reused" in capsys.readouterr().out
+
+
+def test_generate_never_replaces_a_hand_edited_kernel_when_keeping_eager(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    kernel.write_text(kernel.read_text() + "// tuned by hand\n")
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
+    assert _generate(gelu) != 0  # refused before any GPU time: a hand-edited kernel
+    assert not any(kind == "verify" for kind, _ in gpu["backend"].calls)
+    assert kernel.read_text().endswith("// tuned by hand\n")
+
+
+def test_no_tune_and_no_gpu_take_the_untuned_path(monkeypatch, gelu):
+    import specgen.commands.generate as generate
+
+    called = []
+    monkeypatch.setattr(tune, "make_backend", lambda *a, **k: called.append(1) or None)
+    monkeypatch.setattr(generate, "tune_one", lambda *a, **k: pytest.fail("tuned without a backend"))
+    spec = load_spec(gelu)
+    args = cli.build_parser().parse_args(["generate", str(gelu), "--no-tune"])
+    monkeypatch.setattr("specgen.agents.loop.run_loop", lambda *a, **k: pytest.fail("stop here"))
+    from specgen.agents.builtin import BuiltinAgent
+
+    with pytest.raises(pytest.fail.Exception, match="stop here"):
+        generate.generate_one(spec, BuiltinAgent(), args, _console())
+    assert called == []  # --no-tune: the backend is not even asked for
+    args = cli.build_parser().parse_args(["generate", str(gelu)])
+    with pytest.raises(pytest.fail.Exception, match="stop here"):
+        generate.generate_one(spec, BuiltinAgent(), args, _console())
+    assert called == [1]  # asked, none (no GPU): the loop's default variant
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(file=open("/dev/null", "w"))
+
+
+# ---------------------------------------------------------------------------- specgen build
+
+def _resolve(path, *extra):
+    from specgen.commands import build, load_specs
+
+    args = cli.build_parser().parse_args(["build", str(path), *extra])
+    return build._resolve(load_specs([str(path)]), args, _console())
+
+
+def test_build_tunes_then_reuses_and_retunes_a_legacy_builtin_kernel(gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    gpu["backend"] = FakeBackend()
+    [result] = _resolve(gelu)
+    assert result.kernel is not None and result.action == "generated"
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu)
+    assert result.action == "reused" and result.kernel is not None
+    # a builtin kernel locked before tuning existed (no tuning record): tuned on this GPU
+    spec = load_spec(gelu)
+    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    the_lock = lock.Lock.for_spec(spec)
+    the_lock.entries["gelu_tanh"].tuning = None
+    the_lock._write_lock()
+    gpu["backend"] = FakeBackend()
+    [result] = _resolve(gelu)
+    assert any(kind == "verify" for kind, _ in gpu["backend"].calls) and result.kernel is not None
+    assert lock.Lock.for_spec(spec).entry("gelu_tanh").tuning["key"] == entry.tuning["key"]
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu, "--no-tune")  # --no-tune: a fresh kernel is reused, whatever its record
+    assert result.action == "reused"
+
+
+def test_build_packages_the_reference_when_the_tuner_keeps_eager(gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "kept eager"
+    assert "slower than eager" in result.provenance["note"]
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "reused"
+
+
+def test_a_tuning_record_needs_a_gpu(gelu, monkeypatch):
+    monkeypatch.setattr(lock, "gpu_available", lambda: False)
+    spec = load_spec(gelu)
+    with pytest.raises(lock.LockError, match="tuning record"):
+        lock.write_reference(spec, "builtin", "slower", tuning={"key": {}})
