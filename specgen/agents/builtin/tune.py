@@ -299,8 +299,11 @@ class _Tuning:
                 record["verified"] = True
                 rows = self.backend.time_kernel(self.spec, source)
                 record["rows"] = [{"id": row_id(r), "kernel_us": _round(r.get("kernel_us"))} for r in rows]
-                record["geomean_us"] = _round(_geomean(r["kernel_us"] for r in record["rows"]))
-                self.passed[variant.name] = (variant, source, check)
+                if rows and all(r["kernel_us"] for r in record["rows"]):
+                    record["geomean_us"] = _round(_geomean(r["kernel_us"] for r in record["rows"]))
+                    self.passed[variant.name] = (variant, source, check)
+                else:
+                    record["reason"] = "verified, but the benchmark gave no kernel time for some row"
             else:
                 record["reason"] = check.reason[:500]
         except Rejected as error:  # the verifier's worker crashed, a timed output was wrong
@@ -308,7 +311,7 @@ class _Tuning:
             record["reason"] = str(error)[:500]
         record["seconds"] = round(self.clock() - began, 2)
         self.costs.append(self.clock() - began)
-        if record.get("rows"):
+        if variant.name in self.passed:
             self.say(f"variant {variant.name}: verified, {record['geomean_us']:.1f} us (geomean of "
                      f"{len(record['rows'])} rows)")
         else:
@@ -434,7 +437,7 @@ def summary_lines(record: dict) -> list[str]:
                  + ("" if record.get("complete", True) else ", budget reached before all were tried"))
     for name in tried:
         v = variants[name]
-        lines.append(f"  {name}: " + (f"{v['geomean_us']:.1f} us geomean" if v.get("rows") else
+        lines.append(f"  {name}: " + (f"{v['geomean_us']:.1f} us geomean" if v.get("geomean_us") else
                                       f"not kept ({v.get('reason', '')[:120]})"))
     lines.append(f"chosen: variant {record.get('variant')}")
     for row in record.get("rows", []):
