@@ -299,3 +299,68 @@ def test_a_tuning_record_needs_a_gpu(gelu, monkeypatch):
     spec = load_spec(gelu)
     with pytest.raises(lock.LockError, match="tuning record"):
         lock.write_reference(spec, "builtin", "slower", tuning={"key": {}})
+
+
+# ---------------------------------------------------------------------------- the real backend's wiring
+
+def test_gpu_backend_wires_the_verifier_and_the_bench(monkeypatch, gelu):
+    """GpuBackend against stand-ins of verify_kernel, bench_spec and the compiler (the calls
+    and the row layout the tuner reads; the GPU test runs the real ones)."""
+    from types import SimpleNamespace
+
+    import specgen.bench as bench
+    import specgen.verify as verify
+    from specgen.agents.builtin import generator
+
+    spec = load_spec(gelu)
+    calls = []
+    monkeypatch.setattr("specgen.toolchain.detect_gpu_arch", lambda: "sm_90")
+    monkeypatch.setattr(generator, "compile_source",
+                        lambda spec, source, arch=None: SimpleNamespace(library=Path("/x/lib.so"), arch="sm_90"))
+    monkeypatch.setattr(generator, "compile_many", lambda jobs: calls.append(("compile", len(jobs))))
+
+    def verify_kernel(spec, source, **options):
+        calls.append(("verify", options))
+        return SimpleNamespace(passed="bad" not in source, reason="wrong_output", detail="at [0]",
+                               to_json=lambda: {"passed": True, "cases": 9, "log": "..."})
+
+    def bench_spec(spec, library, *, eager, compiled, reps, directions, **_):
+        calls.append(("bench", library is not None, eager, compiled, reps, directions))
+        rows = [bench.BenchRow(spec.name, dict(d), t, 1, 1.0, 1.0, direction=r,
+                               kernel_us=5.0 if library else None, eager_us=7.0 if eager else None)
+                for d in spec.benchmark for t in spec.dtypes for r in directions]
+        return bench.BenchResult(spec.name, "fake", 1.0, rows)
+
+    monkeypatch.setattr(verify, "verify_kernel", verify_kernel)
+    monkeypatch.setattr(bench, "bench_spec", bench_spec)
+    monkeypatch.setattr(bench, "benchmark_kernel", lambda spec, library: bench_spec(
+        spec, library, eager=True, compiled=True, reps=40, directions=("forward",)))
+    backend = tune.GpuBackend(sanitize=True)
+    assert backend.arch == "sm_90"
+    backend.prepare(spec, ["a", "b"])
+    ok, bad = backend.verify(spec, "good"), backend.verify(spec, "bad")
+    assert ok.passed and ok.record == {"passed": True, "cases": 9, "sanitized": True}
+    assert not bad.passed and bad.reason == "wrong_output: at [0]"
+    assert calls[1] == ("verify", {"arch": None, "sanitize": True})
+    kernel_rows = backend.time_kernel(spec, "good")
+    eager_rows = backend.time_eager(spec)
+    assert len(kernel_rows) == len(eager_rows) == _rows(spec)
+    assert [tune.row_id(r) for r in kernel_rows] == [tune.row_id(r) for r in eager_rows]
+    assert kernel_rows[0]["kernel_us"] == 5.0 and eager_rows[0]["eager_us"] == 7.0
+    assert ("bench", True, False, False, tune.TIMING_REPS, ("forward", "backward")) in calls
+    assert ("bench", False, True, False, tune.TIMING_REPS, ("forward", "backward")) in calls
+    assert backend.benchmark(spec, "good")["rows"][0]["speedup_vs_eager"] == pytest.approx(7 / 5)
+    assert calls[0] == ("compile", 2)
+
+
+def test_last_times_variants_are_tried_right_after_the_default(gelu):
+    from types import SimpleNamespace
+
+    spec = load_spec(gelu)
+    entry = SimpleNamespace(tuning=None, records=[SimpleNamespace(verification={"variant": "medium:cl256+wide:x"})])
+    assert tune.previous_variants(entry) == ["cl256", "x"]
+    pairs, _ = tune.candidates(spec, prefer=tune.previous_variants(entry))
+    assert [v.name for v, _ in pairs][:2] == ["default", "cl256"]
+    backend = FakeBackend(cost=10.0)
+    result = tune.tune(spec, backend, budget_s=25, clock=backend.clock, prefer=["cl256"])
+    assert [n for n, v in result.record["variants"].items() if "skipped" not in v] == ["default", "cl256"]

@@ -242,7 +242,7 @@ def tune_one(spec, backend, args, console: Console, status) -> int:
     baseline = None
     if status.state == lock.FRESH and entry is not None and entry.kernel and entry.agent != "builtin":
         baseline = (entry.agent, lock.read_kernel(Path(status.kernel_path)))
-    result = tune.tune(spec, backend, budget_s=budget, baseline=baseline,
+    result = tune.tune(spec, backend, budget_s=budget, baseline=baseline, prefer=tune.previous_variants(entry),
                        say=lambda text: console.print(f"  {escape(text)}", soft_wrap=True))
     for line in tune.summary_lines(result.record):
         console.print(f"  {escape(line)}", soft_wrap=True)

@@ -248,14 +248,33 @@ def _row_classes(spec, variant: Variant) -> set[str] | None:
         return None
 
 
-def candidates(spec, variants: list[Variant] | None = None) -> tuple[list[tuple[Variant, str]], list[str]]:
-    """(variant, source) pairs worth trying, default first: one per distinct kernel text, and
-    only variants that change a field of a shape class some benchmark row is in (under the
-    default or under the variant itself: a field can move rows between classes)."""
+def previous_variants(entry) -> list[str]:
+    """The variant names an earlier kernel of the op was built from (its tuning record or its
+    verification records; a combination "medium:cl256+wide:loop1024" names cl256 and loop1024):
+    tried right after the default, so a small budget still reaches last time's winners."""
+    if entry is None:
+        return []
+    names = [(entry.tuning or {}).get("variant")] if getattr(entry, "tuning", None) else []
+    names += [(r.verification or {}).get("variant") for r in getattr(entry, "records", [])]
+    found = []
+    for name in filter(None, names):
+        for part in str(name).split("+"):
+            base = part.rpartition(":")[2]
+            if base and base not in found:
+                found.append(base)
+    return found
+
+
+def candidates(spec, variants: list[Variant] | None = None,
+               prefer: list[str] = ()) -> tuple[list[tuple[Variant, str]], list[str]]:
+    """(variant, source) pairs worth trying, default first, then `prefer`: one per distinct
+    kernel text, and only variants that change a field of a shape class some benchmark row is
+    in (under the default or under the variant itself: a field can move rows between classes)."""
     from .generator import build_source
 
     variants = list(variants or VARIANTS)
-    variants.sort(key=lambda v: v.name != DEFAULT_VARIANT.name)
+    order = [DEFAULT_VARIANT.name] + [n for n in prefer if n != DEFAULT_VARIANT.name]
+    variants.sort(key=lambda v: order.index(v.name) if v.name in order else len(order))
     default_classes = _row_classes(spec, DEFAULT_VARIANT) if spec.benchmark else None
     pairs, seen, notes = [], set(), []
     for variant in variants:
@@ -324,14 +343,15 @@ class _Tuning:
 
 def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, variants: list[Variant] | None = None,
          clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = lambda _: None,
-         baseline: tuple[str, str] | None = None) -> TuneResult:
+         baseline: tuple[str, str] | None = None, prefer: list[str] = ()) -> TuneResult:
     """Tune `spec` on `backend` within `budget_s` seconds (see the module docstring).
-    `baseline`: (agent, source) of a locked kernel to beat (kept when it is faster: REFERENCE is
-    then not decided here, the caller keeps it). Raises Rejected when no variant verifies."""
+    `baseline`: (agent, source) of a locked kernel to beat (decision "baseline" when it is
+    faster: the caller keeps it). `prefer`: variant names tried right after the default (see
+    previous_variants). Raises Rejected when no variant verifies."""
     from .generator import build_source, shape_class_of
 
     run = _Tuning(spec, backend, budget_s, clock, say)
-    pairs, run.notes = candidates(spec, variants)
+    pairs, run.notes = candidates(spec, variants, prefer)
     backend.prepare(spec, [source for _, source in pairs])
     eager = {row_id(r): _round(r.get("eager_us")) for r in backend.time_eager(spec)}
     skipped = []
