@@ -11,7 +11,7 @@ from specgen import cli, lock
 from specgen.agents.builtin import tune
 from specgen.spec import load_spec
 
-from tune_fakes import FakeBackend, FakeClock, NoGpuCalls
+from tune_fakes import FakeBackend, NoGpuCalls
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
