@@ -364,3 +364,40 @@ def test_last_times_variants_are_tried_right_after_the_default(gelu):
     backend = FakeBackend(cost=10.0)
     result = tune.tune(spec, backend, budget_s=25, clock=backend.clock, prefer=["cl256"])
     assert [n for n, v in result.record["variants"].items() if "skipped" not in v] == ["default", "cl256"]
+
+
+def _combined_times(spec, fast: dict[str, str], slow_combination: bool = False):
+    """kernel_us(variant, row): 100 us, 60 us for the variant `fast` names for the row's shape
+    class; a combination ("medium:a+split:b") takes each class's time from its part."""
+    from specgen.agents.builtin.generator import shape_class_of
+
+    def kernel_us(variant, row):
+        cls = shape_class_of(spec, row["direction"], row["dims"], row["dtype"])
+        if ":" in variant:
+            if slow_combination:
+                return 500.0
+            variant = dict(part.split(":") for part in variant.split("+")).get(cls, "default")
+        return 60.0 if fast.get(cls) == variant else 100.0
+
+    return kernel_us
+
+
+def test_per_class_winners_are_combined_verified_and_timed(tmp_path):
+    shutil.copy(SPECS / "softmax.yaml", tmp_path / "softmax.yaml")
+    spec = load_spec(tmp_path / "softmax.yaml")
+    backend = FakeBackend(kernel_us=_combined_times(spec, {"medium": "twopass", "split": "nosplit"}))
+    result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock)
+    assert ":" in result.variant and "medium:twopass" in result.variant and "split:nosplit" in result.variant
+    assert ("verify", result.variant) in backend.calls and ("time", result.variant) in backend.calls
+    assert result.record["variants"][result.variant]["verified"]
+    assert f"// Schedule variant: {result.variant}." in result.source
+
+
+def test_a_combination_slower_than_the_best_single_variant_is_not_kept(tmp_path):
+    shutil.copy(SPECS / "softmax.yaml", tmp_path / "softmax.yaml")
+    spec = load_spec(tmp_path / "softmax.yaml")
+    backend = FakeBackend(kernel_us=_combined_times(spec, {"medium": "twopass", "split": "nosplit"},
+                                                    slow_combination=True))
+    result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock)
+    assert result.variant in ("twopass", "nosplit")
+    assert any("slower than" in note and "over all rows" in note for note in result.notes)
