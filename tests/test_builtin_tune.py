@@ -166,8 +166,12 @@ def test_generate_tunes_records_the_variant_and_timings_then_reuses_them(gpu, ge
     assert "// Schedule variant: cl256." in (gelu.parent / "kernels" / "gelu_tanh.cu").read_text()
 
     gpu["backend"] = NoGpuCalls()  # nothing changed: no verification, no timing
-    assert _generate(gelu) == 0
+    assert _generate(gelu, "--json", str(gelu.parent / "out.json")) == 0
     out = capsys.readouterr().out
+    import json
+
+    outcome = json.loads((gelu.parent / "out.json").read_text())["specs"][0]
+    assert outcome["tuning"]["variant"] == "cl256" and outcome["tuning"]["decision"] == "kernel"
     assert "tuning reused from the lock" in out and "chosen: variant cl256" in out
     assert lock.Lock.for_spec(spec).entry("gelu_tanh").created == entry.created
 

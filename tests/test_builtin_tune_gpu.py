@@ -21,7 +21,7 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 def test_generate_tunes_on_the_gpu_records_the_variant_and_reuses_it(tmp_path, monkeypatch, capsys):
     shutil.copy(SPECS / "gelu_tanh.yaml", tmp_path / "gelu_tanh.yaml")
     path = tmp_path / "gelu_tanh.yaml"
-    code = cli.main(["generate", str(path), "--tune-budget", "120"])
+    code = cli.main(["generate", str(path), "--tune-budget", "60"])
     out = capsys.readouterr().out
     print(out)
     spec = load_spec(path)

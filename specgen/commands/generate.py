@@ -132,9 +132,12 @@ def spec_outcome(spec) -> dict:
     state = status.state if entry is None or entry.kernel else "reference path"
     if entry is not None and entry.kernel and not entry.verified_on():
         state = f"{state}, not verified on a GPU"
+    tuning = entry.tuning if entry is not None and entry.spec_hash == spec.hash() else None
     return {"op": spec.name, "spec": str(spec.path), "state": state, "verified": verified,
             "kernel": str(status.kernel_path) if entry is not None and entry.kernel else None,
-            "agent": entry.agent if entry is not None else None}
+            "agent": entry.agent if entry is not None else None,
+            "tuning": {k: tuning.get(k) for k in ("variant", "decision", "spent_s", "budget_s", "complete")}
+            if tuning else None}
 
 
 def check_agent_arguments(args) -> None:
