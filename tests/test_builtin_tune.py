@@ -405,3 +405,14 @@ def test_a_combination_slower_than_the_best_single_variant_is_not_kept(tmp_path)
     result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock)
     assert result.variant in ("twopass", "nosplit")
     assert any("slower than" in note and "over all rows" in note for note in result.notes)
+
+
+def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(gelu):
+    text = gelu.read_text()
+    gelu.write_text(text[:text.index("benchmark:")])
+    spec = load_spec(gelu)
+    backend = FakeBackend()
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.variant == "default" and result.decision == tune.KERNEL and result.record["rows"] == []
+    assert [kind for kind, _ in backend.calls] == ["verify"]
+    assert "  default: verified, not timed (no benchmark shapes)" in tune.summary_lines(result.record)

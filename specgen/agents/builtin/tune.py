@@ -351,6 +351,8 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     from .generator import build_source, shape_class_of
 
     run = _Tuning(spec, backend, budget_s, clock, say)
+    if not spec.benchmark:  # nothing to time: the default variant, verified
+        return _untimed(spec, backend, run)
     pairs, run.notes = candidates(spec, variants, prefer)
     backend.prepare(spec, [source for _, source in pairs])
     eager = {row_id(r): _round(r.get("eager_us")) for r in backend.time_eager(spec)}
@@ -382,7 +384,9 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
         fields = [f for names in CLASS_FIELDS.values() for f in names]
         same_as = next((n for n, (v, _, _) in run.passed.items()
                         if all(getattr(v, f) == getattr(merged, f) for f in fields)), None)
-        if same_as is None and not run.over_budget():
+        if same_as is None and run.over_budget():
+            run.notes.append(f"time budget: the combination {merged.name} of the per-class winners was not tried")
+        elif same_as is None:
             source = build_source(spec, merged)
             if _same(source) not in {_same(s) for _, s, _ in run.passed.values()} and run.attempt(merged, source):
                 if run.tried[merged.name]["geomean_us"] <= run.tried[best]["geomean_us"]:
@@ -429,6 +433,21 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     return TuneResult(variant.name, source, decision, check.record, benchmark, record, list(run.notes))
 
 
+def _untimed(spec, backend: TuneBackend, run: _Tuning) -> TuneResult:
+    from .generator import build_source
+
+    source = build_source(spec, DEFAULT_VARIANT)
+    check = backend.verify(spec, source)
+    if not check.passed:
+        raise Rejected(f"{spec.path}: the builtin kernel failed verification: {check.reason}")
+    notes = ["the spec has no benchmark shapes: nothing to time or compare with eager; the default variant"]
+    record = {"key": tuning_key(spec, backend.arch), "budget_s": run.budget_s, "spent_s": round(run.elapsed(), 2),
+              "complete": True, "variant": DEFAULT_VARIANT.name, "decision": KERNEL,
+              "noise_ratio": EAGER_NOISE_RATIO, "rows": [],
+              "variants": {DEFAULT_VARIANT.name: {"verified": True, "rows": []}}, "notes": notes}
+    return TuneResult(DEFAULT_VARIANT.name, source, KERNEL, check.record, None, record, notes)
+
+
 def _parse_id(rid: str) -> tuple[str, dict, str]:
     direction, dtype, dims = (rid.split(" ", 2) + ["", ""])[:3]
     parsed = {}
@@ -457,8 +476,12 @@ def summary_lines(record: dict) -> list[str]:
                  + ("" if record.get("complete", True) else ", budget reached before all were tried"))
     for name in tried:
         v = variants[name]
-        lines.append(f"  {name}: " + (f"{v['geomean_us']:.1f} us geomean" if v.get("geomean_us") else
-                                      f"not kept ({v.get('reason', '')[:120]})"))
+        if v.get("geomean_us"):
+            lines.append(f"  {name}: {v['geomean_us']:.1f} us geomean")
+        elif v.get("verified") and not v.get("reason"):
+            lines.append(f"  {name}: verified, not timed (no benchmark shapes)")
+        else:
+            lines.append(f"  {name}: not kept ({v.get('reason', '')[:120]})")
     lines.append(f"chosen: variant {record.get('variant')}")
     for row in record.get("rows", []):
         ratio = row.get("speedup_vs_eager")
