@@ -416,3 +416,22 @@ def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(gelu)
     assert result.variant == "default" and result.decision == tune.KERNEL and result.record["rows"] == []
     assert [kind for kind, _ in backend.calls] == ["verify"]
     assert "  default: verified, not timed (no benchmark shapes)" in tune.summary_lines(result.record)
+
+
+def test_another_agents_locked_kernel_is_kept_when_faster_or_when_the_builtin_is_slower_than_eager(
+        gpu, gelu, capsys):
+    spec = load_spec(gelu)
+    llm = "// by an LLM\n" + tune.candidates(spec)[0][0][1]  # a distinct source (the fake times it as default)
+    gpu["backend"] = FakeBackend()
+    lock.write_kernel(spec, llm.replace("// by an LLM", "// Schedule variant: llm."), agent="openai",
+                      model="gpt")
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    before = kernel.read_text()
+    gpu["backend"] = FakeBackend(kernel_us=lambda v, row: 50.0 if v == "llm" else 100.0)
+    _generate(gelu)  # exit 1 all the same: that kernel has no verification record
+    assert "kept the locked kernel by openai: it is faster" in capsys.readouterr().out
+    assert kernel.read_text() == before
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # the builtin kernels lose to eager
+    _generate(gelu)
+    assert "kept the locked kernel by openai" in capsys.readouterr().out
+    assert kernel.read_text() == before and lock.Lock.for_spec(spec).entry("gelu_tanh").agent == "openai"

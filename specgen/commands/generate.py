@@ -254,14 +254,19 @@ def tune_one(spec, backend, args, console: Console, status) -> int:
     if result.decision == "baseline":
         console.print(f"  kept the locked kernel by {escape(baseline[0])}: it is faster")
         return EXIT_OK
+    if result.decision == tune.REFERENCE and baseline is not None:
+        console.print(f"  kept the locked kernel by {escape(baseline[0])}: the tuned builtin kernel is slower "
+                      f"than eager")
+        return EXIT_OK
     if result.decision == tune.REFERENCE:
         reason = result.record["reason"]
-        if lock.write_reference(spec, "builtin", reason, tuning=result.record, replace_kernel=True):
+        ours = entry is None or entry.agent == "builtin"  # another agent's kernel is never removed here
+        if lock.write_reference(spec, "builtin", reason, tuning=result.record, replace_kernel=ours):
             console.print(f"  [yellow]reference path[/] kept for {escape(spec.name)}: {escape(reason)}",
                           soft_wrap=True)
         else:
             console.print(f"  [yellow]not written[/]: the tuned kernel is slower than eager, and "
-                          f"{escape(str(status.kernel_path))} is not the lock's own kernel; left as it is")
+                          f"{escape(str(status.kernel_path))} is not the builtin generator's; left as it is")
         return EXIT_REJECTED
     verification = {**(result.verification or {"passed": True}), "variant": result.variant}
     record = lock.Record(kernel_hash=lock.kernel_hash(result.source), verifier_version=str(VERIFIER_VERSION),

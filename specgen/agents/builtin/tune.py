@@ -281,13 +281,15 @@ def candidates(spec, variants: list[Variant] | None = None,
         if variant.name != DEFAULT_VARIANT.name and default_classes is not None:
             own = _row_classes(spec, variant)
             if own is not None and not _changed_classes(variant) & (default_classes | own):
-                notes.append(f"variant {variant.name}: changes no shape class of the benchmark rows")
+                notes.append(variant.name)
                 continue
         source = build_source(spec, variant)
         if _same(source) in seen:
             continue
         seen.add(_same(source))
         pairs.append((variant, source))
+    if notes:
+        notes = [f"not tried: variant(s) {', '.join(notes)} change no shape class of the benchmark rows"]
     return pairs, notes
 
 
