@@ -435,3 +435,16 @@ def test_another_agents_locked_kernel_is_kept_when_faster_or_when_the_builtin_is
     _generate(gelu)
     assert "kept the locked kernel by openai" in capsys.readouterr().out
     assert kernel.read_text() == before and lock.Lock.for_spec(spec).entry("gelu_tanh").agent == "openai"
+
+
+def test_build_retries_a_reference_entry_from_before_tuning_only_when_the_generator_lowers_it(
+        gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    shutil.copy(SPECS / "linear_bias_relu.yaml", gelu.parent / "linear_bias_relu.yaml")
+    for name in ("gelu_tanh", "linear_bias_relu"):
+        lock.write_reference(load_spec(gelu.parent / f"{name}.yaml"), "builtin", "the builtin agent refused: ...")
+    gpu["backend"] = FakeBackend()
+    results = {r.spec.name: r for r in _resolve(gelu.parent)}
+    assert results["gelu_tanh"].kernel is not None and results["gelu_tanh"].action == "generated"
+    assert results["linear_bias_relu"].kernel is None and results["linear_bias_relu"].action == "reused"
+    assert {name for kind, name in gpu["backend"].calls if kind == "verify"} >= {"default"}

@@ -246,12 +246,23 @@ def _resolve(specs, args, console: Console) -> list[OpResult]:
 def _needs_tuning(spec, entry, args, gpu_arch: str | None) -> str | None:
     """Why a fresh entry the builtin generator wrote should be tuned again here (None: it
     should not): the builtin agent, tuning on, a GPU, and a tuning record whose key differs
-    from this machine's (or a builtin kernel never tuned). Refusals (no record) are kept."""
+    from this machine's, or a builtin kernel never tuned, or a reference entry from before
+    tuning for an op the generator lowers now (a refusal the generator still makes is kept)."""
     if args.agent != "builtin" or getattr(args, "no_tune", False) or gpu_arch is None:
         return None
-    if entry is None or entry.agent != "builtin" or (entry.tuning is None and not entry.kernel):
+    if entry is None or entry.agent != "builtin":
         return None
     from ..agents.builtin import tune
+
+    if entry.tuning is None and not entry.kernel:
+        from ..agents.base import AgentRefused
+        from ..agents.builtin import build_source
+
+        try:
+            build_source(spec)  # CPU only: lowering and emitting, no compile
+        except AgentRefused:
+            return None
+        return "the builtin generator lowers this op now; its reference entry predates tuning"
 
     if getattr(args, "retune", False):
         return "--retune"
