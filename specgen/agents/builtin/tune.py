@@ -327,9 +327,9 @@ class _Tuning:
                     record["reason"] = "verified, but the benchmark gave no kernel time for some row"
             else:
                 record["reason"] = check.reason[:500]
-        except Rejected as error:  # the verifier's worker crashed, a timed output was wrong
+        except (Rejected, RuntimeError) as error:  # a timed output was wrong, the library did not load
             record["verified"] = False
-            record["reason"] = str(error)[:500]
+            record["reason"] = f"{type(error).__name__}: {error}"[:500]
         record["seconds"] = round(self.clock() - began, 2)
         self.costs.append(self.clock() - began)
         if variant.name in self.passed:
