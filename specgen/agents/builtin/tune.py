@@ -407,8 +407,16 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
                              f"choosing {better}")
             chosen = better
     variant, source, check = run.passed[chosen]
+    kernel_times = run.times(chosen)
+    if slower(chosen):  # before giving the op up to eager: both timed again, the best of two runs each
+        again = {row_id(r): r.get("kernel_us") for r in backend.time_kernel(spec, source)}
+        again_eager = {row_id(r): r.get("eager_us") for r in backend.time_eager(spec)}
+        kernel_times = {i: min(filter(None, (us, again.get(i))), default=None) for i, us in kernel_times.items()}
+        eager = {i: min(filter(None, (us, again_eager.get(i))), default=None) for i, us in eager.items()}
+        run.notes.append(f"{chosen} was slower than eager on {len(slower(chosen))} row(s): both timed again, "
+                         f"the best of two runs of each compared")
     rows = []
-    for rid, kernel_us in run.times(chosen).items():
+    for rid, kernel_us in kernel_times.items():
         eager_us = eager.get(rid)
         rows.append({"id": rid, "kernel_us": kernel_us, "eager_us": eager_us,
                      "speedup_vs_eager": round(eager_us / kernel_us, 4) if eager_us and kernel_us else None,
@@ -483,8 +491,17 @@ def summary_lines(record: dict) -> list[str]:
             lines.append(f"  {name}: verified, not timed (no benchmark shapes)")
         else:
             lines.append(f"  {name}: not kept ({v.get('reason', '')[:120]})")
-    lines.append(f"chosen: variant {record.get('variant')}")
-    for row in record.get("rows", []):
+    rows = record.get("rows", [])
+    ratios = [r["speedup_vs_eager"] for r in rows if r.get("speedup_vs_eager")]
+    lines.append(f"chosen: variant {record.get('variant')}" + (
+        f": {min(ratios):.2f}x-{max(ratios):.2f}x eager over {len(rows)} rows (geomean {_geomean(ratios):.2f}x)"
+        if ratios else ""))
+    if len(rows) > 8:  # the slower rows and the three closest to eager; all of them are in the lock
+        by_ratio = sorted(rows, key=lambda r: r.get("speedup_vs_eager") or float("inf"))
+        rows = [r for r in by_ratio if r.get("slower_than_eager")] or by_ratio[:3]
+        lines.append("  " + ("rows slower than eager:" if rows[0].get("slower_than_eager") else
+                             "closest to eager:"))
+    for row in rows:
         ratio = row.get("speedup_vs_eager")
         lines.append(f"  {row['id']}: {row['kernel_us']:.1f} us, eager {row.get('eager_us') or 0:.1f} us"
                      + (f" ({ratio:.2f}x)" if ratio else "") + (" SLOWER than eager" if row.get("slower_than_eager")
