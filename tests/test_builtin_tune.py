@@ -465,3 +465,12 @@ def test_build_retries_a_reference_entry_from_before_tuning_only_when_the_genera
     assert results["gelu_tanh"].kernel is not None and results["gelu_tanh"].action == "generated"
     assert results["linear_bias_relu"].kernel is None and results["linear_bias_relu"].action == "reused"
     assert {name for kind, name in gpu["backend"].calls if kind == "verify"} >= {"default"}
+
+
+def test_no_verified_variant_is_a_spec_without_a_kernel_not_a_crash(gpu, gelu, capsys, monkeypatch):
+    gpu["backend"] = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
+    assert _generate(gelu) == 1
+    assert "no kernel for gelu_tanh" in capsys.readouterr().out
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "no kernel"
