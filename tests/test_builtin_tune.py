@@ -394,6 +394,8 @@ def test_generate_builtin_runs_the_same_tuner_without_a_budget(standins, gelu, m
     assert result.variant in ("default", "cl256") and result.record.verification["variant"] == result.variant
     entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
     assert entry.tuning["variant"] == result.variant and entry.tuning["key"]["gpu_arch"] == "sm_90"
+    assert entry.tuning["budget_s"] is None and "Infinity" not in (gelu.parent / "specgen.lock").read_text()
+    assert "(no budget)" in tune.summary_lines(entry.tuning)[0]
     assert entry.records[0].benchmark["rows"]
 
 

@@ -436,7 +436,7 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     benchmark = None
     if decision == KERNEL:
         benchmark = backend.benchmark(spec, source)
-    record = {"key": tuning_key(spec, backend.arch), "budget_s": budget_s, "spent_s": round(run.elapsed(), 2),
+    record = {"key": tuning_key(spec, backend.arch), "budget_s": _budget(budget_s), "spent_s": round(run.elapsed(), 2),
               "complete": not skipped, "variant": variant.name, "decision": decision,
               "noise_ratio": EAGER_NOISE_RATIO, "rows": rows, "variants": run.tried,
               "notes": run.notes}
@@ -453,11 +453,17 @@ def _untimed(spec, backend: TuneBackend, run: _Tuning) -> TuneResult:
     if not check.passed:
         raise Rejected(f"{spec.path}: the builtin kernel failed verification: {check.reason}")
     notes = ["the spec has no benchmark shapes: nothing to time or compare with eager; the default variant"]
-    record = {"key": tuning_key(spec, backend.arch), "budget_s": run.budget_s, "spent_s": round(run.elapsed(), 2),
+    record = {"key": tuning_key(spec, backend.arch), "budget_s": _budget(run.budget_s),
+              "spent_s": round(run.elapsed(), 2),
               "complete": True, "variant": DEFAULT_VARIANT.name, "decision": KERNEL,
               "noise_ratio": EAGER_NOISE_RATIO, "rows": [],
               "variants": {DEFAULT_VARIANT.name: {"verified": True, "rows": []}}, "notes": notes}
     return TuneResult(DEFAULT_VARIANT.name, source, KERNEL, check.record, None, record, notes)
+
+
+def _budget(budget_s: float) -> float | None:
+    """The budget as the lock keeps it: None for none (JSON has no infinity)."""
+    return budget_s if math.isfinite(budget_s) else None
 
 
 def _parse_id(rid: str) -> tuple[str, dict, str]:
@@ -483,7 +489,9 @@ def summary_lines(record: dict) -> list[str]:
     variants = record.get("variants", {})
     tried = [n for n, v in variants.items() if "skipped" not in v]
     verified = [n for n in tried if variants[n].get("verified")]
-    lines.append(f"tuned in {record.get('spent_s', 0):.0f} s of a {record.get('budget_s', 0):g} s budget: "
+    budget = record.get("budget_s")
+    lines.append(f"tuned in {record.get('spent_s', 0):.0f} s " + (f"of a {budget:g} s budget" if budget else
+                                                                  "(no budget)") + ": "
                  f"{len(verified)} of {len(tried)} variant(s) verified"
                  + ("" if record.get("complete", True) else ", budget reached before all were tried"))
     for name in tried:
