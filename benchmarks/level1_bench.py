@@ -389,9 +389,9 @@ def neg_bandwidth_gbs(dtype: str, nbytes: int = NEG_BYTES) -> float:
     from specgen.inputs import TORCH_DTYPES
 
     torch_dtype = TORCH_DTYPES[dtype]
-    x = torch.randn(nbytes // torch.empty((), dtype=torch_dtype).element_size(), device="cuda", dtype=torch_dtype)
-    stats = time_callable(lambda: x.neg(), warmup=5, reps=30)
-    del x
+    held = [torch.randn(nbytes // torch.empty((), dtype=torch_dtype).element_size(), device="cuda", dtype=torch_dtype)]
+    stats = time_callable(lambda: held[0].neg(), warmup=5, reps=30)
+    held.clear()
     torch.cuda.empty_cache()
     return 2 * nbytes / (stats.median_ms * 1e-3) / 1e9
 
