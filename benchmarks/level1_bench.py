@@ -12,7 +12,10 @@ For a folder of specs (`# family: NAME` on each file's first line groups them):
    generate --agent builtin` runs first; a refusal is a problem row with its message;
 2. then spec by spec while the budget lasts: `generate_builtin(spec, gpu=True, write=False)`
    (compile, verify; autotune when the user's path does, see --tune): nothing is written
-   next to the specs, no lock is touched;
+   next to the specs, no lock is touched. Today `specgen generate --agent builtin` asks
+   `BuiltinAgent` for the default variant (`build_source(spec)`) and verifies it with the
+   same verifier: `generate_builtin(tune=False)` compiles and verifies that same source.
+   Once `specgen generate` autotunes (a `--tune...` option), `--tune auto` follows it;
 3. every benchmark row (shape x dtype x direction; backward where the spec asks for a
    kernel) timed by `specgen.bench.bench_spec`, the one timing method (eager, a fresh
    torch.compile per row, the kernel in its own process, L2 flushed, median of REPS);
@@ -595,7 +598,6 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
         problem.update(status=NOT_REACHED, verified=None, message="total budget spent before generation")
         return problem, [dict(name=spec.name, family=family, status=NOT_REACHED, message=problem["message"],
                               direction=d, dims=dims, dtype=dt) for dims, dt, d in plan]
-    spec_deadline = min(deadline, time.time() + args.spec_budget_s)
     try:
         fields, library = generate(spec, args)
         problem.update(fields)
@@ -615,6 +617,7 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
                           "dims": None}]
     problem["status"] = "verified"
     problem["generate_seconds"] = round(time.time() - started, 1)
+    spec_deadline = min(deadline, time.time() + args.spec_budget_s)  # the timing's own budget
     rows = bench_rows(spec, library, plan, family, args, spec_deadline, env.get("gpu_bytes", 0))
     for row in rows:
         evaluate_row(row, env.get("neg_gbs") or {}, env.get("hbm_peak_gbs"))
@@ -786,7 +789,7 @@ def main(argv=None) -> int:
         write_report(out, report, args.name)
         if problem.get("status") != NOT_REACHED:
             timed = [r for r in rows if r.get("status") == TIMED]
-            print(f"[level1] {problem['name']}: {problem.get('status')}, {len(timed)} rows timed, "
+            print(f"[level1] spec {problem['name']}: {problem.get('status')}, {len(timed)} rows timed, "
                   f"{sum(1 for r in timed if not r.get('misses'))} on target ({time.time() - t0:.0f} s, "
                   f"{time.time() - started:.0f} s total)", flush=True)
     print_tables(report, args.summary_only)
