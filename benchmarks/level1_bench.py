@@ -253,6 +253,7 @@ def summarize(problems: list[dict], rows: list[dict]) -> dict:
         "rows_timed": len(timed), "rows_not_reached": sum(1 for r in rows if r.get("status") == NOT_REACHED),
         "rows_skipped": sum(1 for r in rows if r.get("status") == SKIPPED),
         "rows_error": sum(1 for r in rows if r.get("status") == ERROR),
+        "verified_without_some_shapes": sum(1 for p in problems if p.get("verify_dropped_shapes")),
         "geomean_x_compile": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
         "targets": targets,
         "all_targets_met": all(t["ok"] is not False for t in targets.values()) and not any(
@@ -282,7 +283,7 @@ def markdown(report: dict) -> str:
              "neg() " + ", ".join(f"{d} {g:.0f} GB/s" for d, g in (env.get("neg_gbs") or {}).items()), "",
              "| problem | family | lowered | verified | variant | s | note |", "|---|---|---|---|---|---|---|"]
     for p in report["problems"]:
-        note = (p.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
+        note = (p.get("message") or p.get("verify_note") or "").replace("|", "/").replace("\n", " ")[:240]
         lines.append(f"| {p['name']} | {p.get('family')} | {'yes' if p.get('lowered') else 'no'} | "
                      f"{ {True: 'yes', False: 'NO', None: '-'}[p.get('verified')] } | {p.get('variant') or '-'} | "
                      f"{_fmt(p.get('seconds'))} | {note} |")
@@ -322,7 +323,7 @@ def print_tables(report: dict, summary_only: bool = False) -> None:
         for p in report["problems"]:
             problems.add_row(p["name"], p.get("family", ""), "yes" if p.get("lowered") else "[red]no[/]",
                              {True: "yes", False: "[red]NO[/]", None: "-"}[p.get("verified")], p.get("variant") or "-",
-                             _fmt(p.get("seconds")), (p.get("message") or "")[:200])
+                             _fmt(p.get("seconds")), (p.get("message") or p.get("verify_note") or "")[:240])
         console.print(problems)
         rows = Table(title="rows (x eager / x compile: eager_us / kernel_us; % neg bw: rows whose largest tensor >= 1 GB)")
         for col in ("problem", "dir", "shape", "dtype", "GB", "kernel us", "eager us", "compile us", "x eager",
@@ -356,7 +357,9 @@ def print_tables(report: dict, summary_only: bool = False) -> None:
         targets.add_row("geomean", "", f"{s['geomean_x_compile']:.2f}x torch.compile over the timed rows")
     targets.add_row("coverage", "", f"{s['rows_timed']} rows timed, {s['rows_not_reached']} not reached, "
                                     f"{s['rows_skipped']} skipped, {s['rows_error']} errors; "
-                                    f"{s['not_reached']} problems not reached")
+                                    f"{s['not_reached']} problems not reached; "
+                                    f"{s.get('verified_without_some_shapes', 0)} verified without their largest "
+                                    f"shape(s) (memory: see the problem notes)")
     console.print(targets)
 
 
@@ -465,14 +468,59 @@ def row_plan(spec, shapes: list[dict], dtypes: list[str], directions: list[str])
     return [(dims, dtype, d) for dims in shapes for dtype in dtypes for d in directions]
 
 
+VERIFY_TIMED_SETS = 6  # specgen/verify/engine.py: TIMED_REPS + TIMED_WARMUP input sets at every benchmark shape
+TIMED_BATCH_MIN, TIMED_OUTPUT_BYTES = 2, 4 << 30  # specgen/verify/timed.py: output copies staged per batch
+
+
+def footprint(spec, dims: dict, dtype: str, direction: str, sets: int) -> int:
+    """GPU bytes a checked, timed run of the kernel needs at one shape (a pessimistic model of
+    specgen/verify: `sets` prepared input sets, each holding the call's tensors, the reference's
+    working outputs and the float64 truth, in this process; the float64 reference run in
+    flight; in the kernel's process every set's read tensors and a batch of output copies).
+    The verifier's timed phase is `sets=6` at every benchmark shape; bench.py's kernel timing
+    is `sets=input_sets`; eager and torch.compile need less than either."""
+    sig = spec.signature
+
+    def nbytes(t, as64: bool = False) -> int:
+        dt = t.dtype_for(dtype)
+        return math.prod(t.shape(dims)) * (8 if as64 and t.is_floating else _itemsize(dt))
+
+    tensors = [p.type for p in sig.inputs if p.is_tensor]
+    floating = [t for t in tensors if t.is_floating]
+    ins, outs = sum(map(nbytes, tensors)), sum(nbytes(o.type) for o in sig.outputs)
+    ins64 = sum(nbytes(t, True) for t in floating)
+    outs64 = sum(nbytes(o.type, True) for o in sig.outputs)
+    if direction == "forward":
+        read, written, written64 = ins, outs, outs64
+        in_flight = ins64  # the float64 copy of the inputs while the truth is computed
+    else:  # reads inputs, forward outputs and output gradients; writes the input gradients
+        read, written = ins + 2 * outs, sum(map(nbytes, floating))
+        written64 = ins64
+        in_flight = ins64 + 2 * outs64  # float64 autograd: inputs, outputs, output gradients
+    batch = max(TIMED_BATCH_MIN, min(sets, TIMED_OUTPUT_BYTES // max(written, 1)))
+    here = sets * (read + written + written64) + in_flight
+    kernel_process = sets * read + batch * written
+    return here + kernel_process
+
+
 def estimate_bytes(spec, dims: dict, dtype: str, direction: str, sets: int) -> int:
-    """A pessimistic footprint of one row: every tensor of the call per input set (the backward
-    adds the output gradients and the input gradients: twice the tensors), in this process and
-    again in the kernel's, plus two of the largest tensor for what is in flight (an eager
-    output, autograd's saved tensors)."""
+    """A row of bench.py: eager and torch.compile (every tensor of the call per set, plus two
+    of the largest in flight) or the kernel's checked timing (`footprint`), whichever is more."""
     sizes = tensor_sizes(spec, dims, dtype)
     per_set = sum(sizes) * (2 if direction == "backward" else 1)
-    return 2 * per_set * sets + 2 * max(sizes, default=0)
+    torch_side = per_set * sets + 2 * max(sizes, default=0)
+    return max(torch_side, footprint(spec, dims, dtype, direction, sets))
+
+
+def verification_shapes(spec, gpu_bytes: int, directions: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(benchmark shapes the verifier can run at full size on this GPU, shapes it cannot): the
+    verifier times every benchmark shape with VERIFY_TIMED_SETS checked input sets."""
+    directions = directions or (["forward", "backward"] if spec.backward == "kernel" else ["forward"])
+    fit, dropped = [], []
+    for dims in spec.benchmark:
+        need = max(footprint(spec, dims, dt, d, VERIFY_TIMED_SETS) for dt in spec.dtypes for d in directions)
+        (fit if not gpu_bytes or need <= MEMORY_SHARE * gpu_bytes else dropped).append(dict(dims))
+    return fit, dropped
 
 
 def bench_rows(spec, library, plan: list[tuple], family: str, args, deadline: float, gpu_bytes: int) -> list[dict]:
@@ -598,8 +646,18 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
         problem.update(status=NOT_REACHED, verified=None, message="total budget spent before generation")
         return problem, [dict(name=spec.name, family=family, status=NOT_REACHED, message=problem["message"],
                               direction=d, dims=dims, dtype=dt) for dims, dt, d in plan]
+    verify_spec = spec
+    if args.verify_shapes == "fit":
+        fit, dropped = verification_shapes(spec, env.get("gpu_bytes", 0))
+        if dropped and fit:
+            verify_spec = spec.model_copy(update={"benchmark": fit})
+            problem["verify_dropped_shapes"] = dropped
+            problem["verify_note"] = (
+                f"verified without the benchmark shape(s) {'; '.join(map(shape_text, dropped))}: the verifier's timed "
+                f"phase ({VERIFY_TIMED_SETS} checked input sets with float64 truths) would need more than "
+                f"{MEMORY_SHARE:.0%} of the GPU there; those rows are still checked output by output while timed")
     try:
-        fields, library = generate(spec, args)
+        fields, library = generate(verify_spec, args)
         problem.update(fields)
     except Exception as error:  # noqa: BLE001 - Rejected (no variant verified), CompileError, a crash
         from specgen.errors import Rejected
@@ -619,8 +677,12 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
     problem["generate_seconds"] = round(time.time() - started, 1)
     spec_deadline = min(deadline, time.time() + args.spec_budget_s)  # the timing's own budget
     rows = bench_rows(spec, library, plan, family, args, spec_deadline, env.get("gpu_bytes", 0))
+    dropped = problem.get("verify_dropped_shapes") or []
     for row in rows:
         evaluate_row(row, env.get("neg_gbs") or {}, env.get("hbm_peak_gbs"))
+        if row.get("dims") in dropped:
+            row["verified_shape"] = False  # checked while timed, not in the verifier's full-size phase
+            row.setdefault("notes", []).append("shape left out of the verifier's full-size phase (memory)")
     problem["seconds"] = round(time.time() - started, 1)
     torch.cuda.empty_cache()
     return problem, rows
@@ -675,6 +737,11 @@ def parse_args(argv=None):
                         help="autotune variants as generate_builtin does; auto: as `specgen generate` does")
     parser.add_argument("--tune-budget", type=float, default=None, help="passed on when the generator takes one")
     parser.add_argument("--examples", type=int, default=None, help="verification examples (default: the verifier's)")
+    parser.add_argument("--verify-shapes", choices=("fit", "all"), default="fit",
+                        help="fit (default): verify at the benchmark shapes whose full-size timed phase fits in "
+                             f"{MEMORY_SHARE:.0%} of the GPU (the others are timed, and checked while timed, but "
+                             "left out of the verifier's full-size phase; the problem row says so); all: every "
+                             "benchmark shape, exactly as `specgen generate` does")
     parser.add_argument("--min-start-s", type=float, default=30.0,
                         help="start no new spec with less than this left of --budget-s (default 30)")
     parser.add_argument("--reps", type=int, default=REPS)
