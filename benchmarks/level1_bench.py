@@ -5,6 +5,7 @@ PyTorch and torch.compile, against the targets of issue #12.
         [--only relu,softmax_wide] [--sizes decode|large|all] [--budget-s 540] [--spec-budget-s 150]
         [--directions forward|all] [--tune auto|on|off] [--examples N] [--shard K/N]
     python benchmarks/level1_bench.py --merge A.json B.json [--out DIR]     # several runs, one table
+    python benchmarks/level1_bench.py --plan [--sizes large]     # CPU: lowering, rows, memory, no GPU
 
 For a folder of specs (`# family: NAME` on each file's first line groups them):
 
@@ -749,6 +750,10 @@ def parse_args(argv=None):
                         help="also time eager and torch.compile for refused specs (no kernel)")
     parser.add_argument("--summary-only", action="store_true",
                         help="print only the per-family and target tables (rows still go to the files)")
+    parser.add_argument("--plan", action="store_true",
+                        help="no GPU: print what a run would do (lowered or refused, rows, the shapes left out of "
+                             "verification and the rows skipped for memory on a GPU of --gpu-gb)")
+    parser.add_argument("--gpu-gb", type=float, default=141.0, help="--plan: the GPU's memory (default 141, an H200)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="merge earlier runs' JSON files into one report (no GPU)")
     args = parser.parse_args(argv)
@@ -798,6 +803,8 @@ def main(argv=None) -> int:
         write_report(out, report, args.name)
         print_tables(report, args.summary_only)
         return 0
+    if args.plan:
+        return plan_run(args)
     started = time.time()
     deadline = started + args.budget_s
     import torch
@@ -861,6 +868,43 @@ def main(argv=None) -> int:
                   f"{time.time() - started:.0f} s total)", flush=True)
     print_tables(report, args.summary_only)
     print(f"[level1] wrote {out / (args.name + '.json')} and .md in {time.time() - started:.0f} s")
+    return 0
+
+
+def plan_run(args) -> int:
+    """--plan: lowering and the row plan of every selected spec, on the CPU."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specgen.spec import load_spec
+
+    folders = [Path(f) for f in (args.specs or [DEFAULT_SPECS])]
+    paths = find_specs(folders, args.only, args.shard)
+    lowering = lowering_pass(paths)
+    gpu_bytes = int(args.gpu_gb * 1e9)
+    table = Table(title=f"plan: {', '.join(map(str, folders))} (GPU of {args.gpu_gb:.0f} GB)")
+    for col in ("order", "problem", "family", "lowering", "rows", "verified without", "rows skipped (memory)"):
+        table.add_column(col, overflow="fold")
+    total = 0
+    for i, path in enumerate(run_order(paths, lowering), 1):
+        spec = load_spec(path)
+        shapes = select_shapes(spec, args.sizes)
+        dtypes = [d for d in spec.dtypes if not args.dtypes or d in args.dtypes]
+        directions = ["forward"] + (["backward"] if spec.backward == "kernel" and args.directions == "all" else [])
+        plan = row_plan(spec, shapes, dtypes, directions)
+        state = {True: "lowered", False: "refused", None: "error"}[lowering.get(path.stem)]
+        skipped = []
+        for dims, dtype, direction in plan:
+            sets = 1 if max(tensor_sizes(spec, dims, dtype)) >= LARGE_BYTES else 3
+            need = estimate_bytes(spec, dims, dtype, direction, sets)
+            if need > MEMORY_SHARE * gpu_bytes:
+                skipped.append(f"{shape_text(dims)} {dtype} {direction} ({need / 1e9:.0f} GB)")
+        dropped = verification_shapes(spec, gpu_bytes)[1] if args.verify_shapes == "fit" else []
+        total += len(plan) if state == "lowered" else 0
+        table.add_row(str(i), spec.name, spec_family(path), state, str(len(plan) if state == "lowered" else 0),
+                      "; ".join(map(shape_text, dropped)), "; ".join(skipped))
+    Console(width=max(160, int(os.environ.get("COLUMNS", "0") or 0))).print(table)
+    print(f"{sum(v is True for v in lowering.values())} of {len(paths)} lowered; {total} rows to time")
     return 0
 
 

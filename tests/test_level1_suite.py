@@ -349,3 +349,9 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
     assert all(r["misses"] == [] for r in relu_rows)
     assert report["summary"]["lowered"] == 3 and report["summary"]["refused"] == 1
     assert "targets" in capsys.readouterr().out
+
+
+def test_plan_runs_on_the_cpu(capsys):
+    assert bench.main(["--plan", "--only", "relu,cumsum"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 lowered; 12 rows to time" in out and "146 GB" in out  # relu's float32 backward at 8.6 GB
