@@ -473,7 +473,7 @@ VERIFY_TIMED_SETS = 6  # specgen/verify/engine.py: TIMED_REPS + TIMED_WARMUP inp
 TIMED_BATCH_MIN, TIMED_OUTPUT_BYTES = 2, 4 << 30  # specgen/verify/timed.py: output copies staged per batch
 
 
-def footprint(spec, dims: dict, dtype: str, direction: str, sets: int) -> int:
+def footprint(spec, dims: dict, dtype: str, direction: str, sets: int, calls: int | None = None) -> int:
     """GPU bytes a checked, timed run of the kernel needs at one shape (a pessimistic model of
     specgen/verify: `sets` prepared input sets, each holding the call's tensors, the reference's
     working outputs and the float64 truth, in this process; the float64 reference run in
@@ -498,9 +498,10 @@ def footprint(spec, dims: dict, dtype: str, direction: str, sets: int) -> int:
         read, written = ins + 2 * outs, sum(map(nbytes, floating))
         written64 = ins64
         in_flight = ins64 + 2 * outs64  # float64 autograd: inputs, outputs, output gradients
-    batch = max(TIMED_BATCH_MIN, min(sets, TIMED_OUTPUT_BYTES // max(written, 1)))
+    calls = calls or sets  # timed calls (warm-up included): up to that many output copies, within 4 GiB
+    copies = max(TIMED_BATCH_MIN * written, min(calls * written, TIMED_OUTPUT_BYTES))
     here = sets * (read + written + written64) + in_flight
-    kernel_process = sets * read + batch * written
+    kernel_process = sets * read + copies
     return here + kernel_process
 
 
@@ -510,7 +511,7 @@ def estimate_bytes(spec, dims: dict, dtype: str, direction: str, sets: int) -> i
     sizes = tensor_sizes(spec, dims, dtype)
     per_set = sum(sizes) * (2 if direction == "backward" else 1)
     torch_side = per_set * sets + 2 * max(sizes, default=0)
-    return max(torch_side, footprint(spec, dims, dtype, direction, sets))
+    return max(torch_side, footprint(spec, dims, dtype, direction, sets, calls=REPS + 5))
 
 
 def verification_shapes(spec, gpu_bytes: int, directions: list[str] | None = None) -> tuple[list[dict], list[dict]]:
