@@ -514,6 +514,21 @@ def estimate_bytes(spec, dims: dict, dtype: str, direction: str, sets: int) -> i
     return max(torch_side, footprint(spec, dims, dtype, direction, sets, calls=REPS + 5))
 
 
+def spec_with_shapes(spec, shapes: list[dict], folder: Path):
+    """A copy of the spec file with only `shapes` as its benchmark, loaded from `folder`: the
+    verifier's worker reloads a spec from its path, so the copy must be a file."""
+    import yaml
+
+    from specgen.spec import load_spec
+
+    data = yaml.safe_load(Path(spec.path).read_text())
+    data["benchmark"] = [dict(s) for s in shapes]
+    path = Path(folder) / Path(spec.path).name
+    path.write_text(f"# {spec.path} with the benchmark shapes the verifier can run at full size here\n"
+                    + yaml.safe_dump(data, sort_keys=False, width=1000))
+    return load_spec(path)
+
+
 def verification_shapes(spec, gpu_bytes: int, directions: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(benchmark shapes the verifier can run at full size on this GPU, shapes it cannot): the
     verifier times every benchmark shape with VERIFY_TIMED_SETS checked input sets."""
@@ -648,18 +663,25 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
         problem.update(status=NOT_REACHED, verified=None, message="total budget spent before generation")
         return problem, [dict(name=spec.name, family=family, status=NOT_REACHED, message=problem["message"],
                               direction=d, dims=dims, dtype=dt) for dims, dt, d in plan]
-    verify_spec = spec
+    verify_spec, scratch = spec, None
     if args.verify_shapes == "fit":
         fit, dropped = verification_shapes(spec, env.get("gpu_bytes", 0))
         if dropped and fit:
-            verify_spec = spec.model_copy(update={"benchmark": fit})
+            import tempfile
+
+            scratch = tempfile.TemporaryDirectory(prefix="level1-verify-")
+            verify_spec = spec_with_shapes(spec, fit, Path(scratch.name))
             problem["verify_dropped_shapes"] = dropped
             problem["verify_note"] = (
                 f"verified without the benchmark shape(s) {'; '.join(map(shape_text, dropped))}: the verifier's timed "
                 f"phase ({VERIFY_TIMED_SETS} checked input sets with float64 truths) would need more than "
                 f"{MEMORY_SHARE:.0%} of the GPU there; those rows are still checked output by output while timed")
     try:
-        fields, library = generate(verify_spec, args)
+        try:
+            fields, library = generate(verify_spec, args)
+        finally:
+            if scratch is not None:
+                scratch.cleanup()  # the library lives in the compile cache, not here
         problem.update(fields)
     except Exception as error:  # noqa: BLE001 - Rejected (no variant verified), CompileError, a crash
         from specgen.errors import Rejected

@@ -296,6 +296,7 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
 
     import specgen.bench as sb
     from specgen.errors import Rejected
+    from specgen.spec import load_spec
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -307,6 +308,9 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
 
     def fake_generate(spec, args):
         verified_at[spec.name] = list(spec.benchmark)
+        assert spec.path.is_file()  # the verifier's worker reloads the spec from its path
+        assert load_spec(spec.path).benchmark == spec.benchmark and spec.hash() != load_spec(DEV / spec.path.name).hash() \
+            or spec.path.parent == DEV
         if spec.name == "sigmoid":
             raise RuntimeError("the generator crashed (fake)")
         if spec.name == "tanh":
