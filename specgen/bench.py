@@ -310,7 +310,7 @@ class IsolatedKernel:
         from .verify.timed import timed_calls
         from .verify.verdict import Failure
 
-        sets = [prepare(self.spec, make_case(dims, dtype, seed=seed + i), direction, "cuda")
+        sets = [prepare(self.spec, make_case(dims, dtype, seed=seed + i), direction, "cuda", later=True)
                 for i in range(input_sets)]
         try:
             run = timed_calls(self.runner, self.spec, sets, reps=reps, warmup=warmup, flush_bytes=flush_bytes())

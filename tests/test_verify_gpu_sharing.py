@@ -94,3 +94,34 @@ def test_the_worker_does_not_count_waiting_for_the_gpu_against_the_kernel(monkey
     monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
     verdict = Scripted().verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=60)
     assert verdict.reason == "passed"
+
+
+def test_a_timed_set_derives_its_truth_at_the_check_and_drops_it_after():
+    """prepare(later=True) holds inputs only; checking derives the truth from the inputs as they
+    are then (the staged copies) and gives it back; a wrong output is still caught."""
+    import pytest
+    import torch
+
+    from conftest import SPECS
+    from specgen.spec import load_spec
+    from specgen.verify.checks import check_close
+    from specgen.verify.data import prepare
+    from specgen.verify.strategies import make_case
+    from specgen.verify.verdict import Failure
+
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    for direction in ("forward", "backward"):
+        case = make_case({"N": 6, "D": 40}, "float32", seed=3)
+        eager = prepare(spec, case, direction, "cpu")
+        lazy = prepare(spec, case, direction, "cpu", later=True)
+        assert eager.truth and not lazy.truth and not lazy.reference
+        lazy.inputs = {k: v.clone() for k, v in lazy.inputs.items()}  # as staging does: other storage
+        right = {slot.name: eager.truth[slot.name].to(slot.dtype) for slot in eager.outputs}
+        check_close(lazy, right)
+        assert not lazy.truth and not lazy.reference  # dropped after the check
+        wrong = {name: t.clone() for name, t in right.items()}
+        first = next(iter(wrong))
+        wrong[first].view(-1)[5] += 1.0
+        with pytest.raises(Failure):
+            check_close(lazy, wrong)
+    assert torch.equal(eager.truth[first], prepare(spec, case, "backward", "cpu").truth[first])

@@ -104,6 +104,17 @@ def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, pr
                 stats: dict | None = None) -> None:
     """Per element within the tolerance rule (compare.py); `stats` collects, per output dtype,
     the largest widening the reference's own error gave and the kernel's largest error."""
+    from .data import derive_truth, drop_truth
+
+    derive_truth(data)  # a timed set's truth is computed now, from its staged inputs
+    try:
+        _check_outputs(data, outputs, reason=reason, prefix=prefix, stats=stats)
+    finally:
+        if not data.keep_tolerance:
+            drop_truth(data)
+
+
+def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, stats: dict | None) -> None:
     from .compare import element_tolerance, widening
 
     for slot in data.outputs:

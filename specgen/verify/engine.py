@@ -195,7 +195,7 @@ class Session:
             calls = TIMED_REPS + TIMED_WARMUP
             sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
                                                            distribution=("normal", "uniform")[i % 2]),
-                            direction, self.device) for i in range(calls)]
+                            direction, self.device, later=True) for i in range(calls)]
             run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
                               flush_bytes=flush)
             self.cases += run.checked_calls
@@ -204,7 +204,7 @@ class Session:
             if number == 0:
                 self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
                 sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
-                                self.device) for i in range(BENCH_SETS)]
+                                self.device, later=True) for i in range(BENCH_SETS)]
                 run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
                                   flush_bytes=flush)
                 self.cases += run.checked_calls
