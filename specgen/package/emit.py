@@ -18,6 +18,7 @@ from .model import SCALAR_TYPES, PackageModel
 from .summary import performance_summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
+LAYER_RUNTIME = Path(__file__).resolve().parent / "layer_runtime.py"  # a plain module, copied verbatim
 
 
 def _templates_dir() -> Path:
@@ -72,6 +73,8 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
         f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(context),
         f"{py}/_ops.py": env.get_template("torch-ext/pkg/_ops.py.j2").render(context),
         f"{py}/_spec_data.py": env.get_template("torch-ext/pkg/_spec_data.py.j2").render(context),
+        f"{py}/layers.py": env.get_template("torch-ext/pkg/layers.py.j2").render(context),
+        f"{py}/_patching.py": LAYER_RUNTIME.read_text(),
         f"{py}/tests/__init__.py": "",
         f"{py}/tests/test_ops.py": env.get_template("torch-ext/pkg/tests/test_ops.py.j2").render(context),
     }
