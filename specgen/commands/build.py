@@ -58,6 +58,8 @@ def register(subparsers) -> None:
     p.add_argument("--keep-tree", default=None, metavar="DIR",
                    help="write the package tree into DIR/<name>/ and keep it (default: a temporary folder); "
                         "a kept tree also keeps its compiled objects for the next build")
+    p.add_argument("--sdist", action="store_true",
+                   help="also write the source archive (.tar.gz) beside the wheel: it rebuilds the same wheel")
     p.add_argument("--jobs", type=positive_int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write the wheel and each op's outcome as JSON to OUT ('-': stdout)")
@@ -368,7 +370,8 @@ def _package(results: list[OpResult], args, console: Console):
         started = time.monotonic()
         with _step(console, what):
             wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs,
-                                cleanup=() if args.keep_tree else (str(tree_root),))
+                                cleanup=() if args.keep_tree else (str(tree_root),),
+                                sdist=getattr(args, "sdist", False))
         timings["wheel"] = time.monotonic() - started
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")

@@ -19,9 +19,15 @@ def cuda_home() -> str:
         return os.environ.get("CUDA_HOME", "/usr/local/cuda")
 
 
+# 1980-01-01, the earliest date a zip can hold: the wheel's and the sdist's entries carry it,
+# so the same specs give the same bytes (unless SOURCE_DATE_EPOCH is set already).
+SOURCE_DATE_EPOCH = "315532800"
+
+
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
-                timeout: float = 3600, cleanup: tuple = ()) -> Path:
-    """Build `tree` into a wheel in `out_dir`; returns the wheel path. The log sits next to it.
+                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False) -> Path:
+    """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
+    it); returns the wheel path. The log sits next to it.
 
     The build runs under specgen.procguard: it stops (nvcc and all) when specgen is interrupted
     or killed, and then `cleanup` (the temporary tree) is removed too."""
@@ -30,12 +36,13 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     tree, out_dir = Path(tree), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
     if needs_cuda:
         env["CUDA_HOME"] = cuda_home()
     if jobs:
         env["MAX_JOBS"] = str(jobs)
     before = set(out_dir.glob("*.whl"))
-    command = _build_command(tree, out_dir)
+    command = _build_command(tree, out_dir, sdist=sdist)
     log_path = out_dir / f"{tree.name}.build.log"
     try:
         returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup)
@@ -56,11 +63,14 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     return wheels[-1]
 
 
-def _build_command(tree: Path, out_dir: Path) -> list[str]:
+def _build_command(tree: Path, out_dir: Path, *, sdist: bool = False) -> list[str]:
     """`python -m build` (no isolation); where `build` is not installed, `pip wheel` builds the same wheel."""
     import importlib.util
 
     if importlib.util.find_spec("build") is not None:
-        return [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out_dir), str(tree)]
+        return [sys.executable, "-m", "build", "--wheel", *(["--sdist"] if sdist else []), "--no-isolation",
+                "--outdir", str(out_dir), str(tree)]
+    if sdist:
+        raise EnvironmentMissing("building the sdist needs the `build` package: pip install build")
     return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "-w", str(out_dir), str(tree)]
