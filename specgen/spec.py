@@ -155,6 +155,8 @@ def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
     loc = tuple(first["loc"])
     field_path = tuple(("signature" if p == "signature_text" else "reference" if p == "reference_source" else p)
                        for p in loc)
+    if field_path[:2] == ("replaces", 0) and ("replaces", 0) not in pos.values:
+        field_path = field_path[:1] + field_path[2:]  # one mapping, not a list: no index in the YAML
     message = first["msg"]
     hints = {
         "dtypes": f"list working dtypes from {', '.join(FLOAT_DTYPES)}",

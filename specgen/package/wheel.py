@@ -57,6 +57,9 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         if "No module named" in tail and ("setuptools" in tail or "torch" in tail or "wheel" in tail):
             raise EnvironmentMissing(f"building the wheel needs setuptools, wheel and torch (log: {log_path}):\n{tail}")
         raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")
+    if sdist:
+        for archive in out_dir.glob(f"{tree.name}-*.tar.gz"):
+            normalize_sdist(archive, int(env["SOURCE_DATE_EPOCH"]))
     wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
     if not wheels:
         raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
@@ -74,3 +77,25 @@ def _build_command(tree: Path, out_dir: Path, *, sdist: bool = False) -> list[st
         raise EnvironmentMissing("building the sdist needs the `build` package: pip install build")
     return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "-w", str(out_dir), str(tree)]
+
+
+def normalize_sdist(path: Path, epoch: int) -> None:
+    """Rewrite a .tar.gz with fixed bytes for fixed contents: members sorted by name, dates
+    `epoch`, owner root:root with no names, modes 644/755, no gzip timestamp or file name
+    (setuptools' sdist keeps the build's dates and the builder's user)."""
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(path, "r:gz") as source:
+        members = sorted(source.getmembers(), key=lambda m: m.name)
+        data = {m.name: source.extractfile(m).read() for m in members if m.isfile()}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as target:
+        for member in members:
+            member.mtime, member.uid, member.gid, member.uname, member.gname = epoch, 0, 0, "", ""
+            member.mode = 0o755 if member.isdir() or member.mode & 0o111 else 0o644
+            member.pax_headers = {}
+            target.addfile(member, io.BytesIO(data[member.name]) if member.isfile() else None)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+        out.write(buffer.getvalue())
