@@ -284,3 +284,29 @@ def test_pure_wheels_are_reproducible_and_load_as_a_hub_kernel(tmp_path):
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [pkg.namespace, "True"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_installed_package_patches_llama_on_the_gpu(dtype):
+    """The built wheel's kernels in a real model: scripts/gpu_stages/model_patch.sh installs it
+    (SPECGEN_PATCH_PACKAGE names it; default specgen_kernels)."""
+    pytest.importorskip("transformers")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    try:
+        sg = importlib.import_module(os.environ.get("SPECGEN_PATCH_PACKAGE", "specgen_kernels"))
+    except ImportError:
+        pytest.skip("no built package installed (scripts/gpu_stages/model_patch.sh installs one)")
+    model = _llama().to(device="cuda", dtype=getattr(torch, dtype)).train()
+    patched = copy.deepcopy(model)
+    assert sg.patch(patched)
+    ids = torch.randint(0, 96, (2, 33), device="cuda")
+    expected, got = model(ids, labels=ids), patched(ids, labels=ids)
+    tol = {"float32": 1e-4, "bfloat16": 5e-2}[dtype]
+    torch.testing.assert_close(got.logits, expected.logits, rtol=tol, atol=tol)
+    expected.loss.backward()
+    got.loss.backward()
+    for (name, a), b in zip(model.named_parameters(), patched.parameters()):
+        error = ((b.grad.float() - a.grad.float()).norm() / a.grad.float().norm().clamp_min(1e-12)).item()
+        assert error < {"float32": 1e-3, "bfloat16": 5e-2}[dtype], (name, error)  # relative, per parameter
