@@ -221,7 +221,7 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     root = emit_package(pkg, tmp_path / "sgtest")
     wheel = build_wheel(root, tmp_path / "dist")
     built = time.monotonic() - start
-    assert wheel.name == "sgtest-0.1.0-cp39-abi3-linux_x86_64.whl"
+    assert wheel.name.startswith("sgtest-0.1.0-cp39-abi3-") and wheel.name.endswith("_x86_64.whl")  # manylinux with auditwheel
 
     # a fresh install folder first on the path (works where python is itself a venv, unlike
     # `venv --system-site-packages`); run from tmp_path so no source tree shadows it

