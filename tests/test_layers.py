@@ -310,3 +310,18 @@ def test_installed_package_patches_llama_on_the_gpu(dtype):
     for (name, a), b in zip(model.named_parameters(), patched.parameters()):
         error = ((b.grad.float() - a.grad.float()).norm() / a.grad.float().norm().clamp_min(1e-12)).item()
         assert error < {"float32": 1e-3, "bfloat16": 5e-2}[dtype], (name, error)  # relative, per parameter
+
+
+def test_build_progress_names_each_compile_step():
+    from specgen.package.wheel import _compile_steps
+
+    heard = []
+    on_line = _compile_steps(heard.append)
+    for line in ["running build_ext",
+                 "[1/3] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output "
+                 "/t/build/temp/kernels/swiglu/swiglu.o.d -I/t/kernels/swiglu -c /t/kernels/swiglu/swiglu.cu "
+                 "-o /t/build/temp/kernels/swiglu/swiglu.o -include /t/torch-ext/glibc_compat.h",
+                 "[2/3] c++ -MMD -MF /t/b/torch_binding.o.d -c /t/torch-ext/torch_binding.cpp -o /t/b/torch_binding.o",
+                 "g++ -shared /t/b/torch_binding.o /t/b/swiglu.o -o build/lib/sg/_C.abi3.so"]:
+        on_line(line)
+    assert heard == ["compiling 1/3: swiglu.cu", "compiling 2/3: torch_binding.cpp", "linking the extension"]

@@ -377,7 +377,8 @@ def _package(results: list[OpResult], args, console: Console):
         with _step(console, what):
             wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs,
                                 cleanup=() if args.keep_tree else (str(tree_root),),
-                                sdist=getattr(args, "sdist", False))
+                                sdist=getattr(args, "sdist", False),
+                                progress=lambda text: console.print(f"    {escape(text)}", highlight=False))
         timings["wheel"] = time.monotonic() - started
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")

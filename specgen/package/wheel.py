@@ -3,6 +3,7 @@ torch already installed is the one the extension compiles against)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,9 +26,10 @@ SOURCE_DATE_EPOCH = "315532800"
 
 
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
-                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False) -> Path:
+                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None) -> Path:
     """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
-    it); returns the wheel path. The log sits next to it.
+    it); returns the wheel path. The log sits next to it. `progress(text)` hears of each
+    compile step as it starts ("compiling 2/7: rmsnorm.cu"), for a log off a terminal.
 
     The build runs under specgen.procguard: it stops (nvcc and all) when specgen is interrupted
     or killed, and then `cleanup` (the temporary tree) is removed too."""
@@ -45,7 +47,8 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     command = _build_command(tree, out_dir, sdist=sdist)
     log_path = out_dir / f"{tree.name}.build.log"
     try:
-        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup)
+        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup,
+                                      on_line=_compile_steps(progress) if progress else None)
     except FileNotFoundError as error:  # pragma: no cover
         raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
     log_path.write_text(log)
@@ -63,10 +66,26 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
     if not wheels:
         raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
+    if progress and "-linux_" in wheels[-1].name:
+        progress("platform tag (auditwheel)")
     wheel, note = manylinux(wheels[-1], env, timeout=min(timeout, 600))
     with open(log_path, "a") as log_file:
         log_file.write(f"\n[specgen] platform tag: {note}\n")
     return wheel
+
+
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] .*?([^\s/]+\.(?:cu|cpp|cc|c))\b(?!.*\.(?:cu|cpp)\b)")
+
+
+def _compile_steps(progress):
+    """An on_line callback: ninja's "[3/7] nvcc ... -c .../rmsnorm.cu ..." -> "compiling 3/7: rmsnorm.cu"."""
+    def on_line(line: str) -> None:
+        match = _NINJA_STEP.match(line)
+        if match:
+            progress(f"compiling {match[1]}/{match[2]}: {match[3]}")
+        elif " -shared " in line and not line.startswith("["):
+            progress("linking the extension")
+    return on_line
 
 
 # Libraries the wheel links but must not carry: torch's own (the torch dependency brings
