@@ -325,3 +325,42 @@ def test_build_progress_names_each_compile_step():
                  "g++ -shared /t/b/torch_binding.o /t/b/swiglu.o -o build/lib/sg/_C.abi3.so"]:
         on_line(line)
     assert heard == ["compiling 1/3: swiglu.cu", "compiling 2/3: torch_binding.cpp", "linking the extension"]
+
+
+def test_object_cache_reuses_objects_by_content_across_trees(tmp_path, monkeypatch):
+    """The wheel build's compiler launcher (no real compiler: a fake that counts its runs)."""
+    from specgen.package.objcache import parse_depfile, run
+
+    fake = tmp_path / "fakecc.py"
+    fake.write_text(textwrap.dedent("""\
+        import sys, pathlib
+        args = sys.argv[1:]
+        src, out, dep = args[args.index("-c") + 1], args[args.index("-o") + 1], args[args.index("-MF") + 1]
+        header = pathlib.Path(src).with_name("h.h")
+        pathlib.Path(out).write_text("object of " + pathlib.Path(src).read_text() + header.read_text())
+        pathlib.Path(dep).write_text(f"{out}: {src} \\\\\\n  {header}\\n")
+        with open(sys.argv[0] + ".runs", "a") as runs:
+            runs.write("run\\n")
+        """))
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("SPECGEN_OBJECT_CACHE", str(tmp_path / "cache"))
+
+    def compile_in(tree: Path, header="v1") -> str:
+        (tree / "b").mkdir(parents=True, exist_ok=True)
+        (tree / "k.cu").write_text("kernel")
+        (tree / "h.h").write_text(header)
+        monkeypatch.setenv("SPECGEN_TREE", str(tree))
+        args = ["-O3", f"-ffile-prefix-map={tree}=.", "-MF", str(tree / "b/k.o.d"), "-c", str(tree / "k.cu"),
+                "-o", str(tree / "b/k.o")]
+        assert run(str(wrapper), args) == 0
+        assert parse_depfile((tree / "b/k.o.d").read_text()) == [str(tree / "k.cu"), str(tree / "h.h")]
+        return (tree / "b/k.o").read_text()
+
+    runs = Path(str(fake) + ".runs")
+    assert compile_in(tmp_path / "one") == "object of kernelv1"
+    assert compile_in(tmp_path / "two" / "deeper") == "object of kernelv1"  # another tree: reused
+    assert runs.read_text().count("run") == 1
+    assert compile_in(tmp_path / "three", header="v2") == "object of kernelv2"  # a header changed: compiled
+    assert runs.read_text().count("run") == 2

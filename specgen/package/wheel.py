@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import EnvironmentMissing, Rejected
@@ -20,16 +22,44 @@ def cuda_home() -> str:
         return os.environ.get("CUDA_HOME", "/usr/local/cuda")
 
 
+def object_cache_dir(env: dict | None = None) -> Path:
+    """Where the wheel build's objects are cached: SPECGEN_OBJECT_CACHE, else beside the kernel cache."""
+    env = os.environ if env is None else env
+    if env.get("SPECGEN_OBJECT_CACHE"):
+        return Path(env["SPECGEN_OBJECT_CACHE"]).expanduser()
+    from ..toolchain.compile import default_cache_dir
+
+    return default_cache_dir() / "wheel-objects"
+
+
+def _object_cache_env(tree: Path, launchers: Path, env: dict) -> dict:
+    if env.get("SPECGEN_OBJECT_CACHE") == "off":
+        return {}
+    from .objcache import write_launchers
+
+    nvcc = Path(env.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    cxx = env.get("CXX") or shutil.which("c++", path=env.get("PATH"))
+    if not cxx:
+        return {}
+    extra = write_launchers(launchers, str(nvcc) if nvcc.exists() else None, cxx)
+    extra["SPECGEN_TREE"] = os.path.abspath(tree)  # as torch writes the sources' paths
+    extra["SPECGEN_OBJECT_CACHE"] = str(object_cache_dir(env))
+    return extra
+
+
 # 1980-01-01, the earliest date a zip can hold: the wheel's and the sdist's entries carry it,
 # so the same specs give the same bytes (unless SOURCE_DATE_EPOCH is set already).
 SOURCE_DATE_EPOCH = "315532800"
 
 
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
-                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None) -> Path:
+                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None,
+                object_cache: bool = True) -> Path:
     """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
     it); returns the wheel path. The log sits next to it. `progress(text)` hears of each
     compile step as it starts ("compiling 2/7: rmsnorm.cu"), for a log off a terminal.
+    With `object_cache` (and SPECGEN_OBJECT_CACHE not "off"), compiled objects are reused
+    across builds by content (specgen/package/objcache.py): an unchanged rebuild links only.
 
     The build runs under specgen.procguard: it stops (nvcc and all) when specgen is interrupted
     or killed, and then `cleanup` (the temporary tree) is removed too."""
@@ -45,12 +75,19 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         env["MAX_JOBS"] = str(jobs)
     before = set(out_dir.glob("*.whl"))
     command = _build_command(tree, out_dir, sdist=sdist)
+    launchers = None
+    if needs_cuda and object_cache:
+        launchers = tempfile.mkdtemp(prefix="specgen-launchers-")
+        cleanup = tuple(cleanup) + (launchers,)
+        env.update(_object_cache_env(tree, Path(launchers), env))
     log_path = out_dir / f"{tree.name}.build.log"
     try:
         returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup,
                                       on_line=_compile_steps(progress) if progress else None)
     except FileNotFoundError as error:  # pragma: no cover
         raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
+    if launchers:
+        shutil.rmtree(launchers, ignore_errors=True)
     log_path.write_text(log)
     if returncode is None:
         raise Rejected(f"building the wheel of {tree} took more than {timeout:.0f} s and was stopped "
@@ -83,6 +120,8 @@ def _compile_steps(progress):
         match = _NINJA_STEP.match(line)
         if match:
             progress(f"compiling {match[1]}/{match[2]}: {match[3]}")
+        elif line.startswith("specgen object cache: "):
+            progress(line[len("specgen object cache: "):])
         elif " -shared " in line and not line.startswith("["):
             progress("linking the extension")
     return on_line
