@@ -4,6 +4,8 @@ assertion (compiling against torch's headers takes minutes on the 2-core machine
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 import importlib.util
 import shutil
 import subprocess
@@ -29,15 +31,27 @@ def two_builds(tmp_path_factory):
     base = tmp_path_factory.mktemp("repro")
     pkg = package_model("sgrepro_cu", [load_spec(SPECS / "swiglu.yaml"), load_spec(SPECS / "rmsnorm.yaml")],
                         {"swiglu": SWIGLU_CU}, arch_list="9.0")  # one target: half the compile time
-    wheels = []
-    for where in ("one", "two/deeper"):
-        tree = emit_package(pkg, base / where / "sgrepro_cu")
-        wheels.append(build_wheel(tree, base / where / "dist", sdist=True))
-    return pkg, wheels
+    wheels, seconds = [], []
+    saved = os.environ.get("SPECGEN_OBJECT_CACHE")
+    try:
+        # two builds with caches of their own (nothing reused: the bytes are the compilers'),
+        # then a third from yet another folder with the first one's cache: it compiles nothing
+        for where, cache in (("one", "cache1"), ("two/deeper", "cache2"), ("three", "cache1")):
+            os.environ["SPECGEN_OBJECT_CACHE"] = str(base / cache)
+            tree = emit_package(pkg, base / where / "sgrepro_cu")
+            started = time.monotonic()
+            wheels.append(build_wheel(tree, base / where / "dist", sdist=True))
+            seconds.append(time.monotonic() - started)
+    finally:
+        if saved is None:
+            os.environ.pop("SPECGEN_OBJECT_CACHE", None)
+        else:
+            os.environ["SPECGEN_OBJECT_CACHE"] = saved
+    return pkg, wheels, seconds
 
 
 def test_the_same_specs_give_the_same_wheel_bytes(two_builds):
-    _, (first, second) = two_builds
+    _, (first, second, _), _ = two_builds
     assert first.name == second.name
     if importlib.util.find_spec("auditwheel") and shutil.which("patchelf"):
         assert "-cp39-abi3-manylinux_2_" in first.name, first.name  # auditwheel retagged it
@@ -49,7 +63,7 @@ def test_the_same_specs_give_the_same_wheel_bytes(two_builds):
 
 
 def test_the_wheel_carries_license_types_and_its_runtime_dependency(two_builds):
-    pkg, (wheel, _) = two_builds
+    pkg, (wheel, _, _), _ = two_builds
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
     for member in ("sgrepro_cu/py.typed", "sgrepro_cu/__init__.pyi", "sgrepro_cu/layers.py",
@@ -70,3 +84,11 @@ def test_the_wheel_carries_license_types_and_its_runtime_dependency(two_builds):
         assert "libcudart.so" in needed
         strings = path.read_bytes()
         assert str(wheel.parent.parent).encode() not in strings  # no build path in the binary
+
+
+def test_an_unchanged_rebuild_reuses_every_compiled_object(two_builds):
+    _, (first, _, third), seconds = two_builds
+    assert third.read_bytes() == first.read_bytes()
+    log = next(third.parent.glob("*.build.log")).read_text()
+    assert log.count("specgen object cache: reused") == 3  # the binding, the shims and the kernel
+    assert seconds[2] < seconds[0] / 2, seconds  # links and packs only
