@@ -285,6 +285,31 @@ def test_pure_wheels_are_reproducible_and_load_as_a_hub_kernel(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == [pkg.namespace, "True"]
 
+    # kernels' own kernelize swaps the hub layer into a transformers model (transformers'
+    # integration does the same when its kernels version matches)
+    pytest.importorskip("transformers")
+    kernelize = textwrap.dedent("""\
+        import copy, sys, torch
+        from pathlib import Path
+        from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping, replace_kernel_forward_from_hub
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+        replace_kernel_forward_from_hub(LlamaRMSNorm, "RMSNorm")
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2)).eval()
+        hub = copy.deepcopy(model)
+        with use_kernel_mapping({"RMSNorm": {"cpu": LocalLayerRepository(Path(sys.argv[1]), layer_name="RMSNorm")}}):
+            hub = kernelize(hub, mode=Mode.INFERENCE, device="cpu")
+        ids = torch.randint(0, 96, (2, 5))
+        print(hub.model.norm.forward.__func__.__module__.endswith(".layers"),
+              torch.allclose(hub(ids).logits, model(ids).logits, atol=1e-6))
+        """)
+    result = subprocess.run([sys.executable, "-c", kernelize, str(tmp_path / "hub")], capture_output=True, text=True,
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["True", "True"]
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -335,7 +360,8 @@ def test_object_cache_reuses_objects_by_content_across_trees(tmp_path, monkeypat
     fake.write_text(textwrap.dedent("""\
         import sys, pathlib
         args = sys.argv[1:]
-        src, out, dep = args[args.index("-c") + 1], args[args.index("-o") + 1], args[args.index("-MF") + 1]
+        last_c = len(args) - 1 - args[::-1].index("-c")  # torch's rule repeats -c: `$cflags -c $in`
+        src, out, dep = args[last_c + 1], args[args.index("-o") + 1], args[args.index("-MF") + 1]
         header = pathlib.Path(src).with_name("h.h")
         pathlib.Path(out).write_text("object of " + pathlib.Path(src).read_text() + header.read_text())
         pathlib.Path(dep).write_text(f"{out}: {src} \\\\\\n  {header}\\n")
@@ -352,7 +378,7 @@ def test_object_cache_reuses_objects_by_content_across_trees(tmp_path, monkeypat
         (tree / "k.cu").write_text("kernel")
         (tree / "h.h").write_text(header)
         monkeypatch.setenv("SPECGEN_TREE", str(tree))
-        args = ["-O3", f"-ffile-prefix-map={tree}=.", "-MF", str(tree / "b/k.o.d"), "-c", str(tree / "k.cu"),
+        args = ["-O3", f"-ffile-prefix-map={tree}=.", "-MF", str(tree / "b/k.o.d"), "-c", "-c", str(tree / "k.cu"),
                 "-o", str(tree / "b/k.o")]
         assert run(str(wrapper), args) == 0
         assert parse_depfile((tree / "b/k.o.d").read_text()) == [str(tree / "k.cu"), str(tree / "h.h")]

@@ -40,8 +40,10 @@ def _file_hash(path: str) -> str | None:
 
 
 def _after(args: list[str], flag: str) -> str | None:
-    if flag in args and args.index(flag) + 1 < len(args):
-        return args[args.index(flag) + 1]
+    """The value of the last `flag VALUE` (torch's rule can repeat a flag: `$cflags -c $in`)."""
+    for index in range(len(args) - 2, -1, -1):
+        if args[index] == flag and not args[index + 1].startswith("-"):
+            return args[index + 1]
     return None
 
 
