@@ -8,6 +8,7 @@ import os
 import time
 import importlib.util
 import shutil
+import tarfile
 import subprocess
 import sys
 import zipfile
@@ -42,6 +43,12 @@ def two_builds(tmp_path_factory):
             started = time.monotonic()
             wheels.append(build_wheel(tree, base / where / "dist", sdist=True))
             seconds.append(time.monotonic() - started)
+        # the source archive of the first build, unpacked elsewhere, rebuilds the same wheel
+        with tarfile.open(next((base / "one" / "dist").glob("*.tar.gz"))) as archive:
+            archive.extractall(base / "from_sdist", filter="data")
+        os.environ["SPECGEN_OBJECT_CACHE"] = str(base / "cache1")
+        (unpacked,) = (base / "from_sdist").iterdir()
+        wheels.append(build_wheel(unpacked, base / "from_sdist_dist"))
     finally:
         if saved is None:
             os.environ.pop("SPECGEN_OBJECT_CACHE", None)
@@ -51,7 +58,7 @@ def two_builds(tmp_path_factory):
 
 
 def test_the_same_specs_give_the_same_wheel_bytes(two_builds):
-    _, (first, second, _), _ = two_builds
+    _, (first, second, _, _), _ = two_builds
     assert first.name == second.name
     if importlib.util.find_spec("auditwheel") and shutil.which("patchelf"):
         assert "-cp39-abi3-manylinux_2_" in first.name, first.name  # auditwheel retagged it
@@ -63,7 +70,7 @@ def test_the_same_specs_give_the_same_wheel_bytes(two_builds):
 
 
 def test_the_wheel_carries_license_types_and_its_runtime_dependency(two_builds):
-    pkg, (wheel, _, _), _ = two_builds
+    pkg, (wheel, _, _, _), _ = two_builds
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
     for member in ("sgrepro_cu/py.typed", "sgrepro_cu/__init__.pyi", "sgrepro_cu/layers.py",
@@ -87,8 +94,13 @@ def test_the_wheel_carries_license_types_and_its_runtime_dependency(two_builds):
 
 
 def test_an_unchanged_rebuild_reuses_every_compiled_object(two_builds):
-    _, (first, _, third), seconds = two_builds
+    _, (first, _, third, _), seconds = two_builds
     assert third.read_bytes() == first.read_bytes()
     log = next(third.parent.glob("*.build.log")).read_text()
     assert log.count("specgen object cache: reused") == 3  # the binding, the shims and the kernel
     assert seconds[2] < seconds[0] / 2, seconds  # links and packs only
+
+
+def test_the_sdist_rebuilds_the_same_wheel(two_builds):
+    _, (first, _, _, from_sdist), _ = two_builds
+    assert from_sdist.name == first.name and from_sdist.read_bytes() == first.read_bytes()
