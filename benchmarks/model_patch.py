@@ -72,34 +72,39 @@ def decode_step(model, prompt):
         with torch.no_grad():
             model(input_ids=token, past_key_values=cache, use_cache=True,
                   cache_position=torch.tensor([length], device=token.device))
-        cache.crop(length)
+        cache.crop(-1)  # drop the token just added: every call decodes at the same position
     return step
 
 
 def variants(args, base):
-    """name -> (model, note); a variant that cannot be built here is (None, why)."""
-    out = {"eager": (base, "transformers as is")}
-    try:
+    """(name, build) pairs, in the order they must run: each build() returns (model, note), or
+    (None, why) where the variant cannot be made here. Built one at a time, just before it is
+    timed: Liger's patch also replaces module-level functions of transformers (rope, the
+    causal-LM forward), which would change every model timed after it, so Liger runs last."""
+    def eager():
+        return base, "transformers as is"
+
+    def specgen():
         package = importlib.import_module(args.package)
         model = copy.deepcopy(base)
         names = package.patch(model)
-        out["specgen"] = (model, f"{args.package}.patch: {len(names)} modules "
-                                 f"({', '.join(sorted(set(package.layers.patched(model).values())))})")
-    except Exception as error:  # noqa: BLE001 - a row that says why
-        out["specgen"] = (None, f"{type(error).__name__}: {error}")
-    try:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
+        layers = ", ".join(sorted(set(package.layers.patched(model).values())))
+        return model, f"{args.package}.patch: {len(names)} modules ({layers})"
 
-        model = copy.deepcopy(base)
-        apply_liger_kernel_to_llama(rope=False, swiglu=False, cross_entropy=False, fused_linear_cross_entropy=False,
-                                    rms_norm=True, model=model)
-        out["liger-rmsnorm"] = (model, "apply_liger_kernel_to_llama(rms_norm only)")
-        model = copy.deepcopy(base)
-        apply_liger_kernel_to_llama(model=model)
-        out["liger"] = (model, "apply_liger_kernel_to_llama() defaults")
-    except Exception as error:  # noqa: BLE001
-        out["liger-rmsnorm"] = out["liger"] = (None, f"{type(error).__name__}: {error}")
-    return out
+    def liger(**options):
+        def build():
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            model = copy.deepcopy(base)
+            apply_liger_kernel_to_llama(model=model, **options)
+            return model, "apply_liger_kernel_to_llama(" + (", ".join(f"{k}={v}" for k, v in options.items())
+                                                            or "defaults") + ")"
+        return build
+
+    return [("eager", eager), ("specgen", specgen),
+            ("liger-rmsnorm", liger(rope=False, swiglu=False, cross_entropy=False,
+                                    fused_linear_cross_entropy=False, rms_norm=True)),
+            ("liger", liger())]
 
 
 def main(argv=None) -> int:
@@ -131,7 +136,11 @@ def main(argv=None) -> int:
         reference = base(input_ids=ids[:1, :128]).logits.float()
 
     rows = []
-    for name, (model, note) in variants(args, base).items():
+    for name, build in variants(args, base):
+        try:
+            model, note = build()
+        except Exception as error:  # noqa: BLE001 - a row that says why
+            model, note = None, f"{type(error).__name__}: {error}"
         row = {"variant": name, "note": note}
         if model is None:
             rows.append(row)
