@@ -54,13 +54,16 @@ def register(subparsers) -> None:
                    help="package kernels that have no verification record for a GPU (the package says so)")
     p.add_argument("--strict", action="store_true",
                    help="fail when an op has no kernel and would keep its reference path")
-    p.add_argument("--arch-list", default=DEFAULT_ARCH_LIST, metavar="LIST",
-                   help=f"CUDA architectures of the wheel (default \"{DEFAULT_ARCH_LIST}\")")
+    p.add_argument("--arch-list", default=None, metavar="LIST",
+                   help=f"CUDA architectures of the wheel (default: those its kernels were verified on, the "
+                        f"newest also as PTX for newer GPUs; \"{DEFAULT_ARCH_LIST}\" when none is verified)")
     p.add_argument("--hub-layout", default=None, metavar="DIR",
                    help="also write DIR/build/<variant>/ + metadata.json for the `kernels` package")
     p.add_argument("--keep-tree", default=None, metavar="DIR",
                    help="write the package tree into DIR/<name>/ and keep it (default: a temporary folder); "
                         "a kept tree also keeps its compiled objects for the next build")
+    p.add_argument("--sdist", action="store_true",
+                   help="also write the source archive (.tar.gz) beside the wheel: it rebuilds the same wheel")
     p.add_argument("--jobs", type=positive_int, default=None, help="parallel compile jobs for the wheel (MAX_JOBS)")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write the wheel and each op's outcome as JSON to OUT ('-': stdout)")
@@ -93,7 +96,8 @@ def run(args) -> int:
 
     check_package_name(args.name, installed=True)
     check_version(args.package_version)
-    parse_arch_list(args.arch_list)
+    if args.arch_list is not None:
+        parse_arch_list(args.arch_list)
     check_agent_arguments(args)
     folder_argument(args.out, "-o/--out")
     if args.keep_tree:
@@ -385,8 +389,12 @@ def _package(results: list[OpResult], args, console: Console):
     from ..package import build_wheel, emit_package, package_model, write_hub_layout
     from ..package.portability import portability_warning
 
+    from ..package.model import default_arch_list
+
+    arch_list = args.arch_list or default_arch_list(r.provenance.get("verified_on") for r in results
+                                                    if r.kernel is not None)
     pkg = package_model(args.name, [r.spec for r in results], {r.spec.name: r.kernel for r in results},
-                        version=args.package_version, arch_list=args.arch_list,
+                        version=args.package_version, arch_list=arch_list,
                         provenance={r.spec.name: r.provenance for r in results})
     toolkit = None
     if pkg.has_kernels:
@@ -405,7 +413,9 @@ def _package(results: list[OpResult], args, console: Console):
         started = time.monotonic()
         with _step(console, what):
             wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs,
-                                cleanup=() if args.keep_tree else (str(tree_root),))
+                                cleanup=() if args.keep_tree else (str(tree_root),),
+                                sdist=getattr(args, "sdist", False),
+                                progress=lambda text: console.print(f"    {escape(text)}", highlight=False))
         timings["wheel"] = time.monotonic() - started
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")
