@@ -26,4 +26,11 @@ def report(text: str) -> None:
 
 def slot() -> str:
     """This worker's slot label (gpu0, cpu1, a Dask worker's name), "" outside a worker."""
-    return os.environ.get("SPECGEN_WORKER_SLOT", "")
+    if os.environ.get("SPECGEN_WORKER_SLOT"):
+        return os.environ["SPECGEN_WORKER_SLOT"]
+    try:  # a Dask worker: its name
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except Exception:  # noqa: BLE001 - not in a worker, or no Dask here
+        return ""
