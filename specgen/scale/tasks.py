@@ -76,8 +76,9 @@ def _entry_back(folder: Path, op: str) -> dict:
 class _Lines(io.TextIOBase):
     """A console's file: keeps the text, and reports each finished line as progress."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Path | None = None, where: str | None = None) -> None:
         self.text, self._partial = [], ""
+        self.scratch, self.where = scratch, where
 
     def write(self, data: str) -> int:
         self.text.append(data)
@@ -85,17 +86,17 @@ class _Lines(io.TextIOBase):
         while "\n" in self._partial:
             line, self._partial = self._partial.split("\n", 1)
             if line.strip():
-                context.report(line.rstrip())
+                context.report(_localize(line.rstrip(), self.scratch, self.where) if self.scratch else line.rstrip())
         return len(data)
 
     def getvalue(self) -> str:
         return "".join(self.text)
 
 
-def _console():
+def _console(scratch: Path | None = None, where: str | None = None):
     from rich.console import Console
 
-    sink = _Lines()
+    sink = _Lines(scratch, where)
     return Console(file=sink, width=200, highlight=False, soft_wrap=True, force_terminal=False,
                    color_system=None), sink
 
@@ -127,8 +128,8 @@ def build_spec_task(payload: dict, options: dict, ledger=None) -> dict:
 
     started = time.monotonic()
     args = _args(options)
-    console, sink = _console()
     with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger):
+        console, sink = _console(folder, payload["folder"])
         [result] = build._resolve([spec], args, console)
         back = _entry_back(folder, spec.name)
         where = payload["folder"]
@@ -149,8 +150,8 @@ def generate_spec_task(payload: dict, options: dict, ledger=None) -> dict:
 
     started = time.monotonic()
     args = _args(options)
-    console, sink = _console()
     with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger):
+        console, sink = _console(folder, payload["folder"])
         agent_options = AgentOptions(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                                      timeout_s=args.timeout, max_retries=args.retries,
                                      temperature=args.temperature,

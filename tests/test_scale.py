@@ -1,0 +1,196 @@
+"""Scale-out on the CPU (specgen/scale/): the local backend with fake GPU ids, workers that die
+or hang, the lock written only by the client, and the build-wide LLM budget and wall time
+against the fake OpenAI-compatible server. The Dask backend: tests/test_scale_dask.py."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import wait
+
+import pytest
+
+import scale_fakes as fakes
+from agents_support import SPEC_YAML, answer
+from fake_llm_server import FakeLLMServer
+from specgen import cli
+from specgen.errors import UsageError
+from specgen.scale import WorkerLost, parse_gpus
+from specgen.scale.budget import BudgetedAgent, FileLedger
+from specgen.scale.local import LocalExecutor
+
+
+# ---------------------------------------------------------------------------- options
+
+def test_parse_gpus():
+    assert parse_gpus("all", ["0", "1", "2"]) == ["0", "1", "2"]
+    assert parse_gpus("0,2", ["0", "1", "2"]) == ["0", "2"]
+    assert parse_gpus("1", ["4", "5"]) == ["5"]  # indices into CUDA_VISIBLE_DEVICES
+    for bad, visible in (("all", []), ("0,0", ["0", "1"]), ("x", ["0"]), ("3", ["0", "1"])):
+        with pytest.raises(UsageError):
+            parse_gpus(bad, visible)
+
+
+# ---------------------------------------------------------------------------- local backend
+
+@pytest.fixture
+def local():
+    executor = LocalExecutor(["0", "1"], cpu_workers=1, task_timeout=20)
+    events = []
+    executor.on_event(events.append)
+    executor.events = events
+    yield executor
+    executor.close()
+
+
+def test_local_pins_one_worker_per_gpu_and_never_shares_a_gpu(local):
+    futures = [local.submit(fakes.sleep_then, 0.3, i, label=f"t{i}") for i in range(6)]
+    where = [local.submit(fakes.whoami, i, label=f"w{i}") for i in range(4)]
+    assert [f.result(timeout=60) for f in futures] == list(range(6))
+    seen = {w.result(timeout=60)["cuda"] for w in where}
+    assert seen <= {"0", "1"} and seen  # each worker sees its one GPU only
+    cpu = local.submit(fakes.whoami, "cpu", gpu=False).result(timeout=60)
+    assert cpu["cuda"] == "" and cpu["slot"] == "cpu0"
+    # one task at a time per GPU: the start/done events of one slot never interleave
+    for slot in ("gpu0", "gpu1"):
+        running = 0
+        for event in (e for e in local.events if e.get("slot") == slot and e["type"] in ("start", "done")):
+            running += 1 if event["type"] == "start" else -1
+            assert running in (0, 1)
+    assert any(e["type"] == "log" and e["text"] == "running 0" for e in local.events)
+
+
+def test_local_task_error_is_its_result_not_retried(local):
+    with pytest.raises(ValueError, match="boom"):
+        local.submit(fakes.fail, "boom").result(timeout=60)
+    assert not [e for e in local.events if e["type"] == "retry"]
+
+
+def test_local_worker_killed_mid_task_is_replaced_and_the_task_retried_once(local, tmp_path):
+    assert local.submit(fakes.die_once, str(tmp_path / "m"), 5).result(timeout=60) == 5
+    assert [e["type"] for e in local.events].count("retry") == 1
+    with pytest.raises(WorkerLost, match="died .*exit code 7.* then .*died"):
+        local.submit(fakes.always_die, label="doomed").result(timeout=60)
+    assert any(e["type"] == "failed" and e["label"] == "doomed" for e in local.events)
+    assert local.submit(fakes.square, 3).result(timeout=60) == 9  # the workers were replaced
+
+
+def test_local_hung_worker_is_killed_and_the_task_retried(tmp_path):
+    with LocalExecutor(["0"], cpu_workers=0, task_timeout=3) as executor:
+        started = time.monotonic()
+        assert executor.submit(fakes.hang_once, str(tmp_path / "h"), 6).result(timeout=60) == 6
+        assert time.monotonic() - started < 40
+
+
+def test_local_cancel_before_start(tmp_path):
+    with LocalExecutor(["0"], cpu_workers=0) as executor:
+        first = executor.submit(fakes.sleep_then, 1.0, 1)
+        second = executor.submit(fakes.square, 2)
+        assert executor.cancel(second)
+        assert first.result(timeout=60) == 1 and second.cancelled()
+
+
+# ---------------------------------------------------------------------------- the budget ledger
+
+def test_file_ledger_and_budgeted_agent(tmp_path):
+    from specgen.agents.base import AgentExhausted, Candidate, Usage
+
+    class Paid:
+        name, model = "openai-compatible", "m"
+
+        def propose(self, task, history):
+            return Candidate("src", self.name, self.model, usage=Usage(1, 1, 1.0))
+
+    ledger = FileLedger(tmp_path / "ledger.json", budget_usd=2.0)
+    agent = BudgetedAgent(Paid(), ledger)
+    agent.propose(None, [])
+    agent.propose(None, [])
+    assert ledger.spent() == pytest.approx(2.0)
+    with pytest.raises(AgentExhausted, match="cost budget"):
+        agent.propose(None, [])
+    late = BudgetedAgent(Paid(), FileLedger(tmp_path / "other.json", deadline=time.time() - 1))
+    with pytest.raises(AgentExhausted, match="wall time"):
+        late.propose(None, [])
+
+
+# ---------------------------------------------------------------------------- `specgen generate --gpus`
+
+def _two_specs(tmp_path):
+    folder = tmp_path / "specs"
+    folder.mkdir(parents=True)
+    (folder / "scale_add.yaml").write_text(SPEC_YAML)
+    (folder / "scale_addb.yaml").write_text(SPEC_YAML.replace("scale_add", "scale_addb"))
+    return folder
+
+
+def _responder(valid: bool):
+    """An answer for the spec the request is about (two specs ask at once)."""
+    def respond(body):
+        text = json.dumps(body.get("messages", []))
+        op = "scale_addb" if "scale_addb" in text else "scale_add"
+        if not valid:
+            return "x" * 400  # no code: 100 output tokens, priced below
+        return answer("FAST").replace("scale_add", op)
+    return respond
+
+
+def _generate(folder, server, tmp_path, *extra):
+    return cli.main(["generate", str(folder), "--agent", "openai-compatible", "--base-url", server.openai_base_url,
+                     "--model", "priced-model", "--transcript-dir", str(tmp_path / "transcripts"), *extra])
+
+
+@pytest.fixture
+def priced(tmp_path, monkeypatch):
+    models = tmp_path / "models.toml"  # 100 output tokens = $1.00
+    models.write_text('[models."priced-model"]\ninput_per_mtok = 0.0\noutput_per_mtok = 10000.0\n')
+    monkeypatch.setenv("SPECGEN_MODELS", str(models))
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU in the workers either: compile feedback only
+    monkeypatch.setattr("specgen.lock.gpu_available", lambda: False)
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_generate_gpus_lock_written_once_by_the_client_and_same_as_one_gpu(tmp_path, priced, monkeypatch):
+    from specgen.lock import Lock
+
+    writes = []
+    original = Lock._write_lock
+    monkeypatch.setattr(Lock, "_write_lock", lambda self: (writes.append(str(self.path)), original(self))[1])
+    scaled = _two_specs(tmp_path / "a")
+    with FakeLLMServer() as server:
+        server.responder = _responder(True)
+        _generate(scaled, server, tmp_path, "--gpus", "0,1", "--attempts", "2")
+    assert writes == [str(scaled / "specgen.lock")] * 2  # one adoption per spec, here, in the client
+    serial = _two_specs(tmp_path / "b")
+    with FakeLLMServer() as server:
+        server.responder = _responder(True)
+        _generate(serial, server, tmp_path, "--attempts", "2")
+
+    def content(folder):
+        ops = json.loads((folder / "specgen.lock").read_text())["ops"]
+        return {op: {k: v for k, v in e.items() if k != "created"} for op, e in ops.items()}
+
+    assert content(scaled) == content(serial) and set(content(scaled)) == {"scale_add", "scale_addb"}
+    for op in ("scale_add", "scale_addb"):
+        assert (scaled / "kernels" / f"{op}.cu").read_text() == (serial / "kernels" / f"{op}.cu").read_text()
+    
+
+
+def test_generate_gpus_budget_spans_the_whole_build(tmp_path, priced):
+    folder = _two_specs(tmp_path)
+    with FakeLLMServer() as server:
+        server.responder = _responder(False)  # every answer costs $1 and has no code
+        code = _generate(folder, server, tmp_path, "--gpus", "0,1", "--attempts", "5", "--budget-usd", "2.5")
+        scaled = len(server.requests)
+    assert code == 1
+    # per spec, $2.5 would allow 3 requests each (6); across the build: 3, plus at most one in flight
+    assert 3 <= scaled <= 4
+
+
+def test_generate_gpus_wall_time_spans_the_whole_build(tmp_path, priced):
+    folder = _two_specs(tmp_path)
+    with FakeLLMServer() as server:
+        server.responder = _responder(False)
+        code = _generate(folder, server, tmp_path, "--gpus", "0,1", "--wall-time", "0.01")
+        assert len(server.requests) == 0  # the build's deadline passed before any worker asked
+    assert code == 1
