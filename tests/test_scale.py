@@ -144,7 +144,9 @@ def priced(tmp_path, monkeypatch):
     models.write_text('[models."priced-model"]\ninput_per_mtok = 0.0\noutput_per_mtok = 10000.0\n')
     monkeypatch.setenv("SPECGEN_MODELS", str(models))
     monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU in the workers either: compile feedback only
+    # --gpus 0,1 picks these two ids, which name no real GPU: the workers see none (compile
+    # feedback only) even on a GPU machine
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake-0,GPU-fake-1")
     monkeypatch.setattr("specgen.lock.gpu_available", lambda: False)
 
 

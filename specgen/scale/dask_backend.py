@@ -85,7 +85,8 @@ def _local_cluster(gpus: list[str]):
                                                           "env": {"CUDA_VISIBLE_DEVICES": g,
                                                                   "SPECGEN_WORKER_SLOT": f"gpu{g}"}}}
                    for g in gpus}
-        return SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
+        scheduler = {"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0"}}
+        return SpecCluster(workers=workers, scheduler=scheduler,
                            asynchronous=False, silence_logs=logging.ERROR)
 
 
