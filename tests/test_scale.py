@@ -196,3 +196,38 @@ def test_generate_gpus_wall_time_spans_the_whole_build(tmp_path, priced):
         code = _generate(folder, server, tmp_path, "--gpus", "0,1", "--wall-time", "0.01")
         assert len(server.requests) == 0  # the build's deadline passed before any worker asked
     assert code == 1
+
+
+# ---------------------------------------------------------------------------- `specgen build --gpus`
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_build_resolve_on_fake_gpus_matches_the_one_gpu_path(tmp_path, monkeypatch):
+    """The per-op step of `specgen build` (builtin agent, no GPU: compile only) through two
+    workers gives the same results and lock as the one-GPU path."""
+    from rich.console import Console
+
+    from specgen.cli import build_parser
+    from specgen.commands import build, load_specs
+    from specgen.scale.run import Session
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake-0,GPU-fake-1")
+    monkeypatch.setattr("specgen.lock.gpu_available", lambda: False)
+    runs = {}
+    for name, extra in (("scaled", ["--gpus", "0,1"]), ("serial", [])):
+        folder = _two_specs(tmp_path / name)
+        args = build_parser().parse_args(["build", str(folder), "--transcript-dir", str(tmp_path / "t"), *extra])
+        specs = load_specs([str(folder)])
+        console = Console(file=open(tmp_path / f"{name}.log", "w"), width=200)
+        if extra:
+            results = Session(args, console).resolve_build(specs)
+        else:
+            results = build._resolve(specs, args, console)
+        lock = json.loads((folder / "specgen.lock").read_text())["ops"]
+        runs[name] = ([(r.spec.name, r.kernel, r.action, r.problem, r.provenance.get("status")) for r in results],
+                      {op: {k: v for k, v in e.items() if k != "created"} for op, e in lock.items()})
+    assert runs["scaled"] == runs["serial"]
+    assert [r[2] for r in runs["scaled"][0]] == ["generated", "generated"]
+    log = (tmp_path / "scaled.log").read_text()
+    assert "GPU-fake-0 scale_add" in log or "GPU-fake-1 scale_add" in log  # which GPU ran which spec

@@ -113,6 +113,11 @@ def visible_gpu_ids() -> list[str]:
     return []
 
 
+def gpu_label(device: str) -> str:
+    """gpu0 for device 0; a UUID or MIG id as it is."""
+    return f"gpu{device}" if device.isdigit() else device
+
+
 def parse_gpus(text: str, visible: list[str] | None = None) -> list[str]:
     """`all` or a comma list of indices into the visible GPUs -> the device ids to pin workers to."""
     visible = visible_gpu_ids() if visible is None else visible

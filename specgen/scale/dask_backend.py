@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from ..errors import EnvironmentMissing
-from . import Executor, WorkerLost
+from . import Executor, WorkerLost, gpu_label
 
 TOPIC = "specgen-progress"
 ALLOWED_FAILURES = 1  # a task whose worker dies is retried once, then reported
@@ -81,9 +81,9 @@ def _local_cluster(gpus: list[str]):
                                     silence_logs=logging.ERROR)
         from distributed import Nanny, Scheduler, SpecCluster
 
-        workers = {f"gpu{g}": {"cls": Nanny, "options": {"nthreads": 1, "resources": {"GPU": 1}, "silence_logs": logging.ERROR,
+        workers = {gpu_label(g): {"cls": Nanny, "options": {"nthreads": 1, "resources": {"GPU": 1}, "silence_logs": logging.ERROR,
                                                           "env": {"CUDA_VISIBLE_DEVICES": g,
-                                                                  "SPECGEN_WORKER_SLOT": f"gpu{g}"}}}
+                                                                  "SPECGEN_WORKER_SLOT": gpu_label(g)}}}
                    for g in gpus}
         scheduler = {"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0"}}
         return SpecCluster(workers=workers, scheduler=scheduler,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from . import Executor, WorkerLost
+from . import Executor, WorkerLost, gpu_label
 
 DEFAULT_TASK_TIMEOUT_S = float(os.environ.get("SPECGEN_TASK_TIMEOUT_S", "7200"))
 MAX_TRIES = 2  # the first run and one retry
@@ -260,11 +260,11 @@ class LocalExecutor(Executor):
         super().__init__()
         self.gpus = list(gpus)
         self.task_timeout = task_timeout
-        self.slots = [f"gpu{g}" for g in self.gpus]
+        self.slots = [gpu_label(g) for g in self.gpus]
         self._closed = False
         self._gpu_queue, self._cpu_queue = _Queue(), _Queue()
         cpu_count = cpu_workers if cpu_workers is not None else max(1, min(4, (os.cpu_count() or 2) // 2))
-        self._workers = [_Slot(self, f"gpu{g}", g, self._gpu_queue) for g in self.gpus]
+        self._workers = [_Slot(self, gpu_label(g), g, self._gpu_queue) for g in self.gpus]
         self._workers += [_Slot(self, f"cpu{i}", None, self._cpu_queue) for i in range(cpu_count)]
 
     def submit(self, fn: Callable, *args: Any, gpu: bool = True, label: str = "", **kwargs: Any) -> Future:
