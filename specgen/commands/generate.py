@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..agents.base import AgentRefused
-from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+from ..errors import EXIT_OK, EXIT_REJECTED, Rejected, UsageError
 from . import base_url_problem, fraction, non_negative, non_negative_int, positive, positive_int
 
 
@@ -256,8 +256,13 @@ def tune_one(spec, backend, args, console: Console, status) -> int:
     baseline = None
     if status.state == lock.FRESH and entry is not None and entry.kernel and entry.agent != "builtin":
         baseline = (entry.agent, lock.read_kernel(Path(status.kernel_path)))
-    result = tune.tune(spec, backend, budget_s=budget, baseline=baseline, prefer=tune.previous_variants(entry),
-                       say=lambda text: console.print(f"  {escape(text)}", soft_wrap=True))
+    try:
+        result = tune.tune(spec, backend, budget_s=budget, baseline=baseline, prefer=tune.previous_variants(entry),
+                           say=lambda text: console.print(f"  {escape(text)}", soft_wrap=True))
+    except Rejected as error:  # no variant verified: as when an agent's candidates all fail
+        console.print(f"  [red]no kernel[/] for {escape(spec.name)}: {escape(str(error))}; the package keeps "
+                      f"the reference path for this op", soft_wrap=True)
+        return EXIT_REJECTED
     for line in tune.summary_lines(result.record):
         console.print(f"  {escape(line)}", soft_wrap=True)
     for note in result.notes:

@@ -131,7 +131,7 @@ class Session:
         self.cases += 1
         t = self.phase("repeated-calls", t)
         if opts.full_size:
-            self.full_size(direction)
+            self.full_size_alone(direction)
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
@@ -144,6 +144,18 @@ class Session:
         dims = dict(spec.benchmark[0]) if spec.benchmark else {s: spec.dims[s][1] for s in spec.signature.symbols()}
         dims = fit_budget(spec.signature, {s: int(v) for s, v in dims.items()}, spec.dims, SANITIZER_ELEMENTS)
         return make_case(dims, spec.dtypes[0], seed=self.options.seed + 99)
+
+    def full_size_alone(self, direction: str) -> None:
+        """full_size with the GPU to itself (gpulock): verifications side by side take turns."""
+        if self.device.type != "cuda":
+            return self.full_size(direction)
+        from .gpulock import exclusive_gpu
+
+        with exclusive_gpu(self.device.index or 0, self.progress) as waited:
+            self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
+            self.full_size(direction)
+            self.runner.shrink()  # leave the GPU's memory to the next holder of the lock (a failure
+            torch.cuda.empty_cache()  # ends the verification, and closing the runner frees it all)
 
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
@@ -173,32 +185,29 @@ class Session:
             del data, out
         started = self.phase("full-size", started)
         flush = _flush_bytes() if on_gpu else 0
-        for number, shape in enumerate(self.spec.benchmark):
-            for dtype in self.spec.dtypes:
-                base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
-                                 seed=self.options.seed + 900)
-                base = base if on_gpu else self.scaled(base)
-                self.progress(f"{direction}: timed calls on {base.describe()}")
-                calls = TIMED_REPS + TIMED_WARMUP
-                sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
-                                                               distribution=("normal", "uniform")[i % 2]),
-                                direction, self.device) for i in range(calls)]
-                run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+        for number, (shape, dtype) in enumerate(timed_pairs(self.spec.benchmark, self.spec.dtypes)):
+            base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
+                             seed=self.options.seed + 900)
+            base = base if on_gpu else self.scaled(base)
+            self.progress(f"{direction}: timed calls on {base.describe()}")
+            calls = TIMED_REPS + TIMED_WARMUP
+            sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
+                                                           distribution=("normal", "uniform")[i % 2]),
+                            direction, self.device) for i in range(calls)]
+            run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+                              flush_bytes=flush)
+            self.cases += run.checked_calls
+            self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
+            del sets
+            if number == 0:
+                self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
+                sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
+                                self.device) for i in range(BENCH_SETS)]
+                run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
                                   flush_bytes=flush)
                 self.cases += run.checked_calls
-                self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
                 del sets
-                if number == 0 and dtype == self.spec.dtypes[0]:
-                    self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
-                    sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
-                                    self.device) for i in range(BENCH_SETS)]
-                    run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
-                                      flush_bytes=flush)
-                    self.cases += run.checked_calls
-                    del sets
         self.phase("timed", started)
-        if on_gpu:
-            torch.cuda.empty_cache()  # full-size truths are large: give them back between candidates
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""
@@ -243,6 +252,15 @@ class Session:
             raise
 
 
+def timed_pairs(shapes: list, dtypes: list) -> list[tuple]:
+    """The (benchmark shape, dtype) pairs the timed phase runs: every shape and every dtype at
+    least once (shape i with dtype i mod n), not every combination. The phase proves that a
+    timed call computes what a checked one does; `specgen bench` times every combination, also
+    through checked calls. Each pair costs six full-size input sets with their float64 truths."""
+    count = max(len(shapes), len(dtypes)) if shapes else 0
+    return [(shapes[i % len(shapes)], dtypes[i % len(dtypes)]) for i in range(count)]
+
+
 def _flush_bytes() -> int:
     from ..bench import flush_bytes
 
@@ -254,7 +272,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     """The verdict of one compiled candidate. Raises only for harness problems (e.g. a broken
     reference); everything the kernel does wrong becomes the verdict. A library path on a GPU
     runs in its own process (`isolated`, the default); a stand-in object runs here."""
-    from .isolation import IsolatedRunner, LocalRunner
+    from .isolation import LocalRunner, started_runner
 
     started = time.perf_counter()
     isolated = isolated if isolated is not None else (torch.device(device).type == "cuda"
@@ -263,7 +281,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
 
     def isolated_runner(readonly: bool = True):
-        runner = IsolatedRunner(spec, readonly_inputs=readonly)
+        runner = started_runner(spec, readonly_inputs=readonly)
         outcome = runner.load(library)
         if outcome.fatal:
             runner.close()

@@ -208,7 +208,11 @@ def _serve(fd: int) -> int:
             return 3
         torch.empty(1, device=device)
         from ..spec import load_spec
+        from . import isolation
         from .engine import Options, run_verification
+
+        isolation.keep_spare = device == "cuda"  # candidates one after another: start each process ahead
+        atexit.register(isolation.drop_spare)
     except Exception:
         send(type="error", kind="internal", message="the verifier's worker failed to start:\n" + traceback.format_exc())
         return 1
@@ -223,8 +227,8 @@ def _serve(fd: int) -> int:
             if key not in specs:
                 specs[key] = load_spec(job["spec"])
             library = _resolve_library(specs[key], job["library"])
-            verdict = run_verification(specs[key], library, Options(**job["options"]),
-                                       progress=lambda text: send(type="progress", text=text), device=device)
+            verdict = _profiled(run_verification, specs[key], library, Options(**job["options"]),
+                                progress=lambda text: send(type="progress", text=text), device=device)
             send(type="verdict", verdict=verdict.to_json())
             if verdict.fatal:
                 return 0  # the CUDA context is unusable: the next candidate gets a fresh worker
@@ -233,6 +237,31 @@ def _serve(fd: int) -> int:
             message = str(error) if kind in _ERRORS else "verifier internal error:\n" + traceback.format_exc()
             send(type="error", kind=kind if kind in _ERRORS else "internal", message=message)
     return 0
+
+
+def _profiled(function, *args, **kwargs):
+    """function(*args, **kwargs); with SPECGEN_WORKER_PROFILE=FOLDER set, under cProfile, its
+    statistics written there (one .prof and one text summary per job): where verification spends
+    its time, measured on the GPU rather than guessed."""
+    folder = os.environ.get("SPECGEN_WORKER_PROFILE")
+    if not folder:
+        return function(*args, **kwargs)
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(function, *args, **kwargs)
+    finally:
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, f"verify-{os.getpid()}-{time.strftime('%H%M%S')}-{time.perf_counter_ns() % 10**6}")
+        profile.dump_stats(stem + ".prof")
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+        with open(stem + ".txt", "w") as summary:
+            summary.write(text.getvalue())
 
 
 def _resolve_library(spec, library: str):

@@ -133,6 +133,7 @@ class GpuBackend(TuneBackend):
         self.arch_option = arch  # None: the visible GPU
         self.arch = arch or detect_gpu_arch() or "unknown"
         self.sanitize, self.examples, self.reps, self.final_benchmark = sanitize, examples, reps, final_benchmark
+        self.verdicts: dict[str, object] = {}  # variant name -> the verifier's Verdict (builtin_bench reports them)
 
     def _library(self, spec, source: str):
         from .generator import compile_source
@@ -151,6 +152,8 @@ class GpuBackend(TuneBackend):
 
         options = {"examples": self.examples} if self.examples else {}
         verdict = verify_kernel(spec, source, arch=self.arch_option, sanitize=self.sanitize, **options)
+        name = re.search(r"// Schedule variant: (\S+)\.", source)
+        self.verdicts[name.group(1) if name else "?"] = verdict
         if not verdict.passed:
             return Check(False, _reason(verdict) or "failed verification")
         return Check(True, "", {**(_record(verdict) or {"passed": True}), "sanitized": self.sanitize})
@@ -407,8 +410,16 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
                              f"choosing {better}")
             chosen = better
     variant, source, check = run.passed[chosen]
+    kernel_times = run.times(chosen)
+    if slower(chosen):  # before giving the op up to eager: both timed again, the best of two runs each
+        again = {row_id(r): r.get("kernel_us") for r in backend.time_kernel(spec, source)}
+        again_eager = {row_id(r): r.get("eager_us") for r in backend.time_eager(spec)}
+        kernel_times = {i: min(filter(None, (us, again.get(i))), default=None) for i, us in kernel_times.items()}
+        eager = {i: min(filter(None, (us, again_eager.get(i))), default=None) for i, us in eager.items()}
+        run.notes.append(f"{chosen} was slower than eager on {len(slower(chosen))} row(s): both timed again, "
+                         f"the best of two runs of each compared")
     rows = []
-    for rid, kernel_us in run.times(chosen).items():
+    for rid, kernel_us in kernel_times.items():
         eager_us = eager.get(rid)
         rows.append({"id": rid, "kernel_us": kernel_us, "eager_us": eager_us,
                      "speedup_vs_eager": round(eager_us / kernel_us, 4) if eager_us and kernel_us else None,
@@ -425,7 +436,7 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     benchmark = None
     if decision == KERNEL:
         benchmark = backend.benchmark(spec, source)
-    record = {"key": tuning_key(spec, backend.arch), "budget_s": budget_s, "spent_s": round(run.elapsed(), 2),
+    record = {"key": tuning_key(spec, backend.arch), "budget_s": _budget(budget_s), "spent_s": round(run.elapsed(), 2),
               "complete": not skipped, "variant": variant.name, "decision": decision,
               "noise_ratio": EAGER_NOISE_RATIO, "rows": rows, "variants": run.tried,
               "notes": run.notes}
@@ -442,11 +453,17 @@ def _untimed(spec, backend: TuneBackend, run: _Tuning) -> TuneResult:
     if not check.passed:
         raise Rejected(f"{spec.path}: the builtin kernel failed verification: {check.reason}")
     notes = ["the spec has no benchmark shapes: nothing to time or compare with eager; the default variant"]
-    record = {"key": tuning_key(spec, backend.arch), "budget_s": run.budget_s, "spent_s": round(run.elapsed(), 2),
+    record = {"key": tuning_key(spec, backend.arch), "budget_s": _budget(run.budget_s),
+              "spent_s": round(run.elapsed(), 2),
               "complete": True, "variant": DEFAULT_VARIANT.name, "decision": KERNEL,
               "noise_ratio": EAGER_NOISE_RATIO, "rows": [],
               "variants": {DEFAULT_VARIANT.name: {"verified": True, "rows": []}}, "notes": notes}
     return TuneResult(DEFAULT_VARIANT.name, source, KERNEL, check.record, None, record, notes)
+
+
+def _budget(budget_s: float) -> float | None:
+    """The budget as the lock keeps it: None for none (JSON has no infinity)."""
+    return budget_s if math.isfinite(budget_s) else None
 
 
 def _parse_id(rid: str) -> tuple[str, dict, str]:
@@ -472,7 +489,9 @@ def summary_lines(record: dict) -> list[str]:
     variants = record.get("variants", {})
     tried = [n for n, v in variants.items() if "skipped" not in v]
     verified = [n for n in tried if variants[n].get("verified")]
-    lines.append(f"tuned in {record.get('spent_s', 0):.0f} s of a {record.get('budget_s', 0):g} s budget: "
+    budget = record.get("budget_s")
+    lines.append(f"tuned in {record.get('spent_s', 0):.0f} s " + (f"of a {budget:g} s budget" if budget else
+                                                                  "(no budget)") + ": "
                  f"{len(verified)} of {len(tried)} variant(s) verified"
                  + ("" if record.get("complete", True) else ", budget reached before all were tried"))
     for name in tried:
@@ -483,8 +502,17 @@ def summary_lines(record: dict) -> list[str]:
             lines.append(f"  {name}: verified, not timed (no benchmark shapes)")
         else:
             lines.append(f"  {name}: not kept ({v.get('reason', '')[:120]})")
-    lines.append(f"chosen: variant {record.get('variant')}")
-    for row in record.get("rows", []):
+    rows = record.get("rows", [])
+    ratios = [r["speedup_vs_eager"] for r in rows if r.get("speedup_vs_eager")]
+    lines.append(f"chosen: variant {record.get('variant')}" + (
+        f": {min(ratios):.2f}x-{max(ratios):.2f}x eager over {len(rows)} rows (geomean {_geomean(ratios):.2f}x)"
+        if ratios else ""))
+    if len(rows) > 8:  # the slower rows and the three closest to eager; all of them are in the lock
+        by_ratio = sorted(rows, key=lambda r: r.get("speedup_vs_eager") or float("inf"))
+        rows = [r for r in by_ratio if r.get("slower_than_eager")] or by_ratio[:3]
+        lines.append("  " + ("rows slower than eager:" if rows[0].get("slower_than_eager") else
+                             "closest to eager:"))
+    for row in rows:
         ratio = row.get("speedup_vs_eager")
         lines.append(f"  {row['id']}: {row['kernel_us']:.1f} us, eager {row.get('eager_us') or 0:.1f} us"
                      + (f" ({ratio:.2f}x)" if ratio else "") + (" SLOWER than eager" if row.get("slower_than_eager")
