@@ -57,3 +57,7 @@ def fake_verify(spec_text: str, source: str) -> dict:
     return {"passed": passed, "kernel_hash": hashlib.sha256(source.encode()).hexdigest(),
             "reason": "" if passed else "output mismatch at [0]", "fingerprint": digest[:16],
             "kernel_us": 10.0 + int(digest[:4], 16) % 100}
+
+
+def ledger_add(ledger, cost: float) -> float:
+    return ledger.add(cost)

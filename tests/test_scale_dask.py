@@ -91,6 +91,15 @@ def test_compile_task_ships_the_library_by_content_hash(dask_executor, tmp_path)
     assert again.cached and again.cache_key == result["cache_key"]
 
 
+def test_dask_ledger_is_shared_by_every_worker(dask_executor):
+    from specgen.scale.budget import DaskLedger
+
+    ledger = DaskLedger("specgen-test-ledger", budget_usd=3.0)
+    futures = [dask_executor.submit(fakes.ledger_add, ledger, 1.0, gpu=i % 2 == 0) for i in range(4)]
+    assert sorted(f.result(timeout=120) for f in futures) == [1.0, 2.0, 3.0, 4.0]  # no lost update
+    assert ledger.spent() == 4.0 and "cost budget" in ledger.exhausted()
+
+
 def test_worker_killed_mid_task_is_retried_once_then_reported(dask_executor, tmp_path):
     assert dask_executor.submit(fakes.die_once, str(tmp_path / "m"), 5).result(timeout=180) == 5
     with pytest.raises(WorkerLost):
