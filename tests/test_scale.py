@@ -231,3 +231,17 @@ def test_build_resolve_on_fake_gpus_matches_the_one_gpu_path(tmp_path, monkeypat
     assert [r[2] for r in runs["scaled"][0]] == ["generated", "generated"]
     log = (tmp_path / "scaled.log").read_text()
     assert "GPU-fake-0 scale_add" in log or "GPU-fake-1 scale_add" in log  # which GPU ran which spec
+
+
+def test_an_error_in_a_scratch_copy_names_the_real_spec(tmp_path):
+    from specgen.errors import SpecError
+    from specgen.scale.tasks import reference_check_task, spec_payload
+    from specgen.spec import load_spec
+
+    path = tmp_path / "scale_add.yaml"
+    path.write_text(SPEC_YAML)
+    payload = spec_payload(load_spec(path))
+    broken = dict(payload, files={"scale_add.yaml": SPEC_YAML.replace("return 2 * x + 1", "return nope")})
+    with pytest.raises(SpecError) as caught:
+        reference_check_task(broken)  # not the file on disk: checked in a scratch copy
+    assert str(caught.value).startswith(f"{tmp_path}/scale_add.yaml:") and "specgen-task-" not in str(caught.value)

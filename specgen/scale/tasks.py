@@ -48,7 +48,8 @@ def spec_payload(spec) -> dict:
 
 @contextlib.contextmanager
 def scratch_spec(payload: dict):
-    """The payload written into a scratch folder; yields (spec, folder)."""
+    """The payload written into a scratch folder; yields (spec, folder). An error raised
+    inside names the real spec folder, not the scratch one."""
     from ..spec import load_spec
 
     folder = Path(tempfile.mkdtemp(prefix=f"specgen-task-{payload['op']}-"))
@@ -58,6 +59,9 @@ def scratch_spec(payload: dict):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8", errors="surrogateescape")
         yield load_spec(folder / payload["spec_file"]), folder
+    except Exception as error:
+        _localize_error(error, folder, payload["folder"])
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -116,8 +120,28 @@ def _ledger_scope(ledger):
     return active(ledger)
 
 
+def _localize_error(error: BaseException, scratch: Path, folder: str) -> None:
+    """An error raised in a scratch folder, made to name the real spec folder."""
+    import dataclasses
+
+    try:
+        error.args = tuple(_localize(a, scratch, folder) for a in error.args)
+        for name in ("message", "hint"):
+            if isinstance(getattr(error, name, None), str):
+                setattr(error, name, _localize(getattr(error, name), scratch, folder))
+        location = getattr(error, "location", None)
+        if dataclasses.is_dataclass(location) and hasattr(location, "path"):
+            error.location = dataclasses.replace(location, path=_localize(str(location.path), scratch, folder))
+    except Exception:  # noqa: BLE001 - an error that will not be relabelled keeps its text
+        pass
+
+
 def _localize(text, scratch: Path, folder: str):
-    return text.replace(str(scratch), folder) if isinstance(text, str) else text
+    if not isinstance(text, str):
+        return text
+    for variant in {str(scratch), str(Path(scratch).resolve())}:
+        text = text.replace(variant, folder)
+    return text
 
 
 # ---------------------------------------------------------------------------- spec tasks
@@ -249,7 +273,16 @@ def install_library(result: dict, cache_dir: str | Path | None = None) -> Path:
 def reference_check_task(payload: dict) -> dict:
     """A spec's reference run once per dtype in the sandbox (no GPU)."""
     from ..checking import check_reference
+    from ..spec import load_spec
 
-    with scratch_spec(payload) as (spec, _):
-        check_reference(spec, samples=1)
+    real = Path(payload["folder"]) / payload["spec_file"]
+    try:  # the same host: the spec itself, so any error names its own file
+        same = real.read_text(encoding="utf-8") == payload["files"][payload["spec_file"]]
+    except OSError:
+        same = False
+    if same:
+        check_reference(load_spec(real), samples=1)
+    else:
+        with scratch_spec(payload) as (spec, _):
+            check_reference(spec, samples=1)
     return {"op": payload["op"], "ok": True, "slot": context.slot()}
