@@ -4,7 +4,7 @@ and a check that the locks agree (kernel hash, agent, reference path, tuning dec
 variant, verified) per op.
 
     python benchmarks/scale_bench.py --out DIR [--configs gpus0,all,dask] [--command build|generate]
-        [--specs gelu_tanh,softmax] [--timeout 560] [--state FILE]
+        [--specs gelu_tanh,softmax] [--timeout 560] [--state FILE] [--extra "--tune-budget 30"]
 
 Configs: `inproc` (no --gpus: the one-GPU path in one process), `gpus0` (--gpus 0),
 `all` (--gpus all), `dask` (--gpus all --backend dask: a local Dask cluster, dask-cuda's
@@ -49,7 +49,8 @@ def lock_summary(folder: Path) -> dict:
     return out
 
 
-def run_config(name: str, specs: list[str], command: str, timeout: float, work: Path) -> dict:
+def run_config(name: str, specs: list[str], command: str, timeout: float, work: Path,
+               extra: list[str] = ()) -> dict:
     folder = work / name / "specs"
     folder.mkdir(parents=True)
     for op in specs:
@@ -57,7 +58,8 @@ def run_config(name: str, specs: list[str], command: str, timeout: float, work: 
     cache = work / name / "cache"
     env = dict(os.environ, SPECGEN_CACHE_DIR=str(cache), PYTHONPATH=f"{REPO}:{os.environ.get('PYTHONPATH', '')}")
     argv = [sys.executable, "-m", "specgen.cli", command, str(folder), *CONFIGS[name],
-            "--transcript-dir", str(work / name / "transcripts"), "--json", str(work / name / "result.json")]
+            "--transcript-dir", str(work / name / "transcripts"), "--json", str(work / name / "result.json"),
+            *extra]
     if command == "build":
         argv += ["-o", str(work / name / "dist"), "--keep-tree", str(work / name / "tree")]
     started = time.monotonic()
@@ -70,6 +72,7 @@ def run_config(name: str, specs: list[str], command: str, timeout: float, work: 
     wall = time.monotonic() - started
     (work / f"{name}.log").write_text(log)
     return {"config": name, "argv": argv[3:], "command": command, "exit": code, "wall_s": round(wall, 1),
+            "timed_out": code == "timeout",
             "ops": specs, "lock": lock_summary(folder), "log_tail": log[-3000:]}
 
 
@@ -127,6 +130,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=560)
     parser.add_argument("--state", default=str(REPO / "gpu-out" / "scale_state.json"))
     parser.add_argument("--fresh", action="store_true", help="forget the runs kept in --state")
+    parser.add_argument("--extra", default="", help="more options for every run, e.g. '--tune-budget 30'")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +148,7 @@ def main() -> int:
             continue
         work = Path(tempfile.mkdtemp(prefix=f"specgen-scale-{name}-"))
         print(f"scale_bench: {name}: specgen {args.command} of {len(specs)} specs from a clean state ...", flush=True)
-        run = run_config(name, specs, args.command, left, work)
+        run = run_config(name, specs, args.command, left, work, args.extra.split())
         shutil.copy(work / f"{name}.log", out / f"{name}.log")
         shutil.rmtree(work, ignore_errors=True)
         print(f"scale_bench: {name}: exit {run['exit']} in {run['wall_s']:.1f} s", flush=True)

@@ -7,11 +7,14 @@
 # One call is limited to 10 minutes: split the configs over calls (SCALE_CONFIGS=gpus0, then
 # SCALE_CONFIGS=all,dask) on the same warm machine; the runs are merged through
 # gpu-out/scale_state.json (SCALE_FRESH=1 forgets them). SCALE_COMMAND=generate skips the wheel.
+# SCALE_EXTRA: options for every run (default "--tune-budget 30": the tuner's default of 240 s
+# per spec would put a clean 1-GPU build of ten specs past one call's limit).
 set -uo pipefail
 OUT_DIR="${STAGE_OUT:-$OUT/scale}"
 mkdir -p "$OUT_DIR"
 FRESH=""
 [ "${SCALE_FRESH:-0}" = "1" ] && FRESH="--fresh"
 python3 benchmarks/scale_bench.py --out "$OUT_DIR" --configs "${SCALE_CONFIGS:-gpus0,all}" \
-  --command "${SCALE_COMMAND:-build}" --timeout "${SCALE_TIMEOUT:-560}" $FRESH 2>&1 | tee "$OUT_DIR/scale.log"
+  --command "${SCALE_COMMAND:-build}" --timeout "${SCALE_TIMEOUT:-560}" --extra "${SCALE_EXTRA:---tune-budget 30}" \
+  $FRESH 2>&1 | tee "$OUT_DIR/scale.log"
 exit ${PIPESTATUS[0]}
