@@ -245,3 +245,11 @@ def test_an_error_in_a_scratch_copy_names_the_real_spec(tmp_path):
     with pytest.raises(SpecError) as caught:
         reference_check_task(broken)  # not the file on disk: checked in a scratch copy
     assert str(caught.value).startswith(f"{tmp_path}/scale_add.yaml:") and "specgen-task-" not in str(caught.value)
+
+
+def test_scale_options_are_checked(tmp_path):
+    path = tmp_path / "scale_add.yaml"
+    path.write_text(SPEC_YAML)
+    assert cli.main(["generate", str(path), "--backend", "dask"]) == 2
+    assert cli.main(["generate", str(path), "--gpus", "0,x"]) == 2
+    assert cli.main(["generate", str(path), "--scheduler", "tcp://h:1", "--backend", "local"]) == 2

@@ -95,7 +95,11 @@ def add_scale_arguments(parser) -> None:
 
 
 def scaled(args) -> bool:
-    return bool(getattr(args, "gpus", None) or getattr(args, "scheduler", None))
+    """Whether the command runs scaled out (--gpus or --scheduler)."""
+    on = bool(getattr(args, "gpus", None) or getattr(args, "scheduler", None))
+    if getattr(args, "backend", None) and not on:
+        raise UsageError(f"--backend {args.backend} needs --gpus (or --scheduler for Dask)")
+    return on
 
 
 def visible_gpu_ids() -> list[str]:

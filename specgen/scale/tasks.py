@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from . import context
 
 MAX_PAYLOAD_BYTES = 8 << 20
+_STAMP = re.compile(r"^\[\s*[\d.]+s\]\s*")
 
 
 # ---------------------------------------------------------------------------- payload
@@ -89,8 +91,9 @@ class _Lines(io.TextIOBase):
         self._partial += data
         while "\n" in self._partial:
             line, self._partial = self._partial.split("\n", 1)
+            line = _STAMP.sub("", line.rstrip())  # the worker's own clock: the client stamps each line
             if line.strip():
-                context.report(_localize(line.rstrip(), self.scratch, self.where) if self.scratch else line.rstrip())
+                context.report(_localize(line, self.scratch, self.where) if self.scratch else line)
         return len(data)
 
     def getvalue(self) -> str:
