@@ -253,3 +253,33 @@ def test_scale_options_are_checked(tmp_path):
     assert cli.main(["generate", str(path), "--backend", "dask"]) == 2
     assert cli.main(["generate", str(path), "--gpus", "0,x"]) == 2
     assert cli.main(["generate", str(path), "--scheduler", "tcp://h:1", "--backend", "local"]) == 2
+
+
+@pytest.mark.nvcc
+def test_samples_are_compiled_as_they_arrive_and_the_loop_finds_them_cached(tmp_path, monkeypatch):
+    from agents_support import FAST, make_task
+    from specgen.agents.base import Candidate
+    from specgen.scale.budget import PrecompilingAgent, active, wrap_agent
+    from specgen.toolchain import compile_kernel
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    task = make_task(tmp_path)
+
+    class Inner:
+        name, model = "openai-compatible", "m"
+
+        def propose(self, task, history):
+            return Candidate(FAST, self.name, self.model)
+
+    with active(None, samples=2, arch="sm_90"):
+        agent = wrap_agent(Inner())
+    assert isinstance(agent, PrecompilingAgent)
+    candidate = agent.propose(task, [])
+    include = tmp_path / "inc"
+    include.mkdir()
+    (include / task.header_name).write_text(task.header)
+    again = compile_kernel(candidate.source, include_dirs=[include], arch="sm_90", name=task.spec.name,
+                           source_name=f"{task.spec.name}.cu")
+    assert again.cached  # what KernelEvaluator.compile asks for is already in the cache
+    with active(None, samples=1):
+        assert wrap_agent(Inner()).__class__ is Inner  # one sample: nothing to overlap

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..agents.base import Agent, AgentExhausted, NoCandidate
 
-_active = None  # the ledger of the scaled task running in this process (None: the one-GPU path)
+_active = None  # the scaled task running in this process: {"ledger", "samples", "arch"} (None: one-GPU path)
 
 
 class Ledger:
@@ -133,17 +133,52 @@ class BudgetedAgent(Agent):
         return candidate
 
 
+class PrecompilingAgent(Agent):
+    """With --samples N the loop asks for N candidates at once (N threads), then judges them
+    one after another. This wrapper compiles each candidate in its own thread as soon as it
+    arrives, so N nvcc run at once and the loop's compile of each is a lookup in the
+    content-hashed compile cache (same source, header, flags and arch: the same key)."""
+
+    def __init__(self, agent: Agent, arch: str | None):
+        self.inner, self.arch = agent, arch
+        self.name, self.model = agent.name, agent.model
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+    def propose(self, task, history):
+        candidate = self.inner.propose(task, history)
+        try:
+            import tempfile
+
+            from ..toolchain import compile_kernel
+
+            with tempfile.TemporaryDirectory(prefix="specgen-abi-") as include:
+                (Path(include) / task.header_name).write_text(task.header)
+                compile_kernel(candidate.source, include_dirs=[Path(include)], arch=self.arch,
+                               name=task.spec.name, source_name=f"{task.spec.name}.cu")
+        except Exception:  # noqa: BLE001 - the loop's own compile reports what went wrong
+            pass
+        return candidate
+
+
 def wrap_agent(agent: Agent) -> Agent:
-    """The agent, bounded by the build's ledger when a scaled task is running (else itself)."""
+    """The agent as a scaled task runs it: bounded by the build's ledger, and compiling its
+    concurrent samples at once (itself in the one-GPU path, and for builtin and replay)."""
     if _active is None or agent.name in ("builtin", "replay"):
         return agent
-    return BudgetedAgent(agent, _active)
+    if (_active.get("samples") or 1) > 1:
+        agent = PrecompilingAgent(agent, _active.get("arch"))
+    if _active.get("ledger") is not None:
+        agent = BudgetedAgent(agent, _active["ledger"])
+    return agent
 
 
 @contextlib.contextmanager
-def active(ledger: Ledger | None):
+def active(ledger: Ledger | None, *, samples: int = 1, arch: str | None = None):
+    """The scope of one scaled task in a worker (tasks.py enters it)."""
     global _active
-    previous, _active = _active, ledger
+    previous, _active = _active, {"ledger": ledger, "samples": samples, "arch": arch}
     try:
         yield
     finally:

@@ -117,10 +117,10 @@ def task_options(args) -> dict:
     return {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}
 
 
-def _ledger_scope(ledger):
+def _ledger_scope(ledger, args=None):
     from .budget import active
 
-    return active(ledger)
+    return active(ledger, samples=getattr(args, "samples", 1) or 1, arch=getattr(args, "arch", None))
 
 
 def _localize_error(error: BaseException, scratch: Path, folder: str) -> None:
@@ -155,7 +155,7 @@ def build_spec_task(payload: dict, options: dict, ledger=None) -> dict:
 
     started = time.monotonic()
     args = _args(options)
-    with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger):
+    with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger, args):
         console, sink = _console(folder, payload["folder"])
         [result] = build._resolve([spec], args, console)
         back = _entry_back(folder, spec.name)
@@ -177,7 +177,7 @@ def generate_spec_task(payload: dict, options: dict, ledger=None) -> dict:
 
     started = time.monotonic()
     args = _args(options)
-    with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger):
+    with scratch_spec(payload) as (spec, folder), _ledger_scope(ledger, args):
         console, sink = _console(folder, payload["folder"])
         agent_options = AgentOptions(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                                      timeout_s=args.timeout, max_retries=args.retries,
