@@ -1,7 +1,8 @@
 """How `specgen build|generate --gpus ...|--scheduler ...` split their work (docs/SCALE.md).
 
 - The references: one CPU task per spec (the sandbox run `specgen check` does), at once.
-- Each spec: one GPU task (tasks.build_spec_task / generate_spec_task) that runs the one-GPU
+- Each spec: one GPU task (tasks.build_spec_task / generate_spec_task; the longest guessed
+  first, so no GPU waits on one long spec at the end) that runs the one-GPU
   code path for that spec in a scratch copy of its folder, on one GPU worker: reuse,
   re-verification of a hand-edited kernel, the LLM loop (its --samples candidates proposed
   concurrently, the provider SDK's own connection pool), or the builtin tuner's variants,
@@ -85,7 +86,7 @@ class Session:
         errors = {}
         try:
             with BuildProgress(self.console, self.executor, len(specs)) as progress:
-                for spec in specs:
+                for spec in sorted(specs, key=_weight, reverse=True):  # the longest first
                     future = self.executor.submit(task, spec_payload(spec), options, self.ledger, gpu=True,
                                                   label=spec.name)
                     pending[future] = spec
@@ -157,6 +158,21 @@ class Session:
             outcomes.append({**outcome, "exit_code": result})
             code = max(code, result)
         return code, outcomes
+
+
+def _weight(spec) -> int:
+    """A rough guess of a spec's GPU time, to start the longest first (fewer idle GPUs at the
+    end): a fresh lock entry ~ nothing, else benchmark rows x dtypes x directions. The order
+    changes when each spec runs, never what it gives."""
+    try:
+        from ..lock import FRESH, status
+
+        if status(spec).state == FRESH:
+            return 0
+        directions = 2 if spec.backward == "kernel" else 1
+        return max(1, len(spec.benchmark)) * len(spec.dtypes) * directions
+    except Exception:  # noqa: BLE001 - only an order
+        return 1
 
 
 def _code_word(code) -> str:
