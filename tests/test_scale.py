@@ -87,6 +87,7 @@ def test_local_cancel_before_start(tmp_path):
         second = executor.submit(fakes.square, 2)
         assert executor.cancel(second)
         assert first.result(timeout=60) == 1 and second.cancelled()
+        assert executor.submit(fakes.square, 3, gpu=False).result(timeout=60) == 9  # no CPU worker: a GPU one
 
 
 # ---------------------------------------------------------------------------- the budget ledger

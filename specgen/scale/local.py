@@ -266,6 +266,7 @@ class LocalExecutor(Executor):
         cpu_count = cpu_workers if cpu_workers is not None else max(1, min(4, (os.cpu_count() or 2) // 2))
         self._workers = [_Slot(self, gpu_label(g), g, self._gpu_queue) for g in self.gpus]
         self._workers += [_Slot(self, f"cpu{i}", None, self._cpu_queue) for i in range(cpu_count)]
+        self._has_cpu_workers = cpu_count > 0
 
     def submit(self, fn: Callable, *args: Any, gpu: bool = True, label: str = "", **kwargs: Any) -> Future:
         if self._closed:
@@ -273,7 +274,8 @@ class LocalExecutor(Executor):
         if gpu and not self.gpus:
             raise RuntimeError("a GPU task, but this executor has no GPU")
         future: Future = Future()
-        (self._gpu_queue if gpu else self._cpu_queue).put(_Task(fn, args, kwargs, label or fn.__name__, future))
+        on_gpu = gpu or not self._has_cpu_workers  # no CPU worker: a GPU worker takes it
+        (self._gpu_queue if on_gpu else self._cpu_queue).put(_Task(fn, args, kwargs, label or fn.__name__, future))
         return future
 
     def close(self) -> None:
