@@ -61,3 +61,20 @@ def fake_verify(spec_text: str, source: str) -> dict:
 
 def ledger_add(ledger, cost: float) -> float:
     return ledger.add(cost)
+
+
+def spec_task_dying_on(op: str):
+    """A spec task (payload, options, ledger) whose worker dies on the spec `op`, every time."""
+    return _SpecTask(op)
+
+
+class _SpecTask:
+    def __init__(self, op: str):
+        self.op = op
+        self.__name__ = "spec_task"
+
+    def __call__(self, payload, options, ledger):
+        if payload["op"] == self.op:
+            os._exit(3)
+        return {"op": payload["op"], "slot": os.environ.get("SPECGEN_WORKER_SLOT"), "seconds": 0.1,
+                "action": "reused"}

@@ -284,3 +284,26 @@ def test_samples_are_compiled_as_they_arrive_and_the_loop_finds_them_cached(tmp_
     assert again.cached  # what KernelEvaluator.compile asks for is already in the cache
     with active(None, samples=1):
         assert wrap_agent(Inner()).__class__ is Inner  # one sample: nothing to overlap
+
+
+def test_a_spec_whose_worker_dies_twice_is_reported_and_the_others_go_on(tmp_path):
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from specgen.commands import load_specs
+    from specgen.scale.run import Session
+
+    folder = _two_specs(tmp_path)
+    specs = load_specs([str(folder)])
+    args = argparse.Namespace(budget_usd=None, wall_time=None, scheduler=None, gpus="0,1")
+    out = io.StringIO()
+    session = Session(args, Console(file=out, width=200), executor=LocalExecutor(["0", "1"], cpu_workers=0))
+    seen = {}
+    session._run_specs(specs, fakes.spec_task_dying_on("scale_addb"),
+                       lambda spec, result, lost: seen.setdefault(spec.name, (result, lost)))
+    assert seen["scale_add"][0]["action"] == "reused" and seen["scale_add"][1] is None
+    assert isinstance(seen["scale_addb"][1], WorkerLost) and "exit code 3" in str(seen["scale_addb"][1])
+    log = out.getvalue()
+    assert "scale_addb: worker lost" in log and "retrying once" in log and "reported" in log
