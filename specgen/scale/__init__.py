@@ -157,4 +157,4 @@ def make_executor(args) -> Executor:
         return DaskExecutor(address=scheduler, gpus=gpus)
     from .local import LocalExecutor
 
-    return LocalExecutor(parse_gpus(args.gpus))
+    return LocalExecutor(parse_gpus(args.gpus), preload=True)

@@ -77,6 +77,17 @@ def _worker_main(fd: int) -> None:
     from . import context
 
     conn = Connection(fd)
+    if os.environ.get("SPECGEN_WORKER_PRELOAD") == "1":  # start-up work off the first task's time
+        try:
+            import torch
+
+            import specgen.commands.build  # noqa: F401
+            import specgen.commands.generate  # noqa: F401
+
+            if os.environ.get("CUDA_VISIBLE_DEVICES") and torch.cuda.is_available():
+                torch.cuda.init()
+        except Exception:  # noqa: BLE001 - the task itself will say what is missing
+            pass
 
     context.set_reporter(lambda text: conn.send(("log", str(text))))
     while True:
@@ -134,10 +145,14 @@ class _Process:
 
 
 class _Slot:
-    def __init__(self, executor: "LocalExecutor", label: str, device: str | None, queue: _Queue):
+    def __init__(self, executor: "LocalExecutor", label: str, device: str | None, queue: _Queue,
+                 preload: bool = False):
         self.executor, self.label, self.device, self.queue = executor, label, device, queue
+        self.preload = preload
         self.process = None
         self.conn = None
+        if preload:  # started now: its imports overlap the client's own work (the reference checks)
+            self._start()
         self.current: _Task | None = None
         self.thread = threading.Thread(target=self._serve, name=f"specgen-{label}", daemon=True)
         self.thread.start()
@@ -146,6 +161,7 @@ class _Slot:
         parent, child = socket.socketpair()
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="" if self.device is None else self.device,
                    SPECGEN_WORKER_SLOT=self.label, PYTHONUNBUFFERED="1",
+                   SPECGEN_WORKER_PRELOAD="1" if self.preload else "0",
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # tasks import as here
         self.process = _Process(subprocess.Popen(
             [sys.executable, "-m", "specgen.scale.local", str(child.fileno())], pass_fds=(child.fileno(),),
@@ -256,7 +272,7 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, gpus: list[str], *, cpu_workers: int | None = None,
-                 task_timeout: float = DEFAULT_TASK_TIMEOUT_S):
+                 task_timeout: float = DEFAULT_TASK_TIMEOUT_S, preload: bool = False):
         super().__init__()
         self.gpus = list(gpus)
         self.task_timeout = task_timeout
@@ -264,7 +280,7 @@ class LocalExecutor(Executor):
         self._closed = False
         self._gpu_queue, self._cpu_queue = _Queue(), _Queue()
         cpu_count = cpu_workers if cpu_workers is not None else max(1, min(4, (os.cpu_count() or 2) // 2))
-        self._workers = [_Slot(self, gpu_label(g), g, self._gpu_queue) for g in self.gpus]
+        self._workers = [_Slot(self, gpu_label(g), g, self._gpu_queue, preload) for g in self.gpus]
         self._workers += [_Slot(self, f"cpu{i}", None, self._cpu_queue) for i in range(cpu_count)]
         self._has_cpu_workers = cpu_count > 0
 
