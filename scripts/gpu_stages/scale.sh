@@ -12,9 +12,11 @@
 set -uo pipefail
 OUT_DIR="${STAGE_OUT:-$OUT/scale}"
 mkdir -p "$OUT_DIR"
+SPECS_FLAG=""
+[ -n "${SCALE_SPECS:-}" ] && SPECS_FLAG="--specs $SCALE_SPECS"  # default: the ten example specs
 FRESH=""
 [ "${SCALE_FRESH:-0}" = "1" ] && FRESH="--fresh"
 python3 benchmarks/scale_bench.py --out "$OUT_DIR" --configs "${SCALE_CONFIGS:-gpus0,all}" \
   --command "${SCALE_COMMAND:-build}" --timeout "${SCALE_TIMEOUT:-560}" --extra "${SCALE_EXTRA:---tune-budget 30}" \
-  $FRESH 2>&1 | tee "$OUT_DIR/scale.log"
+  $SPECS_FLAG $FRESH 2>&1 | tee "$OUT_DIR/scale.log"
 exit ${PIPESTATUS[0]}
