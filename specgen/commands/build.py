@@ -68,6 +68,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write the wheel and each op's outcome as JSON to OUT ('-': stdout)")
     add_agent_arguments(p)
+    from ..scale import add_scale_arguments  # scale-out (specgen/scale/, docs/SCALE.md)
+
+    add_scale_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -106,10 +109,23 @@ def run(args) -> int:
         folder_argument(args.hub_layout, "--hub-layout")
     specs = load_specs(args.specs)
     _require_torch()
-    check_references(specs)  # the package embeds each reference and runs it on the CPU
+    # scale-out (--gpus / --scheduler): references and per-op work as tasks, the lock adopted here
+    from ..scale import scaled
+
+    session = None
+    if scaled(args) and not args.locked:
+        from ..scale.run import Session
+
+        session = Session(args, console)
+    if session is None:
+        check_references(specs)  # the package embeds each reference and runs it on the CPU
+    else:
+        session.check_references(specs)
 
     if args.locked:
         results = _locked(specs)
+    elif session is not None:
+        results = session.resolve_build(specs)
     else:
         results = _resolve(specs, args, console)
     gpu_arch = _gpu_arch()
@@ -278,11 +294,13 @@ def _create_agent(args):
     """The agent, resolved exactly as `specgen generate` does."""
     from ..agents.registry import AgentOptions, create_agent, load_catalog
 
+    from ..scale.budget import wrap_agent  # a scaled build's budget ledger (itself otherwise)
+
     catalog = load_catalog()
     options = AgentOptions(model=args.model, base_url=args.base_url, api_key_env=args.api_key_env,
                            timeout_s=args.timeout, max_retries=args.retries, temperature=args.temperature,
                            transcript=Path(args.transcript) if args.transcript else None, catalog=catalog)
-    return create_agent(args.agent, options)
+    return wrap_agent(create_agent(args.agent, options))
 
 
 def _generate(spec, agent, args, console: Console, gpu_arch: str | None) -> OpResult:

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="replace a hand-edited kernel, or a locked one with an unverified one")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write each spec's outcome as JSON to OUT ('-': stdout)")
+    from ..scale import add_scale_arguments  # scale-out (specgen/scale/, docs/SCALE.md)
+
+    add_scale_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -102,6 +105,14 @@ def run(args) -> int:
             and args.agent not in ("builtin", "replay"):
         console.print(f"[yellow]warning:[/] no price known for model {escape(agent.model)}; "
                       f"--budget-usd counts it as free (add it to {escape(str(catalog.source or 'models.toml'))})")
+    from ..scale import scaled
+
+    if scaled(args):  # scale-out: one GPU task per spec, the lock adopted here (specgen/scale/run.py)
+        from ..scale.run import Session
+
+        code, outcomes = Session(args, console).generate(specs)
+        emit_json(args.json, {"ok": code == EXIT_OK, "specs": outcomes})
+        return code
     code = EXIT_OK
     outcomes = []
     for spec in specs:
