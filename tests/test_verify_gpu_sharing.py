@@ -2,13 +2,46 @@
 import multiprocessing
 import time
 
-from specgen.verify.gpulock import exclusive_gpu
+from specgen.verify.gpulock import exclusive_gpu, shared_gpu
 
 
-def _hold(path, seconds, started):
-    with exclusive_gpu(0, path=path):
+def _hold(path, seconds, started, how="exclusive"):
+    with (exclusive_gpu if how == "exclusive" else shared_gpu)(0, path=path):
         started.set()
         time.sleep(seconds)
+
+
+def _holder(path, seconds, how):
+    started = multiprocessing.get_context("fork").Event()
+    process = multiprocessing.get_context("fork").Process(target=_hold, args=(path, seconds, started, how))
+    process.start()
+    assert started.wait(10)
+    return process
+
+
+def test_shared_holders_share_and_an_exclusive_one_waits_for_them(tmp_path):
+    path = str(tmp_path / "gpu.lock")
+    reader = _holder(path, 1.0, "shared")
+    with shared_gpu(0, path=path) as waited:
+        assert waited < 0.5  # two shared holders at once
+    with exclusive_gpu(0, path=path) as waited:
+        assert waited > 0.5  # the timing waits for the small cases to finish
+    reader.join(10)
+
+
+def test_a_waiting_exclusive_holder_is_not_starved_by_new_shared_ones(tmp_path):
+    path = str(tmp_path / "gpu.lock")
+    reader = _holder(path, 1.0, "shared")
+    writer = multiprocessing.get_context("fork").Process(target=_hold, args=(path, 1.0,
+                                                                             multiprocessing.Event()))
+    writer.start()
+    time.sleep(0.3)  # the writer now waits at the turnstile's far side, holding it
+    started = time.perf_counter()
+    with shared_gpu(0, path=path):
+        # admitted only after the waiting writer had its turn (reader 1 s, then writer 1 s)
+        assert time.perf_counter() - started > 1.2
+    reader.join(10)
+    writer.join(10)
 
 
 def test_a_second_process_waits_for_the_first(tmp_path):

@@ -5,6 +5,7 @@ the dims ranges (with bit-identical repeats), and the timed phase, whose every o
 checked. The candidate itself runs in its own process (isolation.IsolatedRunner)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -105,6 +106,33 @@ class Session:
         return now
 
     def direction(self, direction: str) -> None:
+        """Every check of one direction: the small cases sharing the GPU with other
+        verifications (never with timing: gpulock), then the full-size cases and timed calls alone."""
+        with self.gpu("shared"):
+            quick = self.small_cases(direction)
+        if self.options.full_size and not quick:
+            with self.gpu("exclusive"):
+                self.full_size(direction)
+                if self.device.type == "cuda":
+                    self.runner.shrink()  # leave the GPU's memory to the next holder (a failure ends
+                    torch.cuda.empty_cache()  # the verification, and closing the runner frees it all)
+
+    @contextlib.contextmanager
+    def gpu(self, how: str):
+        """The GPU lock (gpulock) for a block; no lock for the CPU stand-ins."""
+        if self.device.type != "cuda":
+            yield
+            return
+        from .gpulock import exclusive_gpu, shared_gpu
+
+        take = exclusive_gpu if how == "exclusive" else shared_gpu
+        with take(self.device.index or 0, self.progress, waiting=self.waiting) as waited:
+            self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
+            yield
+
+    def small_cases(self, direction: str) -> bool:
+        """Smoke, capture, boundary, sweep, Hypothesis, repeated calls; True for a quick run
+        (the sanitizer's), which ends here."""
         spec, opts = self.spec, self.options
         t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
@@ -121,7 +149,7 @@ class Session:
         t = self.phase("boundary+sweep", t)
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
-            return
+            return True
         self.hypothesis(direction)
         t = self.phase("hypothesis", t)
         big = large_case(spec, opts.budget, opts.seed + 7)
@@ -131,9 +159,8 @@ class Session:
         fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
         check_repeated_calls(self.runner, data, fresh)
         self.cases += 1
-        t = self.phase("repeated-calls", t)
-        if opts.full_size:
-            self.full_size_alone(direction)
+        self.phase("repeated-calls", t)
+        return False
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
@@ -146,18 +173,6 @@ class Session:
         dims = dict(spec.benchmark[0]) if spec.benchmark else {s: spec.dims[s][1] for s in spec.signature.symbols()}
         dims = fit_budget(spec.signature, {s: int(v) for s, v in dims.items()}, spec.dims, SANITIZER_ELEMENTS)
         return make_case(dims, spec.dtypes[0], seed=self.options.seed + 99)
-
-    def full_size_alone(self, direction: str) -> None:
-        """full_size with the GPU to itself (gpulock): verifications side by side take turns."""
-        if self.device.type != "cuda":
-            return self.full_size(direction)
-        from .gpulock import exclusive_gpu
-
-        with exclusive_gpu(self.device.index or 0, self.progress, waiting=self.waiting) as waited:
-            self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
-            self.full_size(direction)
-            self.runner.shrink()  # leave the GPU's memory to the next holder of the lock (a failure
-            torch.cuda.empty_cache()  # ends the verification, and closing the runner frees it all)
 
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
