@@ -3,7 +3,7 @@
 # side (their full-size cases and timed calls take turns through the GPU lock): the good kernels,
 # the project's adversarial kernels, the committed kernels re-verified into the lock
 # (`specgen verify --locked --record`: the updated lock is copied to $STAGE_OUT), the held-out
-# attack suites. Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
+# attack suites (v1 with VERIFY_HELDOUT_V1=1). Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
 # what ran. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
 set -uo pipefail
 S="${VERIFY_SUITE_S:-540}"
@@ -33,7 +33,7 @@ if [ -d heldout/attacks-v2 ]; then
     pids+=($!)
   done
 fi
-if [ -d heldout/attacks ]; then
+if [ -d heldout/attacks ] && [ "${VERIFY_HELDOUT_V1:-0}" = 1 ]; then  # the first suite: measured in run 2
   timeout "$(left)" python3 heldout/run_heldout.py --json "$STAGE_OUT/heldout-v1.json" \
     > "$STAGE_OUT/heldout-v1.log" 2>&1 &
   pids+=($!)
