@@ -17,6 +17,7 @@ import torch
 from ..base import AgentRefused
 from . import ir
 from .ir import Node, Program, Store, const, is_const, level_of
+from .modules import constant_value
 from .trace import Traced, where
 
 LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-compatible)"
@@ -345,12 +346,25 @@ class Lowering:
                 for field, result in zip(self.t.outputs, results):
                     stores += self.store(field, result, fx_node)
                 continue
+            if fx_node.op == "get_attr":  # a module's parameter or buffer: a constant (modules.py)
+                self.env[fx_node] = self.tensor_constant(fx_node)
+                continue
             if fx_node.op != "call_function":
                 raise self.refuse(fx_node, f"fx {fx_node.op} {fx_node.target}")
             self.env[fx_node] = self.call(fx_node)
         width_node = self.dim_node(self.width, None) if self.width else const(1)
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims))
+
+    def tensor_constant(self, fx_node) -> Val:
+        tensor = getattr(self.t.graph, fx_node.target)
+        value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
+        if value is None:
+            raise self.refuse(fx_node, "a tensor the reference builds (a module's parameter or buffer) that is not "
+                                       "one value throughout: the builtin generator bakes in constant fills only; "
+                                       "declare varying weights as inputs of the spec")
+        dtype = "bool" if tensor.dtype == torch.bool else "float" if tensor.is_floating_point() else "int"
+        return Val(const(value, dtype), tuple(tensor.shape))
 
     def call(self, fx_node):
         target = fx_node.target
