@@ -18,6 +18,7 @@ from ...errors import Rejected
 from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
 from .emit import emit_source
 from .schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine
+from .families.scan import scan_directions
 from .lower import lower
 from .optimize import cse, onehot_sums, reuse_forward_outputs
 from .trace import trace
@@ -47,6 +48,8 @@ def _with_forward_outputs(spec, forward, backward):
     it streams no more tensors than before (an output read on top of x would add bytes)."""
     outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
     reused = cse(reuse_forward_outputs(forward, backward, outputs))
+    if scan_directions(backward) > 1 and scan_directions(reused) == 1:
+        return reused  # the forward scan read back: one scan direction (logcumsumexp's backward)
     return reused if len(_streamed_fields(reused)) <= len(_streamed_fields(backward)) else backward
 
 

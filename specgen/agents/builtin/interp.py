@@ -109,6 +109,10 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         if op == "colreduce":
             x = args[0].expand(rows, width)
             return x.reshape(rows // group, group, width).sum(1)
+        if op == "scan":  # families/scan.py
+            from .families.scan import interp_scan
+
+            return interp_scan(node, args[0], rows, width, dims)
         if op == "globalreduce":
             return args[0].expand(rows, 1).sum()
         raise AssertionError(f"interp: unknown op {op}")

@@ -17,6 +17,7 @@ import torch
 from ..base import AgentRefused
 from . import ir
 from .ir import Node, Program, Store, const, is_const, level_of
+from .families import scan
 from .modules import constant_value
 from .trace import Traced, where
 
@@ -202,6 +203,8 @@ class Lowering:
                 return Val(got, ())
             if isinstance(got, Cat):
                 raise self.refuse(fx_node, "a concatenation used before it is stored")
+            if isinstance(got, scan.Rev):
+                raise self.refuse(fx_node, "a flip (torch.flip) outside a scan along the flipped dim")
             return got
         if isinstance(arg, (bool, int, float)):
             if isinstance(arg, float) and arg in self.t.scalar_sentinels:
@@ -355,6 +358,22 @@ class Lowering:
         width_node = self.dim_node(self.width, None) if self.width else const(1)
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims))
+
+    # scans (families/scan.py): cumsum, cumprod, logcumsumexp and the flips around them
+    def op_cumsum(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "sum", x, dim)
+
+    def op_cumprod(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "prod", x, dim)
+
+    def op_logcumsumexp(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "logsumexp", x, dim)
+
+    def op_rev(self, fx_node, x, dims, *_, **__):
+        return scan.lower_rev(self, fx_node, x, dims)
+
+    def op_scalar_tensor(self, fx_node, value, *_, **__):
+        return scan.scalar_tensor(self, fx_node, value)
 
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)

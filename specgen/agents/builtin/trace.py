@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ...inputs import TORCH_DTYPES
 from ...reference import reference_failure
 from ..base import AgentRefused
+from .families.scan import trace_decompositions
 from .modules import modules_as_constants
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
@@ -129,7 +130,8 @@ def trace(spec, direction: str) -> Traced:
         outputs = [f"grad_{n}" for n in floating]
     try:
         with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants():
-            graph = make_fx(target, decomposition_table=decomposition_table, tracing_mode="symbolic",
+            graph = make_fx(target, decomposition_table=trace_decompositions(decomposition_table),
+                            tracing_mode="symbolic",
                             record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
     except AgentRefused:
         raise

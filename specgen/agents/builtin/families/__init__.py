@@ -3,12 +3,14 @@ its kind (`plan_of(program)` -> a plan or None) and emits it. `emitter_for` is t
 dispatch point emit.emit_source asks; a program no family claims gets the row emitter.
 
 Families, in the order they are asked:
+    scan        scan.py: cumsum / cumprod / logcumsumexp along one axis, either direction,
+                fused with pointwise ops (a program with a scan no kernel takes is refused).
     pointwise   flat.py: no row structure (every value per element or global, every
                 input the output's shape or a [W] parameter): one flat vectorized grid.
 """
 from __future__ import annotations
 
-from . import flat
+from . import flat, scan
 
 
 def emitter_for(spec, program, direction: str, variant):
@@ -16,10 +18,13 @@ def emitter_for(spec, program, direction: str, variant):
     kernel's (emit.DirectionEmitter)."""
     from ..emit import DirectionEmitter
 
+    plan = scan.plan_of(program)  # raises AgentRefused for a scan outside the family
+    if plan is not None:
+        return scan.ScanEmitter(spec, program, direction, variant, plan)
     plan = flat.plan_of(program)
     if plan is not None:
         return flat.FlatEmitter(spec, program, direction, variant, plan)
     return DirectionEmitter(spec, program, direction, variant)
 
 
-__all__ = ["emitter_for", "flat"]
+__all__ = ["emitter_for", "flat", "scan"]

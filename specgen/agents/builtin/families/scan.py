@@ -1,0 +1,344 @@
+"""The scan family: cumsum, cumprod and logcumsumexp along any axis, forward and reversed
+(flip-scan-flip, the backward of cumsum and logcumsumexp), fused with pointwise ops before
+and after (an exclusive scan written as cumsum(x) - x is one).
+
+Lowering (`lower_scan`, `lower_rev`, called from lower.py): trace.py keeps aten.cumsum /
+cumprod / logcumsumexp undecomposed; a scan becomes an elem node `scan` (attrs: kind sum |
+prod | logsumexp, axis, the scanned shape as dim nodes, reverse). `prims.rev` (flip) is held
+as a `Rev` until a scan along the same axis takes it (scan(rev(x)) = rev(reverse scan(x))) or
+another rev cancels it; a flip used any other way is refused.
+
+Kernels (`plan_of`, `ScanEmitter`): the scanned tensor is [outer, L, inner] around the axis.
+    lanes   (inner > 1, or scans that feed each other): a thread per (outer, inner) lane walks
+            L in order, coalesced along inner; every scan a running value in a register.
+    rows    (inner == 1, independent scans): a block per row; each thread takes a contiguous
+            segment of the row, sums it (pass 1), the block scans the segment totals in shared
+            memory, and each thread walks its segment again from its carry (pass 2).
+Every scan of a program runs along one axis in one direction; anything else is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...base import AgentRefused
+from ..ctext import Ctx, dim_expr
+from ..ir import Node, Program, const
+
+SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
+IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)"}
+COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "logsumexp": "sg_scan_logaddexp({a}, {b})"}
+BLOCK = 256
+
+
+@dataclass
+class Rev:
+    """A flipped value along `axis` (of a Val of `shape`), awaiting the scan that takes it."""
+
+    val: object
+    axis: int
+
+
+def trace_decompositions(table: dict) -> dict:
+    """The decomposition table without the scans (their decompositions are O(L^2) masks)."""
+    keep = {getattr(torch.ops.aten, name).default for name in SCAN_OPS}
+    return {k: v for k, v in table.items() if k not in keep}
+
+
+def lower_rev(lw, fx_node, x, dims):
+    got = lw.env[x] if isinstance(x, torch.fx.Node) else None
+    if len(dims) != 1:
+        raise lw.refuse(fx_node, "a flip over several dims")
+    if isinstance(got, Rev):
+        shape = got.val.shape
+        if dims[0] % len(shape) == got.axis:
+            return got.val  # rev(rev(y)) = y
+        raise lw.refuse(fx_node, "flips over two different dims")
+    val = lw.value(x, fx_node)
+    if not val.shape:
+        return val
+    return Rev(val, dims[0] % len(val.shape))
+
+
+def lower_scan(lw, fx_node, kind: str, x, dim):
+    from ..lower import Val
+
+    got = lw.env[x] if isinstance(x, torch.fx.Node) else None
+    reverse = isinstance(got, Rev)
+    val = got.val if reverse else lw.value(x, fx_node)
+    shape = val.shape
+    if not shape:
+        return val
+    axis = dim % len(shape)
+    if reverse and got.axis != axis:
+        raise lw.refuse(fx_node, "a scan of a tensor flipped along another dim")
+    if val.node.level != "elem" or val.node.dtype != "float":
+        raise lw.refuse(fx_node, f"a {kind} scan of a {val.node.level} {val.node.dtype} value (scans of "
+                                 f"per-element float values only)")
+    if lw.rows + (lw.width,) != tuple(shape) and (lw.width is not None or tuple(shape[:-1]) != lw.rows):
+        raise lw.refuse(fx_node, f"a scan of a broadcast value (shape {tuple(shape)}, rows {lw.rows})")
+    lw.set_width(shape[-1], fx_node)
+    dims = [lw.dim_node(s, fx_node) for s in shape]
+    node = Node("scan", (val.node,), level="elem", dtype="float",
+                attrs={"kind": kind, "axis": axis, "shape": dims, "reverse": reverse}, name=fx_node.name)
+    out = Val(node, shape)
+    return Rev(out, axis) if reverse else out
+
+
+def scalar_tensor(lw, fx_node, value):
+    from ..lower import Val
+
+    return Val(const(float(value)), ())
+
+
+# ------------------------------------------------------------------ the CPU interpreter
+def interp_scan(node: Node, x: torch.Tensor, rows: int, width: int, dims: dict) -> torch.Tensor:
+    shape = [int(d.attrs["dim"].resolve(dims)) if d.op == "dim" else int(d.attrs["value"])
+             for d in node.attrs["shape"]]
+    full = x.expand(rows, width).reshape(shape)
+    axis = node.attrs["axis"]
+    if node.attrs["reverse"]:
+        full = full.flip(axis)
+    kind = node.attrs["kind"]
+    out = (full.cumsum(axis) if kind == "sum" else full.cumprod(axis) if kind == "prod"
+           else full.logcumsumexp(axis))
+    if node.attrs["reverse"]:
+        out = out.flip(axis)
+    return out.reshape(rows, width)
+
+
+# ------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class ScanPlan:
+    axis: int  # the scanned axis of the stores' shape
+    rank: int
+    reverse: bool
+    kinds: tuple  # one per scan node, in program order
+    chained: bool  # a scan reads another scan's values (lanes kernel only)
+    block: int = BLOCK
+
+    def kernel(self, inner: int) -> str:
+        """lanes | rows: the kernel the host runs for a scanned tensor of `inner` trailing elements."""
+        return "rows" if inner == 1 and not self.chained else "lanes"
+
+
+def plan_of(program: Program) -> ScanPlan | None:
+    from . import flat
+
+    scans = [n for n in program.nodes() if n.op == "scan"]
+    if not scans:
+        return None
+    axes = {(n.attrs["axis"], len(n.attrs["shape"]), n.attrs["reverse"]) for n in scans}
+    if len(axes) != 1:
+        raise AgentRefused(f"{program.op}: scans along different axes or in both directions in one "
+                           f"{program.direction} kernel: outside the builtin generator's scan family; use an "
+                           f"LLM agent (--agent openai|anthropic|openai-compatible)")
+    axis, rank, reverse = axes.pop()
+    # the rest must be flat: every value per element (or global), inputs of the scanned shape
+    if not _flat_but_scans(program, flat):
+        raise AgentRefused(f"{program.op}: a scan fused with row reductions, per-row values or sliced "
+                           f"inputs in one {program.direction} kernel: outside the builtin generator's scan "
+                           f"family; use an LLM agent (--agent openai|anthropic|openai-compatible)")
+    ids = {n.id for n in scans}
+    chained = any(_reaches(n.args[0], ids) for n in scans)
+    return ScanPlan(axis, rank, reverse, tuple(n.attrs["kind"] for n in scans), chained)
+
+
+def scan_directions(program: Program) -> int:
+    """How many (axis, direction) pairs the program's scans take."""
+    return len({(n.attrs["axis"], n.attrs["reverse"]) for n in program.nodes() if n.op == "scan"})
+
+
+def _reaches(node: Node, ids: set) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.id in ids:
+            return True
+        stack.extend(n.args)
+    return False
+
+
+def _flat_but_scans(program: Program, flat) -> bool:
+    if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
+        return False
+    for n in program.nodes():
+        if n.op in flat._NOT_FLAT or n.level in ("row", "post"):
+            return False
+        if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ emitter
+HELPERS = r"""#ifndef SG_SCAN_HELPERS
+#define SG_SCAN_HELPERS
+template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
+  const A m = a > b ? a : b;
+  if (m == (A)(-INFINITY)) return m;
+  return m + log1p(exp(-fabs(a - b)));
+}
+#endif"""
+
+
+def _base():
+    from ..emit import DirectionEmitter
+
+    return DirectionEmitter
+
+
+class ScanEmitter(_base()):
+    def __init__(self, spec, program: Program, direction: str, variant, plan: ScanPlan):
+        super().__init__(spec, program, direction, variant)
+        self.plan = plan
+        self.scans = [n for n in self.nodes if n.op == "scan"]
+        self.state = {n.id: f"s_{i}" for i, n in enumerate(self.scans)}
+
+    def op_expr(self, node: Node, x: list[str]) -> str:
+        if node.op == "scan":
+            s = self.state[node.id]
+            return f"({s} = {COMBINE[node.attrs['kind']].format(a=s, b=f'(acc_t)({x[0]})')})"
+        return super().op_expr(node, x)
+
+    def _prologue(self, ctx: Ctx) -> list[str]:
+        lines = ["  using acc_t = typename sg::Acc<T>::type;",
+                 f"  const int64_t W = {self.expr(self.p.width, Ctx())}; (void)W;"]
+        for n in self.nodes:
+            if n.level == "global" and n.op not in ("dim", "stride"):
+                name = self.var(n)
+                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = name
+        for key in self.elem_loads:
+            fld = key[0]
+            lines.append(f"  const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
+                         f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
+        for i, s in enumerate(self.p.stores):
+            t = self.ctype_of(s.field)
+            lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
+        return lines
+
+    def _element(self, ctx: Ctx, indent: str, roots: list[Node], write: bool) -> list[str]:
+        """Statements for element `e`: the closure of `roots` (scans update their state),
+        and the stores when `write`."""
+        inner = Ctx(dict(ctx.names))
+        for key, ns in self.elem_loads.items():
+            index = "e % W" if key[1] == "col" else "e"
+            for n in ns:
+                inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
+                    if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
+        lines = self.elem_statements(roots, inner, indent)
+        if write:
+            for i, s in enumerate(self.p.stores):
+                t = self.ctype_of(s.field)
+                lines.append(f"{indent}o_{i}[e] = sg::from_acc<{t}>((acc_t)({self.expr(s.value, inner)}));")
+        return lines
+
+    def emit_row_kernel(self) -> str:
+        plan = self.plan
+        roots = [s.value for s in self.p.stores]
+        init = [f"    acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};" for n in self.scans]
+        walk = "L - 1 - t" if plan.reverse else "t"
+        lines = [HELPERS, "",
+                 f"// scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the",
+                 "// axis in order (coalesced along inner), each scan a running value in a register",
+                 "template <typename T>", f"__global__ void __launch_bounds__({plan.block})",
+                 f"{self.kname}_scan_lanes(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)", "{"]
+        ctx = Ctx()
+        lines += self._prologue(ctx)
+        lines += ["  const int64_t lanes = outer * inner;",
+                  "  for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
+                  "lane += (int64_t)gridDim.x * blockDim.x) {",
+                  "    const int64_t o = lane / inner, i = lane % inner;"]
+        lines += init
+        lines += ["    for (int64_t t = 0; t < L; ++t) {",
+                  f"      const int64_t e = (o * L + ({walk})) * inner + i;"]
+        lines += self._element(ctx, "      ", roots, True)
+        lines += ["    }", "  }", "}"]
+        if plan.chained:
+            return "\n".join(lines)
+        # the rows kernel: segments of a row per thread, a block scan of the segment totals
+        ctx = Ctx()
+        lines += ["", "// scans along the last axis: a block per row; each thread a contiguous segment (pass 1: its",
+                  "// totals), a block scan of the totals in shared memory, pass 2: the segment from its carry",
+                  "template <typename T>", f"__global__ void __launch_bounds__({plan.block})",
+                  f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)", "{"]
+        lines += self._prologue(ctx)
+        lines.append(f"  __shared__ acc_t tot[{len(self.scans)}][{plan.block}];")
+        lines += ["  const int64_t seg = (L + blockDim.x - 1) / blockDim.x;",
+                  "  const int64_t t0 = (int64_t)threadIdx.x * seg;",
+                  "  const int64_t t1 = t0 + seg < L ? t0 + seg : L;",
+                  "  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {"]
+        lines += init
+        lines += ["    for (int64_t t = t0; t < t1; ++t) {  // pass 1: the segment's totals",
+                  f"      const int64_t e = row * L + ({walk});"]
+        lines += self._element(ctx, "      ", [n for n in self.scans], False)
+        lines.append("    }")
+        for k, n in enumerate(self.scans):
+            lines.append(f"    tot[{k}][threadIdx.x] = {self.state[n.id]};")
+        lines += ["    __syncthreads();",
+                  f"    for (int off = 1; off < {plan.block}; off <<= 1) {{  // inclusive scan of the totals",
+                  ]
+        for k, n in enumerate(self.scans):
+            comb = COMBINE[n.attrs["kind"]].format(a=f"tot[{k}][threadIdx.x - off]", b=f"tot[{k}][threadIdx.x]")
+            lines.append(f"      const acc_t u_{k} = threadIdx.x >= off ? {comb} : tot[{k}][threadIdx.x];")
+        lines.append("      __syncthreads();")
+        for k, _ in enumerate(self.scans):
+            lines.append(f"      tot[{k}][threadIdx.x] = u_{k};")
+        lines += ["      __syncthreads();", "    }"]
+        for k, n in enumerate(self.scans):
+            lines.append(f"    {self.state[n.id]} = threadIdx.x > 0 ? tot[{k}][threadIdx.x - 1] : "
+                         f"{IDENTITY[n.attrs['kind']]};  // the carry into this segment")
+        lines += ["    for (int64_t t = t0; t < t1; ++t) {  // pass 2: the values and the outputs",
+                  f"      const int64_t e = row * L + ({walk});"]
+        lines += self._element(ctx, "      ", roots, True)
+        lines += ["    }", "    __syncthreads();  // tot is reused by the next row", "  }", "}"]
+        return "\n".join(lines)
+
+    def emit_finalize(self) -> str:
+        return ""
+
+    def emit_host(self, dtypes: list[str]) -> str:
+        from .... import abi
+        from ..ctext import C_TYPES, DTYPE_ENUM
+
+        plan = self.plan
+        shape = self.scans[0].attrs["shape"]
+        ctx = Ctx()
+        size = [self.expr(d, ctx) for d in shape]
+        outer = " * ".join(f"(int64_t){s}" for s in size[:plan.axis]) or "(int64_t)1"
+        inner = " * ".join(f"(int64_t){s}" for s in size[plan.axis + 1:]) or "(int64_t)1"
+        entry = abi.entry_point(self.spec, self.direction)
+        lines = ["template <typename T>",
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
+                 f"  const int64_t outer = {outer}, L = (int64_t){size[plan.axis]}, inner = {inner};",
+                 "  if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;",
+                 f"  const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave"]
+        if not plan.chained:
+            lines += ["  if (inner == 1) {  // the last axis: a block per row",
+                      "    const int64_t gx = outer < cap ? outer : cap;",
+                      f"    {self.kname}_scan_rows<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L);",
+                      "    return cudaGetLastError();", "  }"]
+        lines += [f"  const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};",
+                  "  const int64_t gx = need < cap ? need : cap;",
+                  f"  {self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);",
+                  "  return cudaGetLastError();", "}", "",
+                  f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
+        dispatch = self.dispatch_field()
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+
+
+__all__ = ["scan_directions", "Rev", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
+           "trace_decompositions"]
