@@ -14,7 +14,7 @@ from specgen.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 OWN = Path(__file__).resolve().parent / "builtin_specs"
-FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "bias_tanh"]
+FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "bias_tanh", "channel_affine"]
 
 
 def _plans(path):
@@ -57,13 +57,13 @@ def _written(plan, n, vec, grid):
 @pytest.mark.parametrize("n, vec, grid", [(1, 4, 1), (7, 8, 1), (4099, 4, 2), (8195, 8, 1), (12345, 4, 3),
                                           (100003, 8, None)])
 def test_every_element_is_written_once_at_odd_sizes(n, vec, grid):
-    plan = flat.FlatPlan(("x",), (), ("out",))
+    plan = flat.FlatPlan(("x",), (), (), ("out",))
     grid = grid or plan.grid(n, vec, sm_count=2, per_sm=1)  # fewer blocks than chunks: grid-stride
     assert _written(plan, n, vec, grid) == [1] * n
 
 
 def test_grid_is_one_wave_at_most():
-    plan = flat.FlatPlan(("x",), (), ("out",))
+    plan = flat.FlatPlan(("x",), (), (), ("out",))
     assert plan.grid(1 << 30, 4) == 132 * 8
     assert plan.grid(1000, 4) == 1
 
@@ -91,3 +91,16 @@ def test_flat_kernels_verify_on_the_gpu(path):
     spec = load_spec(path)
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+def test_per_channel_parameters_are_read_at_each_elements_coordinates():
+    """[C] statistics broadcast over [N, C, H, W]: broadcast loads of the flat grid, checked
+    against the reference on the CPU."""
+    from builtin_support import check_forward, own_spec
+
+    spec = own_spec("channel_affine")
+    plan = _plans(OWN / "channel_affine.yaml")["forward"]
+    assert plan.loads == ("x",) and set(plan.bcasts) == {"mean", "var", "weight", "bias"}
+    check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
+    bcast = [n for n in lower_spec(spec)["forward"].nodes() if n.op == "load" and n.attrs["kind"] == "bcast"]
+    assert {n.attrs["present"] for n in bcast} == {(False, True, False, False)}

@@ -77,6 +77,10 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             t = t.double() if t.is_floating_point() else t.long() if t.dtype != torch.bool else t
             if a["kind"] == "global":
                 return t.reshape(())
+            if a["kind"] == "bcast":  # spans the dims marked present of the [rows..., W] shape
+                full = [d.resolve(dims) for d in program.row_dims] + [width]
+                view = [n if p else 1 for n, p in zip(full, a["present"])]
+                return t.reshape(view).expand(full).reshape(rows, width)
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
             offset = int(ev(a["offset"])) if a.get("offset") is not None else 0

@@ -182,7 +182,19 @@ class Lowering:
         if padded is None:
             raise self.refuse(fx_node, f"input {ref.field} of shape {shape} that is not rows x columns "
                                        f"(rows {self.rows})")
-        div = self.row_div(padded, fx_node)
+        try:
+            div = self.row_div(padded, fx_node)
+        except AgentRefused:
+            div = None if offset is not None or width is not None else "bcast"
+            if div is None:
+                raise
+        if div == "bcast" or (shape[-1] == 1 and offset is None and width is None):
+            # broadcast over dims other than a row prefix ([C, 1, 1] over [N, C, H, W]): read at
+            # each element's coordinates; only the flat family emits it (families/flat.py)
+            node = Node("load", level="elem", dtype=dtype, name=ref.field,
+                        attrs={"field": ref.field, "kind": "bcast", "row_div": [], "offset": None,
+                               "present": tuple(p != 1 for p in padded + (shape[-1],))})
+            return Val(node, padded + (shape[-1],))
         width = shape[-1] if width is None else width
         self.set_width(width, fx_node)
         kind = "col" if all(p == 1 for p in padded) and self.rows != padded else "elem"
@@ -372,9 +384,6 @@ class Lowering:
     def op_rev(self, fx_node, x, dims, *_, **__):
         return scan.lower_rev(self, fx_node, x, dims)
 
-    def op_scalar_tensor(self, fx_node, value, *_, **__):
-        return scan.scalar_tensor(self, fx_node, value)
-
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)
         value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
@@ -432,12 +441,35 @@ class Lowering:
         if isinstance(got, Node):
             return got
         old = got.shape
+        if self.broadcasts_bcast(got, new_shape):
+            return Val(got.node, new_shape)
         if old and new_shape and old[-1] != new_shape[-1] and got.node.level == "elem" \
                 and math.prod(old) != math.prod(new_shape):
             raise self.refuse(fx_node, f"a view from {old} to {new_shape}")
         if got.node.level == "elem" and old and new_shape and old[-1] != new_shape[-1] and old[-1] != 1:
             raise self.refuse(fx_node, f"a reshape of the column dim ({old} to {new_shape})")
         return Val(got.node, new_shape)
+
+    def broadcasts_bcast(self, got: Val, new_shape) -> bool:
+        """A value of broadcast loads only (per channel), broadcast to more of the full shape:
+        it is computed at each element's coordinates anyway."""
+        full = len(self.rows) + 1
+        if got.node.level != "elem" or len(got.shape) != full or len(new_shape) != full:
+            return False
+        if not all(o == n or o == 1 for o, n in zip(got.shape, new_shape)):
+            return False
+        stack, seen = [got.node], set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.op == "load" and n.level == "elem" and n.attrs["kind"] != "bcast":
+                return False
+            if n.op in ("rowreduce", "gather", "colreduce", "globalreduce", "scan", "iota"):
+                return False
+            stack.extend(n.args)
+        return True
 
     def view_input(self, ref: TensorRef, fx_node, new_shape):
         """A view of an input stays an input reference (loaded where used) with the shape
@@ -451,6 +483,10 @@ class Lowering:
             aligned = [1] * len(new_shape)
             for size, d in zip(ref.shape, bdims):
                 aligned[d] = size
+            if len(new_shape) <= len(self.rows) and 1 in aligned and 1 not in ref.shape:
+                # an intermediate broadcast ([C] -> [1, C] -> [1, C, 1, 1]): the input stays a
+                # reference, loaded where the dims it spans are known
+                return TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int)
             return Val(self.load(TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int), fx_node).node,
                        new_shape)
         raise self.refuse(fx_node, f"a view of input {ref.field} from {ref.shape} to {new_shape}")
@@ -478,7 +514,7 @@ class Lowering:
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
                 raise self.refuse(fx_node, "a strided view of an input other than a column slice")
             if is_const(offset, 0) and new_shape == got.shape:
-                return self.value(src, fx_node)
+                return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         if not is_const(offset, 0):
             raise self.refuse(fx_node, "a strided view at an offset of a computed value")

@@ -10,6 +10,7 @@ Families, in the order they are asked:
 """
 from __future__ import annotations
 
+from ...base import AgentRefused
 from . import flat, scan
 
 
@@ -24,6 +25,10 @@ def emitter_for(spec, program, direction: str, variant):
     plan = flat.plan_of(program)
     if plan is not None:
         return flat.FlatEmitter(spec, program, direction, variant, plan)
+    if any(n.op == "load" and n.attrs.get("kind") == "bcast" for n in program.nodes()):
+        raise AgentRefused(f"{spec.path}: the {direction} reads a tensor broadcast over inner dims (a per-channel "
+                           f"parameter of [N, C, H, W]) in a kernel with row reductions: outside the builtin "
+                           f"generator's families; use an LLM agent (--agent openai|anthropic|openai-compatible)")
     return DirectionEmitter(spec, program, direction, variant)
 
 

@@ -28,6 +28,7 @@ class FlatPlan:
 
     loads: tuple  # ABI fields read per element (same shape as the outputs)
     params: tuple  # ABI fields read per column ([W] parameters broadcast over rows; index % W)
+    bcasts: tuple  # ABI fields broadcast over other dims (per channel): read at the element's coordinates
     stores: tuple  # ABI fields written per element
     block: int = BLOCK
     unroll: int = UNROLL
@@ -49,17 +50,17 @@ def plan_of(program: Program) -> FlatPlan | None:
         return None
     if program.group_div:
         return None
-    loads, params = [], []
+    loads, params, bcasts = [], [], []
     for n in program.nodes():
         if n.op in _NOT_FLAT or n.level in ("row", "post"):
             return None
         if n.op == "load" and n.level == "elem":
             if n.attrs.get("offset") is not None or n.attrs.get("row_div"):
                 return None
-            target = params if n.attrs["kind"] == "col" else loads
+            target = {"col": params, "bcast": bcasts}.get(n.attrs["kind"], loads)
             if n.attrs["field"] not in target:
                 target.append(n.attrs["field"])
-    return FlatPlan(tuple(loads), tuple(params), tuple(s.field for s in program.stores))
+    return FlatPlan(tuple(loads), tuple(params), tuple(bcasts), tuple(s.field for s in program.stores))
 
 
 def _emitter_base():
@@ -87,13 +88,31 @@ class FlatEmitter(_emitter_base()):
                 ctx.names[n.id] = name
         return lines
 
+    def streamed(self) -> list:
+        """Loads read as 16-byte chunks (not the broadcast ones, read per element)."""
+        return [k for k in self.elem_loads if k[1] != "bcast"]
+
+    def bcast_index(self, key, e: str, name: str, indent: str) -> list[str]:
+        """C statements setting `name` to the index into broadcast tensor `key` of element `e`
+        of the [rows..., W] shape: the coordinates of the dims it spans, in its own strides."""
+        n = self.elem_loads[key][0]
+        sizes = [dim_expr(d) for d in self.p.row_dims] + ["W"]
+        lines = [f"{indent}int64_t {name} = 0;", f"{indent}{{",
+                 f"{indent}  int64_t r_ = {e}, st_ = 1; (void)st_;"]
+        for size, present in reversed(list(zip(sizes, n.attrs["present"]))):
+            if present:
+                lines.append(f"{indent}  {name} += (r_ % {size}) * st_; st_ *= {size};")
+            lines.append(f"{indent}  r_ /= {size};")
+        lines.append(f"{indent}}}")
+        return lines
+
     def _element(self, ctx: Ctx, raws: dict, indent: str, out: str) -> list[str]:
         """Statements computing every store at one element whose loads read `raws[key]`;
         store i's value goes to `out.format(i)`."""
         inner = Ctx(dict(ctx.names))
         for key, ns in self.elem_loads.items():
             for n in ns:
-                inner.loads[n.id] = self.load_ref(n, raws[key])
+                inner.loads[n.id] = raws[key] if key[1] == "bcast" else self.load_ref(n, raws[key])
         roots = [s.value for s in self.p.stores]
         lines = self.elem_statements(roots, inner, indent)
         for i, s in enumerate(self.p.stores):
@@ -124,11 +143,11 @@ class FlatEmitter(_emitter_base()):
                   "  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;",
                   "  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; "
                   "c0 += step) {"]
-        for key in self.elem_loads:
+        for key in self.streamed():
             lines.append(f"    {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
         lines += ["    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
                   "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
-        for key in self.elem_loads:
+        for key in self.streamed():
             pn = self.pointer_name(key)
             index = "(c * VEC) % W" if key[1] == "col" else "c * VEC"
             lines.append(f"        sg::load_raw<VEC>({pn} + {index}, l_{pn}[u]);")
@@ -136,8 +155,14 @@ class FlatEmitter(_emitter_base()):
                   "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
         for i, _ in enumerate(p.stores):
             lines.append(f"        acc_t st_{i}[VEC];")
+        raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.streamed()}
+        for key in self.elem_loads:
+            if key[1] == "bcast":  # a chunk lies in one row (W % VEC == 0): one base index per chunk
+                pn = self.pointer_name(key)
+                lines += self.bcast_index(key, "c * VEC", f"b_{pn}", "        ")
+                step = " + v" if self.elem_loads[key][0].attrs["present"][-1] else ""
+                raws[key] = self._bcast_ref(key, f"{pn}[b_{pn}{step}]")
         lines += ["        #pragma unroll", "        for (int v = 0; v < VEC; ++v) {"]
-        raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.elem_loads}
         lines += self._element(ctx, raws, "          ", "st_{}[v]")
         lines.append("        }")
         for i, _ in enumerate(p.stores):
@@ -146,21 +171,30 @@ class FlatEmitter(_emitter_base()):
         # the tail: the last n % VEC elements, one per thread of the first block
         lines.append("  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
                      "e += (int64_t)gridDim.x * blockDim.x) {")
+        tails = {}
         for key in self.elem_loads:
             pn = self.pointer_name(key)
+            if key[1] == "bcast":
+                lines += self.bcast_index(key, "e", f"b_{pn}", "    ")
+                tails[key] = self._bcast_ref(key, f"{pn}[b_{pn}]")
+                continue
             index = "e % W" if key[1] == "col" else "e"
             lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[{index}];")
+            tails[key] = f"t_{pn}"
         for i, _ in enumerate(p.stores):
             lines.append(f"    acc_t st_{i}[1];")
         lines.append("    {")
         lines.append("      constexpr int v = 0;")
-        tails = {key: f"t_{self.pointer_name(key)}" for key in self.elem_loads}
         lines += self._element(ctx, tails, "      ", "st_{}[0]")
         lines.append("    }")
         for i, _ in enumerate(p.stores):
             lines.append(f"    sg::store_vec<1>(o_{i} + e, st_{i});")
         lines += ["  }", "}"]
         return "\n".join(lines)
+
+    def _bcast_ref(self, key, element: str) -> str:
+        n = self.elem_loads[key][0]
+        return f"(acc_t)sg::to_acc({element})" if n.dtype == "float" else f"({self.ctype_var(n)})({element})"
 
     def emit_finalize(self) -> str:
         return ""
@@ -173,11 +207,11 @@ class FlatEmitter(_emitter_base()):
         entry = abi.entry_point(self.spec, self.direction)
         rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
         conds = []
-        for key in self.elem_loads:
+        for key in self.streamed():
             conds.append(f"sg::aligned16(A.{key[0]}.data)")
         for s in p.stores:
             conds.append(f"sg::aligned16(A.{s.field}.data)")
-        if plan.params:
+        if plan.params or plan.bcasts:
             conds.append("W % VEC == 0")
         lines = ["template <typename T>",
                  f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",

@@ -24,7 +24,7 @@ import torch
 
 from ...base import AgentRefused
 from ..ctext import Ctx, dim_expr
-from ..ir import Node, Program, const
+from ..ir import Node, Program
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
 IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)"}
@@ -84,12 +84,6 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
                 attrs={"kind": kind, "axis": axis, "shape": dims, "reverse": reverse}, name=fx_node.name)
     out = Val(node, shape)
     return Rev(out, axis) if reverse else out
-
-
-def scalar_tensor(lw, fx_node, value):
-    from ..lower import Val
-
-    return Val(const(float(value)), ())
 
 
 # ------------------------------------------------------------------ the CPU interpreter
@@ -169,7 +163,8 @@ def _flat_but_scans(program: Program, flat) -> bool:
     for n in program.nodes():
         if n.op in flat._NOT_FLAT or n.level in ("row", "post"):
             return False
-        if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")):
+        if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
+                                                     or n.attrs["kind"] == "bcast"):
             return False
     return True
 
