@@ -156,12 +156,15 @@ class FlatEmitter(_emitter_base()):
         for i, _ in enumerate(p.stores):
             lines.append(f"        acc_t st_{i}[VEC];")
         raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.streamed()}
+        masks: dict = {}  # one index per pattern of spanned dims (the [C] statistics share one)
         for key in self.elem_loads:
             if key[1] == "bcast":  # a chunk lies in one row (W % VEC == 0): one base index per chunk
-                pn = self.pointer_name(key)
-                lines += self.bcast_index(key, "c * VEC", f"b_{pn}", "        ")
-                step = " + v" if self.elem_loads[key][0].attrs["present"][-1] else ""
-                raws[key] = self._bcast_ref(key, f"{pn}[b_{pn}{step}]")
+                pn, present = self.pointer_name(key), self.elem_loads[key][0].attrs["present"]
+                if present not in masks:
+                    masks[present] = f"b_{len(masks)}"
+                    lines += self.bcast_index(key, "c * VEC", masks[present], "        ")
+                step = " + v" if present[-1] else ""
+                raws[key] = self._bcast_ref(key, f"{pn}[{masks[present]}{step}]")
         lines += ["        #pragma unroll", "        for (int v = 0; v < VEC; ++v) {"]
         lines += self._element(ctx, raws, "          ", "st_{}[v]")
         lines.append("        }")
@@ -171,12 +174,15 @@ class FlatEmitter(_emitter_base()):
         # the tail: the last n % VEC elements, one per thread of the first block
         lines.append("  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
                      "e += (int64_t)gridDim.x * blockDim.x) {")
-        tails = {}
+        tails, masks = {}, {}
         for key in self.elem_loads:
             pn = self.pointer_name(key)
             if key[1] == "bcast":
-                lines += self.bcast_index(key, "e", f"b_{pn}", "    ")
-                tails[key] = self._bcast_ref(key, f"{pn}[b_{pn}]")
+                present = self.elem_loads[key][0].attrs["present"]
+                if present not in masks:
+                    masks[present] = f"b_{len(masks)}"
+                    lines += self.bcast_index(key, "e", masks[present], "    ")
+                tails[key] = self._bcast_ref(key, f"{pn}[{masks[present]}]")
                 continue
             index = "e % W" if key[1] == "col" else "e"
             lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[{index}];")
