@@ -14,7 +14,7 @@ from specgen.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 OWN = Path(__file__).resolve().parent / "builtin_specs"
-FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "bias_tanh", "channel_affine"]
+FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "bias_tanh", "channel_affine", "batchnorm_infer"]
 
 
 def _plans(path):
@@ -104,3 +104,15 @@ def test_per_channel_parameters_are_read_at_each_elements_coordinates():
     check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
     bcast = [n for n in lower_spec(spec)["forward"].nodes() if n.op == "load" and n.attrs["kind"] == "bcast"]
     assert {n.attrs["present"] for n in bcast} == {(False, True, False, False)}
+
+
+def test_batchnorm_inference_computes_on_the_channel_statistics_before_broadcasting():
+    """F.batch_norm takes rsqrt(var + eps) on [C] before broadcasting it (broadcast.py keeps
+    it pending until the broadcast says it spans dim 1): one flat kernel."""
+    from builtin_support import check_forward, own_spec
+
+    spec = own_spec("batchnorm_infer")
+    plan = _plans(OWN / "batchnorm_infer.yaml")["forward"]
+    assert plan.loads == ("x",) and set(plan.bcasts) == {"mean", "var", "weight", "bias"}
+    check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
+    check_forward(spec, {"N": 1, "C": 4, "H": 1, "W": 7})

@@ -17,7 +17,7 @@ import torch
 from ..base import AgentRefused
 from . import ir
 from .ir import Node, Program, Store, const, is_const, level_of
-from .families import scan
+from .families import broadcast, scan
 from .modules import constant_value
 from .trace import Traced, where
 
@@ -205,10 +205,15 @@ class Lowering:
                     name=ref.field if offset is None else f"{ref.field}_at")
         return Val(node, padded + (width,))
 
-    def value(self, arg, fx_node) -> Val:
-        """An fx argument as a Val (loading placeholders on first use, consts as 0-d)."""
+    def value(self, arg, fx_node, defer: bool = False) -> Val:
+        """An fx argument as a Val (loading placeholders on first use, consts as 0-d).
+        `defer`: an input of lower rank may stay pending until broadcast (broadcast.py)."""
         if isinstance(arg, torch.fx.Node):
             got = self.env[arg]
+            if isinstance(got, TensorRef) and defer and broadcast.should_defer(self, got):
+                return broadcast.defer(self, got)
+            if isinstance(got, broadcast.Pending):
+                return got if defer else broadcast.materialize(self, got, fx_node)
             if isinstance(got, TensorRef):  # loaded per use; the emitter shares equal loads
                 got = self.load(got, fx_node)
             if isinstance(got, Node):  # a SymInt / SymFloat used as a tensor operand
@@ -419,7 +424,14 @@ class Lowering:
         return handler(fx_node, *args, **kwargs)
 
     def elementwise(self, op: str, args, fx_node):
-        vals = [self.value(a, fx_node) for a in args]
+        vals = [self.value(a, fx_node, defer=True) for a in args]
+        if any(isinstance(v, broadcast.Pending) for v in vals):
+            shape = _shape(fx_node) if hasattr(fx_node.meta.get("val"), "shape") else ()
+            pending = broadcast.elementwise(self, op, vals, shape, fx_node)
+            if pending is not None:
+                return pending
+            vals = [broadcast.materialize(self, v, fx_node) if isinstance(v, broadcast.Pending) else v
+                    for v in vals]
         node = self.pointwise(op, [v.node for v in vals], fx_node)
         if node.level == "elem":
             self.check_elem_operands(vals, fx_node)
@@ -440,6 +452,11 @@ class Lowering:
             return self.view_input(got, fx_node, new_shape)
         if isinstance(got, Node):
             return got
+        if isinstance(got, broadcast.Pending):
+            moved = broadcast.view(self, got, fx_node, new_shape)
+            if moved is not None:
+                return moved
+            got = broadcast.materialize(self, got, fx_node)
         old = got.shape
         if self.broadcasts_bcast(got, new_shape):
             return Val(got.node, new_shape)
@@ -541,7 +558,9 @@ class Lowering:
         return Val(const(value), ())
 
     def op_convert_element_type(self, fx_node, src, dtype):
-        v = self.value(src, fx_node)
+        v = self.value(src, fx_node, defer=True)
+        if isinstance(v, broadcast.Pending):
+            return broadcast.Pending(Val(self.cast(v.val.node, dtype, fx_node), v.val.shape), v.maps)
         return Val(self.cast(v.node, dtype, fx_node), _shape(fx_node))
 
     def op_where(self, fx_node, cond, a, b):
