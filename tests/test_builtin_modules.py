@@ -13,6 +13,7 @@ from specgen.agents.builtin.modules import constant_value
 
 
 @pytest.mark.parametrize("name, dims", [("module_layernorm", {"N": 5}),
+                                        ("module_layernorm_shape", {"N": 3, "D": 37}),
                                         ("module_batchnorm_eval", {"N": 2, "H": 5, "W": 9})])
 def test_module_references_lower_and_match_on_the_cpu(name, dims):
     spec = own_spec(name)
@@ -27,7 +28,7 @@ def test_batchnorm_in_eval_mode_is_a_flat_pointwise_kernel():
 
 @pytest.mark.parametrize("name, why", [("module_linear", "not one value throughout"),
                                        ("module_batchnorm_train", "aten.copy_"),
-                                       ("module_layernorm_symbolic", "fixes a symbolic size")])
+                                       ("module_layernorm_symbolic", "cannot trace")])
 def test_varying_or_updated_module_tensors_are_refused(name, why):
     with pytest.raises(AgentRefused) as info:
         build_source(own_spec(name))
@@ -50,3 +51,14 @@ def test_module_classes_are_restored_after_tracing():
     lower_spec(own_spec("module_layernorm"))
     assert torch.nn.LayerNorm.__dict__["__init__"] is init
     assert not getattr(torch.nn.Module._apply, "__specgen_wrapped__", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["module_layernorm", "module_layernorm_shape", "module_batchnorm_eval"])
+def test_module_kernels_verify_on_the_gpu(name):
+    from specgen.verify import verify_kernel
+
+    spec = own_spec(name)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()

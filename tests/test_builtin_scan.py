@@ -19,8 +19,9 @@ CASES = {  # spec -> CPU dims (not the trace's example sizes)
     "cumprod_last": {"N": 3, "D": 11},
     "logcumsumexp_last": {"N": 3, "D": 37},
     "logcumsumexp_first": {"L": 13, "D": 6},
+    "cumsum_exclusive_pad": {"N": 3, "D": 17},
 }
-BACKWARD = [n for n in CASES if n != "cumprod_last"]
+BACKWARD = [n for n in CASES if n not in ("cumprod_last", "cumsum_exclusive_pad")]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -85,3 +86,9 @@ def test_scan_kernels_verify_on_the_gpu(name):
     spec = load_spec(OWN / f"{name}.yaml")
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+def test_pad_of_a_scan_prefix_is_an_exclusive_scan():
+    program = lower_spec(own_spec("cumsum_exclusive_pad"))["forward"]
+    scans = [n for n in program.nodes() if n.op == "scan"]
+    assert len(scans) == 1 and scans[0].attrs["exclusive"] and not scans[0].attrs["reverse"]

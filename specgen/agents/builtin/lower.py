@@ -18,7 +18,7 @@ from ..base import AgentRefused
 from . import ir
 from .ir import Node, Program, Store, const, is_const, level_of
 from .families import broadcast, scan
-from .modules import constant_value
+from .modules import Uninit, constant_value, lower_copy
 from .trace import Traced, where
 
 LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-compatible)"
@@ -220,6 +220,10 @@ class Lowering:
                 return Val(got, ())
             if isinstance(got, Cat):
                 raise self.refuse(fx_node, "a concatenation used before it is stored")
+            if isinstance(got, Uninit):
+                raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
+            if isinstance(got, scan.ScanPrefix):
+                raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
             if isinstance(got, scan.Rev):
                 raise self.refuse(fx_node, "a flip (torch.flip) outside a scan along the flipped dim")
             return got
@@ -389,6 +393,16 @@ class Lowering:
     def op_rev(self, fx_node, x, dims, *_, **__):
         return scan.lower_rev(self, fx_node, x, dims)
 
+    # a module's parameters built under the tracer (sized from a symbolic shape): modules.py
+    def op_empty(self, fx_node, *_, **__):
+        return Uninit(_shape(fx_node))
+
+    def op_empty_strided(self, fx_node, *_, **__):
+        return Uninit(_shape(fx_node))
+
+    def op_copy_(self, fx_node, dst, src, *_, **__):
+        return lower_copy(self, fx_node, dst, src)
+
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)
         value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
@@ -450,6 +464,8 @@ class Lowering:
             return Cat(got.pieces, new_shape)
         if isinstance(got, TensorRef):
             return self.view_input(got, fx_node, new_shape)
+        if isinstance(got, Uninit):
+            return Uninit(new_shape)
         if isinstance(got, Node):
             return got
         if isinstance(got, broadcast.Pending):
@@ -535,9 +551,16 @@ class Lowering:
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         if not is_const(offset, 0):
             raise self.refuse(fx_node, "a strided view at an offset of a computed value")
+        if isinstance(got, Val):
+            prefix = scan.lower_prefix(self, fx_node, got, new_shape)  # an exclusive scan's slice
+            if prefix is not None:
+                return prefix
         return self.view(src, fx_node)
 
     def op_cat(self, fx_node, tensors, dim=0):
+        exclusive = scan.lower_cat(self, fx_node, tensors, dim)
+        if exclusive is not None:
+            return exclusive
         shape = _shape(fx_node)
         if dim % len(shape) != len(shape) - 1:
             raise self.refuse(fx_node, "a concatenation along a dim other than the last")

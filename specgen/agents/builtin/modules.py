@@ -29,12 +29,26 @@ def _concrete(value):
     return value
 
 
+def _symbolic(values) -> bool:
+    for v in values:
+        if isinstance(v, (torch.SymInt, torch.SymFloat)):
+            return True
+        if isinstance(v, (tuple, list)) and _symbolic(v):
+            return True
+    return False
+
+
 def _outside_tracer(fn):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _symbolic(args) or _symbolic(tuple(kwargs.values())):
+            # sized from a symbolic shape (nn.LayerNorm(x.shape[1:])): built under the tracer, so
+            # its tensors keep symbolic sizes; their initialization (empty, then a fill copied
+            # in) is lowered as the fill (lower.op_empty / op_copy_)
+            return fn(*args, **kwargs)
         with disable_proxy_modes_tracing(), unset_fake_temporarily():
             return fn(*[_concrete(a) for a in args], **{k: _concrete(v) for k, v in kwargs.items()})
 
@@ -80,3 +94,30 @@ def constant_value(tensor: torch.Tensor):
     if not bool((flat == first).all()) and not (first.is_floating_point() and bool(flat.isnan().all())):
         return None
     return first.item()
+
+
+class Uninit:
+    """A tensor from torch.empty (a module's parameter before its initialization): it may only
+    be the destination of a copy, whose result is the copied value."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+def lower_copy(lw, fx_node, dst, src):
+    """aten.copy_ into a fresh torch.empty tensor: the copied value (a module's parameter
+    initialized with a fill). Any other in-place copy is refused."""
+    from .lower import Val
+
+    got = lw.env.get(dst) if hasattr(dst, "op") else None
+    if not isinstance(got, Uninit):
+        raise lw.refuse(fx_node, "the op aten.copy_ (an in-place write, e.g. a module updating its buffers)")
+    val = lw.value(src, fx_node)
+    if val.node.level not in ("const", "global"):
+        raise lw.refuse(fx_node, "the op aten.copy_ of a computed tensor into a fresh one")
+    node = val.node
+    if node.op == "const" and getattr(fx_node.meta.get("val"), "is_floating_point", lambda: False)():
+        from .ir import const
+
+        node = const(float(node.attrs["value"]), "float")  # full_like(p, 0) into a float parameter
+    return Val(node, got.shape)

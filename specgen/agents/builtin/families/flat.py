@@ -41,7 +41,7 @@ class FlatPlan:
         return max(1, min(need, sm_count * per_sm * self.waves))
 
 
-_NOT_FLAT = {"rowreduce", "gather", "colreduce", "globalreduce", "iota"}
+_NOT_FLAT = {"rowreduce", "gather", "colreduce", "globalreduce", "iota", "scan"}
 
 
 def plan_of(program: Program) -> FlatPlan | None:

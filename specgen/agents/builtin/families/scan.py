@@ -86,6 +86,43 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
     return Rev(out, axis) if reverse else out
 
 
+@dataclass
+class ScanPrefix:
+    """The first L - 1 values of a scan along its axis (inclusive[..., :-1]), awaiting the pad
+    that makes it exclusive."""
+
+    val: object
+    axis: int
+
+
+def lower_prefix(lw, fx_node, got, new_shape):
+    node, shape = got.node, tuple(got.shape)
+    if node.op != "scan" or node.attrs["reverse"] or node.attrs.get("exclusive") or len(new_shape) != len(shape):
+        return None
+    axis = node.attrs["axis"]
+    want = shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:]
+    return ScanPrefix(got, axis) if tuple(new_shape) == want else None
+
+
+def lower_cat(lw, fx_node, tensors, dim):
+    """cat([identity fill of width 1, scan[..., :-1]]) along the scan's axis: the exclusive scan
+    (F.pad(x.cumsum(-1)[..., :-1], (1, 0))); None for any other concatenation."""
+    from ..lower import Val
+
+    if len(tensors) != 2 or not all(isinstance(t, torch.fx.Node) for t in tensors):
+        return None
+    pad, prefix = lw.env.get(tensors[0]), lw.env.get(tensors[1])
+    if not isinstance(prefix, ScanPrefix) or not isinstance(pad, Val):
+        return None
+    scan = prefix.val.node
+    if dim % len(prefix.val.shape) != prefix.axis or pad.node.op != "const" or pad.shape[prefix.axis] != 1 \
+            or float(pad.node.attrs["value"]) != IDENTITY_VALUE[scan.attrs["kind"]]:
+        return None
+    node = Node("scan", scan.args, level="elem", dtype="float", attrs={**scan.attrs, "exclusive": True},
+                name=f"{scan.name}_excl")
+    return Val(node, prefix.val.shape)
+
+
 # ------------------------------------------------------------------ the CPU interpreter
 def interp_scan(node: Node, x: torch.Tensor, rows: int, width: int, dims: dict) -> torch.Tensor:
     shape = [int(d.attrs["dim"].resolve(dims)) if d.op == "dim" else int(d.attrs["value"])
@@ -97,6 +134,9 @@ def interp_scan(node: Node, x: torch.Tensor, rows: int, width: int, dims: dict) 
     kind = node.attrs["kind"]
     out = (full.cumsum(axis) if kind == "sum" else full.cumprod(axis) if kind == "prod"
            else full.logcumsumexp(axis))
+    if node.attrs.get("exclusive"):  # the value before each element: shifted by one, identity first
+        first = torch.full_like(out.narrow(axis, 0, 1), IDENTITY_VALUE[kind])
+        out = torch.cat([first, out.narrow(axis, 0, out.shape[axis] - 1)], axis)
     if node.attrs["reverse"]:
         out = out.flip(axis)
     return out.reshape(rows, width)
@@ -161,7 +201,7 @@ def _flat_but_scans(program: Program, flat) -> bool:
     if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
         return False
     for n in program.nodes():
-        if n.op in flat._NOT_FLAT or n.level in ("row", "post"):
+        if n.op in flat._NOT_FLAT - {"scan"} or n.level in ("row", "post"):
             return False
         if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
                                                      or n.attrs["kind"] == "bcast"):
@@ -177,7 +217,16 @@ template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
   if (m == (A)(-INFINITY)) return m;
   return m + log1p(exp(-fabs(a - b)));
 }
+// One scan step: the running value s takes x; the inclusive value (s after) or the exclusive
+// one (s before) is returned. KIND 0: sum, 1: product, 2: log-sum-exp.
+template <int KIND, bool EXCL, typename A> __device__ __forceinline__ A sg_scan_step(A& s, A x) {
+  const A before = s;
+  s = KIND == 0 ? s + x : KIND == 1 ? s * x : sg_scan_logaddexp(s, x);
+  return EXCL ? before : s;
+}
 #endif"""
+KIND_ID = {"sum": 0, "prod": 1, "logsumexp": 2}
+IDENTITY_VALUE = {"sum": 0.0, "prod": 1.0, "logsumexp": float("-inf")}
 
 
 def _base():
@@ -195,8 +244,8 @@ class ScanEmitter(_base()):
 
     def op_expr(self, node: Node, x: list[str]) -> str:
         if node.op == "scan":
-            s = self.state[node.id]
-            return f"({s} = {COMBINE[node.attrs['kind']].format(a=s, b=f'(acc_t)({x[0]})')})"
+            excl = "true" if node.attrs.get("exclusive") else "false"
+            return f"sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, (acc_t)({x[0]}))"
         return super().op_expr(node, x)
 
     def _prologue(self, ctx: Ctx) -> list[str]:
