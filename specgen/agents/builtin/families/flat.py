@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ctext import Ctx, dim_expr
-from ..ir import Node, Program
+from ..ir import Program
 
 BLOCK = 256
 UNROLL = 4
