@@ -116,3 +116,18 @@ def test_batchnorm_inference_computes_on_the_channel_statistics_before_broadcast
     assert plan.loads == ("x",) and set(plan.bcasts) == {"mean", "var", "weight", "bias"}
     check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
     check_forward(spec, {"N": 1, "C": 4, "H": 1, "W": 7})
+
+
+def test_flat_kernels_are_their_own_tuning_class():
+    from specgen.agents.builtin.generator import shape_class_of
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    assert shape_class_of(spec, "forward", {"N": 16384, "D": 8192}, "bfloat16") == "flat"
+    program = lower_spec(spec)["forward"]
+    flat2, waves = variants_named("flat2,flatwaves4")
+    assert flat.plan_of(program, flat2).unroll == 2 and flat.plan_of(program, waves).waves == 4
+    assert build_source(spec, flat2) != build_source(spec)
+    softmax = load_spec(SPECS / "softmax.yaml")  # a row program: the flat fields change nothing
+    strip = lambda text: text.replace("flat2", "default")  # noqa: E731
+    assert strip(build_source(softmax, flat2)) == build_source(softmax)

@@ -120,7 +120,7 @@ def _geomean(values: list[float]) -> float:
 
 
 def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
-    """narrow | medium | wide: the schedule class the default variant's host code picks for
+    """flat | narrow | medium | wide | split: the schedule class the default variant's host code picks for
     one benchmark shape (a Python mirror of the generated dispatch)."""
     from .emit import DirectionEmitter
     from .schedule import items_max, plan, shape_class
@@ -128,6 +128,10 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str) -> str:
     program = lower_spec(spec).get(direction)
     if program is None:
         return "medium"
+    from .families import flat
+
+    if flat.plan_of(program) is not None:
+        return "flat"
     width = program.width.attrs["dim"].resolve(dims) if program.width.op == "dim" else program.width_example
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
     vec = max(1, 16 // itemsize)

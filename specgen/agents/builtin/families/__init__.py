@@ -22,7 +22,7 @@ def emitter_for(spec, program, direction: str, variant):
     plan = scan.plan_of(program)  # raises AgentRefused for a scan outside the family
     if plan is not None:
         return scan.ScanEmitter(spec, program, direction, variant, plan)
-    plan = flat.plan_of(program)
+    plan = flat.plan_of(program, variant)
     if plan is not None:
         return flat.FlatEmitter(spec, program, direction, variant, plan)
     if any(n.op == "load" and n.attrs.get("kind") == "bcast" for n in program.nodes()):

@@ -44,7 +44,7 @@ class FlatPlan:
 _NOT_FLAT = {"rowreduce", "gather", "colreduce", "globalreduce", "iota", "scan"}
 
 
-def plan_of(program: Program) -> FlatPlan | None:
+def plan_of(program: Program, variant=None) -> FlatPlan | None:
     """The flat plan of `program`, or None when it needs the row machinery."""
     if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
         return None
@@ -60,7 +60,8 @@ def plan_of(program: Program) -> FlatPlan | None:
             target = {"col": params, "bcast": bcasts}.get(n.attrs["kind"], loads)
             if n.attrs["field"] not in target:
                 target.append(n.attrs["field"])
-    return FlatPlan(tuple(loads), tuple(params), tuple(bcasts), tuple(s.field for s in program.stores))
+    tuning = {} if variant is None else {"unroll": variant.flat_unroll, "waves": variant.flat_waves}
+    return FlatPlan(tuple(loads), tuple(params), tuple(bcasts), tuple(s.field for s in program.stores), **tuning)
 
 
 def _emitter_base():
