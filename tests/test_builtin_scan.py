@@ -92,3 +92,60 @@ def test_pad_of_a_scan_prefix_is_an_exclusive_scan():
     program = lower_spec(own_spec("cumsum_exclusive_pad"))["forward"]
     scans = [n for n in program.nodes() if n.op == "scan"]
     assert len(scans) == 1 and scans[0].attrs["exclusive"] and not scans[0].attrs["reverse"]
+
+
+def _tile_scan(row, block, vec, warp, reverse, exclusive):
+    """Python mirror of the rows kernel (ScanEmitter.emit_tiles) for one row and a sum."""
+    L = len(row)
+    out = [None] * L
+    carry = 0.0
+    for base in range(0, L, block * vec):
+        locs, totals = [], []
+        for t in range(block):
+            q0 = base + t * vec
+            live = q0 < L
+            c0 = L - q0 - vec if reverse else q0
+            loc, pre = [], 0.0
+            for v in range(vec):
+                pv = vec - 1 - v if reverse else v
+                x = row[c0 + pv] if live else 0.0
+                loc.append(pre if exclusive else pre + x)
+                pre += x
+            locs.append((live, c0, loc))
+            totals.append(pre)
+        inclusive = [sum(totals[w0:t + 1]) for w0 in (0,) for t in range(block)]  # block-wide scan
+        for t, (live, c0, loc) in enumerate(locs):
+            lane_excl = sum(totals[(t // warp) * warp:t])
+            warp_before = sum(totals[:(t // warp) * warp])
+            before = carry + warp_before + lane_excl
+            for v in range(vec):
+                pv = vec - 1 - v if reverse else v
+                if live:
+                    out[c0 + pv] = before + loc[v]
+        carry += inclusive[-1]
+    return out
+
+
+@pytest.mark.parametrize("L, vec, reverse, exclusive", [(64, 4, False, False), (36, 4, True, False),
+                                                        (40, 2, False, True), (33, 1, True, True),
+                                                        (8, 4, False, False)])
+def test_tile_algorithm_of_the_rows_kernel(L, vec, reverse, exclusive):
+    import torch
+
+    row = torch.arange(1.0, L + 1).tolist()
+    got = torch.tensor(_tile_scan(row, block=8, vec=vec, warp=4, reverse=reverse, exclusive=exclusive))
+    x = torch.tensor(row).flip(0) if reverse else torch.tensor(row)
+    want = x.cumsum(0) - (x if exclusive else 0)
+    want = want.flip(0) if reverse else want
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.nvcc
+def test_last_axis_scans_take_16_byte_tiles():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = own_spec("cumsum_last")
+    compiled = compile_source(spec, build_source(spec))
+    tiles = [k for k in compiled.resources if "_scan_rows<" in k]
+    assert any("float, 4>" in k for k in tiles) and any("__nv_bfloat16, 8>" in k for k in tiles)
+    assert all(compiled.resources[k]["spill_store_bytes"] == 0 for k in tiles)

@@ -11,9 +11,10 @@ another rev cancels it; a flip used any other way is refused.
 Kernels (`plan_of`, `ScanEmitter`): the scanned tensor is [outer, L, inner] around the axis.
     lanes   (inner > 1, or scans that feed each other): a thread per (outer, inner) lane walks
             L in order, coalesced along inner; every scan a running value in a register.
-    rows    (inner == 1, independent scans): a block per row; each thread takes a contiguous
-            segment of the row, sums it (pass 1), the block scans the segment totals in shared
-            memory, and each thread walks its segment again from its carry (pass 2).
+    rows    (inner == 1, independent scans): a block per row, the row in tiles of BLOCK * VEC;
+            a VEC-element chunk per thread (one 16-byte access, coalesced) scanned in registers,
+            the chunks' totals scanned over the block (warp shuffles, then the warp totals),
+            combined with the carry of the tiles before: one read and one write of the row.
 Every scan of a program runs along one axis in one direction; anything else is refused.
 """
 from __future__ import annotations
@@ -217,6 +218,9 @@ template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
   if (m == (A)(-INFINITY)) return m;
   return m + log1p(exp(-fabs(a - b)));
 }
+template <int KIND, typename A> __device__ __forceinline__ A sg_scan_op(A a, A b) {
+  return KIND == 0 ? a + b : KIND == 1 ? a * b : sg_scan_logaddexp(a, b);
+}
 // One scan step: the running value s takes x; the inclusive value (s after) or the exclusive
 // one (s before) is returned. KIND 0: sum, 1: product, 2: log-sum-exp.
 template <int KIND, bool EXCL, typename A> __device__ __forceinline__ A sg_scan_step(A& s, A x) {
@@ -304,43 +308,120 @@ class ScanEmitter(_base()):
         lines += ["    }", "  }", "}"]
         if plan.chained:
             return "\n".join(lines)
-        # the rows kernel: segments of a row per thread, a block scan of the segment totals
+        return "\n".join(lines + [""] + self.emit_tiles())
+
+    def emit_tiles(self) -> list[str]:
+        """The rows kernel: a block per row, the row in tiles of BLOCK * VEC elements; each thread
+        one VEC-element chunk (one 16-byte access, coalesced over the warp), scanned in registers,
+        the threads' totals scanned over the block (warp shuffles, then the warp totals), the
+        tile's values combined with the carry of the tiles before it: one read, one write."""
+        plan = self.plan
+        ns = len(self.scans)
         ctx = Ctx()
-        lines += ["", "// scans along the last axis: a block per row; each thread a contiguous segment (pass 1: its",
-                  "// totals), a block scan of the totals in shared memory, pass 2: the segment from its carry",
-                  "template <typename T>", f"__global__ void __launch_bounds__({plan.block})",
-                  f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)", "{"]
+        lines = ["// scans along the last axis: a block per row, tiles of BLOCK * VEC elements, a VEC-element",
+                 "// chunk per thread scanned in registers, the chunks' totals scanned over the block",
+                 "template <typename T, int VEC>", f"__global__ void __launch_bounds__({plan.block})",
+                 f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)", "{"]
         lines += self._prologue(ctx)
-        lines.append(f"  __shared__ acc_t tot[{len(self.scans)}][{plan.block}];")
-        lines += ["  const int64_t seg = (L + blockDim.x - 1) / blockDim.x;",
-                  "  const int64_t t0 = (int64_t)threadIdx.x * seg;",
-                  "  const int64_t t1 = t0 + seg < L ? t0 + seg : L;",
+        lines += [f"  constexpr int NW = {plan.block} / 32;",
+                  f"  __shared__ acc_t wsum[{ns}][NW];",
+                  "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);",
                   "  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {"]
-        lines += init
-        lines += ["    for (int64_t t = t0; t < t1; ++t) {  // pass 1: the segment's totals",
-                  f"      const int64_t e = row * L + ({walk});"]
-        lines += self._element(ctx, "      ", [n for n in self.scans], False)
-        lines.append("    }")
         for k, n in enumerate(self.scans):
-            lines.append(f"    tot[{k}][threadIdx.x] = {self.state[n.id]};")
-        lines += ["    __syncthreads();",
-                  f"    for (int off = 1; off < {plan.block}; off <<= 1) {{  // inclusive scan of the totals",
-                  ]
+            lines.append(f"    acc_t carry_{k} = {IDENTITY[n.attrs['kind']]};")
+        lines += [f"    for (int64_t base = 0; base < L; base += (int64_t){plan.block} * VEC) {{",
+                  "      const int64_t q0 = base + (int64_t)threadIdx.x * VEC;  // scan order",
+                  "      const bool live = q0 < L;  // L % VEC == 0: a chunk is whole or absent",
+                  f"      const int64_t c0 = row * L + ({'L - q0 - VEC' if plan.reverse else 'q0'});  // memory"]
+        streamed = [k for k in self.elem_loads if k[1] != "col"]
+        for key in streamed:
+            pn = self.pointer_name(key)
+            lines.append(f"      {self.raw_type(key)} r_{pn};")
+            lines.append(f"      if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
         for k, n in enumerate(self.scans):
-            comb = COMBINE[n.attrs["kind"]].format(a=f"tot[{k}][threadIdx.x - off]", b=f"tot[{k}][threadIdx.x]")
-            lines.append(f"      const acc_t u_{k} = threadIdx.x >= off ? {comb} : tot[{k}][threadIdx.x];")
+            lines.append(f"      acc_t loc_{k}[VEC];")
+        pv = "VEC - 1 - v" if plan.reverse else "v"
+
+        def element_ctx():
+            inner = Ctx(dict(ctx.names))
+            for key, nodes in self.elem_loads.items():
+                pn = self.pointer_name(key)
+                for node in nodes:
+                    if key[1] == "col":
+                        inner.loads[node.id] = f"(acc_t)sg::to_acc({pn}[e % W])" if node.dtype == "float" \
+                            else f"({self.ctype_var(node)})({pn}[e % W])"
+                    else:
+                        inner.loads[node.id] = self.load_ref(node, f"r_{pn}")
+            return inner
+
+        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the scans' inputs",
+                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
+        body = []
+        inner = element_ctx()
+        body += self.elem_statements([n.args[0] for n in self.scans], inner, "        ")
+        for k, n in enumerate(self.scans):
+            ident = IDENTITY[n.attrs["kind"]]
+            body.append(f"        loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {ident};")
+        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
+        lines.append("      }")
+        for k, n in enumerate(self.scans):
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            excl = bool(n.attrs.get("exclusive"))
+            lines += [f"      // scan {k}: the chunk in registers, then the block over the chunks' totals",
+                      f"      acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk",
+                      f"      #pragma unroll",
+                      f"      for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
+                      f"loc_{k}[v] = {'pre_' + str(k) if excl else 't_'}; pre_{k} = t_; }}",
+                      f"      acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp",
+                      "      #pragma unroll",
+                      f"      for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
+                      f"if (lane >= o) x_{k} = {op}(y_, x_{k}); }}",
+                      f"      if (lane == 31) wsum[{k}][warp] = x_{k};"]
         lines.append("      __syncthreads();")
-        for k, _ in enumerate(self.scans):
-            lines.append(f"      tot[{k}][threadIdx.x] = u_{k};")
-        lines += ["      __syncthreads();", "    }"]
+        lines.append("      if (warp == 0) {  // the warp totals, scanned by the first warp")
         for k, n in enumerate(self.scans):
-            lines.append(f"    {self.state[n.id]} = threadIdx.x > 0 ? tot[{k}][threadIdx.x - 1] : "
-                         f"{IDENTITY[n.attrs['kind']]};  // the carry into this segment")
-        lines += ["    for (int64_t t = t0; t < t1; ++t) {  // pass 2: the values and the outputs",
-                  f"      const int64_t e = row * L + ({walk});"]
-        lines += self._element(ctx, "      ", roots, True)
-        lines += ["    }", "    __syncthreads();  // tot is reused by the next row", "  }", "}"]
-        return "\n".join(lines)
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            lines += [f"        acc_t w_ = lane < NW ? wsum[{k}][lane] : {ident};",
+                      "        #pragma unroll",
+                      f"        for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, w_, o); "
+                      f"if (lane >= o) w_ = {op}(y_, w_); }}",
+                      f"        if (lane < NW) wsum[{k}][lane] = w_;"]
+            if k + 1 < len(self.scans):
+                lines[-4] = lines[-4].replace("acc_t w_ =", "{ acc_t w_ =", 1)
+                lines[-1] += " }"
+        lines.append("      }")
+        lines.append("      __syncthreads();")
+        for k, n in enumerate(self.scans):
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            lines += [f"      acc_t xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);",
+                      f"      if (lane == 0) xe_{k} = {ident};",
+                      f"      const acc_t before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
+                      f"xe_{k}));  // everything before this chunk",
+                      f"      carry_{k} = {op}(carry_{k}, wsum[{k}][NW - 1]);"]
+        for i, _ in enumerate(self.p.stores):
+            lines.append(f"      acc_t st_{i}[VEC];")
+        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the values and the outputs",
+                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
+        inner = element_ctx()
+        for k, n in enumerate(self.scans):
+            kid = KIND_ID[n.attrs["kind"]]
+            name = f"sv_{k}"
+            inner.names[n.id] = name
+        body = []
+        for k, n in enumerate(self.scans):
+            body.append(f"        const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);")
+        body += self.elem_statements([s.value for s in self.p.stores], inner, "        ")
+        for i, st in enumerate(self.p.stores):
+            body.append(f"        st_{i}[pv] = (acc_t)({self.expr(st.value, inner)});")
+        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
+        lines.append("      }")
+        for i, _ in enumerate(self.p.stores):
+            lines.append(f"      if (live) sg::store_vec<VEC>(o_{i} + c0, st_{i});")
+        lines += ["      __syncthreads();  // wsum is reused by the next tile", "    }", "  }", "}"]
+        return lines
 
     def emit_finalize(self) -> str:
         return ""
@@ -362,9 +443,15 @@ class ScanEmitter(_base()):
                  "  if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;",
                  f"  const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave"]
         if not plan.chained:
-            lines += ["  if (inner == 1) {  // the last axis: a block per row",
+            conds = [f"sg::aligned16(A.{k[0]}.data)" for k in self.elem_loads if k[1] != "col"]
+            conds += [f"sg::aligned16(A.{st.field}.data)" for st in self.p.stores]
+            lines += ["  if (inner == 1) {  // the last axis: a block per row, tiles of 16-byte chunks",
+                      "    constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;",
+                      "    const bool vec_ok = L % VEC == 0" + "".join(f" && {c}" for c in conds) + ";",
                       "    const int64_t gx = outer < cap ? outer : cap;",
-                      f"    {self.kname}_scan_rows<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L);",
+                      f"    if (vec_ok) {self.kname}_scan_rows<T, VEC><<<(unsigned)gx, {plan.block}, 0, stream>>>"
+                      "(A, outer, L);",
+                      f"    else {self.kname}_scan_rows<T, 1><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L);",
                       "    return cudaGetLastError();", "  }"]
         lines += [f"  const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};",
                   "  const int64_t gx = need < cap ? need : cap;",
