@@ -703,7 +703,9 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
              "// Deterministic: fixed reduction trees, no atomics.",
              f"// Schedule variant: {variant.name}.",
              f'#include "{abi.header_filename(spec)}"', PRELUDE]
-    emitters = {direction: DirectionEmitter(spec, program, direction, variant)
+    from .families import emitter_for  # the one dispatch point of the kernel families
+
+    emitters = {direction: emitter_for(spec, program, direction, variant)
                 for direction, program in programs.items()}
     if variant.moments and any(em.has_moments() for em in emitters.values()):
         parts.append(PRELUDE_MOMENTS)

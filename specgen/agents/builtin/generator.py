@@ -16,6 +16,7 @@ from ... import abi
 from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
 from .emit import emit_source
 from .schedule import DEFAULT_VARIANT, VARIANTS, Variant
+from .families.scan import scan_directions
 from .lower import lower
 from .optimize import cse, onehot_sums, reuse_forward_outputs
 from .trace import trace
@@ -45,6 +46,8 @@ def _with_forward_outputs(spec, forward, backward):
     it streams no more tensors than before (an output read on top of x would add bytes)."""
     outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
     reused = cse(reuse_forward_outputs(forward, backward, outputs))
+    if scan_directions(backward) > 1 and scan_directions(reused) == 1:
+        return reused  # the forward scan read back: one scan direction (logcumsumexp's backward)
     return reused if len(_streamed_fields(reused)) <= len(_streamed_fields(backward)) else backward
 
 
@@ -111,14 +114,18 @@ def compile_many(jobs: list[tuple]) -> list:
 
 
 def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Variant = DEFAULT_VARIANT) -> str:
-    """narrow | medium | wide | split: the schedule class `variant`'s host code picks for one
-    benchmark shape (a Python mirror of the generated dispatch)."""
+    """flat | narrow | medium | wide | split: the schedule class `variant`'s host code picks for
+    one benchmark shape (a Python mirror of the generated dispatch)."""
     from .emit import DirectionEmitter
     from .schedule import items_max, plan, shape_class
 
     program = lower_spec(spec).get(direction)
     if program is None:
         return "medium"
+    from .families import flat
+
+    if flat.plan_of(program) is not None:
+        return "flat"
     width = program.width.attrs["dim"].resolve(dims) if program.width.op == "dim" else program.width_example
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
     vec = max(1, 16 // itemsize)

@@ -77,6 +77,10 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             t = t.double() if t.is_floating_point() else t.long() if t.dtype != torch.bool else t
             if a["kind"] == "global":
                 return t.reshape(())
+            if a["kind"] == "bcast":  # spans the dims marked present of the [rows..., W] shape
+                full = [d.resolve(dims) for d in program.row_dims] + [width]
+                view = [n if p else 1 for n, p in zip(full, a["present"])]
+                return t.reshape(view).expand(full).reshape(rows, width)
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
             offset = int(ev(a["offset"])) if a.get("offset") is not None else 0
@@ -109,6 +113,10 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         if op == "colreduce":
             x = args[0].expand(rows, width)
             return x.reshape(rows // group, group, width).sum(1)
+        if op == "scan":  # families/scan.py
+            from .families.scan import interp_scan
+
+            return interp_scan(node, args[0], rows, width, dims)
         if op == "globalreduce":
             return args[0].expand(rows, 1).sum()
         raise AssertionError(f"interp: unknown op {op}")

@@ -17,6 +17,8 @@ import torch
 from ..base import AgentRefused
 from . import ir
 from .ir import Node, Program, Store, const, is_const, level_of
+from .families import broadcast, scan
+from .modules import Uninit, constant_value, lower_copy
 from .trace import Traced, where
 
 LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-compatible)"
@@ -180,7 +182,19 @@ class Lowering:
         if padded is None:
             raise self.refuse(fx_node, f"input {ref.field} of shape {shape} that is not rows x columns "
                                        f"(rows {self.rows})")
-        div = self.row_div(padded, fx_node)
+        try:
+            div = self.row_div(padded, fx_node)
+        except AgentRefused:
+            div = None if offset is not None or width is not None else "bcast"
+            if div is None:
+                raise
+        if div == "bcast" or (shape[-1] == 1 and offset is None and width is None):
+            # broadcast over dims other than a row prefix ([C, 1, 1] over [N, C, H, W]): read at
+            # each element's coordinates; only the flat family emits it (families/flat.py)
+            node = Node("load", level="elem", dtype=dtype, name=ref.field,
+                        attrs={"field": ref.field, "kind": "bcast", "row_div": [], "offset": None,
+                               "present": tuple(p != 1 for p in padded + (shape[-1],))})
+            return Val(node, padded + (shape[-1],))
         width = shape[-1] if width is None else width
         self.set_width(width, fx_node)
         kind = "col" if all(p == 1 for p in padded) and self.rows != padded else "elem"
@@ -191,16 +205,27 @@ class Lowering:
                     name=ref.field if offset is None else f"{ref.field}_at")
         return Val(node, padded + (width,))
 
-    def value(self, arg, fx_node) -> Val:
-        """An fx argument as a Val (loading placeholders on first use, consts as 0-d)."""
+    def value(self, arg, fx_node, defer: bool = False) -> Val:
+        """An fx argument as a Val (loading placeholders on first use, consts as 0-d).
+        `defer`: an input of lower rank may stay pending until broadcast (broadcast.py)."""
         if isinstance(arg, torch.fx.Node):
             got = self.env[arg]
+            if isinstance(got, TensorRef) and defer and broadcast.should_defer(self, got):
+                return broadcast.defer(self, got)
+            if isinstance(got, broadcast.Pending):
+                return got if defer else broadcast.materialize(self, got, fx_node)
             if isinstance(got, TensorRef):  # loaded per use; the emitter shares equal loads
                 got = self.load(got, fx_node)
             if isinstance(got, Node):  # a SymInt / SymFloat used as a tensor operand
                 return Val(got, ())
             if isinstance(got, Cat):
                 raise self.refuse(fx_node, "a concatenation used before it is stored")
+            if isinstance(got, Uninit):
+                raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
+            if isinstance(got, scan.ScanPrefix):
+                raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
+            if isinstance(got, scan.Rev):
+                raise self.refuse(fx_node, "a flip (torch.flip) outside a scan along the flipped dim")
             return got
         if isinstance(arg, (bool, int, float)):
             if isinstance(arg, float) and arg in self.t.scalar_sentinels:
@@ -345,12 +370,48 @@ class Lowering:
                 for field, result in zip(self.t.outputs, results):
                     stores += self.store(field, result, fx_node)
                 continue
+            if fx_node.op == "get_attr":  # a module's parameter or buffer: a constant (modules.py)
+                self.env[fx_node] = self.tensor_constant(fx_node)
+                continue
             if fx_node.op != "call_function":
                 raise self.refuse(fx_node, f"fx {fx_node.op} {fx_node.target}")
             self.env[fx_node] = self.call(fx_node)
         width_node = self.dim_node(self.width, None) if self.width else const(1)
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims))
+
+    # scans (families/scan.py): cumsum, cumprod, logcumsumexp and the flips around them
+    def op_cumsum(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "sum", x, dim)
+
+    def op_cumprod(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "prod", x, dim)
+
+    def op_logcumsumexp(self, fx_node, x, dim, *_, **__):
+        return scan.lower_scan(self, fx_node, "logsumexp", x, dim)
+
+    def op_rev(self, fx_node, x, dims, *_, **__):
+        return scan.lower_rev(self, fx_node, x, dims)
+
+    # a module's parameters built under the tracer (sized from a symbolic shape): modules.py
+    def op_empty(self, fx_node, *_, **__):
+        return Uninit(_shape(fx_node))
+
+    def op_empty_strided(self, fx_node, *_, **__):
+        return Uninit(_shape(fx_node))
+
+    def op_copy_(self, fx_node, dst, src, *_, **__):
+        return lower_copy(self, fx_node, dst, src)
+
+    def tensor_constant(self, fx_node) -> Val:
+        tensor = getattr(self.t.graph, fx_node.target)
+        value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
+        if value is None:
+            raise self.refuse(fx_node, "a tensor the reference builds (a module's parameter or buffer) that is not "
+                                       "one value throughout: the builtin generator bakes in constant fills only; "
+                                       "declare varying weights as inputs of the spec")
+        dtype = "bool" if tensor.dtype == torch.bool else "float" if tensor.is_floating_point() else "int"
+        return Val(const(value, dtype), tuple(tensor.shape))
 
     def call(self, fx_node):
         target = fx_node.target
@@ -377,7 +438,14 @@ class Lowering:
         return handler(fx_node, *args, **kwargs)
 
     def elementwise(self, op: str, args, fx_node):
-        vals = [self.value(a, fx_node) for a in args]
+        vals = [self.value(a, fx_node, defer=True) for a in args]
+        if any(isinstance(v, broadcast.Pending) for v in vals):
+            shape = _shape(fx_node) if hasattr(fx_node.meta.get("val"), "shape") else ()
+            pending = broadcast.elementwise(self, op, vals, shape, fx_node)
+            if pending is not None:
+                return pending
+            vals = [broadcast.materialize(self, v, fx_node) if isinstance(v, broadcast.Pending) else v
+                    for v in vals]
         node = self.pointwise(op, [v.node for v in vals], fx_node)
         if node.level == "elem":
             self.check_elem_operands(vals, fx_node)
@@ -396,15 +464,45 @@ class Lowering:
             return Cat(got.pieces, new_shape)
         if isinstance(got, TensorRef):
             return self.view_input(got, fx_node, new_shape)
+        if isinstance(got, Uninit):
+            return Uninit(new_shape)
         if isinstance(got, Node):
             return got
+        if isinstance(got, broadcast.Pending):
+            moved = broadcast.view(self, got, fx_node, new_shape)
+            if moved is not None:
+                return moved
+            got = broadcast.materialize(self, got, fx_node)
         old = got.shape
+        if self.broadcasts_bcast(got, new_shape):
+            return Val(got.node, new_shape)
         if old and new_shape and old[-1] != new_shape[-1] and got.node.level == "elem" \
                 and math.prod(old) != math.prod(new_shape):
             raise self.refuse(fx_node, f"a view from {old} to {new_shape}")
         if got.node.level == "elem" and old and new_shape and old[-1] != new_shape[-1] and old[-1] != 1:
             raise self.refuse(fx_node, f"a reshape of the column dim ({old} to {new_shape})")
         return Val(got.node, new_shape)
+
+    def broadcasts_bcast(self, got: Val, new_shape) -> bool:
+        """A value of broadcast loads only (per channel), broadcast to more of the full shape:
+        it is computed at each element's coordinates anyway."""
+        full = len(self.rows) + 1
+        if got.node.level != "elem" or len(got.shape) != full or len(new_shape) != full:
+            return False
+        if not all(o == n or o == 1 for o, n in zip(got.shape, new_shape)):
+            return False
+        stack, seen = [got.node], set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.op == "load" and n.level == "elem" and n.attrs["kind"] != "bcast":
+                return False
+            if n.op in ("rowreduce", "gather", "colreduce", "globalreduce", "scan", "iota"):
+                return False
+            stack.extend(n.args)
+        return True
 
     def view_input(self, ref: TensorRef, fx_node, new_shape):
         """A view of an input stays an input reference (loaded where used) with the shape
@@ -418,6 +516,10 @@ class Lowering:
             aligned = [1] * len(new_shape)
             for size, d in zip(ref.shape, bdims):
                 aligned[d] = size
+            if len(new_shape) <= len(self.rows) and 1 in aligned and 1 not in ref.shape:
+                # an intermediate broadcast ([C] -> [1, C] -> [1, C, 1, 1]): the input stays a
+                # reference, loaded where the dims it spans are known
+                return TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int)
             return Val(self.load(TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int), fx_node).node,
                        new_shape)
         raise self.refuse(fx_node, f"a view of input {ref.field} from {ref.shape} to {new_shape}")
@@ -445,13 +547,20 @@ class Lowering:
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
                 raise self.refuse(fx_node, "a strided view of an input other than a column slice")
             if is_const(offset, 0) and new_shape == got.shape:
-                return self.value(src, fx_node)
+                return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         if not is_const(offset, 0):
             raise self.refuse(fx_node, "a strided view at an offset of a computed value")
+        if isinstance(got, Val):
+            prefix = scan.lower_prefix(self, fx_node, got, new_shape)  # an exclusive scan's slice
+            if prefix is not None:
+                return prefix
         return self.view(src, fx_node)
 
     def op_cat(self, fx_node, tensors, dim=0):
+        exclusive = scan.lower_cat(self, fx_node, tensors, dim)
+        if exclusive is not None:
+            return exclusive
         shape = _shape(fx_node)
         if dim % len(shape) != len(shape) - 1:
             raise self.refuse(fx_node, "a concatenation along a dim other than the last")
@@ -472,7 +581,9 @@ class Lowering:
         return Val(const(value), ())
 
     def op_convert_element_type(self, fx_node, src, dtype):
-        v = self.value(src, fx_node)
+        v = self.value(src, fx_node, defer=True)
+        if isinstance(v, broadcast.Pending):
+            return broadcast.Pending(Val(self.cast(v.val.node, dtype, fx_node), v.val.shape), v.maps)
         return Val(self.cast(v.node, dtype, fx_node), _shape(fx_node))
 
     def op_where(self, fx_node, cond, a, b):

@@ -63,6 +63,8 @@ class Variant:
     split_block: int = 512
     col_smem: bool = False
     moments: bool = False
+    flat_unroll: int = 4  # flat pointwise kernels (families/flat.py): 16-byte chunks in flight per thread
+    flat_waves: int = 1  # flat pointwise kernels: waves of resident blocks in the grid-stride grid
 
     @property
     def schedules(self) -> tuple:
@@ -99,6 +101,10 @@ VARIANTS = [
     # medium: LayerNorm's mean and variance in one merge round; 1.3-1.55x slower than two rounds
     # on the H200 (Chan's merge per shuffle level; results/2026-11-30-h200-moments-tune)
     Variant("moments", moments=True),
+    # flat pointwise: two chunks in flight per thread (more threads per byte), or a grid of
+    # four waves of blocks (less work per thread, the hardware's scheduler balances the tail)
+    Variant("flat2", flat_unroll=2),
+    Variant("flatwaves4", flat_waves=4),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -114,7 +120,8 @@ def variants_named(names: str) -> list[Variant]:
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
-                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block")}
+                "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block"),
+                "flat": ("flat_unroll", "flat_waves")}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:

@@ -20,6 +20,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ...inputs import TORCH_DTYPES
 from ...reference import reference_failure
 from ..base import AgentRefused
+from .families.scan import trace_decompositions
+from .modules import modules_as_constants
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
 TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
@@ -127,9 +129,10 @@ def trace(spec, direction: str) -> Traced:
         args = [examples[n] for n in names] + grads
         outputs = [f"grad_{n}" for n in floating]
     try:
-        with _stack_anchor(str(spec.path or f"<{spec.name}>")):
-            graph = make_fx(target, decomposition_table=decomposition_table, tracing_mode="symbolic",
-                            record_stack_traces=True)(*args)
+        with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants():
+            graph = make_fx(target, decomposition_table=trace_decompositions(decomposition_table),
+                            tracing_mode="symbolic",
+                            record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
     except AgentRefused:
         raise
     except Exception as error:  # the reference does something make_fx cannot follow
@@ -137,7 +140,43 @@ def trace(spec, direction: str) -> Traced:
         raise AgentRefused(f"{location}: the builtin generator cannot trace the {direction} of the reference "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
+    _refuse_specialized_sizes(spec, graph, placeholders, direction)
+    # values nothing reads (a module's discarded scratch tensors, e.g. BatchNorm in eval mode)
+    # are not lowered: fx keeps ops with side effects (in-place writes), which are refused
+    graph.graph.eliminate_dead_code()
     return Traced(spec, direction, graph, placeholders, outputs, dims, sentinels)
+
+
+def _refuse_specialized_sizes(spec, graph, placeholders: list[str], direction: str) -> None:
+    """A reference that fixes a symbolic size of the signature to its example value (a module
+    built from x.shape[-1], then checked against it; a Python branch on a size) traced a graph
+    valid at that size only: refused, never lowered with the example's numbers baked in.
+    (Literal dims of the signature are traced symbolic too, and fixed: that is expected.)"""
+    import sympy
+
+    sig = spec.signature
+    types = {p.name: p.type for p in sig.inputs} | {f"grad_{o.name}": o.type for o in sig.outputs}
+    symbolic, shape_env = {}, None
+    nodes = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    for node, name in zip(nodes, placeholders):
+        val, ttype = node.meta.get("val"), types.get(name)
+        if ttype is None or not hasattr(val, "shape") or len(val.shape) != len(ttype.dims):
+            continue
+        for size, dim in zip(val.shape, ttype.dims):
+            expr = getattr(size.node, "_expr", None) if isinstance(size, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol) and dim.symbol:  # _expr: the symbol before replacements
+                symbolic.setdefault(expr, dim)
+                shape_env = size.node.shape_env
+    if shape_env is None:
+        return
+    fixed = [(symbolic[sym], int(value)) for sym, value in shape_env.replacements.items()
+             if sym in symbolic and isinstance(value, sympy.Integer)]
+    if fixed:
+        names = ", ".join(f"{dim} = {value}" for dim, value in fixed)
+        raise AgentRefused(f"{spec.path}:{spec.reference_line}: the {direction} of the reference fixes a symbolic "
+                           f"size to its example value while tracing ({names}): its graph holds at that size only "
+                           f"(a module built from a tensor's shape, or a branch on a size); declare the size as a "
+                           f"literal dim, or use an LLM agent (--agent openai|anthropic|openai-compatible)")
 
 
 @contextlib.contextmanager

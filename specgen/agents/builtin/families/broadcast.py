@@ -1,0 +1,98 @@
+"""Inputs of lower rank than the row space, computed on before they are broadcast.
+
+`F.batch_norm(x, mean, var, ...)` takes rsqrt(var + eps) on the [C] tensor, then broadcasts
+it over [N, C, H, W]; which dims of the row space [C] spans is known only at the broadcast.
+A `Pending` value holds such a computation with placeholder loads (kind "pending") and, per
+load, the positions of its tensor's dims in the value's shape; pointwise ops and casts on
+pending values stay pending, a `broadcast_in_dim` moves the positions, and at full rank (or
+at any other use) every placeholder becomes the load the lowering gives that input at those
+positions: a row, column or broadcast load (flat.py reads the last at each element's
+coordinates). Used any other way, a pending value is materialized at its own shape, which is
+what the lowering did before (a [D] parameter read as columns).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Node, level_of
+
+
+@dataclass
+class Pending:
+    val: object  # lower.Val whose node tree holds "pending" loads
+    maps: dict  # pending load id -> (TensorRef, positions of the tensor's dims in val.shape)
+
+
+def should_defer(lw, ref) -> bool:
+    full = len(lw.rows) + 1
+    return 0 < len(ref.shape) < full and not lw.is_row_shape(ref.shape)
+
+
+def defer(lw, ref) -> Pending:
+    from ..lower import Val
+
+    dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+    node = Node("load", level="elem", dtype=dtype, attrs={"field": ref.field, "kind": "pending"}, name=ref.field)
+    return Pending(Val(node, tuple(ref.shape)), {node.id: (ref, list(range(len(ref.shape))))})
+
+
+def substitute(node: Node, repl: dict) -> Node:
+    memo: dict[int, Node] = {}
+
+    def go(n: Node) -> Node:
+        if n.id in repl:
+            return repl[n.id]
+        if n.id in memo:
+            return memo[n.id]
+        if not n.args:
+            memo[n.id] = n
+            return n
+        args = tuple(go(a) for a in n.args)
+        memo[n.id] = Node(n.op, args, level=level_of(*args), dtype=n.dtype, attrs=dict(n.attrs), name=n.name)
+        return memo[n.id]
+
+    return go(node)
+
+
+def materialize(lw, p: Pending, fx_node):
+    from ..lower import TensorRef, Val
+
+    shape = tuple(p.val.shape)
+    repl = {}
+    for nid, (ref, positions) in p.maps.items():
+        aligned = [1] * len(shape)
+        for size, pos in zip(ref.shape, positions):
+            aligned[pos] = size
+        repl[nid] = lw.load(TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int), fx_node).node
+    return Val(substitute(p.val.node, repl), shape)
+
+
+def elementwise(lw, op: str, vals: list, out_shape, fx_node):
+    """The pointwise op of `vals` (some pending): pending when every tensor operand is pending
+    at one shape (scalars aside), else None (the caller materializes them)."""
+    from ..lower import Val
+
+    pend = [v for v in vals if isinstance(v, Pending)]
+    if len({tuple(p.val.shape) for p in pend}) != 1 or tuple(pend[0].val.shape) != tuple(out_shape):
+        return None
+    if any(not isinstance(v, Pending) and v.shape and v.node.level not in ("const", "global") for v in vals):
+        return None
+    nodes = [v.val.node if isinstance(v, Pending) else v.node for v in vals]
+    maps = {k: m for p in pend for k, m in p.maps.items()}
+    return Pending(Val(lw.pointwise(op, nodes, fx_node), tuple(out_shape)), maps)
+
+
+def view(lw, p: Pending, fx_node, new_shape):
+    from ..lower import Val
+
+    name = fx_node.target._schema.name.split("::")[1]
+    if tuple(new_shape) == tuple(p.val.shape):
+        return p
+    if name != "broadcast_in_dim":
+        return None
+    bdims = list(fx_node.args[2])
+    maps = {k: (ref, [bdims[pos] for pos in positions]) for k, (ref, positions) in p.maps.items()}
+    moved = Pending(Val(p.val.node, tuple(new_shape)), maps)
+    if len(new_shape) == len(lw.rows) + 1:
+        return materialize(lw, moved, fx_node)
+    return moved

@@ -1,0 +1,255 @@
+"""The flat pointwise family: a program with no row structure (no reduction, no per-row
+value, no column index, no concatenation) is one loop over the flat element index of its
+outputs, whatever their rank or row width.
+
+One grid for the launch: BLOCK threads per block, each thread UNROLL 16-byte chunks in
+flight per input (all loads issued before any math), a grid of at most one wave of
+resident blocks (`waves` x the SMs x blocks per SM) striding over the chunks. The vector
+path needs 16-byte aligned pointers only (and a row width that is a multiple of VEC when a
+[W] parameter is read): a total size that is not a multiple of VEC takes its last
+(< VEC) elements in a scalar tail over the flat index, so an odd width stays vectorized.
+Math in fp32 (fp64 for float64); storage in the spec's dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ctext import Ctx, dim_expr
+from ..ir import Program
+
+BLOCK = 256
+UNROLL = 4
+WAVES = 1
+
+
+@dataclass(frozen=True)
+class FlatPlan:
+    """What the flat kernel of one direction does (the tests and the tuner read this)."""
+
+    loads: tuple  # ABI fields read per element (same shape as the outputs)
+    params: tuple  # ABI fields read per column ([W] parameters broadcast over rows; index % W)
+    bcasts: tuple  # ABI fields broadcast over other dims (per channel): read at the element's coordinates
+    stores: tuple  # ABI fields written per element
+    block: int = BLOCK
+    unroll: int = UNROLL
+    waves: int = WAVES
+
+    def grid(self, n: int, vec: int, sm_count: int = 132, per_sm: int = 8) -> int:
+        """Blocks launched for `n` elements (mirrors the host code)."""
+        chunks = (n + vec - 1) // vec
+        need = (chunks + self.block * self.unroll - 1) // (self.block * self.unroll)
+        return max(1, min(need, sm_count * per_sm * self.waves))
+
+
+_NOT_FLAT = {"rowreduce", "gather", "colreduce", "globalreduce", "iota", "scan"}
+
+
+def plan_of(program: Program, variant=None) -> FlatPlan | None:
+    """The flat plan of `program`, or None when it needs the row machinery."""
+    if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
+        return None
+    if program.group_div:
+        return None
+    loads, params, bcasts = [], [], []
+    for n in program.nodes():
+        if n.op in _NOT_FLAT or n.level in ("row", "post"):
+            return None
+        if n.op == "load" and n.level == "elem":
+            if n.attrs.get("offset") is not None or n.attrs.get("row_div"):
+                return None
+            target = {"col": params, "bcast": bcasts}.get(n.attrs["kind"], loads)
+            if n.attrs["field"] not in target:
+                target.append(n.attrs["field"])
+    tuning = {} if variant is None else {"unroll": variant.flat_unroll, "waves": variant.flat_waves}
+    return FlatPlan(tuple(loads), tuple(params), tuple(bcasts), tuple(s.field for s in program.stores), **tuning)
+
+
+def _emitter_base():
+    from ..emit import DirectionEmitter
+
+    return DirectionEmitter
+
+
+class FlatEmitter(_emitter_base()):
+    """A direction emitted as one flat grid: the row emitter's expressions, its own loop."""
+
+    def __init__(self, spec, program: Program, direction: str, variant, plan: FlatPlan):
+        super().__init__(spec, program, direction, variant)
+        self.plan = plan
+
+    def describe_rows(self) -> str:
+        return "flat: every element of the outputs, row structure ignored"
+
+    def _globals(self, ctx: Ctx) -> list[str]:
+        lines = []
+        for n in self.nodes:
+            if n.level == "global" and n.op not in ("dim", "stride"):
+                name = self.var(n)
+                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = name
+        return lines
+
+    def streamed(self) -> list:
+        """Loads read as 16-byte chunks (not the broadcast ones, read per element)."""
+        return [k for k in self.elem_loads if k[1] != "bcast"]
+
+    def bcast_index(self, key, e: str, name: str, indent: str) -> list[str]:
+        """C statements setting `name` to the index into broadcast tensor `key` of element `e`
+        of the [rows..., W] shape: the coordinates of the dims it spans, in its own strides."""
+        n = self.elem_loads[key][0]
+        sizes = [dim_expr(d) for d in self.p.row_dims] + ["W"]
+        lines = [f"{indent}int64_t {name} = 0;", f"{indent}{{",
+                 f"{indent}  int64_t r_ = {e}, st_ = 1; (void)st_;"]
+        for size, present in reversed(list(zip(sizes, n.attrs["present"]))):
+            if present:
+                lines.append(f"{indent}  {name} += (r_ % {size}) * st_; st_ *= {size};")
+            lines.append(f"{indent}  r_ /= {size};")
+        lines.append(f"{indent}}}")
+        return lines
+
+    def _element(self, ctx: Ctx, raws: dict, indent: str, out: str) -> list[str]:
+        """Statements computing every store at one element whose loads read `raws[key]`;
+        store i's value goes to `out.format(i)`."""
+        inner = Ctx(dict(ctx.names))
+        for key, ns in self.elem_loads.items():
+            for n in ns:
+                inner.loads[n.id] = raws[key] if key[1] == "bcast" else self.load_ref(n, raws[key])
+        roots = [s.value for s in self.p.stores]
+        lines = self.elem_statements(roots, inner, indent)
+        for i, s in enumerate(self.p.stores):
+            lines.append(f"{indent}{out.format(i)} = (acc_t)({self.expr(s.value, inner)});")
+        return lines
+
+    def emit_row_kernel(self) -> str:
+        p, plan = self.p, self.plan
+        lines = [f"// {self.describe_rows()}: UNROLL 16-byte chunks per thread in flight, a grid-stride loop",
+                 "// over VEC-element chunks, then the last n % VEC elements one by one.",
+                 "template <typename T, int VEC>",
+                 f"__global__ void __launch_bounds__({plan.block})",
+                 f"{self.kname}_flat(const {self.args_t} A, int64_t n)",
+                 "{",
+                 "  using acc_t = typename sg::Acc<T>::type;",
+                 f"  constexpr int UNROLL = {plan.unroll};",
+                 f"  const int64_t W = {self.expr(p.width, Ctx())}; (void)W;"]
+        ctx = Ctx()
+        lines += self._globals(ctx)
+        for key in self.elem_loads:
+            fld = key[0]
+            lines.append(f"  const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
+                         f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
+        for i, s in enumerate(p.stores):
+            t = self.ctype_of(s.field)
+            lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
+        lines += ["  const int64_t nvec = n / VEC;",
+                  "  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;",
+                  "  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; "
+                  "c0 += step) {"]
+        for key in self.streamed():
+            lines.append(f"    {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
+        lines += ["    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
+                  "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
+        for key in self.streamed():
+            pn = self.pointer_name(key)
+            index = "(c * VEC) % W" if key[1] == "col" else "c * VEC"
+            lines.append(f"        sg::load_raw<VEC>({pn} + {index}, l_{pn}[u]);")
+        lines += ["      }", "    }", "    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
+                  "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
+        for i, _ in enumerate(p.stores):
+            lines.append(f"        acc_t st_{i}[VEC];")
+        raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.streamed()}
+        masks: dict = {}  # one index per pattern of spanned dims (the [C] statistics share one)
+        for key in self.elem_loads:
+            if key[1] == "bcast":  # a chunk lies in one row (W % VEC == 0): one base index per chunk
+                pn, present = self.pointer_name(key), self.elem_loads[key][0].attrs["present"]
+                if present not in masks:
+                    masks[present] = f"b_{len(masks)}"
+                    lines += self.bcast_index(key, "c * VEC", masks[present], "        ")
+                step = " + v" if present[-1] else ""
+                raws[key] = self._bcast_ref(key, f"{pn}[{masks[present]}{step}]")
+        lines += ["        #pragma unroll", "        for (int v = 0; v < VEC; ++v) {"]
+        lines += self._element(ctx, raws, "          ", "st_{}[v]")
+        lines.append("        }")
+        for i, _ in enumerate(p.stores):
+            lines.append(f"        sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
+        lines += ["      }", "    }", "  }"]
+        # the tail: the last n % VEC elements, one per thread of the first block
+        lines.append("  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
+                     "e += (int64_t)gridDim.x * blockDim.x) {")
+        tails, masks = {}, {}
+        for key in self.elem_loads:
+            pn = self.pointer_name(key)
+            if key[1] == "bcast":
+                present = self.elem_loads[key][0].attrs["present"]
+                if present not in masks:
+                    masks[present] = f"b_{len(masks)}"
+                    lines += self.bcast_index(key, "e", masks[present], "    ")
+                tails[key] = self._bcast_ref(key, f"{pn}[{masks[present]}]")
+                continue
+            index = "e % W" if key[1] == "col" else "e"
+            lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[{index}];")
+            tails[key] = f"t_{pn}"
+        for i, _ in enumerate(p.stores):
+            lines.append(f"    acc_t st_{i}[1];")
+        lines.append("    {")
+        lines.append("      constexpr int v = 0;")
+        lines += self._element(ctx, tails, "      ", "st_{}[0]")
+        lines.append("    }")
+        for i, _ in enumerate(p.stores):
+            lines.append(f"    sg::store_vec<1>(o_{i} + e, st_{i});")
+        lines += ["  }", "}"]
+        return "\n".join(lines)
+
+    def _bcast_ref(self, key, element: str) -> str:
+        n = self.elem_loads[key][0]
+        return f"(acc_t)sg::to_acc({element})" if n.dtype == "float" else f"({self.ctype_var(n)})({element})"
+
+    def emit_finalize(self) -> str:
+        return ""
+
+    def emit_host(self, dtypes: list[str]) -> str:
+        from .... import abi
+        from ..ctext import C_TYPES, DTYPE_ENUM
+
+        p, plan = self.p, self.plan
+        entry = abi.entry_point(self.spec, self.direction)
+        rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
+        conds = []
+        for key in self.streamed():
+            conds.append(f"sg::aligned16(A.{key[0]}.data)")
+        for s in p.stores:
+            conds.append(f"sg::aligned16(A.{s.field}.data)")
+        if plan.params or plan.bcasts:
+            conds.append("W % VEC == 0")
+        lines = ["template <typename T>",
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
+                 f"  const int64_t W = {self.expr(p.width, Ctx())};",
+                 f"  const int64_t n = {rows} * W;",
+                 "  if (n == 0) return cudaSuccess;",
+                 "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;",
+                 "  // 16-byte accesses need aligned pointers (offset views may not be); the total size need",
+                 "  // not be a multiple of VEC (scalar tail)",
+                 "  const bool vec_ok = " + ("\n      && ".join(conds) or "true") + ";",
+                 f"  constexpr int BLOCK = {plan.block};",
+                 "  const int vec = vec_ok ? VEC : 1;",
+                 f"  const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * {plan.unroll} - 1) / "
+                 f"((int64_t)BLOCK * {plan.unroll});",
+                 "  // at most one wave of resident blocks, striding over the chunks",
+                 "  const int per_sm = vec_ok ? sg::blocks_per_sm<" + f"{self.kname}_flat<T, VEC>>(BLOCK)"
+                 f" : sg::blocks_per_sm<{self.kname}_flat<T, 1>>(BLOCK);",
+                 f"  const int64_t cap = (int64_t)sg::sm_count() * per_sm * {plan.waves};",
+                 "  const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;",
+                 f"  if (vec_ok) {self.kname}_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
+                 f"  else {self.kname}_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
+                 "  return cudaGetLastError();", "}", "",
+                 f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
+        dispatch = self.dispatch_field()
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)

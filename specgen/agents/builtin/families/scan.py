@@ -1,0 +1,475 @@
+"""The scan family: cumsum, cumprod and logcumsumexp along any axis, forward and reversed
+(flip-scan-flip, the backward of cumsum and logcumsumexp), fused with pointwise ops before
+and after (an exclusive scan written as cumsum(x) - x is one).
+
+Lowering (`lower_scan`, `lower_rev`, called from lower.py): trace.py keeps aten.cumsum /
+cumprod / logcumsumexp undecomposed; a scan becomes an elem node `scan` (attrs: kind sum |
+prod | logsumexp, axis, the scanned shape as dim nodes, reverse). `prims.rev` (flip) is held
+as a `Rev` until a scan along the same axis takes it (scan(rev(x)) = rev(reverse scan(x))) or
+another rev cancels it; a flip used any other way is refused.
+
+Kernels (`plan_of`, `ScanEmitter`): the scanned tensor is [outer, L, inner] around the axis.
+    lanes   (inner > 1, or scans that feed each other): a thread per (outer, inner) lane walks
+            L in order, coalesced along inner; every scan a running value in a register.
+    rows    (inner == 1, independent scans): a block per row, the row in tiles of BLOCK * VEC;
+            a VEC-element chunk per thread (one 16-byte access, coalesced) scanned in registers,
+            the chunks' totals scanned over the block (warp shuffles, then the warp totals),
+            combined with the carry of the tiles before: one read and one write of the row.
+Every scan of a program runs along one axis in one direction; anything else is refused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...base import AgentRefused
+from ..ctext import Ctx
+from ..ir import Node, Program
+
+SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
+IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)"}
+COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "logsumexp": "sg_scan_logaddexp({a}, {b})"}
+BLOCK = 256
+
+
+@dataclass
+class Rev:
+    """A flipped value along `axis` (of a Val of `shape`), awaiting the scan that takes it."""
+
+    val: object
+    axis: int
+
+
+def trace_decompositions(table: dict) -> dict:
+    """The decomposition table without the scans (their decompositions are O(L^2) masks)."""
+    keep = {getattr(torch.ops.aten, name).default for name in SCAN_OPS}
+    return {k: v for k, v in table.items() if k not in keep}
+
+
+def lower_rev(lw, fx_node, x, dims):
+    got = lw.env[x] if isinstance(x, torch.fx.Node) else None
+    if len(dims) != 1:
+        raise lw.refuse(fx_node, "a flip over several dims")
+    if isinstance(got, Rev):
+        shape = got.val.shape
+        if dims[0] % len(shape) == got.axis:
+            return got.val  # rev(rev(y)) = y
+        raise lw.refuse(fx_node, "flips over two different dims")
+    val = lw.value(x, fx_node)
+    if not val.shape:
+        return val
+    return Rev(val, dims[0] % len(val.shape))
+
+
+def lower_scan(lw, fx_node, kind: str, x, dim):
+    from ..lower import Val
+
+    got = lw.env[x] if isinstance(x, torch.fx.Node) else None
+    reverse = isinstance(got, Rev)
+    val = got.val if reverse else lw.value(x, fx_node)
+    shape = val.shape
+    if not shape:
+        return val
+    axis = dim % len(shape)
+    if reverse and got.axis != axis:
+        raise lw.refuse(fx_node, "a scan of a tensor flipped along another dim")
+    if val.node.level != "elem" or val.node.dtype != "float":
+        raise lw.refuse(fx_node, f"a {kind} scan of a {val.node.level} {val.node.dtype} value (scans of "
+                                 f"per-element float values only)")
+    if lw.rows + (lw.width,) != tuple(shape) and (lw.width is not None or tuple(shape[:-1]) != lw.rows):
+        raise lw.refuse(fx_node, f"a scan of a broadcast value (shape {tuple(shape)}, rows {lw.rows})")
+    lw.set_width(shape[-1], fx_node)
+    dims = [lw.dim_node(s, fx_node) for s in shape]
+    node = Node("scan", (val.node,), level="elem", dtype="float",
+                attrs={"kind": kind, "axis": axis, "shape": dims, "reverse": reverse}, name=fx_node.name)
+    out = Val(node, shape)
+    return Rev(out, axis) if reverse else out
+
+
+@dataclass
+class ScanPrefix:
+    """The first L - 1 values of a scan along its axis (inclusive[..., :-1]), awaiting the pad
+    that makes it exclusive."""
+
+    val: object
+    axis: int
+
+
+def lower_prefix(lw, fx_node, got, new_shape):
+    node, shape = got.node, tuple(got.shape)
+    if node.op != "scan" or node.attrs["reverse"] or node.attrs.get("exclusive") or len(new_shape) != len(shape):
+        return None
+    axis = node.attrs["axis"]
+    want = shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:]
+    return ScanPrefix(got, axis) if tuple(new_shape) == want else None
+
+
+def lower_cat(lw, fx_node, tensors, dim):
+    """cat([identity fill of width 1, scan[..., :-1]]) along the scan's axis: the exclusive scan
+    (F.pad(x.cumsum(-1)[..., :-1], (1, 0))); None for any other concatenation."""
+    from ..lower import Val
+
+    if len(tensors) != 2 or not all(isinstance(t, torch.fx.Node) for t in tensors):
+        return None
+    pad, prefix = lw.env.get(tensors[0]), lw.env.get(tensors[1])
+    if not isinstance(prefix, ScanPrefix) or not isinstance(pad, Val):
+        return None
+    scan = prefix.val.node
+    if dim % len(prefix.val.shape) != prefix.axis or pad.node.op != "const" or pad.shape[prefix.axis] != 1 \
+            or float(pad.node.attrs["value"]) != IDENTITY_VALUE[scan.attrs["kind"]]:
+        return None
+    node = Node("scan", scan.args, level="elem", dtype="float", attrs={**scan.attrs, "exclusive": True},
+                name=f"{scan.name}_excl")
+    return Val(node, prefix.val.shape)
+
+
+# ------------------------------------------------------------------ the CPU interpreter
+def interp_scan(node: Node, x: torch.Tensor, rows: int, width: int, dims: dict) -> torch.Tensor:
+    shape = [int(d.attrs["dim"].resolve(dims)) if d.op == "dim" else int(d.attrs["value"])
+             for d in node.attrs["shape"]]
+    full = x.expand(rows, width).reshape(shape)
+    axis = node.attrs["axis"]
+    if node.attrs["reverse"]:
+        full = full.flip(axis)
+    kind = node.attrs["kind"]
+    out = (full.cumsum(axis) if kind == "sum" else full.cumprod(axis) if kind == "prod"
+           else full.logcumsumexp(axis))
+    if node.attrs.get("exclusive"):  # the value before each element: shifted by one, identity first
+        first = torch.full_like(out.narrow(axis, 0, 1), IDENTITY_VALUE[kind])
+        out = torch.cat([first, out.narrow(axis, 0, out.shape[axis] - 1)], axis)
+    if node.attrs["reverse"]:
+        out = out.flip(axis)
+    return out.reshape(rows, width)
+
+
+# ------------------------------------------------------------------ plan
+@dataclass(frozen=True)
+class ScanPlan:
+    axis: int  # the scanned axis of the stores' shape
+    rank: int
+    reverse: bool
+    kinds: tuple  # one per scan node, in program order
+    chained: bool  # a scan reads another scan's values (lanes kernel only)
+    block: int = BLOCK
+
+    def kernel(self, inner: int) -> str:
+        """lanes | rows: the kernel the host runs for a scanned tensor of `inner` trailing elements."""
+        return "rows" if inner == 1 and not self.chained else "lanes"
+
+
+def plan_of(program: Program) -> ScanPlan | None:
+    from . import flat
+
+    scans = [n for n in program.nodes() if n.op == "scan"]
+    if not scans:
+        return None
+    axes = {(n.attrs["axis"], len(n.attrs["shape"]), n.attrs["reverse"]) for n in scans}
+    if len(axes) != 1:
+        raise AgentRefused(f"{program.op}: scans along different axes or in both directions in one "
+                           f"{program.direction} kernel: outside the builtin generator's scan family; use an "
+                           f"LLM agent (--agent openai|anthropic|openai-compatible)")
+    axis, rank, reverse = axes.pop()
+    # the rest must be flat: every value per element (or global), inputs of the scanned shape
+    if not _flat_but_scans(program, flat):
+        raise AgentRefused(f"{program.op}: a scan fused with row reductions, per-row values or sliced "
+                           f"inputs in one {program.direction} kernel: outside the builtin generator's scan "
+                           f"family; use an LLM agent (--agent openai|anthropic|openai-compatible)")
+    ids = {n.id for n in scans}
+    chained = any(_reaches(n.args[0], ids) for n in scans)
+    return ScanPlan(axis, rank, reverse, tuple(n.attrs["kind"] for n in scans), chained)
+
+
+def scan_directions(program: Program) -> int:
+    """How many (axis, direction) pairs the program's scans take."""
+    return len({(n.attrs["axis"], n.attrs["reverse"]) for n in program.nodes() if n.op == "scan"})
+
+
+def _reaches(node: Node, ids: set) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.id in ids:
+            return True
+        stack.extend(n.args)
+    return False
+
+
+def _flat_but_scans(program: Program, flat) -> bool:
+    if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
+        return False
+    for n in program.nodes():
+        if n.op in flat._NOT_FLAT - {"scan"} or n.level in ("row", "post"):
+            return False
+        if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
+                                                     or n.attrs["kind"] == "bcast"):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ emitter
+HELPERS = r"""#ifndef SG_SCAN_HELPERS
+#define SG_SCAN_HELPERS
+template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
+  const A m = a > b ? a : b;
+  if (m == (A)(-INFINITY)) return m;
+  return m + log1p(exp(-fabs(a - b)));
+}
+template <int KIND, typename A> __device__ __forceinline__ A sg_scan_op(A a, A b) {
+  return KIND == 0 ? a + b : KIND == 1 ? a * b : sg_scan_logaddexp(a, b);
+}
+// One scan step: the running value s takes x; the inclusive value (s after) or the exclusive
+// one (s before) is returned. KIND 0: sum, 1: product, 2: log-sum-exp.
+template <int KIND, bool EXCL, typename A> __device__ __forceinline__ A sg_scan_step(A& s, A x) {
+  const A before = s;
+  s = KIND == 0 ? s + x : KIND == 1 ? s * x : sg_scan_logaddexp(s, x);
+  return EXCL ? before : s;
+}
+#endif"""
+KIND_ID = {"sum": 0, "prod": 1, "logsumexp": 2}
+IDENTITY_VALUE = {"sum": 0.0, "prod": 1.0, "logsumexp": float("-inf")}
+
+
+def _base():
+    from ..emit import DirectionEmitter
+
+    return DirectionEmitter
+
+
+class ScanEmitter(_base()):
+    def __init__(self, spec, program: Program, direction: str, variant, plan: ScanPlan):
+        super().__init__(spec, program, direction, variant)
+        self.plan = plan
+        self.scans = [n for n in self.nodes if n.op == "scan"]
+        self.state = {n.id: f"s_{i}" for i, n in enumerate(self.scans)}
+
+    def op_expr(self, node: Node, x: list[str]) -> str:
+        if node.op == "scan":
+            excl = "true" if node.attrs.get("exclusive") else "false"
+            return f"sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, (acc_t)({x[0]}))"
+        return super().op_expr(node, x)
+
+    def _prologue(self, ctx: Ctx) -> list[str]:
+        lines = ["  using acc_t = typename sg::Acc<T>::type;",
+                 f"  const int64_t W = {self.expr(self.p.width, Ctx())}; (void)W;"]
+        for n in self.nodes:
+            if n.level == "global" and n.op not in ("dim", "stride"):
+                name = self.var(n)
+                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = name
+        for key in self.elem_loads:
+            fld = key[0]
+            lines.append(f"  const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
+                         f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
+        for i, s in enumerate(self.p.stores):
+            t = self.ctype_of(s.field)
+            lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
+        return lines
+
+    def _element(self, ctx: Ctx, indent: str, roots: list[Node], write: bool) -> list[str]:
+        """Statements for element `e`: the closure of `roots` (scans update their state),
+        and the stores when `write`."""
+        inner = Ctx(dict(ctx.names))
+        for key, ns in self.elem_loads.items():
+            index = "e % W" if key[1] == "col" else "e"
+            for n in ns:
+                inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
+                    if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
+        lines = self.elem_statements(roots, inner, indent)
+        if write:
+            for i, s in enumerate(self.p.stores):
+                t = self.ctype_of(s.field)
+                lines.append(f"{indent}o_{i}[e] = sg::from_acc<{t}>((acc_t)({self.expr(s.value, inner)}));")
+        return lines
+
+    def emit_row_kernel(self) -> str:
+        plan = self.plan
+        roots = [s.value for s in self.p.stores]
+        init = [f"    acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};" for n in self.scans]
+        walk = "L - 1 - t" if plan.reverse else "t"
+        lines = [HELPERS, "",
+                 f"// scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the",
+                 "// axis in order (coalesced along inner), each scan a running value in a register",
+                 "template <typename T>", f"__global__ void __launch_bounds__({plan.block})",
+                 f"{self.kname}_scan_lanes(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)", "{"]
+        ctx = Ctx()
+        lines += self._prologue(ctx)
+        lines += ["  const int64_t lanes = outer * inner;",
+                  "  for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
+                  "lane += (int64_t)gridDim.x * blockDim.x) {",
+                  "    const int64_t o = lane / inner, i = lane % inner;"]
+        lines += init
+        lines += ["    for (int64_t t = 0; t < L; ++t) {",
+                  f"      const int64_t e = (o * L + ({walk})) * inner + i;"]
+        lines += self._element(ctx, "      ", roots, True)
+        lines += ["    }", "  }", "}"]
+        if plan.chained:
+            return "\n".join(lines)
+        return "\n".join(lines + [""] + self.emit_tiles())
+
+    def emit_tiles(self) -> list[str]:
+        """The rows kernel: a block per row, the row in tiles of BLOCK * VEC elements; each thread
+        one VEC-element chunk (one 16-byte access, coalesced over the warp), scanned in registers,
+        the threads' totals scanned over the block (warp shuffles, then the warp totals), the
+        tile's values combined with the carry of the tiles before it: one read, one write."""
+        plan = self.plan
+        ns = len(self.scans)
+        ctx = Ctx()
+        lines = ["// scans along the last axis: a block per row, tiles of BLOCK * VEC elements, a VEC-element",
+                 "// chunk per thread scanned in registers, the chunks' totals scanned over the block",
+                 "template <typename T, int VEC>", f"__global__ void __launch_bounds__({plan.block})",
+                 f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)", "{"]
+        lines += self._prologue(ctx)
+        lines += [f"  constexpr int NW = {plan.block} / 32;",
+                  f"  __shared__ acc_t wsum[{ns}][NW];",
+                  "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);",
+                  "  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {"]
+        for k, n in enumerate(self.scans):
+            lines.append(f"    acc_t carry_{k} = {IDENTITY[n.attrs['kind']]};")
+        lines += [f"    for (int64_t base = 0; base < L; base += (int64_t){plan.block} * VEC) {{",
+                  "      const int64_t q0 = base + (int64_t)threadIdx.x * VEC;  // scan order",
+                  "      const bool live = q0 < L;  // L % VEC == 0: a chunk is whole or absent",
+                  f"      const int64_t c0 = row * L + ({'L - q0 - VEC' if plan.reverse else 'q0'});  // memory"]
+        streamed = [k for k in self.elem_loads if k[1] != "col"]
+        for key in streamed:
+            pn = self.pointer_name(key)
+            lines.append(f"      {self.raw_type(key)} r_{pn};")
+            lines.append(f"      if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
+        for k, n in enumerate(self.scans):
+            lines.append(f"      acc_t loc_{k}[VEC];")
+        pv = "VEC - 1 - v" if plan.reverse else "v"
+
+        def element_ctx():
+            inner = Ctx(dict(ctx.names))
+            for key, nodes in self.elem_loads.items():
+                pn = self.pointer_name(key)
+                for node in nodes:
+                    if key[1] == "col":
+                        inner.loads[node.id] = f"(acc_t)sg::to_acc({pn}[e % W])" if node.dtype == "float" \
+                            else f"({self.ctype_var(node)})({pn}[e % W])"
+                    else:
+                        inner.loads[node.id] = self.load_ref(node, f"r_{pn}")
+            return inner
+
+        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the scans' inputs",
+                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
+        body = []
+        inner = element_ctx()
+        body += self.elem_statements([n.args[0] for n in self.scans], inner, "        ")
+        for k, n in enumerate(self.scans):
+            ident = IDENTITY[n.attrs["kind"]]
+            body.append(f"        loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {ident};")
+        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
+        lines.append("      }")
+        for k, n in enumerate(self.scans):
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            excl = bool(n.attrs.get("exclusive"))
+            lines += [f"      // scan {k}: the chunk in registers, then the block over the chunks' totals",
+                      f"      acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk",
+                      f"      #pragma unroll",
+                      f"      for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
+                      f"loc_{k}[v] = {'pre_' + str(k) if excl else 't_'}; pre_{k} = t_; }}",
+                      f"      acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp",
+                      "      #pragma unroll",
+                      f"      for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
+                      f"if (lane >= o) x_{k} = {op}(y_, x_{k}); }}",
+                      f"      if (lane == 31) wsum[{k}][warp] = x_{k};"]
+        lines.append("      __syncthreads();")
+        lines.append("      if (warp == 0) {  // the warp totals, scanned by the first warp")
+        for k, n in enumerate(self.scans):
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            lines += [f"        acc_t w_ = lane < NW ? wsum[{k}][lane] : {ident};",
+                      "        #pragma unroll",
+                      f"        for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, w_, o); "
+                      f"if (lane >= o) w_ = {op}(y_, w_); }}",
+                      f"        if (lane < NW) wsum[{k}][lane] = w_;"]
+            if k + 1 < len(self.scans):
+                lines[-4] = lines[-4].replace("acc_t w_ =", "{ acc_t w_ =", 1)
+                lines[-1] += " }"
+        lines.append("      }")
+        lines.append("      __syncthreads();")
+        for k, n in enumerate(self.scans):
+            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
+            op = f"sg_scan_op<{kid}>"
+            lines += [f"      acc_t xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);",
+                      f"      if (lane == 0) xe_{k} = {ident};",
+                      f"      const acc_t before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
+                      f"xe_{k}));  // everything before this chunk",
+                      f"      carry_{k} = {op}(carry_{k}, wsum[{k}][NW - 1]);"]
+        for i, _ in enumerate(self.p.stores):
+            lines.append(f"      acc_t st_{i}[VEC];")
+        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the values and the outputs",
+                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
+        inner = element_ctx()
+        for k, n in enumerate(self.scans):
+            kid = KIND_ID[n.attrs["kind"]]
+            name = f"sv_{k}"
+            inner.names[n.id] = name
+        body = []
+        for k, n in enumerate(self.scans):
+            body.append(f"        const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);")
+        body += self.elem_statements([s.value for s in self.p.stores], inner, "        ")
+        for i, st in enumerate(self.p.stores):
+            body.append(f"        st_{i}[pv] = (acc_t)({self.expr(st.value, inner)});")
+        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
+        lines.append("      }")
+        for i, _ in enumerate(self.p.stores):
+            lines.append(f"      if (live) sg::store_vec<VEC>(o_{i} + c0, st_{i});")
+        lines += ["      __syncthreads();  // wsum is reused by the next tile", "    }", "  }", "}"]
+        return lines
+
+    def emit_finalize(self) -> str:
+        return ""
+
+    def emit_host(self, dtypes: list[str]) -> str:
+        from .... import abi
+        from ..ctext import C_TYPES, DTYPE_ENUM
+
+        plan = self.plan
+        shape = self.scans[0].attrs["shape"]
+        ctx = Ctx()
+        size = [self.expr(d, ctx) for d in shape]
+        outer = " * ".join(f"(int64_t){s}" for s in size[:plan.axis]) or "(int64_t)1"
+        inner = " * ".join(f"(int64_t){s}" for s in size[plan.axis + 1:]) or "(int64_t)1"
+        entry = abi.entry_point(self.spec, self.direction)
+        lines = ["template <typename T>",
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
+                 f"  const int64_t outer = {outer}, L = (int64_t){size[plan.axis]}, inner = {inner};",
+                 "  if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;",
+                 f"  const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave"]
+        if not plan.chained:
+            conds = [f"sg::aligned16(A.{k[0]}.data)" for k in self.elem_loads if k[1] != "col"]
+            conds += [f"sg::aligned16(A.{st.field}.data)" for st in self.p.stores]
+            lines += ["  if (inner == 1) {  // the last axis: a block per row, tiles of 16-byte chunks",
+                      "    constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;",
+                      "    const bool vec_ok = L % VEC == 0" + "".join(f" && {c}" for c in conds) + ";",
+                      "    const int64_t gx = outer < cap ? outer : cap;",
+                      f"    if (vec_ok) {self.kname}_scan_rows<T, VEC><<<(unsigned)gx, {plan.block}, 0, stream>>>"
+                      "(A, outer, L);",
+                      f"    else {self.kname}_scan_rows<T, 1><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L);",
+                      "    return cudaGetLastError();", "  }"]
+        lines += [f"  const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};",
+                  "  const int64_t gx = need < cap ? need : cap;",
+                  f"  {self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);",
+                  "  return cudaGetLastError();", "}", "",
+                  f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
+        dispatch = self.dispatch_field()
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return "\n".join(lines)
+
+
+__all__ = ["scan_directions", "Rev", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
+           "trace_decompositions"]

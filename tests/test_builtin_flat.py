@@ -1,0 +1,133 @@
+"""The flat pointwise family: which programs take one flat grid, that its index plan covers
+every element once at odd sizes, that the sources compile, and (GPU) that they verify."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.families import flat
+from specgen.agents.builtin.generator import lower_spec
+from specgen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+OWN = Path(__file__).resolve().parent / "builtin_specs"
+FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "bias_tanh", "channel_affine", "batchnorm_infer"]
+
+
+def _plans(path):
+    return {d: flat.plan_of(p) for d, p in lower_spec(load_spec(path)).items()}
+
+
+def test_pointwise_programs_take_the_flat_grid_and_row_programs_do_not():
+    plans = _plans(SPECS / "gelu_tanh.yaml")
+    assert plans["forward"].loads == ("x",) and plans["forward"].stores == ("out",)
+    assert set(plans["backward"].loads) == {"x", "grad_out"}
+    bias = _plans(SPECS / "bias_gelu.yaml")["forward"]
+    assert bias.params == ("bias",)  # a [D] parameter: read at the flat index modulo the width
+    for op in ("softmax", "rmsnorm", "rope", "cross_entropy", "layernorm_gelu", "swiglu"):
+        assert all(p is None for p in _plans(SPECS / f"{op}.yaml").values()), op
+    for name in FLAT_SPECS:
+        assert all(p is not None for p in _plans(OWN / f"{name}.yaml").values()), name
+
+
+def _written(plan, n, vec, grid):
+    """Python mirror of the flat kernel's loops: the elements each (block, thread) writes."""
+    seen = [0] * n
+    nvec, step = n // vec, grid * plan.block * plan.unroll
+    for b in range(grid):
+        for t in range(plan.block):
+            c0 = b * plan.block * plan.unroll + t
+            while c0 < nvec:
+                for u in range(plan.unroll):
+                    c = c0 + u * plan.block
+                    if c < nvec:
+                        for v in range(vec):
+                            seen[c * vec + v] += 1
+                c0 += step
+            e = nvec * vec + b * plan.block + t
+            while e < n:
+                seen[e] += 1
+                e += grid * plan.block
+    return seen
+
+
+@pytest.mark.parametrize("n, vec, grid", [(1, 4, 1), (7, 8, 1), (4099, 4, 2), (8195, 8, 1), (12345, 4, 3),
+                                          (100003, 8, None)])
+def test_every_element_is_written_once_at_odd_sizes(n, vec, grid):
+    plan = flat.FlatPlan(("x",), (), (), ("out",))
+    grid = grid or plan.grid(n, vec, sm_count=2, per_sm=1)  # fewer blocks than chunks: grid-stride
+    assert _written(plan, n, vec, grid) == [1] * n
+
+
+def test_grid_is_one_wave_at_most():
+    plan = flat.FlatPlan(("x",), (), (), ("out",))
+    assert plan.grid(1 << 30, 4) == 132 * 8
+    assert plan.grid(1000, 4) == 1
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", FLAT_SPECS)
+def test_flat_sources_compile(name):
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(OWN / f"{name}.yaml")
+    compiled = compile_source(spec, build_source(spec))
+    flat_kernels = [k for k in compiled.resources if "_flat<" in k]
+    vector = [k for k in flat_kernels if ", 1>" not in k]  # the VEC = 1 fallback (misaligned views) may spill
+    assert vector and all(compiled.resources[k]["spill_store_bytes"] == 0 for k in vector)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("path", [OWN / f"{n}.yaml" for n in FLAT_SPECS] + [SPECS / "gelu_tanh.yaml",
+                                                                            SPECS / "bias_gelu.yaml"],
+                         ids=lambda p: p.stem)
+def test_flat_kernels_verify_on_the_gpu(path):
+    from specgen.verify import verify_kernel
+
+    spec = load_spec(path)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
+def test_per_channel_parameters_are_read_at_each_elements_coordinates():
+    """[C] statistics broadcast over [N, C, H, W]: broadcast loads of the flat grid, checked
+    against the reference on the CPU."""
+    from builtin_support import check_forward, own_spec
+
+    spec = own_spec("channel_affine")
+    plan = _plans(OWN / "channel_affine.yaml")["forward"]
+    assert plan.loads == ("x",) and set(plan.bcasts) == {"mean", "var", "weight", "bias"}
+    check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
+    bcast = [n for n in lower_spec(spec)["forward"].nodes() if n.op == "load" and n.attrs["kind"] == "bcast"]
+    assert {n.attrs["present"] for n in bcast} == {(False, True, False, False)}
+
+
+def test_batchnorm_inference_computes_on_the_channel_statistics_before_broadcasting():
+    """F.batch_norm takes rsqrt(var + eps) on [C] before broadcasting it (broadcast.py keeps
+    it pending until the broadcast says it spans dim 1): one flat kernel."""
+    from builtin_support import check_forward, own_spec
+
+    spec = own_spec("batchnorm_infer")
+    plan = _plans(OWN / "batchnorm_infer.yaml")["forward"]
+    assert plan.loads == ("x",) and set(plan.bcasts) == {"mean", "var", "weight", "bias"}
+    check_forward(spec, {"N": 2, "C": 3, "H": 5, "W": 4})
+    check_forward(spec, {"N": 1, "C": 4, "H": 1, "W": 7})
+
+
+def test_flat_kernels_are_their_own_tuning_class():
+    from specgen.agents.builtin.generator import shape_class_of
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    assert shape_class_of(spec, "forward", {"N": 16384, "D": 8192}, "bfloat16") == "flat"
+    program = lower_spec(spec)["forward"]
+    flat2, waves = variants_named("flat2,flatwaves4")
+    assert flat.plan_of(program, flat2).unroll == 2 and flat.plan_of(program, waves).waves == 4
+    assert build_source(spec, flat2) != build_source(spec)
+    softmax = load_spec(SPECS / "softmax.yaml")  # a row program: the flat fields change nothing
+    strip = lambda text: text.replace("flat2", "default")  # noqa: E731
+    assert strip(build_source(softmax, flat2)) == build_source(softmax)

@@ -1,0 +1,64 @@
+"""References that build nn.Modules: their parameters and buffers are constants of the
+reference (modules.py); constant fills lower, anything else is refused."""
+from __future__ import annotations
+
+import pytest
+
+from builtin_support import check_backward, check_forward, own_spec
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.families import flat
+from specgen.agents.builtin.generator import lower_spec
+from specgen.agents.builtin.modules import constant_value
+
+
+@pytest.mark.parametrize("name, dims", [("module_layernorm", {"N": 5}),
+                                        ("module_layernorm_shape", {"N": 3, "D": 37}),
+                                        ("module_batchnorm_eval", {"N": 2, "H": 5, "W": 9})])
+def test_module_references_lower_and_match_on_the_cpu(name, dims):
+    spec = own_spec(name)
+    check_forward(spec, dims)
+    check_backward(spec, dims)
+
+
+def test_batchnorm_in_eval_mode_is_a_flat_pointwise_kernel():
+    programs = lower_spec(own_spec("module_batchnorm_eval"))
+    assert all(flat.plan_of(p) is not None for p in programs.values())
+
+
+@pytest.mark.parametrize("name, why", [("module_linear", "not one value throughout"),
+                                       ("module_batchnorm_train", "aten.copy_"),
+                                       ("module_layernorm_symbolic", "cannot trace")])
+def test_varying_or_updated_module_tensors_are_refused(name, why):
+    with pytest.raises(AgentRefused) as info:
+        build_source(own_spec(name))
+    assert why in str(info.value) and "LLM agent" in str(info.value)
+
+
+def test_constant_value_is_the_one_fill_or_none():
+    import torch
+
+    assert constant_value(torch.ones(4)) == 1.0
+    assert constant_value(torch.zeros(2, 3, dtype=torch.int64)) == 0
+    assert constant_value(torch.arange(3.0)) is None
+    assert constant_value(torch.empty(0)) is None
+
+
+def test_module_classes_are_restored_after_tracing():
+    import torch
+
+    init = torch.nn.LayerNorm.__dict__["__init__"]
+    lower_spec(own_spec("module_layernorm"))
+    assert torch.nn.LayerNorm.__dict__["__init__"] is init
+    assert not getattr(torch.nn.Module._apply, "__specgen_wrapped__", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["module_layernorm", "module_layernorm_shape", "module_batchnorm_eval"])
+def test_module_kernels_verify_on_the_gpu(name):
+    from specgen.verify import verify_kernel
+
+    spec = own_spec(name)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()

@@ -1,0 +1,151 @@
+"""The scan family: cumsum / cumprod / logcumsumexp along any axis, reversed and exclusive
+forms, forward and backward, checked by the CPU interpreter against the reference and its
+autograd; the plans the kernels follow; nvcc compiles; (GPU) every kernel verifies."""
+from __future__ import annotations
+
+import pytest
+
+from builtin_support import OWN, check_backward, check_forward, own_spec
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.families import scan
+from specgen.agents.builtin.generator import lower_spec
+
+CASES = {  # spec -> CPU dims (not the trace's example sizes)
+    "cumsum_last": {"N": 3, "D": 37},
+    "cumsum_middle": {"B": 2, "L": 9, "D": 5},
+    "cumsum_reverse": {"N": 3, "D": 37},
+    "cumsum_exclusive": {"N": 4, "D": 33},
+    "cumprod_last": {"N": 3, "D": 11},
+    "logcumsumexp_last": {"N": 3, "D": 37},
+    "logcumsumexp_first": {"L": 13, "D": 6},
+    "cumsum_exclusive_pad": {"N": 3, "D": 17},
+}
+BACKWARD = [n for n in CASES if n not in ("cumprod_last", "cumsum_exclusive_pad")]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_scan_forward_matches_the_reference(name):
+    check_forward(own_spec(name), CASES[name])
+
+
+@pytest.mark.parametrize("name", BACKWARD)
+def test_scan_backward_matches_autograd(name):
+    check_backward(own_spec(name), CASES[name])
+
+
+def test_cumsum_backward_is_a_reversed_cumsum():
+    programs = lower_spec(own_spec("cumsum_last"))
+    fwd, bwd = (scan.plan_of(programs[d]) for d in ("forward", "backward"))
+    assert (fwd.axis, fwd.reverse, fwd.kinds) == (1, False, ("sum",))
+    assert (bwd.axis, bwd.reverse, bwd.kinds) == (1, True, ("sum",))
+
+
+def test_kernel_choice_follows_the_axis():
+    last = scan.plan_of(lower_spec(own_spec("cumsum_last"))["forward"])
+    middle = scan.plan_of(lower_spec(own_spec("cumsum_middle"))["forward"])
+    assert middle.axis == 1 and middle.rank == 3
+    assert last.kernel(inner=1) == "rows" and middle.kernel(inner=64) == "lanes"
+
+
+def test_logcumsumexp_backward_reads_the_forward_output_to_keep_one_direction():
+    bwd = lower_spec(own_spec("logcumsumexp_last"))["backward"]
+    plan = scan.plan_of(bwd)
+    assert plan.reverse and plan.kinds == ("logsumexp", "logsumexp")
+    assert "out" in {n.attrs["field"] for n in bwd.nodes() if n.op == "load"}
+
+
+@pytest.mark.parametrize("name, why", [
+    ("cumprod_backward", "use an LLM agent"),
+    ("cumsum_gelu", "both directions"),  # its backward needs the forward scan and a reversed one
+    ("flip_only", "a flip"),
+])
+def test_scans_outside_the_family_are_refused(name, why):
+    with pytest.raises(AgentRefused) as info:
+        build_source(own_spec(name))
+    assert why in str(info.value)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", list(CASES))
+def test_scan_sources_compile(name):
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = own_spec(name)
+    compiled = compile_source(spec, build_source(spec))
+    assert any("_scan_lanes<" in k for k in compiled.resources)
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", list(CASES))
+def test_scan_kernels_verify_on_the_gpu(name):
+    from specgen.spec import load_spec
+    from specgen.verify import verify_kernel
+
+    spec = load_spec(OWN / f"{name}.yaml")
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
+def test_pad_of_a_scan_prefix_is_an_exclusive_scan():
+    program = lower_spec(own_spec("cumsum_exclusive_pad"))["forward"]
+    scans = [n for n in program.nodes() if n.op == "scan"]
+    assert len(scans) == 1 and scans[0].attrs["exclusive"] and not scans[0].attrs["reverse"]
+
+
+def _tile_scan(row, block, vec, warp, reverse, exclusive):
+    """Python mirror of the rows kernel (ScanEmitter.emit_tiles) for one row and a sum."""
+    L = len(row)
+    out = [None] * L
+    carry = 0.0
+    for base in range(0, L, block * vec):
+        locs, totals = [], []
+        for t in range(block):
+            q0 = base + t * vec
+            live = q0 < L
+            c0 = L - q0 - vec if reverse else q0
+            loc, pre = [], 0.0
+            for v in range(vec):
+                pv = vec - 1 - v if reverse else v
+                x = row[c0 + pv] if live else 0.0
+                loc.append(pre if exclusive else pre + x)
+                pre += x
+            locs.append((live, c0, loc))
+            totals.append(pre)
+        inclusive = [sum(totals[w0:t + 1]) for w0 in (0,) for t in range(block)]  # block-wide scan
+        for t, (live, c0, loc) in enumerate(locs):
+            lane_excl = sum(totals[(t // warp) * warp:t])
+            warp_before = sum(totals[:(t // warp) * warp])
+            before = carry + warp_before + lane_excl
+            for v in range(vec):
+                pv = vec - 1 - v if reverse else v
+                if live:
+                    out[c0 + pv] = before + loc[v]
+        carry += inclusive[-1]
+    return out
+
+
+@pytest.mark.parametrize("L, vec, reverse, exclusive", [(64, 4, False, False), (36, 4, True, False),
+                                                        (40, 2, False, True), (33, 1, True, True),
+                                                        (8, 4, False, False)])
+def test_tile_algorithm_of_the_rows_kernel(L, vec, reverse, exclusive):
+    import torch
+
+    row = torch.arange(1.0, L + 1).tolist()
+    got = torch.tensor(_tile_scan(row, block=8, vec=vec, warp=4, reverse=reverse, exclusive=exclusive))
+    x = torch.tensor(row).flip(0) if reverse else torch.tensor(row)
+    want = x.cumsum(0) - (x if exclusive else 0)
+    want = want.flip(0) if reverse else want
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.nvcc
+def test_last_axis_scans_take_16_byte_tiles():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = own_spec("cumsum_last")
+    compiled = compile_source(spec, build_source(spec))
+    tiles = [k for k in compiled.resources if "_scan_rows<" in k]
+    assert any("float, 4>" in k for k in tiles) and any("__nv_bfloat16, 8>" in k for k in tiles)
+    assert all(compiled.resources[k]["spill_store_bytes"] == 0 for k in tiles)
