@@ -1,0 +1,445 @@
+"""CUDA for axis programs (axis_reduce.py): S viewed as [O, R, I], reduced over R.
+
+Per direction, up to three kernels, all deterministic (fixed trees and orders, no atomics):
+  <k>_reduce   blocks of TX x TY threads (TX * TY = 256): TX threads along the kept inner
+               axis I (coalesced; TX = 1 when I == 1, the block then reads 16-byte vectors of
+               the contiguous reduced axis), TY threads striding over a chunk of R, a fixed
+               shared-memory tree over TY. When the kept elements give few blocks (a reduction
+               to a scalar, a middle axis with small O * I), R is split over G blocks (grid.y)
+               that write per-chunk partials to a workspace;
+  <k>_combine  (G > 1) a thread per kept element merges its G partials in chunk order;
+  <k>_elem     (elem stores: backward) a flat grid-stride pass over S reading the kept values
+               (reduction results from the workspace, row inputs such as grad_out).
+The reduce or combine kernel finishes a kept element: its epilogue, its row stores, and its
+reduction results into the workspace for the elem pass. G depends on the shape only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .... import abi
+from ..ctext import C_TYPES, DTYPE_ENUM, Ctx, dim_expr
+from ..emit import DirectionEmitter
+from ..ir import Node
+from ..prelude import PRELUDE
+from .axis_reduce import AxisProgram
+
+BLOCK = 256
+TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (shape-only: reproducible)
+MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
+
+HELPERS = r"""namespace sgx {
+// Arg-reductions as torch breaks ties: the first index of the extreme; NaN is the extreme
+// (the first NaN wins). Order-free: the index decides ties, so any merge order agrees.
+template <bool MAX, typename A>
+__device__ __forceinline__ bool arg_better(A v, int64_t i, A bv, int64_t bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || i < bi);
+  if (MAX ? v > bv : v < bv) return true;
+  return v == bv && i < bi;
+}
+}  // namespace sgx"""
+
+
+class AxisEmitter(DirectionEmitter):
+    def __init__(self, spec, program: AxisProgram, direction: str):
+        super().__init__(spec, program, direction)
+        self.lay = program.layout
+        self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
+        self.elem_stores = [s for s in program.stores if s.kind == "elem"]
+        self.row_stores = [s for s in program.stores if s.kind == "row"]
+        self.global_stores = [s for s in program.stores if s.kind == "global"]
+        # workspace slots (8 bytes each per kept element): partials (value, and index for
+        # arg kinds) per reduction, then each reduction's result when the elem pass reads it
+        self.pslots = {}
+        for n in self.reduces:
+            self.pslots[n.id] = len(self.pslots) + sum(1 for m in self.reduces[:self.reduces.index(n)]
+                                                       if m.attrs["kind"].startswith("arg"))
+        self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
+        self.kept = self.kept_reduces()
+
+    # ------------------------------------------------------------ plan (read by tests and the host)
+    def kept_reduces(self) -> list[Node]:
+        """Reductions whose results the elem pass reads."""
+        roots = [s.value for s in self.elem_stores]
+        want, stack = set(), list(roots)
+        while stack:
+            n = stack.pop()
+            if n.id in want:
+                continue
+            want.add(n.id)
+            if n.op != "rowreduce":
+                stack.extend(n.args)
+        return [n for n in self.reduces if n.id in want]
+
+    def plan(self) -> dict:
+        return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores),
+                "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
+                "kept_slots": len(self.kept), "layout": self.lay.describe()}
+
+    # ------------------------------------------------------------ pieces
+    def acc_type(self, n: Node) -> str:
+        """The accumulator of a reduction's value (an arg-reduction's value is its operand's)."""
+        return "acc_t" if n.dtype == "float" or self.is_arg(n) else "int64_t"
+
+    def is_arg(self, n: Node) -> bool:
+        return n.attrs["kind"].startswith("arg")
+
+    def init(self, n: Node) -> str:
+        kind = n.attrs["kind"]
+        if kind == "sum":
+            return f"({self.acc_type(n)})0"
+        return {"max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY", "argmax": "(acc_t)(-INFINITY)",
+                "argmin": "(acc_t)INFINITY"}[kind]
+
+    def update(self, n: Node, v: str, val: str, idx: str, into: str = "") -> str:
+        """`v` (and `v_i`) take the value `val` at index `idx`."""
+        kind = n.attrs["kind"]
+        if kind == "sum":
+            return f"{v} += ({self.acc_type(n)})({val});"
+        if kind == "max":
+            return f"{v} = sg::max_({v}, (acc_t)({val}));"
+        if kind == "min":
+            return f"{v} = sg::min_({v}, (acc_t)({val}));"
+        m = "true" if kind == "argmax" else "false"
+        return (f"{{ const acc_t c_ = (acc_t)({val}); const int64_t ci_ = {idx}; "
+                f"if (sgx::arg_better<{m}>(c_, ci_, {v}, {v}_i)) {{ {v} = c_; {v}_i = ci_; }} }}")
+
+    def merge(self, n: Node, v: str, other: str, other_i: str = "") -> str:
+        return self.update(n, v, other, other_i)
+
+    def ws_ptr(self, slot: int, ctype: str, partial: bool) -> str:
+        base = f"(size_t){slot} * (size_t)G * (size_t)K" if partial else \
+            f"((size_t){self.npartial} * (size_t)GP + (size_t){slot}) * (size_t)K"
+        return f"(({ctype}*)((char*)ws + 8 * ({base})))"
+
+    def elem_load_expr(self, n: Node, index: str) -> str:
+        t = self.ctype_of(n.attrs["field"])
+        raw = f"((const {t}*)A.{n.attrs['field']}.data)[{index}]"
+        return f"(acc_t)sg::to_acc({raw})" if n.dtype == "float" else f"({self.ctype_var(n)})({raw})"
+
+    def vec_loads(self) -> list[Node]:
+        """Elem loads in the working dtype: read VEC at a time on the vector paths."""
+        return [ns[0] for ns in self.elem_loads.values()
+                if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None]
+
+    def bind_loads(self, ctx: Ctx, index: str, vec: bool) -> list[str]:
+        """Each elem load's value for the current element (from the vector read when `vec`)."""
+        lines = []
+        vecs = {n.id for n in self.vec_loads()} if vec else set()
+        for key, ns in self.elem_loads.items():
+            first = ns[0]
+            name = f"ld_{first.attrs['field']}"
+            expr = f"{name}[v]" if first.id in vecs else self.elem_load_expr(first, index)
+            for n in ns:
+                ctx.loads[n.id] = expr
+        return lines
+
+    def row_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        lines = []
+        for n in self.closure(roots, "row"):
+            if n.id in ctx.names or n.op == "load":
+                continue
+            name = self.var(n)
+            lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+            ctx.names[n.id] = name
+        return lines
+
+    def store_value(self, field: str, value: str, node: Node) -> str:
+        t = self.ctype_of(field)
+        if node.dtype == "float" and t not in ("int64_t", "int32_t", "int16_t", "int8_t", "uint8_t", "bool"):
+            return f"sg::from_acc<{t}>((acc_t)({value}))"
+        return f"({t})({value})"
+
+    # ------------------------------------------------------------ kernels
+    def sizes(self) -> list[str]:
+        prod = lambda ds: " * ".join(dim_expr(d) for d in ds) or "(int64_t)1"
+        return [f"  const int64_t O = {prod(self.lay.lead)};", f"  const int64_t R = {prod(self.lay.block)};",
+                f"  const int64_t I = {prod(self.lay.inner)};"]
+
+    def emit_finish(self) -> list[str]:
+        """The epilogue of one kept element `row` from its reductions' values."""
+        params = []
+        for n in self.reduces:
+            params.append(f"{self.acc_type(n).replace('acc_t', 'typename sg::Acc<T>::type')} {self.var(n)}")
+            if self.is_arg(n):
+                params.append(f"int64_t {self.var(n)}_i")
+        lines = ["template <typename T>",
+                 f"__device__ __forceinline__ void {self.kname}_finish(const {self.args_t}& A, void* ws, int64_t row, "
+                 f"int64_t K, int64_t G, int64_t GP{''.join(', ' + p for p in params)})", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", "  (void)ws; (void)K; (void)G; (void)GP;"]
+        ctx = Ctx()
+        for n in self.reduces:
+            ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
+        roots = [s.value for s in self.row_stores + self.global_stores]
+        lines += self.row_statements(roots, ctx, "  ")
+        for s in self.row_stores:
+            lines.append(f"  (({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
+                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+        if self.global_stores:
+            lines.append("  if (row == 0) {")
+            for s in self.global_stores:
+                lines.append(f"    *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                             f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+            lines.append("  }")
+        for q, n in enumerate(self.kept):
+            t = self.acc_type(n) if not self.is_arg(n) else "int64_t"
+            lines.append(f"  {self.ws_ptr(q, t, False)}[row] = {ctx.names[n.id]};")
+        lines.append("}")
+        return lines
+
+    def emit_reduce(self) -> list[str]:
+        lines = [f"// Reduce: TX threads along I, {BLOCK} / TX along a chunk of R (VEC > 1: I == 1, 16-byte reads).",
+                 "template <typename T, int VEC, int TX>",
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce(const {self.args_t} A, void* ws, "
+                 "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
+                 "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
+                 "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
+                 "  const int64_t tiles = (I + TX - 1) / TX;", "  const int64_t g = blockIdx.y;",
+                 "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
+        for n in self.reduces:
+            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TX];")
+            if self.is_arg(n):
+                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TX];")
+        lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
+                  "    const int64_t o = b / tiles, i = (b % tiles) * TX + tx;",
+                  "    const bool live = i < I;", "    const int64_t row = o * I + i; (void)row;"]
+        for n in self.reduces:
+            lines.append(f"    {self.acc_type(n)} {self.var(n)} = {self.init(n)};")
+            if self.is_arg(n):
+                lines.append(f"    int64_t {self.var(n)}_i = INT64_MAX;")
+        lines += ["    if (live) {",
+                  "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
+                  "        const int64_t base = (o * R + j0) * I + i; (void)base;"]
+        for n in self.vec_loads():
+            t = self.ctype_of(n.attrs["field"])
+            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC];")
+            lines.append(f"        sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + base, "
+                         f"ld_{n.attrs['field']});")
+        lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
+                  "          const int64_t j = j0 + v; (void)j;"]
+        ctx = Ctx()
+        self.bind_loads(ctx, "base + v", vec=True)
+        args = [n.args[0] for n in self.reduces]
+        lines += self.row_statements(args, ctx, "          ")
+        lines += self.elem_statements(args, ctx, "          ")
+        for n in self.reduces:
+            lines.append(f"          {self.update(n, self.var(n), self.expr(n.args[0], ctx), 'j')}")
+        lines += ["        }", "      }", "    }"]
+        for n in self.reduces:
+            lines.append(f"    sm_{self.var(n)}[ty][tx] = {self.var(n)};")
+            if self.is_arg(n):
+                lines.append(f"    sm_{self.var(n)}_i[ty][tx] = {self.var(n)}_i;")
+        lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
+                  "      if (ty < s) {"]
+        for n in self.reduces:
+            v = self.var(n)
+            lines.append(f"        {self.acc_type(n)} {v} = sm_{v}[ty][tx];")
+            if self.is_arg(n):
+                lines.append(f"        int64_t {v}_i = sm_{v}_i[ty][tx];")
+            lines.append(f"        {self.merge(n, v, f'sm_{v}[ty + s][tx]', f'sm_{v}_i[ty + s][tx]')}")
+            lines.append(f"        sm_{v}[ty][tx] = {v};")
+            if self.is_arg(n):
+                lines.append(f"        sm_{v}_i[ty][tx] = {v}_i;")
+        lines += ["      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {"]
+        finals = []
+        for n in self.reduces:
+            v = self.var(n)
+            finals.append(f"sm_{v}[0][tx]")
+            if self.is_arg(n):
+                finals.append(f"sm_{v}_i[0][tx]")
+        lines.append(f"      if (G == 1) {self.kname}_finish<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines.append("      else {")
+        for n in self.reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            lines.append(f"        {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][tx];")
+            if self.is_arg(n):
+                lines.append(f"        {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][tx];")
+        lines += ["      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
+                  "  }", "}"]
+        return lines
+
+    def emit_combine(self) -> list[str]:
+        lines = ["// Combine: a thread per kept element merges its G chunk partials in chunk order.",
+                 "template <typename T>",
+                 f"__global__ void {self.kname}_combine(const {self.args_t} A, void* ws, int64_t K, int64_t G)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", "  const int64_t GP = G;",
+                 "  for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < K; "
+                 "row += (int64_t)gridDim.x * blockDim.x) {"]
+        finals = []
+        for n in self.reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            lines.append(f"    {self.acc_type(n)} {v} = {self.ws_ptr(slot, self.acc_type(n), True)}[row];")
+            finals.append(v)
+            if self.is_arg(n):
+                lines.append(f"    int64_t {v}_i = {self.ws_ptr(slot + 1, 'int64_t', True)}[row];")
+                finals.append(f"{v}_i")
+        lines.append("    for (int64_t g = 1; g < G; ++g) {")
+        for n in self.reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            other = f"{self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row]"
+            other_i = f"{self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row]" if self.is_arg(n) else ""
+            lines.append(f"      {self.merge(n, v, other, other_i)}")
+        lines.append("    }")
+        lines.append(f"    {self.kname}_finish<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines += ["  }", "}"]
+        return lines
+
+    def emit_elem(self) -> list[str]:
+        lines = ["// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC",
+                 "// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.",
+                 "template <typename T, int VEC, int MODE>",
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_elem(const {self.args_t} A, void* ws, "
+                 "int64_t O, int64_t R, int64_t I, int64_t GP)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;",
+                 "  const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;",
+                 "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
+                 "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
+                 "    const int64_t o = n0 / (R * I), j0 = n0 / I % R, i0 = n0 % I; (void)j0;"]
+        for n in self.vec_loads():
+            t = self.ctype_of(n.attrs["field"])
+            lines.append(f"    acc_t ld_{n.attrs['field']}[VEC];")
+            lines.append(f"    sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + n0, ld_{n.attrs['field']});")
+        outs = {}
+        for s in self.elem_stores:
+            outs.setdefault(s.field, f"st_{s.field}")
+        for f, name in outs.items():
+            lines.append(f"    acc_t {name}[VEC];" if self.store_is_vec(f) else f"    // {f}: stored one at a time")
+        lines += ["#pragma unroll", "    for (int v = 0; v < VEC; ++v) {",
+                  "      const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;",
+                  "      const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;"]
+        ctx = Ctx()
+        self.bind_loads(ctx, "n0 + v", vec=True)
+        for q, n in enumerate(self.kept):
+            t = "int64_t" if self.is_arg(n) else self.acc_type(n)
+            ctx.names[n.id] = f"{self.ws_ptr(q, t, False)}[row]"
+        roots = [s.value for s in self.elem_stores]
+        lines += self.row_statements(roots, ctx, "      ")
+        lines += self.elem_statements(roots, ctx, "      ")
+        for s in self.elem_stores:
+            value = self.expr(s.value, ctx)
+            if self.store_is_vec(s.field):
+                lines.append(f"      st_{s.field}[v] = (acc_t)({value});")
+            else:
+                lines.append(f"      (({self.ctype_of(s.field)}*)A.{s.field}.data)[n0 + v] = "
+                             f"{self.store_value(s.field, value, s.value)};")
+        lines.append("    }")
+        for f in outs:
+            if self.store_is_vec(f):
+                lines.append(f"    sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});")
+        if self.global_stores and not self.reduces:
+            ctx0 = Ctx()
+            lines.append("    if (n0 == 0) {")
+            for s in self.global_stores:
+                lines.append(f"      *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                             f"{self.store_value(s.field, self.expr(s.value, ctx0), s.value)};")
+            lines.append("    }")
+        lines += ["  }", "}"]
+        return lines
+
+    def store_is_vec(self, field: str) -> bool:
+        return self.types[field].dtype is None and all(s.value.dtype == "float" for s in self.elem_stores
+                                                       if s.field == field)
+
+    # ------------------------------------------------------------ host
+    def emit_launch(self, dtypes: list[str]) -> list[str]:
+        entry = abi.entry_point(self.spec, self.direction)
+        lines = ["template <typename T>",
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{"]
+        lines += self.sizes()
+        lines += ["  const int64_t K = O * I, N = O * R * I;", "  if (N == 0 && K == 0) return cudaSuccess;",
+                  "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;"]
+        aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
+        lines.append(f"  const bool loads_aligned = {aligned};")
+        lines += ["  int64_t G = 1, chunk = R > 0 ? R : 1;", "  int TX = 1;", "  bool vec_r = false;"]
+        if self.reduces:
+            lines += [
+                "  TX = I >= 32 ? 32 : I >= 16 ? 16 : I >= 8 ? 8 : I >= 4 ? 4 : I >= 2 ? 2 : 1;",
+                "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned;",
+                f"  const int64_t tiles = (I + TX - 1) / TX, blocks = O * tiles, step = (int64_t)({BLOCK} / TX) * "
+                "(vec_r ? VEC : 1);",
+                f"  // few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at",
+                f"  // least {MIN_STEPS} steps); G depends on the shape only, so results are reproducible",
+                f"  if (blocks < {TARGET_BLOCKS}) {{",
+                f"    G = ({TARGET_BLOCKS} + blocks - 1) / blocks;",
+                f"    const int64_t most = (R + step * {MIN_STEPS} - 1) / (step * {MIN_STEPS});",
+                "    if (G > most) G = most;", "    if (G > 65535) G = 65535;", "    if (G < 1) G = 1;", "  }",
+                "  chunk = (R + G - 1) / G;", "  chunk = (chunk + step - 1) / step * step;",
+                "  if (chunk < 1) chunk = 1;", "  G = (R + chunk - 1) / chunk;", "  if (G < 1) G = 1;"]
+        lines += ["  const int64_t GP = G > 1 ? G : 0;",
+                  f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + {len(self.kept)}) * (size_t)K;",
+                  "  void* ws = nullptr;",
+                  "  if (ws_bytes) { const cudaError_t e = cudaMallocAsync(&ws, ws_bytes, stream); "
+                  "if (e != cudaSuccess) return e; }",
+                  f"  const {self.args_t} args = A;"]
+        if self.reduces:
+            lines += ["  if (K > 0) {",
+                      "    const int64_t tiles = (I + TX - 1) / TX;",
+                      "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
+            cases = []
+            for tx in (1, 2, 4, 8, 16, 32):
+                cases.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
+                if tx == 1:
+                    cases.append(f"      if (vec_r) {self.kname}_reduce<T, VEC, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                 "stream>>>(args, ws, O, R, I, G, chunk);")
+                    cases.append(f"      else {self.kname}_reduce<T, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                 "stream>>>(args, ws, O, R, I, G, chunk);")
+                else:
+                    cases.append(f"      {self.kname}_reduce<T, 1, {tx}><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
+                                 "stream>>>(args, ws, O, R, I, G, chunk);")
+                cases.append("    }")
+            lines += cases
+            lines += ["    if (G > 1) {",
+                      "      const int64_t cb = (K + 255) / 256;",
+                      f"      {self.kname}_combine<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>(args, ws, K, G);",
+                      "    }", "  }"]
+        if self.elem_stores or (self.global_stores and not self.reduces):
+            stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
+                                         dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
+            lines += [f"  const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};",
+                      "  const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;",
+                      "  const int64_t per = mode ? VEC : 1;",
+                      "  int64_t eb = (N / per + 255) / 256;", "  if (eb > (1 << 20)) eb = 1 << 20;",
+                      "  if (eb < 1) eb = 1;",
+                      f"  if (mode == 1) {self.kname}_elem<T, VEC, 1><<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP);",
+                      f"  else if (mode == 2) {self.kname}_elem<T, VEC, 2><<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP);",
+                      f"  else {self.kname}_elem<T, 1, 0><<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP);"]
+        lines += ["  if (ws) cudaFreeAsync(ws, stream);", "  return cudaGetLastError();", "}", ""]
+        dispatch = self.dispatch_field()
+        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
+        lines.append("{")
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return lines
+
+    def emit(self, dtypes: list[str]) -> str:
+        lines = []
+        if self.reduces:
+            lines += self.emit_finish() + [""] + self.emit_reduce() + [""] + self.emit_combine() + [""]
+        if self.elem_stores or (self.global_stores and not self.reduces):
+            lines += self.emit_elem() + [""]
+        lines += self.emit_launch(dtypes)
+        return "\n".join(lines)
+
+
+def emit_axis_source(spec, programs: dict[str, AxisProgram]) -> str:
+    first = next(iter(programs.values()))
+    parts = [f"// {spec.name}.cu: generated by specgen's builtin generator from {Path(str(spec.path)).name}.",
+             f"//   {spec.signature}",
+             "// The reference was traced to primitive ops and lowered to an axis program: the tensor is",
+             f"// viewed as [O, R, I] ({first.layout.describe()}) and reduced over R; math runs in fp32",
+             "// (fp64 for float64), storage keeps the spec's dtype. Deterministic: fixed reduction",
+             "// trees and chunk orders (split reductions go through a workspace), no atomics.",
+             f'#include "{abi.header_filename(spec)}"', PRELUDE, HELPERS]
+    for direction, program in programs.items():
+        parts.append(f"// ======================= {direction} =======================")
+        parts.append(AxisEmitter(spec, program, direction).emit(list(spec.dtypes)))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,428 @@
+"""Family: reductions over any contiguous block of axes (and their backward), arg-reductions.
+
+The tensor space is the primary input's shape S = [lead..., block..., inner...], viewed as
+[O, R, I]: O = prod(lead), R = prod(block) (the reduced axes), I = prod(inner). A kept value
+(one per (o, i): a reduction's result, or an input of the kept shape [lead..., inner...] with
+or without the block's size-1 dims) is a `row` of the row-program IR, an element of S is an
+`elem`, and the row's columns are the reduced axis, strided by I in memory. So the IR, its
+optimizations and the CPU interpreter (on a transposed view, `run_axis_program`) are shared
+with the row family; only the layout and the emitter (axis_emit.py) are this family's.
+
+    sum / mean / amax / amin over dim 1 of [B, C, H, W]      O = B, R = C, I = H*W
+    x.sum() or F.mse_loss(a, b) (all axes to a scalar)       O = 1, R = numel, I = 1
+    torch.max(x, dim=-1) (values, indices), argmax, argmin   O = rows, R = D, I = 1
+
+Backward: the reduced values' gradients broadcast back over the block (sum, mean, losses),
+amax's ties (a count over the block, then a pass), max/min's scatter at the index. Outside
+this (two different blocks in one program, a reshape across the block, var): AgentRefused.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ...base import AgentRefused
+from ..ir import Node, Program, Store, const
+from ..lower import Cat, Lowering, TensorRef, Val, _shape
+from ..trace import trace
+
+REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min"}
+ARG_ATEN = {"argmax": "argmax", "argmin": "argmin"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """S split as lead | block | inner; each part a list of signature Dims."""
+
+    shape: tuple[int, ...]  # S at the trace's example sizes
+    start: int  # the block is S[start:stop]
+    stop: int
+    lead: tuple = ()
+    block: tuple = ()
+    inner: tuple = ()
+
+    @property
+    def kept_shape(self) -> tuple[int, ...]:
+        return self.shape[:self.start] + self.shape[self.stop:]
+
+    @property
+    def kept_keepdim(self) -> tuple[int, ...]:
+        return self.shape[:self.start] + (1,) * (self.stop - self.start) + self.shape[self.stop:]
+
+    def sizes(self, dims: dict[str, int]) -> tuple[int, int, int]:
+        prod = lambda ds: math.prod(d.resolve(dims) for d in ds)
+        return prod(self.lead), prod(self.block), prod(self.inner)
+
+    def describe(self) -> str:
+        name = lambda ds: " * ".join(map(str, ds)) or "1"
+        return f"O = {name(self.lead)}, R = {name(self.block)}, I = {name(self.inner)}"
+
+
+@dataclass
+class AxisProgram(Program):
+    """A row program whose rows are the (o, i) pairs and whose columns are the block."""
+
+    layout: Layout | None = None
+
+    def describe(self) -> str:
+        return super().describe().replace("program ", f"axis program ({self.layout.describe()}) ", 1)
+
+
+def with_layout(program: Program, layout: Layout) -> AxisProgram:
+    """An optimized copy of an AxisProgram (the passes build plain Programs) with its layout."""
+    return AxisProgram(program.op, program.direction, program.row_dims, program.width, program.width_example,
+                       program.stores, program.group_div, program.dims_example, layout=layout)
+
+
+def _nonunit(shape) -> tuple:
+    return tuple(s for s in shape if s != 1)
+
+
+def find_layout(spec, traced) -> Layout:
+    """The block of the forward's reductions: every reduction of the forward must reduce the
+    same contiguous block of S (size-1 dims aside)."""
+    sig = spec.signature
+    primary = max(sig.inputs, key=lambda p: p.type.ndim)
+    dims = traced.dims
+    shape = tuple(d.resolve(dims) for d in primary.type.dims)
+    if not shape:
+        raise AgentRefused(f"{spec.path}: no tensor input of rank >= 1")
+    blocks = set()
+    for n in traced.graph.graph.nodes:
+        if n.op != "call_function" or not hasattr(n.target, "_schema"):
+            continue
+        name = n.target._schema.name.split("::")[1]
+        src = n.args[0] if n.args else None
+        if name in REDUCE_PRIMS or name in ("var",):
+            axes = list(n.args[1]) if len(n.args) > 1 and n.args[1] is not None else None
+        elif name in ARG_ATEN or (name in ("max", "min") and len(n.args) > 1):
+            dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+            axes = None if dim is None else [dim]
+        else:
+            continue
+        if not isinstance(src, torch.fx.Node) or _shape(src) != shape:
+            raise AgentRefused(f"{spec.path}: a reduction of a value of shape {_shape(src) if isinstance(src, torch.fx.Node) else '?'} "
+                               f"that is not the primary input's shape {shape}")
+        axes = list(range(len(shape))) if axes is None else sorted({a % len(shape) for a in axes})
+        axes = [a for a in axes if shape[a] != 1] or axes
+        if axes != list(range(axes[0], axes[-1] + 1)):
+            raise AgentRefused(f"{spec.path}: a reduction over axes {axes} that are not contiguous")
+        blocks.add((axes[0], axes[-1] + 1))
+    if len(blocks) != 1:
+        raise AgentRefused(f"{spec.path}: {'no reduction' if not blocks else 'reductions over different axes'}")
+    start, stop = blocks.pop()
+    d = list(primary.type.dims)
+    return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]))
+
+
+class AxisLowering(Lowering):
+    """The row lowering with the [O, R, I] layout's shape classification."""
+
+    def __init__(self, traced, layout: Layout):
+        super().__init__(traced)
+        self.layout = layout
+        self.row_dims = list(layout.lead + layout.inner)
+        self.rows = (math.prod(layout.kept_shape),)
+
+    def refuse(self, fx_node, what: str) -> AgentRefused:
+        from ..trace import where
+        return AgentRefused(f"{where(self.spec, fx_node) if fx_node is not None else self.spec.path}: {what}: "
+                            f"outside the builtin generator's axis-reduction family")
+
+    # ------------------------------------------------ sizes and calls
+    def dim_node(self, size: int, fx_node) -> Node:
+        """A size: one signature dim, or a product of consecutive dims of S (a numel)."""
+        if size in self.size_dims or size in (0, 1):
+            return super().dim_node(size, fx_node)
+        dims = self.layout.lead + self.layout.block + self.layout.inner
+        shape = self.layout.shape
+        for a in range(len(shape)):
+            for b in range(a + 2, len(shape) + 1):
+                if math.prod(shape[a:b]) == size:
+                    total = None
+                    for d in dims[a:b]:
+                        node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
+                        total = node if total is None else Node("mul", (total, node), level="global", dtype="int",
+                                                                name=f"size_{size}")
+                    return total
+        return super().dim_node(size, fx_node)
+
+    def call(self, fx_node):
+        if fx_node.target is torch.sym_max:
+            return self.pointwise("maximum", [self.sym(a, fx_node) for a in fx_node.args], fx_node, dtype="int")
+        return super().call(fx_node)
+
+    def op_empty_strided(self, fx_node, *args, **kwargs):  # only ever filled (full_like) by the traces
+        return Val(const(0.0), _shape(fx_node))
+
+    # ------------------------------------------------ shape classes
+    def shape_class(self, shape) -> str | None:
+        lay = self.layout
+        shape = tuple(shape)
+        if shape == lay.shape:
+            return "elem"
+        if not shape or all(s == 1 for s in shape):
+            return "row" if math.prod(lay.kept_shape) == 1 else "global"
+        if shape in (lay.kept_shape, lay.kept_keepdim) or _nonunit(shape) == _nonunit(lay.kept_shape) \
+                and len(shape) <= len(lay.shape):
+            return "row"
+        return None
+
+    def load(self, ref: TensorRef, fx_node, *, width=None, offset=None) -> Val:
+        if offset is not None or width is not None:
+            raise self.refuse(fx_node, "a slice of an input")
+        cls = self.shape_class(ref.shape)
+        dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+        if cls is None:
+            raise self.refuse(fx_node, f"input {ref.field} of shape {ref.shape} that is neither S {self.layout.shape} "
+                                       f"nor its kept shape {self.layout.kept_shape}")
+        if cls == "global" or not ref.shape:
+            return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
+                            name=ref.field), ref.shape)
+        if cls == "row":
+            return Val(Node("load", level="row", dtype=dtype, attrs={"field": ref.field, "kind": "row", "row_div": []},
+                            name=ref.field), ref.shape)
+        return Val(Node("load", level="elem", dtype=dtype,
+                        attrs={"field": ref.field, "kind": "elem", "row_div": [], "offset": None},
+                        name=ref.field), ref.shape)
+
+    def view(self, src, fx_node):
+        got = self.env[src]
+        new_shape = _shape(fx_node)
+        if isinstance(got, Cat):
+            raise self.refuse(fx_node, "a concatenation")
+        if isinstance(got, Node):
+            return got
+        if isinstance(got, TensorRef):
+            got = self.load(got, fx_node)
+        old_level, new_cls = got.node.level, self.shape_class(new_shape)
+        if new_cls is None:
+            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+        if old_level == "elem" and new_cls != "elem":
+            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+        return Val(got.node, new_shape)
+
+    # ------------------------------------------------ reductions
+    def block_of(self, shape, dims) -> bool:
+        if tuple(shape) != self.layout.shape:
+            return False
+        axes = sorted({d % len(shape) for d in dims})
+        want = [a for a in range(self.layout.start, self.layout.stop)]
+        return [a for a in axes if shape[a] != 1] == [a for a in want if shape[a] != 1]
+
+    def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction=None) -> Val:
+        out_shape = _shape(fx_node)
+        if kind == "var":
+            raise self.refuse(fx_node, "a variance over a block of axes")
+        node = val.node
+        if kind != "sum" and node.dtype != "float":
+            raise self.refuse(fx_node, f"a {kind} of {node.dtype} values")
+        if node.level in ("const", "global", "row") and (not val.shape or self.block_of(val.shape, dims)):
+            if kind == "sum":
+                return Val(self.pointwise("mul", [node, self.width_node(fx_node)], fx_node), out_shape)
+            return Val(node, out_shape)
+        if not self.block_of(val.shape, dims):
+            raise self.refuse(fx_node, f"a reduction over dims {list(dims)} of a value of shape {val.shape} "
+                                       f"(the program reduces {self.layout.describe()})")
+        dtype = node.dtype if kind in ("max", "min") else ("float" if node.dtype == "float" else "int")
+        return Val(Node("rowreduce", (node,), level="row", dtype=dtype, attrs={"kind": kind}, name=fx_node.name),
+                   out_shape)
+
+    def width_node(self, fx_node) -> Node:
+        """R: the product of the block's dims (a global int)."""
+        total = None
+        for d in self.layout.block:
+            node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name="dim_r") if d.symbol \
+                else const(d.add)
+            total = node if total is None else Node("mul", (total, node), level="global", dtype="int", name="r")
+        return total or const(1)
+
+    def arg_reduce(self, kind: str, fx_node, src, dim, keepdim=False):
+        val = self.value(src, fx_node)
+        dims = list(range(len(val.shape))) if dim is None else [dim]
+        if val.node.level != "elem" or val.node.dtype != "float" or not self.block_of(val.shape, dims) or \
+                (dim is None and self.layout.stop - self.layout.start != len(val.shape)):
+            raise self.refuse(fx_node, f"an {kind} over dim {dim} of a value of shape {val.shape}")
+        return Node("rowreduce", (val.node,), level="row", dtype="int", attrs={"kind": kind}, name=fx_node.name)
+
+    def op_argmax(self, fx_node, src, dim=None, keepdim=False):
+        return Val(self.arg_reduce("argmax", fx_node, src, dim), _shape(fx_node))
+
+    def op_argmin(self, fx_node, src, dim=None, keepdim=False):
+        return Val(self.arg_reduce("argmin", fx_node, src, dim), _shape(fx_node))
+
+    def _values_indices(self, kind, fx_node, src, dim, keepdim=False):
+        index = self.arg_reduce(f"arg{kind}", fx_node, src, dim)
+        values = Node("rowreduce", index.args, level="row", dtype=index.args[0].dtype, attrs={"kind": kind},
+                      name=f"{fx_node.name}_values")
+        shape = tuple(_hint_shape(fx_node))
+        return (Val(values, shape), Val(index, shape))
+
+    def op_max(self, fx_node, src, dim=None, keepdim=False):
+        if dim is None:
+            raise self.refuse(fx_node, "torch.max of a whole tensor (use amax)")
+        return self._values_indices("max", fx_node, src, dim, keepdim)
+
+    def op_min(self, fx_node, src, dim=None, keepdim=False):
+        if dim is None:
+            raise self.refuse(fx_node, "torch.min of a whole tensor (use amin)")
+        return self._values_indices("min", fx_node, src, dim, keepdim)
+
+    def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
+        """A scatter along the (single) block axis at one index per kept element (the backward
+        of max/min over a dim): where(r == index, value, base)."""
+        b, idx = self.value(base, fx_node), self.value(index, fx_node)
+        if self.layout.stop - self.layout.start != 1 or dim % len(b.shape) != self.layout.start \
+                or idx.node.level not in ("row", "const", "global"):
+            raise self.refuse(fx_node, "a scatter other than one value per kept element along the reduced axis")
+        src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else const(value)
+        if src.level == "elem":
+            raise self.refuse(fx_node, "a scatter of a full tensor")
+        iota = Node("iota", level="elem", dtype="int", name="col")
+        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        return Val(self.where(hit, src, b.node, fx_node), _shape(fx_node))
+
+    def op_cat(self, fx_node, tensors, dim=0):
+        raise self.refuse(fx_node, "a concatenation")
+
+    def op_gather(self, fx_node, *args, **kw):
+        raise self.refuse(fx_node, "a gather")
+
+    def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        got = self.env[src]
+        if isinstance(got, TensorRef) and tuple(_shape(fx_node)) == got.shape and not storage_offset:
+            return got
+        raise self.refuse(fx_node, "a strided view")
+
+    # ------------------------------------------------ outputs
+    def store(self, field: str, result, fx_node) -> list[Store]:
+        got = self.env[result] if isinstance(result, torch.fx.Node) else Val(const(result), ())
+        if isinstance(got, Cat):
+            raise self.refuse(fx_node, "a concatenated output")
+        val = self.value(result, fx_node) if isinstance(result, torch.fx.Node) else got
+        shape = tuple(d.resolve(self.t.dims) for d in self.types[field].dims)
+        cls = self.shape_class(shape)
+        node = val.node
+        if cls == "elem":
+            return [Store(field, node, "elem")]
+        if cls == "row" and node.level != "elem":
+            return [Store(field, node, "row")]
+        if cls == "global" and node.level in ("const", "global"):
+            return [Store(field, node, "global")]
+        raise self.refuse(fx_node, f"output {field} of shape {shape} holding a {node.level} value")
+
+    def run(self) -> AxisProgram:
+        p = super().run()
+        lay = self.layout
+        return AxisProgram(p.op, p.direction, list(lay.lead + lay.inner), self.width_node(None),
+                           math.prod(lay.shape[lay.start:lay.stop]), p.stores, None, p.dims_example, layout=lay)
+
+    def set_width(self, width, fx_node):  # the width is the block's size, fixed by the layout
+        return None
+
+
+def _hint_shape(fx_node):
+    val = fx_node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) else val
+    return tuple(int(s.node.hint) if isinstance(s, torch.SymInt) else int(s) for s in first.shape)
+
+
+def validate(program: AxisProgram) -> None:
+    """Structural checks of an axis program after the passes (AssertionError on a bug):
+    levels are monotone along the edges, reductions take elem values to rows, stores match
+    the layout's classes, and only the ops the emitter knows appear."""
+    from .. import ir
+
+    known = ir.UNARY | ir.BINARY | {"const", "scalar", "dim", "load", "iota", "where", "cast", "rowreduce"}
+    for n in program.nodes():
+        assert n.op in known, f"axis program: op {n.op} outside the family"
+        assert n.level in ("const", "global", "row", "elem"), f"axis program: level {n.level} of {n!r}"
+        if n.op == "rowreduce":
+            assert n.args[0].level == "elem" and n.level == "row", f"axis program: {n!r}"
+            assert n.attrs["kind"] in ("sum", "max", "min", "argmax", "argmin"), n
+        elif n.args:
+            want = max((a.level for a in n.args), key=ir.LEVEL_RANK.__getitem__)
+            assert ir.LEVEL_RANK[n.level] >= ir.LEVEL_RANK[want], f"axis program: {n!r} below its operands"
+        if n.op == "load":
+            assert n.attrs["kind"] in ("elem", "row", "global") and not n.attrs.get("row_div"), n
+    for s in program.stores:
+        assert s.kind in ("elem", "row", "global") and s.offset is None, s
+        if s.kind == "row":
+            assert s.value.level != "elem", s
+        if s.kind == "global":
+            assert s.value.level in ("const", "global"), s
+
+
+def lower_axis(spec) -> dict[str, AxisProgram]:
+    """The programs of every direction the spec asks for, or AgentRefused."""
+    from ..optimize import cse
+
+    forward = trace(spec, "forward")
+    layout = find_layout(spec, forward)
+    directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+    programs = {}
+    for d in directions:
+        traced = forward if d == "forward" else trace(spec, d)
+        program = with_layout(cse(AxisLowering(traced, layout).run()), layout)
+        validate(program)
+        nested = two_pass(program)
+        if nested is not None:
+            raise AgentRefused(f"{spec.path}: the {d} reduces a value that depends on another reduction "
+                               f"({nested.name}): two sweeps over the reduced axes, outside the axis-reduction "
+                               f"family")
+        programs[d] = program
+    return programs
+
+
+# ---------------------------------------------------------------- CPU interpreter
+
+def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
+    """run_program on the transposed view: S tensors as [O*I, R], kept tensors as [O*I]."""
+    from ..interp import run_program
+
+    O, R, I = program.layout.sizes(dims)
+    S = O * R * I
+
+    def to_rows(t):
+        if t.dim() == 0:
+            return t
+        if t.numel() == S and tuple(t.shape) == tuple(d.resolve(dims) for d in
+                                                      program.layout.lead + program.layout.block + program.layout.inner):
+            return t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
+        return t.reshape(O * I)
+
+    ins = {k: to_rows(v) for k, v in tensors.items()}
+    outs = {}
+    for k, v in outputs.items():
+        kind = next((s.kind for s in program.stores if s.field == k), None)
+        outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
+            torch.empty(O * I, dtype=v.dtype) if kind == "row" else torch.empty((), dtype=v.dtype)
+    run_program(program, ins, scalars, dims, outs)
+    for k, v in outputs.items():
+        kind = next((s.kind for s in program.stores if s.field == k), None)
+        if kind == "elem":
+            v.copy_(outs[k].reshape(O, I, R).permute(0, 2, 1).reshape(v.shape))
+        elif kind == "row":
+            v.copy_(outs[k].reshape(v.shape))
+        elif kind == "global":
+            v.copy_(outs[k].reshape(v.shape))
+
+
+def two_pass(program: AxisProgram) -> Node | None:
+    """A reduction whose operand depends on another reduction (a variance from its mean, a
+    softmax over the block): the emitter's single sweep cannot take it."""
+    for n in program.nodes():
+        if n.op != "rowreduce":
+            continue
+        stack, seen = list(n.args), set()
+        while stack:
+            m = stack.pop()
+            if m.id in seen:
+                continue
+            seen.add(m.id)
+            if m.op == "rowreduce":
+                return n
+            stack.extend(m.args)
+    return None
