@@ -118,15 +118,18 @@ class AxisEmitter(DirectionEmitter):
         raw = f"((const {t}*)A.{n.attrs['field']}.data)[{index}]"
         return f"(acc_t)sg::to_acc({raw})" if n.dtype == "float" else f"({self.ctype_var(n)})({raw})"
 
-    def vec_loads(self) -> list[Node]:
-        """Elem loads in the working dtype: read VEC at a time on the vector paths."""
+    def vec_loads(self, roots: list[Node] | None = None) -> list[Node]:
+        """Elem loads in the working dtype (those `roots` read, when given): read VEC at a time
+        on the vector paths."""
+        used = None if roots is None else {n.id for n in self.closure(roots, "elem")}
         return [ns[0] for ns in self.elem_loads.values()
-                if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None]
+                if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None
+                and (used is None or any(n.id in used for n in ns))]
 
-    def bind_loads(self, ctx: Ctx, index: str, vec: bool) -> list[str]:
-        """Each elem load's value for the current element (from the vector read when `vec`)."""
+    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node]) -> list[str]:
+        """Each elem load's value for the current element (from the vector read of `roots`' loads)."""
         lines = []
-        vecs = {n.id for n in self.vec_loads()} if vec else set()
+        vecs = {n.id for n in self.vec_loads(roots)}
         for key, ns in self.elem_loads.items():
             first = ns[0]
             name = f"ld_{first.attrs['field']}"
@@ -210,9 +213,10 @@ class AxisEmitter(DirectionEmitter):
             if self.is_arg(n):
                 lines.append(f"    int64_t {self.var(n)}_i = INT64_MAX;")
         lines += ["    if (live) {",
+                  "#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
                   "        const int64_t base = (o * R + j0) * I + i; (void)base;"]
-        for n in self.vec_loads():
+        for n in self.vec_loads([n.args[0] for n in self.reduces]):
             t = self.ctype_of(n.attrs["field"])
             lines.append(f"        acc_t ld_{n.attrs['field']}[VEC];")
             lines.append(f"        sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + base, "
@@ -220,7 +224,7 @@ class AxisEmitter(DirectionEmitter):
         lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
                   "          const int64_t j = j0 + v; (void)j;"]
         ctx = Ctx()
-        self.bind_loads(ctx, "base + v", vec=True)
+        self.bind_loads(ctx, "base + v", [n.args[0] for n in self.reduces])
         args = [n.args[0] for n in self.reduces]
         lines += self.row_statements(args, ctx, "          ")
         lines += self.elem_statements(args, ctx, "          ")
@@ -297,7 +301,7 @@ class AxisEmitter(DirectionEmitter):
                  "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
                  "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
                  "    const int64_t o = n0 / (R * I), j0 = n0 / I % R, i0 = n0 % I; (void)j0;"]
-        for n in self.vec_loads():
+        for n in self.vec_loads([s.value for s in self.elem_stores]):
             t = self.ctype_of(n.attrs["field"])
             lines.append(f"    acc_t ld_{n.attrs['field']}[VEC];")
             lines.append(f"    sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + n0, ld_{n.attrs['field']});")
@@ -310,7 +314,7 @@ class AxisEmitter(DirectionEmitter):
                   "      const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;",
                   "      const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;"]
         ctx = Ctx()
-        self.bind_loads(ctx, "n0 + v", vec=True)
+        self.bind_loads(ctx, "n0 + v", [s.value for s in self.elem_stores])
         for q, n in enumerate(self.kept):
             t = "int64_t" if self.is_arg(n) else self.acc_type(n)
             ctx.names[n.id] = f"{self.ws_ptr(q, t, False)}[row]"
