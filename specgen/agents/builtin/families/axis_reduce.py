@@ -358,6 +358,39 @@ def validate(program: AxisProgram) -> None:
             assert s.value.level in ("const", "global"), s
 
 
+def reuse_forward_extremes(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
+    """The backward of max/min/argmax over the block recomputes the extreme (a sweep over S);
+    the forward stored it (exactly: an extreme or an index is a value of its input dtype), and
+    the backward receives the forward's outputs: read it per kept element instead."""
+    from ..optimize import _Canon, _rebuild, _same
+
+    canon = _Canon()
+    stored: dict[tuple, tuple[str, str]] = {}
+    fields = {o.name: o.type for o in spec.signature.outputs}
+    for s in forward.stores:
+        v = s.value
+        if s.kind == "row" and v.op == "rowreduce" and v.attrs["kind"] in ("max", "min", "argmax", "argmin") \
+                and s.field in fields and (v.dtype == "int") == (not fields[s.field].is_floating) \
+                and (v.dtype == "int" or fields[s.field].dtype is None):
+            stored.setdefault(canon.key(v), (s.field, v.dtype))
+    if not stored:
+        return backward
+    loads: dict[str, Node] = {}
+
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        got = stored.get(canon.key(built)) if built.op == "rowreduce" else None
+        if got is None:
+            return built
+        field, dtype = got
+        if field not in loads:
+            loads[field] = Node("load", level="row", dtype=dtype, attrs={"field": field, "kind": "row", "row_div": []},
+                                name=field)
+        return loads[field]
+
+    return with_layout(_rebuild(backward, replace), backward.layout)
+
+
 def lower_axis(spec) -> dict[str, AxisProgram]:
     """The programs of every direction the spec asks for, or AgentRefused."""
     from ..optimize import cse
@@ -376,6 +409,10 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
                                f"({nested.name}): two sweeps over the reduced axes, outside the axis-reduction "
                                f"family")
         programs[d] = program
+    if "backward" in programs:
+        programs["backward"] = with_layout(cse(reuse_forward_extremes(programs["forward"], programs["backward"], spec)),
+                                           layout)
+        validate(programs["backward"])
     return programs
 
 
