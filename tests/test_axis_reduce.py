@@ -25,9 +25,8 @@ from specgen.spec import load_spec
 SPECS = Path(__file__).resolve().parent / "reduce_specs"
 FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last", "min_mid", "argmin_last",
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
-          "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss"]
-REFUSED = {"var_mid": "var", "amax_mid_bwd": "max over rows", "cosine_loss": "copy_",
-           "triplet_loss": "two widths"}
+          "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss", "triplet_loss"]
+REFUSED = {"var_mid": "var", "amax_mid_bwd": "max over rows", "cosine_loss": "copy_"}
 SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6}
 
 
@@ -134,7 +133,10 @@ def test_layouts_and_plans():
     loads = {n.attrs["field"]: n.level for n in lower_spec(spec)["backward"].nodes() if n.op == "load"}
     assert loads == {"out1": "row", "grad_out0": "row"}
     _, p = plan("mse_loss")
-    assert p["kinds"] == ["sum"] and p["partial_slots"] == 1
+    assert p["kinds"] == ["sum"] and p["partial_slots"] == 1 and not p["totals"]
+    # triplet margin loss: two row norms per kept row, then the mean over rows (a total)
+    layout, p = plan("triplet_loss")
+    assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["sum", "sum"] and p["totals"] == 1
 
 
 def test_programs_validate_and_the_row_family_keeps_its_ops():
@@ -157,7 +159,7 @@ def test_outside_the_families_keeps_the_row_refusal(op):
 
 @pytest.mark.nvcc
 @pytest.mark.slow
-@pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim"])
+@pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss"])
 def test_family_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 

@@ -48,7 +48,9 @@ class AxisEmitter(DirectionEmitter):
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
         self.row_stores = [s for s in program.stores if s.kind == "row"]
-        self.global_stores = [s for s in program.stores if s.kind == "global"]
+        self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
+        self.total_stores = [s for s in program.stores if s.kind == "global" and s.value.level == "post"]
+        self.totals = [n for n in self.nodes if n.op == "globalreduce"]  # sums over every kept element
         # workspace slots (8 bytes each per kept element): partials (value, and index for
         # arg kinds) per reduction, then each reduction's result when the elem pass reads it
         self.pslots = {}
@@ -73,9 +75,13 @@ class AxisEmitter(DirectionEmitter):
         return [n for n in self.reduces if n.id in want]
 
     def plan(self) -> dict:
-        return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores),
+        return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores), "totals": len(self.totals),
                 "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
                 "kept_slots": len(self.kept), "layout": self.lay.describe()}
+
+    def total_slot(self, t: int) -> int:
+        """The workspace slot (after the kept slots) of a total's per-kept-element values."""
+        return len(self.kept) + t
 
     # ------------------------------------------------------------ pieces
     def acc_type(self, n: Node) -> str:
@@ -174,8 +180,10 @@ class AxisEmitter(DirectionEmitter):
         ctx = Ctx()
         for n in self.reduces:
             ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
-        roots = [s.value for s in self.row_stores + self.global_stores]
+        roots = [s.value for s in self.row_stores + self.global_stores] + [t.args[0] for t in self.totals]
         lines += self.row_statements(roots, ctx, "  ")
+        for t, n in enumerate(self.totals):
+            lines.append(f"  {self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
         for s in self.row_stores:
             lines.append(f"  (({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
                          f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
@@ -290,6 +298,35 @@ class AxisEmitter(DirectionEmitter):
         lines += ["  }", "}"]
         return lines
 
+    def emit_total(self) -> list[str]:
+        """One block sums each total's per-kept-element values in a fixed order, then the epilogue."""
+        lines = ["// Total: one block sums the kept elements' values of each total (a fixed tree), then the",
+                 "// epilogue of the scalar outputs.", "template <typename T>",
+                 f"__global__ void __launch_bounds__(1024) {self.kname}_total(const {self.args_t} A, void* ws, "
+                 "int64_t K, int64_t GP)", "{", "  using acc_t = typename sg::Acc<T>::type;",
+                 "  __shared__ acc_t tree[1024];"]
+        ctx = Ctx()
+        for t, n in enumerate(self.totals):
+            lines += ["  {", "    acc_t part = 0;",
+                      f"    for (int64_t r = threadIdx.x; r < K; r += blockDim.x) part += "
+                      f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[r];",
+                      "    tree[threadIdx.x] = part;", "    __syncthreads();",
+                      "    for (int w = 512; w > 0; w >>= 1) {",
+                      "      if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];",
+                      "      __syncthreads();", "    }", "  }",
+                      f"  const acc_t {self.var(n)} = tree[0];", "  __syncthreads();"]
+            ctx.names[n.id] = self.var(n)
+        lines.append("  if (threadIdx.x != 0) return;")
+        for n in self.closure([s.value for s in self.total_stores], "post"):
+            if n.id not in ctx.names:
+                lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = self.var(n)
+        for s in self.total_stores:
+            lines.append(f"  *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+        lines.append("}")
+        return lines
+
     def emit_elem(self) -> list[str]:
         lines = ["// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC",
                  "// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.",
@@ -372,7 +409,8 @@ class AxisEmitter(DirectionEmitter):
                 "  chunk = (R + G - 1) / G;", "  chunk = (chunk + step - 1) / step * step;",
                 "  if (chunk < 1) chunk = 1;", "  G = (R + chunk - 1) / chunk;", "  if (G < 1) G = 1;"]
         lines += ["  const int64_t GP = G > 1 ? G : 0;",
-                  f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + {len(self.kept)}) * (size_t)K;",
+                  f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + {len(self.kept) + len(self.totals)}) "
+                  "* (size_t)K;",
                   "  void* ws = nullptr;",
                   "  if (ws_bytes) { const cudaError_t e = cudaMallocAsync(&ws, ws_bytes, stream); "
                   "if (e != cudaSuccess) return e; }",
@@ -397,7 +435,10 @@ class AxisEmitter(DirectionEmitter):
             lines += ["    if (G > 1) {",
                       "      const int64_t cb = (K + 255) / 256;",
                       f"      {self.kname}_combine<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>(args, ws, K, G);",
-                      "    }", "  }"]
+                      "    }"]
+            if self.totals:
+                lines.append(f"    {self.kname}_total<T><<<1, 1024, 0, stream>>>(args, ws, K, GP);")
+            lines.append("  }")
         if self.elem_stores or (self.global_stores and not self.reduces):
             stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
                                          dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
@@ -428,6 +469,8 @@ class AxisEmitter(DirectionEmitter):
         lines = []
         if self.reduces:
             lines += self.emit_finish() + [""] + self.emit_reduce() + [""] + self.emit_combine() + [""]
+        if self.totals:
+            lines += self.emit_total() + [""]
         if self.elem_stores or (self.global_stores and not self.reduces):
             lines += self.emit_elem() + [""]
         lines += self.emit_launch(dtypes)

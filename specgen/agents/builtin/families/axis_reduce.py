@@ -89,7 +89,7 @@ def find_layout(spec, traced) -> Layout:
     shape = tuple(d.resolve(dims) for d in primary.type.dims)
     if not shape:
         raise AgentRefused(f"{spec.path}: no tensor input of rank >= 1")
-    blocks = set()
+    blocks, totals = set(), []
     for n in traced.graph.graph.nodes:
         if n.op != "call_function" or not hasattr(n.target, "_schema"):
             continue
@@ -102,9 +102,11 @@ def find_layout(spec, traced) -> Layout:
             axes = None if dim is None else [dim]
         else:
             continue
-        if not isinstance(src, torch.fx.Node) or _shape(src) != shape:
-            raise AgentRefused(f"{spec.path}: a reduction of a value of shape {_shape(src) if isinstance(src, torch.fx.Node) else '?'} "
-                               f"that is not the primary input's shape {shape}")
+        if not isinstance(src, torch.fx.Node):
+            raise AgentRefused(f"{spec.path}: a reduction of a constant")
+        if _shape(src) != shape:  # a total of kept values (a loss's mean over rows): checked by the lowering
+            totals.append(_shape(src))
+            continue
         axes = list(range(len(shape))) if axes is None else sorted({a % len(shape) for a in axes})
         axes = [a for a in axes if shape[a] != 1] or axes
         if axes != list(range(axes[0], axes[-1] + 1)):
@@ -222,6 +224,16 @@ class AxisLowering(Lowering):
         node = val.node
         if kind != "sum" and node.dtype != "float":
             raise self.refuse(fx_node, f"a {kind} of {node.dtype} values")
+        if node.level == "row" and val.shape and self.shape_class(val.shape) == "row" \
+                and tuple(val.shape) != self.layout.shape and math.prod(self.layout.kept_shape) > 1:
+            # a total over every kept element (the mean over rows of a per-row loss): post level
+            if {d % len(val.shape) for d in dims} | {i for i, n in enumerate(val.shape) if n == 1} \
+                    != set(range(len(val.shape))):
+                raise self.refuse(fx_node, f"a reduction over part of the kept dims {val.shape}")
+            if kind != "sum":
+                raise self.refuse(fx_node, f"a {kind} over every kept element")
+            return Val(Node("globalreduce", (node,), level="post", dtype="float", attrs={"kind": "sum"},
+                            name=fx_node.name), out_shape)
         if node.level in ("const", "global", "row") and (not val.shape or self.block_of(val.shape, dims)):
             if kind == "sum":
                 return Val(self.pointwise("mul", [node, self.width_node(fx_node)], fx_node), out_shape)
@@ -312,7 +324,7 @@ class AxisLowering(Lowering):
             return [Store(field, node, "elem")]
         if cls == "row" and node.level != "elem":
             return [Store(field, node, "row")]
-        if cls == "global" and node.level in ("const", "global"):
+        if cls == "global" and node.level in ("const", "global", "post"):
             return [Store(field, node, "global")]
         raise self.refuse(fx_node, f"output {field} of shape {shape} holding a {node.level} value")
 
@@ -338,10 +350,13 @@ def validate(program: AxisProgram) -> None:
     the layout's classes, and only the ops the emitter knows appear."""
     from .. import ir
 
-    known = ir.UNARY | ir.BINARY | {"const", "scalar", "dim", "load", "iota", "where", "cast", "rowreduce"}
+    known = ir.UNARY | ir.BINARY | {"const", "scalar", "dim", "load", "iota", "where", "cast", "rowreduce",
+                                    "globalreduce"}
     for n in program.nodes():
         assert n.op in known, f"axis program: op {n.op} outside the family"
-        assert n.level in ("const", "global", "row", "elem"), f"axis program: level {n.level} of {n!r}"
+        assert n.level in ("const", "global", "row", "elem", "post"), f"axis program: level {n.level} of {n!r}"
+        if n.op == "globalreduce":
+            assert n.args[0].level in ("row", "global", "const") and n.level == "post", f"axis program: {n!r}"
         if n.op == "rowreduce":
             assert n.args[0].level == "elem" and n.level == "row", f"axis program: {n!r}"
             assert n.attrs["kind"] in ("sum", "max", "min", "argmax", "argmin"), n
@@ -353,9 +368,11 @@ def validate(program: AxisProgram) -> None:
     for s in program.stores:
         assert s.kind in ("elem", "row", "global") and s.offset is None, s
         if s.kind == "row":
-            assert s.value.level != "elem", s
+            assert s.value.level not in ("elem", "post"), s
         if s.kind == "global":
-            assert s.value.level in ("const", "global"), s
+            assert s.value.level in ("const", "global", "post"), s
+        if s.kind == "elem":
+            assert s.value.level != "post", s
 
 
 def reuse_forward_extremes(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
@@ -403,6 +420,9 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
         traced = forward if d == "forward" else trace(spec, d)
         program = with_layout(cse(AxisLowering(traced, layout).run()), layout)
         validate(program)
+        if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
+                                                                              for n in program.nodes()):
+            raise AgentRefused(f"{spec.path}: the {d} totals kept values without a reduction over the block")
         nested = two_pass(program)
         if nested is not None:
             raise AgentRefused(f"{spec.path}: the {d} reduces a value that depends on another reduction "
