@@ -25,8 +25,9 @@ from specgen.spec import load_spec
 SPECS = Path(__file__).resolve().parent / "reduce_specs"
 FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last", "min_mid", "argmin_last",
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
-          "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss", "triplet_loss"]
-REFUSED = {"var_mid": "var", "amax_mid_bwd": "max over rows", "cosine_loss": "copy_"}
+          "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
+          "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid"]
+REFUSED = {"sum_dims02": "a reduction over dims [0, 2]"}
 SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6}
 
 
@@ -137,6 +138,13 @@ def test_layouts_and_plans():
     # triplet margin loss: two row norms per kept row, then the mean over rows (a total)
     layout, p = plan("triplet_loss")
     assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["sum", "sum"] and p["totals"] == 1
+    # dependent sweeps: a variance (the mean, then the squared deviations), a softmax over channels
+    assert plan("var_mid")[1]["phases"] == [["sum"], ["sum"]]
+    layout, p = plan("softmax_mid")
+    assert layout == "O = B, R = C, I = L" and p["phases"] == [["max"], ["sum"]] and p["elem"]
+    assert p["kept_slots"] == 2  # the max and the sum, read by the elem pass
+    # the backward of amax: the forward's max read back, one sweep counting its ties, then the pass
+    assert plan("amax_mid_bwd", "backward")[1]["phases"] == [["sum"]]
 
 
 def test_programs_validate_and_the_row_family_keeps_its_ops():
@@ -159,7 +167,8 @@ def test_outside_the_families_keeps_the_row_refusal(op):
 
 @pytest.mark.nvcc
 @pytest.mark.slow
-@pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss"])
+@pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss",
+                                "softmax_mid"])
 def test_family_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 

@@ -58,11 +58,27 @@ class AxisEmitter(DirectionEmitter):
             self.pslots[n.id] = len(self.pslots) + sum(1 for m in self.reduces[:self.reduces.index(n)]
                                                        if m.attrs["kind"].startswith("arg"))
         self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
+        self.phases = self.phase_list()
         self.kept = self.kept_reduces()
 
     # ------------------------------------------------------------ plan (read by tests and the host)
+    def phase_list(self) -> list[list[Node]]:
+        """Reductions grouped by depth: a reduction whose operand needs another's result (a
+        variance from its mean, cosine similarity's normalized product) sweeps after it."""
+        depth: dict[int, int] = {}
+        for n in self.nodes:  # topological order
+            below = [depth[a.id] for a in n.args if a.id in depth]
+            d = max(below, default=0)
+            depth[n.id] = d + 1 if n.op == "rowreduce" else d
+        phases: dict[int, list[Node]] = {}
+        for n in self.reduces:
+            phases.setdefault(depth[n.id], []).append(n)
+        return [phases[k] for k in sorted(phases)]
+
     def kept_reduces(self) -> list[Node]:
-        """Reductions whose results the elem pass reads."""
+        """Reductions whose results go through the workspace: those the elem pass reads, and
+        every reduction of a phase before the last (later phases read them)."""
+        early = {n.id for phase in self.phases[:-1] for n in phase}
         roots = [s.value for s in self.elem_stores]
         want, stack = set(), list(roots)
         while stack:
@@ -72,11 +88,12 @@ class AxisEmitter(DirectionEmitter):
             want.add(n.id)
             if n.op != "rowreduce":
                 stack.extend(n.args)
-        return [n for n in self.reduces if n.id in want]
+        return [n for n in self.reduces if n.id in want or n.id in early]
 
     def plan(self) -> dict:
         return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores), "totals": len(self.totals),
                 "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
+                "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
                 "kept_slots": len(self.kept), "layout": self.lay.describe()}
 
     def total_slot(self, t: int) -> int:
@@ -166,57 +183,73 @@ class AxisEmitter(DirectionEmitter):
         return [f"  const int64_t O = {prod(self.lay.lead)};", f"  const int64_t R = {prod(self.lay.block)};",
                 f"  const int64_t I = {prod(self.lay.inner)};"]
 
-    def emit_finish(self) -> list[str]:
-        """The epilogue of one kept element `row` from its reductions' values."""
+    def kept_name(self, n: Node, row: str = "row") -> str:
+        """A reduction's result read back from its kept slot."""
+        q = self.kept.index(n)
+        return f"{self.ws_ptr(q, 'int64_t' if self.is_arg(n) else self.acc_type(n), False)}[{row}]"
+
+    def earlier(self, p: int, ctx: Ctx) -> None:
+        """Results of the phases before `p`, read from the workspace."""
+        for phase in self.phases[:p]:
+            for n in phase:
+                ctx.names[n.id] = self.kept_name(n)
+
+    def emit_finish(self, p: int) -> list[str]:
+        """The epilogue of one kept element `row` from its reductions' values (phase p)."""
+        last = p == len(self.phases) - 1
         params = []
-        for n in self.reduces:
+        for n in self.phases[p]:
             params.append(f"{self.acc_type(n).replace('acc_t', 'typename sg::Acc<T>::type')} {self.var(n)}")
             if self.is_arg(n):
                 params.append(f"int64_t {self.var(n)}_i")
         lines = ["template <typename T>",
-                 f"__device__ __forceinline__ void {self.kname}_finish(const {self.args_t}& A, void* ws, int64_t row, "
+                 f"__device__ __forceinline__ void {self.kname}_finish{p}(const {self.args_t}& A, void* ws, int64_t row, "
                  f"int64_t K, int64_t G, int64_t GP{''.join(', ' + p for p in params)})", "{",
                  "  using acc_t = typename sg::Acc<T>::type;", "  (void)ws; (void)K; (void)G; (void)GP;"]
         ctx = Ctx()
-        for n in self.reduces:
+        self.earlier(p, ctx)
+        for n in self.phases[p]:
             ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
         roots = [s.value for s in self.row_stores + self.global_stores] + [t.args[0] for t in self.totals]
+        if not last:
+            roots = []
         lines += self.row_statements(roots, ctx, "  ")
-        for t, n in enumerate(self.totals):
+        for t, n in enumerate(self.totals if last else []):
             lines.append(f"  {self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
-        for s in self.row_stores:
+        for s in self.row_stores if last else []:
             lines.append(f"  (({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
                          f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
-        if self.global_stores:
+        if self.global_stores and last:
             lines.append("  if (row == 0) {")
             for s in self.global_stores:
                 lines.append(f"    *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
                              f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
             lines.append("  }")
-        for q, n in enumerate(self.kept):
-            t = self.acc_type(n) if not self.is_arg(n) else "int64_t"
-            lines.append(f"  {self.ws_ptr(q, t, False)}[row] = {ctx.names[n.id]};")
+        for n in self.phases[p]:
+            if n in self.kept:
+                lines.append(f"  {self.kept_name(n)} = {ctx.names[n.id]};")
         lines.append("}")
         return lines
 
-    def emit_reduce(self) -> list[str]:
+    def emit_reduce(self, p: int) -> list[str]:
+        reduces = self.phases[p]
         lines = [f"// Reduce: TX threads along I, {BLOCK} / TX along a chunk of R (VEC > 1: I == 1, 16-byte reads).",
                  "template <typename T, int VEC, int TX>",
-                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce(const {self.args_t} A, void* ws, "
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce{p}(const {self.args_t} A, void* ws, "
                  "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)", "{",
                  "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
                  "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
                  "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
                  "  const int64_t tiles = (I + TX - 1) / TX;", "  const int64_t g = blockIdx.y;",
                  "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
-        for n in self.reduces:
+        for n in reduces:
             lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TX];")
             if self.is_arg(n):
                 lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TX];")
         lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
                   "    const int64_t o = b / tiles, i = (b % tiles) * TX + tx;",
                   "    const bool live = i < I;", "    const int64_t row = o * I + i; (void)row;"]
-        for n in self.reduces:
+        for n in reduces:
             lines.append(f"    {self.acc_type(n)} {self.var(n)} = {self.init(n)};")
             if self.is_arg(n):
                 lines.append(f"    int64_t {self.var(n)}_i = INT64_MAX;")
@@ -224,7 +257,7 @@ class AxisEmitter(DirectionEmitter):
                   "#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
                   "        const int64_t base = (o * R + j0) * I + i; (void)base;"]
-        for n in self.vec_loads([n.args[0] for n in self.reduces]):
+        for n in self.vec_loads([n.args[0] for n in reduces]):
             t = self.ctype_of(n.attrs["field"])
             lines.append(f"        acc_t ld_{n.attrs['field']}[VEC];")
             lines.append(f"        sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + base, "
@@ -232,20 +265,21 @@ class AxisEmitter(DirectionEmitter):
         lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
                   "          const int64_t j = j0 + v; (void)j;"]
         ctx = Ctx()
-        self.bind_loads(ctx, "base + v", [n.args[0] for n in self.reduces])
-        args = [n.args[0] for n in self.reduces]
+        self.earlier(p, ctx)
+        self.bind_loads(ctx, "base + v", [n.args[0] for n in reduces])
+        args = [n.args[0] for n in reduces]
         lines += self.row_statements(args, ctx, "          ")
         lines += self.elem_statements(args, ctx, "          ")
-        for n in self.reduces:
+        for n in reduces:
             lines.append(f"          {self.update(n, self.var(n), self.expr(n.args[0], ctx), 'j')}")
         lines += ["        }", "      }", "    }"]
-        for n in self.reduces:
+        for n in reduces:
             lines.append(f"    sm_{self.var(n)}[ty][tx] = {self.var(n)};")
             if self.is_arg(n):
                 lines.append(f"    sm_{self.var(n)}_i[ty][tx] = {self.var(n)}_i;")
         lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
                   "      if (ty < s) {"]
-        for n in self.reduces:
+        for n in reduces:
             v = self.var(n)
             lines.append(f"        {self.acc_type(n)} {v} = sm_{v}[ty][tx];")
             if self.is_arg(n):
@@ -256,14 +290,14 @@ class AxisEmitter(DirectionEmitter):
                 lines.append(f"        sm_{v}_i[ty][tx] = {v}_i;")
         lines += ["      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {"]
         finals = []
-        for n in self.reduces:
+        for n in reduces:
             v = self.var(n)
             finals.append(f"sm_{v}[0][tx]")
             if self.is_arg(n):
                 finals.append(f"sm_{v}_i[0][tx]")
-        lines.append(f"      if (G == 1) {self.kname}_finish<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines.append(f"      if (G == 1) {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
         lines.append("      else {")
-        for n in self.reduces:
+        for n in reduces:
             v, slot = self.var(n), self.pslots[n.id]
             lines.append(f"        {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][tx];")
             if self.is_arg(n):
@@ -272,15 +306,16 @@ class AxisEmitter(DirectionEmitter):
                   "  }", "}"]
         return lines
 
-    def emit_combine(self) -> list[str]:
+    def emit_combine(self, p: int) -> list[str]:
+        reduces = self.phases[p]
         lines = ["// Combine: a thread per kept element merges its G chunk partials in chunk order.",
                  "template <typename T>",
-                 f"__global__ void {self.kname}_combine(const {self.args_t} A, void* ws, int64_t K, int64_t G)", "{",
+                 f"__global__ void {self.kname}_combine{p}(const {self.args_t} A, void* ws, int64_t K, int64_t G)", "{",
                  "  using acc_t = typename sg::Acc<T>::type;", "  const int64_t GP = G;",
                  "  for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < K; "
                  "row += (int64_t)gridDim.x * blockDim.x) {"]
         finals = []
-        for n in self.reduces:
+        for n in reduces:
             v, slot = self.var(n), self.pslots[n.id]
             lines.append(f"    {self.acc_type(n)} {v} = {self.ws_ptr(slot, self.acc_type(n), True)}[row];")
             finals.append(v)
@@ -288,13 +323,13 @@ class AxisEmitter(DirectionEmitter):
                 lines.append(f"    int64_t {v}_i = {self.ws_ptr(slot + 1, 'int64_t', True)}[row];")
                 finals.append(f"{v}_i")
         lines.append("    for (int64_t g = 1; g < G; ++g) {")
-        for n in self.reduces:
+        for n in reduces:
             v, slot = self.var(n), self.pslots[n.id]
             other = f"{self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row]"
             other_i = f"{self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row]" if self.is_arg(n) else ""
             lines.append(f"      {self.merge(n, v, other, other_i)}")
         lines.append("    }")
-        lines.append(f"    {self.kname}_finish<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines.append(f"    {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
         lines += ["  }", "}"]
         return lines
 
@@ -352,9 +387,8 @@ class AxisEmitter(DirectionEmitter):
                   "      const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;"]
         ctx = Ctx()
         self.bind_loads(ctx, "n0 + v", [s.value for s in self.elem_stores])
-        for q, n in enumerate(self.kept):
-            t = "int64_t" if self.is_arg(n) else self.acc_type(n)
-            ctx.names[n.id] = f"{self.ws_ptr(q, t, False)}[row]"
+        for n in self.kept:
+            ctx.names[n.id] = self.kept_name(n)
         roots = [s.value for s in self.elem_stores]
         lines += self.row_statements(roots, ctx, "      ")
         lines += self.elem_statements(roots, ctx, "      ")
@@ -419,23 +453,24 @@ class AxisEmitter(DirectionEmitter):
             lines += ["  if (K > 0) {",
                       "    const int64_t tiles = (I + TX - 1) / TX;",
                       "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
-            cases = []
-            for tx in (1, 2, 4, 8, 16, 32):
-                cases.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
-                if tx == 1:
-                    cases.append(f"      if (vec_r) {self.kname}_reduce<T, VEC, 1><<<grid, dim3(1, {BLOCK}), 0, "
-                                 "stream>>>(args, ws, O, R, I, G, chunk);")
-                    cases.append(f"      else {self.kname}_reduce<T, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
-                                 "stream>>>(args, ws, O, R, I, G, chunk);")
-                else:
-                    cases.append(f"      {self.kname}_reduce<T, 1, {tx}><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
-                                 "stream>>>(args, ws, O, R, I, G, chunk);")
-                cases.append("    }")
-            lines += cases
-            lines += ["    if (G > 1) {",
-                      "      const int64_t cb = (K + 255) / 256;",
-                      f"      {self.kname}_combine<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>(args, ws, K, G);",
-                      "    }"]
+            for p in range(len(self.phases)):
+                lines.append(f"    // phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
+                for tx in (1, 2, 4, 8, 16, 32):
+                    lines.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
+                    if tx == 1:
+                        lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    else:
+                        lines.append(f"      {self.kname}_reduce{p}<T, 1, {tx}><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    lines.append("    }")
+                lines += ["    if (G > 1) {",
+                          "      const int64_t cb = (K + 255) / 256;",
+                          f"      {self.kname}_combine{p}<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>"
+                          "(args, ws, K, G);",
+                          "    }"]
             if self.totals:
                 lines.append(f"    {self.kname}_total<T><<<1, 1024, 0, stream>>>(args, ws, K, GP);")
             lines.append("  }")
@@ -468,7 +503,8 @@ class AxisEmitter(DirectionEmitter):
     def emit(self, dtypes: list[str]) -> str:
         lines = []
         if self.reduces:
-            lines += self.emit_finish() + [""] + self.emit_reduce() + [""] + self.emit_combine() + [""]
+            for p in range(len(self.phases)):
+                lines += self.emit_finish(p) + [""] + self.emit_reduce(p) + [""] + self.emit_combine(p) + [""]
         if self.totals:
             lines += self.emit_total() + [""]
         if self.elem_stores or (self.global_stores and not self.reduces):

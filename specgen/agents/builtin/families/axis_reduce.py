@@ -219,9 +219,18 @@ class AxisLowering(Lowering):
 
     def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction=None) -> Val:
         out_shape = _shape(fx_node)
-        if kind == "var":
-            raise self.refuse(fx_node, "a variance over a block of axes")
         node = val.node
+        if kind == "var":  # two sweeps: the mean, then the squared deviations from it
+            if node.level != "elem" or node.dtype != "float" or not self.block_of(val.shape, dims):
+                raise self.refuse(fx_node, f"a variance over dims {list(dims)} of a value of shape {val.shape}")
+            wf = self.cast(self.width_node(fx_node), torch.float32, fx_node)
+            total = Node("rowreduce", (node,), level="row", attrs={"kind": "sum"}, name=f"{fx_node.name}_sum")
+            mean = self.pointwise("div", [total, wf], fx_node)
+            dev = self.pointwise("sub", [node, mean], fx_node)
+            ssq = Node("rowreduce", (self.pointwise("mul", [dev, dev], fx_node),), level="row",
+                       attrs={"kind": "sum"}, name=f"{fx_node.name}_ssq")
+            denom = self.pointwise("sub", [wf, const(float(correction or 0.0))], fx_node)
+            return Val(self.pointwise("div", [ssq, denom], fx_node), out_shape)
         if kind != "sum" and node.dtype != "float":
             raise self.refuse(fx_node, f"a {kind} of {node.dtype} values")
         if node.level == "row" and val.shape and self.shape_class(val.shape) == "row" \
@@ -423,11 +432,9 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
         if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
                                                                               for n in program.nodes()):
             raise AgentRefused(f"{spec.path}: the {d} totals kept values without a reduction over the block")
-        nested = two_pass(program)
-        if nested is not None:
-            raise AgentRefused(f"{spec.path}: the {d} reduces a value that depends on another reduction "
-                               f"({nested.name}): two sweeps over the reduced axes, outside the axis-reduction "
-                               f"family")
+        if sweeps(program) > MAX_SWEEPS:
+            raise AgentRefused(f"{spec.path}: the {d} needs {sweeps(program)} dependent sweeps over the reduced "
+                               f"axes (at most {MAX_SWEEPS}), outside the axis-reduction family")
         programs[d] = program
     if "backward" in programs:
         programs["backward"] = with_layout(cse(reuse_forward_extremes(programs["forward"], programs["backward"], spec)),
@@ -470,19 +477,13 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             v.copy_(outs[k].reshape(v.shape))
 
 
-def two_pass(program: AxisProgram) -> Node | None:
-    """A reduction whose operand depends on another reduction (a variance from its mean, a
-    softmax over the block): the emitter's single sweep cannot take it."""
+MAX_SWEEPS = 3
+
+
+def sweeps(program: AxisProgram) -> int:
+    """Dependent sweeps over S the reductions need (a variance from its mean: 2)."""
+    depth: dict[int, int] = {}
     for n in program.nodes():
-        if n.op != "rowreduce":
-            continue
-        stack, seen = list(n.args), set()
-        while stack:
-            m = stack.pop()
-            if m.id in seen:
-                continue
-            seen.add(m.id)
-            if m.op == "rowreduce":
-                return n
-            stack.extend(m.args)
-    return None
+        d = max((depth[a.id] for a in n.args), default=0)
+        depth[n.id] = d + 1 if n.op == "rowreduce" else d
+    return max(depth.values(), default=0)
