@@ -161,10 +161,29 @@ class AxisEmitter(DirectionEmitter):
                 ctx.loads[n.id] = expr
         return lines
 
+    def row_nodes(self, roots: list[Node]) -> list[Node]:
+        """Row-level nodes `roots` need, through elem nodes too (a per-element expression's
+        per-row factors), reductions being boundaries; in topological order."""
+        want: set[int] = set()
+        stack = list(roots)
+        seen: set[int] = set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.level == "row" and n.op not in ("rowreduce",):
+                want.add(n.id)
+            if n.op in ("rowreduce", "globalreduce"):
+                continue
+            stack.extend(n.args)
+        return [n for n in self.nodes if n.id in want]
+
     def row_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        """Each row-level value once per kept element, named (not inlined per element)."""
         lines = []
-        for n in self.closure(roots, "row"):
-            if n.id in ctx.names or n.op == "load":
+        for n in self.row_nodes(roots):
+            if n.id in ctx.names:
                 continue
             name = self.var(n)
             lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
@@ -253,8 +272,11 @@ class AxisEmitter(DirectionEmitter):
             lines.append(f"    {self.acc_type(n)} {self.var(n)} = {self.init(n)};")
             if self.is_arg(n):
                 lines.append(f"    int64_t {self.var(n)}_i = INT64_MAX;")
-        lines += ["    if (live) {",
-                  "#pragma unroll 4",
+        lines.append("    if (live) {")
+        ctx = Ctx()
+        self.earlier(p, ctx)
+        lines += self.row_statements([n.args[0] for n in reduces], ctx, "      ")
+        lines += ["#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
                   "        const int64_t base = (o * R + j0) * I + i; (void)base;"]
         for n in self.vec_loads([n.args[0] for n in reduces]):
@@ -264,11 +286,8 @@ class AxisEmitter(DirectionEmitter):
                          f"ld_{n.attrs['field']});")
         lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
                   "          const int64_t j = j0 + v; (void)j;"]
-        ctx = Ctx()
-        self.earlier(p, ctx)
         self.bind_loads(ctx, "base + v", [n.args[0] for n in reduces])
         args = [n.args[0] for n in reduces]
-        lines += self.row_statements(args, ctx, "          ")
         lines += self.elem_statements(args, ctx, "          ")
         for n in reduces:
             lines.append(f"          {self.update(n, self.var(n), self.expr(n.args[0], ctx), 'j')}")
