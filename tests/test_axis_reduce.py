@@ -26,9 +26,9 @@ SPECS = Path(__file__).resolve().parent / "reduce_specs"
 FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last", "min_mid", "argmin_last",
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
-          "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid"]
-REFUSED = {"sum_dims02": "a reduction over dims [0, 2]"}
-SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6}
+          "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02"]
+REFUSED = {"sum_dims13": "a reduction over dims [1, 3]"}
+SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2}
 
 
 def _spec(op):
@@ -122,6 +122,7 @@ def test_layouts_and_plans():
     assert plan("mean_dim1_4d")[0] == "O = B, R = C, I = H * W"
     assert plan("mean_hw_keepdim")[0] == "O = B * C, R = H * W, I = 1"
     assert plan("sum_all")[0] == "O = 1, R = B * C * L, I = 1"
+    assert plan("sum_dims02")[0] == "O = C, R = B x L (both ends), I = 1"
     layout, p = plan("max_dim_last")
     assert layout == "O = N, R = D, I = 1" and sorted(p["kinds"]) == ["argmax", "max"] and not p["elem"]
     # backward of a mean over channels: no reduction, a pass over S reading grad_out per kept element
@@ -168,7 +169,7 @@ def test_outside_the_families_keeps_the_row_refusal(op):
 @pytest.mark.nvcc
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss",
-                                "softmax_mid"])
+                                "softmax_mid", "amax_dims02"])
 def test_family_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 

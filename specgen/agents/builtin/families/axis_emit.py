@@ -199,8 +199,19 @@ class AxisEmitter(DirectionEmitter):
     # ------------------------------------------------------------ kernels
     def sizes(self) -> list[str]:
         prod = lambda ds: " * ".join(dim_expr(d) for d in ds) or "(int64_t)1"
-        return [f"  const int64_t O = {prod(self.lay.lead)};", f"  const int64_t R = {prod(self.lay.block)};",
-                f"  const int64_t I = {prod(self.lay.inner)};"]
+        lay = self.lay
+        if lay.ends:  # [RA, O, RB] reduced over RA and RB
+            return [f"  const int64_t O = {prod(lay.block)};", f"  const int64_t RB = {prod(lay.inner)};",
+                    f"  const int64_t R = {prod(lay.lead)} * RB;", "  const int64_t I = 1;"]
+        return [f"  const int64_t O = {prod(lay.lead)};", f"  const int64_t R = {prod(lay.block)};",
+                f"  const int64_t I = {prod(lay.inner)};"]
+
+    def rb_line(self, indent: str) -> list[str]:
+        """RB (the reduced trailing extent) inside a kernel of an `ends` layout."""
+        if not self.lay.ends:
+            return []
+        prod = " * ".join(dim_expr(d) for d in self.lay.inner) or "(int64_t)1"
+        return [f"{indent}const int64_t RB = {prod};"]
 
     def kept_name(self, n: Node, row: str = "row") -> str:
         """A reduction's result read back from its kept slot."""
@@ -259,6 +270,7 @@ class AxisEmitter(DirectionEmitter):
                  "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
                  "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
                  "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
+                 *self.rb_line("  "),
                  "  const int64_t tiles = (I + TX - 1) / TX;", "  const int64_t g = blockIdx.y;",
                  "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
         for n in reduces:
@@ -278,7 +290,8 @@ class AxisEmitter(DirectionEmitter):
         lines += self.row_statements([n.args[0] for n in reduces], ctx, "      ")
         lines += ["#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
-                  "        const int64_t base = (o * R + j0) * I + i; (void)base;"]
+                  ("        const int64_t base = ((j0 / RB) * O + o) * RB + j0 % RB; (void)base;" if self.lay.ends
+                   else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
         for n in self.vec_loads([n.args[0] for n in reduces]):
             t = self.ctype_of(n.attrs["field"])
             lines.append(f"        acc_t ld_{n.attrs['field']}[VEC];")
@@ -391,7 +404,10 @@ class AxisEmitter(DirectionEmitter):
                  "  const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;",
                  "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
                  "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
-                 "    const int64_t o = n0 / (R * I), j0 = n0 / I % R, i0 = n0 % I; (void)j0;"]
+                 *self.rb_line("  "),
+                 ("    const int64_t o = n0 / RB % O, j0 = n0 / (O * RB) * RB + n0 % RB, i0 = 0; (void)j0;"
+                  if self.lay.ends else
+                  "    const int64_t o = n0 / (R * I), j0 = n0 / I % R, i0 = n0 % I; (void)j0;")]
         for n in self.vec_loads([s.value for s in self.elem_stores]):
             t = self.ctype_of(n.attrs["field"])
             lines.append(f"    acc_t ld_{n.attrs['field']}[VEC];")
@@ -450,7 +466,8 @@ class AxisEmitter(DirectionEmitter):
         if self.reduces:
             lines += [
                 "  TX = I >= 32 ? 32 : I >= 16 ? 16 : I >= 8 ? 8 : I >= 4 ? 4 : I >= 2 ? 2 : 1;",
-                "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned;",
+                "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned"
+                + (" && RB % VEC == 0;" if self.lay.ends else ";"),
                 f"  const int64_t tiles = (I + TX - 1) / TX, blocks = O * tiles, step = (int64_t)({BLOCK} / TX) * "
                 "(vec_r ? VEC : 1);",
                 f"  // few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at",
@@ -497,7 +514,8 @@ class AxisEmitter(DirectionEmitter):
             stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
                                          dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
             lines += [f"  const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};",
-                      "  const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;",
+                      ("  const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
+                       "  const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;"),
                       "  const int64_t per = mode ? VEC : 1;",
                       "  int64_t eb = (N / per + 255) / 256;", "  if (eb > (1 << 20)) eb = 1 << 20;",
                       "  if (eb < 1) eb = 1;",

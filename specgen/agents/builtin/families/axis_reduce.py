@@ -34,29 +34,57 @@ ARG_ATEN = {"argmax": "argmax", "argmin": "argmin"}
 
 @dataclass(frozen=True)
 class Layout:
-    """S split as lead | block | inner; each part a list of signature Dims."""
+    """S split as lead | block | inner (each a tuple of signature Dims), S[start:stop] the block.
+
+    ends False: the block is reduced: [O, R, I] = [lead, block, inner].
+    ends True: the block is kept and lead and inner are reduced (a sum over dims 0 and 2 of
+    [B, C, L]): [O, R, I] = [block, lead x inner, 1], the reduced index j = a * RB + b
+    (RB = prod(inner)) at offset (a * O + o) * RB + b."""
 
     shape: tuple[int, ...]  # S at the trace's example sizes
-    start: int  # the block is S[start:stop]
+    start: int
     stop: int
     lead: tuple = ()
     block: tuple = ()
     inner: tuple = ()
+    ends: bool = False
+
+    @property
+    def red_axes(self) -> list[int]:
+        if self.ends:
+            return list(range(self.start)) + list(range(self.stop, len(self.shape)))
+        return list(range(self.start, self.stop))
+
+    @property
+    def kept_dims(self) -> tuple:
+        return self.block if self.ends else self.lead + self.inner
+
+    @property
+    def red_dims(self) -> tuple:
+        return self.lead + self.inner if self.ends else self.block
 
     @property
     def kept_shape(self) -> tuple[int, ...]:
-        return self.shape[:self.start] + self.shape[self.stop:]
+        return tuple(s for a, s in enumerate(self.shape) if a not in self.red_axes)
 
     @property
     def kept_keepdim(self) -> tuple[int, ...]:
-        return self.shape[:self.start] + (1,) * (self.stop - self.start) + self.shape[self.stop:]
+        return tuple(1 if a in self.red_axes else s for a, s in enumerate(self.shape))
+
+    @property
+    def red_size(self) -> int:
+        return math.prod(self.shape[a] for a in self.red_axes)
 
     def sizes(self, dims: dict[str, int]) -> tuple[int, int, int]:
         prod = lambda ds: math.prod(d.resolve(dims) for d in ds)
+        if self.ends:
+            return prod(self.block), prod(self.lead) * prod(self.inner), 1
         return prod(self.lead), prod(self.block), prod(self.inner)
 
     def describe(self) -> str:
         name = lambda ds: " * ".join(map(str, ds)) or "1"
+        if self.ends:
+            return f"O = {name(self.block)}, R = {name(self.lead)} x {name(self.inner)} (both ends), I = 1"
         return f"O = {name(self.lead)}, R = {name(self.block)}, I = {name(self.inner)}"
 
 
@@ -109,14 +137,18 @@ def find_layout(spec, traced) -> Layout:
             continue
         axes = list(range(len(shape))) if axes is None else sorted({a % len(shape) for a in axes})
         axes = [a for a in axes if shape[a] != 1] or axes
-        if axes != list(range(axes[0], axes[-1] + 1)):
-            raise AgentRefused(f"{spec.path}: a reduction over axes {axes} that are not contiguous")
-        blocks.add((axes[0], axes[-1] + 1))
+        if axes == list(range(axes[0], axes[-1] + 1)):
+            blocks.add((axes[0], axes[-1] + 1, False))
+            continue
+        kept = [a for a in range(len(shape)) if a not in axes]
+        if kept != list(range(kept[0], kept[-1] + 1)) or kept[0] == 0 or kept[-1] == len(shape) - 1:
+            raise AgentRefused(f"{spec.path}: a reduction over axes {axes}: neither contiguous nor both ends")
+        blocks.add((kept[0], kept[-1] + 1, True))
     if len(blocks) != 1:
         raise AgentRefused(f"{spec.path}: {'no reduction' if not blocks else 'reductions over different axes'}")
-    start, stop = blocks.pop()
+    start, stop, ends = blocks.pop()
     d = list(primary.type.dims)
-    return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]))
+    return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]), ends)
 
 
 class AxisLowering(Lowering):
@@ -125,7 +157,7 @@ class AxisLowering(Lowering):
     def __init__(self, traced, layout: Layout):
         super().__init__(traced)
         self.layout = layout
-        self.row_dims = list(layout.lead + layout.inner)
+        self.row_dims = list(layout.kept_dims)
         self.rows = (math.prod(layout.kept_shape),)
 
     def refuse(self, fx_node, what: str) -> AgentRefused:
@@ -214,7 +246,7 @@ class AxisLowering(Lowering):
         if tuple(shape) != self.layout.shape:
             return False
         axes = sorted({d % len(shape) for d in dims})
-        want = [a for a in range(self.layout.start, self.layout.stop)]
+        want = self.layout.red_axes
         return [a for a in axes if shape[a] != 1] == [a for a in want if shape[a] != 1]
 
     def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction=None) -> Val:
@@ -257,7 +289,7 @@ class AxisLowering(Lowering):
     def width_node(self, fx_node) -> Node:
         """R: the product of the block's dims (a global int)."""
         total = None
-        for d in self.layout.block:
+        for d in self.layout.red_dims:
             node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name="dim_r") if d.symbol \
                 else const(d.add)
             total = node if total is None else Node("mul", (total, node), level="global", dtype="int", name="r")
@@ -267,7 +299,7 @@ class AxisLowering(Lowering):
         val = self.value(src, fx_node)
         dims = list(range(len(val.shape))) if dim is None else [dim]
         if val.node.level != "elem" or val.node.dtype != "float" or not self.block_of(val.shape, dims) or \
-                (dim is None and self.layout.stop - self.layout.start != len(val.shape)):
+                (dim is None and len(self.layout.red_axes) != len(val.shape)):
             raise self.refuse(fx_node, f"an {kind} over dim {dim} of a value of shape {val.shape}")
         return Node("rowreduce", (val.node,), level="row", dtype="int", attrs={"kind": kind}, name=fx_node.name)
 
@@ -298,7 +330,7 @@ class AxisLowering(Lowering):
         """A scatter along the (single) block axis at one index per kept element (the backward
         of max/min over a dim): where(r == index, value, base)."""
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
-        if self.layout.stop - self.layout.start != 1 or dim % len(b.shape) != self.layout.start \
+        if self.layout.red_axes != [dim % len(b.shape)] \
                 or idx.node.level not in ("row", "const", "global"):
             raise self.refuse(fx_node, "a scatter other than one value per kept element along the reduced axis")
         src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else const(value)
@@ -340,8 +372,8 @@ class AxisLowering(Lowering):
     def run(self) -> AxisProgram:
         p = super().run()
         lay = self.layout
-        return AxisProgram(p.op, p.direction, list(lay.lead + lay.inner), self.width_node(None),
-                           math.prod(lay.shape[lay.start:lay.stop]), p.stores, None, p.dims_example, layout=lay)
+        return AxisProgram(p.op, p.direction, list(lay.kept_dims), self.width_node(None),
+                           lay.red_size, p.stores, None, p.dims_example, layout=lay)
 
     def set_width(self, width, fx_node):  # the width is the block's size, fixed by the layout
         return None
@@ -449,16 +481,26 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     """run_program on the transposed view: S tensors as [O*I, R], kept tensors as [O*I]."""
     from ..interp import run_program
 
-    O, R, I = program.layout.sizes(dims)
+    lay = program.layout
+    O, R, I = lay.sizes(dims)
     S = O * R * I
+    full = tuple(d.resolve(dims) for d in lay.lead + lay.block + lay.inner)
+    # [O, R, I] (or for `ends`, [RA, O, RB]) as rows x columns and back
+    ra = math.prod(d.resolve(dims) for d in lay.lead)
+    view = (ra, O, R // max(ra, 1)) if lay.ends else (O, R, I)
 
     def to_rows(t):
         if t.dim() == 0:
             return t
-        if t.numel() == S and tuple(t.shape) == tuple(d.resolve(dims) for d in
-                                                      program.layout.lead + program.layout.block + program.layout.inner):
-            return t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
+        if t.numel() == S and tuple(t.shape) == full:
+            return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
+                t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
         return t.reshape(O * I)
+
+    def from_rows(t, shape):
+        if lay.ends:
+            return t.reshape(O, view[0], view[2]).permute(1, 0, 2).reshape(shape)
+        return t.reshape(O, I, R).permute(0, 2, 1).reshape(shape)
 
     ins = {k: to_rows(v) for k, v in tensors.items()}
     outs = {}
@@ -470,7 +512,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
         if kind == "elem":
-            v.copy_(outs[k].reshape(O, I, R).permute(0, 2, 1).reshape(v.shape))
+            v.copy_(from_rows(outs[k], v.shape))
         elif kind == "row":
             v.copy_(outs[k].reshape(v.shape))
         elif kind == "global":
