@@ -115,9 +115,10 @@ class AxisEmitter(DirectionEmitter):
         return {"max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY", "argmax": "(acc_t)(-INFINITY)",
                 "argmin": "(acc_t)INFINITY"}[kind]
 
-    def update(self, n: Node, v: str, val: str, idx: str, into: str = "") -> str:
-        """`v` (and `v_i`) take the value `val` at index `idx`."""
+    def update(self, n: Node, v: str, val: str, idx: str, vi: str | None = None) -> str:
+        """`v` (and its index `vi`, default `v_i`) take the value `val` at index `idx`."""
         kind = n.attrs["kind"]
+        vi = vi or f"{v}_i"
         if kind == "sum":
             return f"{v} += ({self.acc_type(n)})({val});"
         if kind == "max":
@@ -126,10 +127,10 @@ class AxisEmitter(DirectionEmitter):
             return f"{v} = sg::min_({v}, (acc_t)({val}));"
         m = "true" if kind == "argmax" else "false"
         return (f"{{ const acc_t c_ = (acc_t)({val}); const int64_t ci_ = {idx}; "
-                f"if (sgx::arg_better<{m}>(c_, ci_, {v}, {v}_i)) {{ {v} = c_; {v}_i = ci_; }} }}")
+                f"if (sgx::arg_better<{m}>(c_, ci_, {v}, {vi})) {{ {v} = c_; {vi} = ci_; }} }}")
 
-    def merge(self, n: Node, v: str, other: str, other_i: str = "") -> str:
-        return self.update(n, v, other, other_i)
+    def merge(self, n: Node, v: str, other: str, other_i: str = "", vi: str | None = None) -> str:
+        return self.update(n, v, other, other_i, vi)
 
     def ws_ptr(self, slot: int, ctype: str, partial: bool) -> str:
         base = f"(size_t){slot} * (size_t)G * (size_t)K" if partial else \
@@ -149,21 +150,22 @@ class AxisEmitter(DirectionEmitter):
                 if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None
                 and (used is None or any(n.id in used for n in ns))]
 
-    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node]) -> list[str]:
+    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node], vec_index: str = "v") -> list[str]:
         """Each elem load's value for the current element (from the vector read of `roots`' loads)."""
         lines = []
         vecs = {n.id for n in self.vec_loads(roots)}
         for key, ns in self.elem_loads.items():
             first = ns[0]
             name = f"ld_{first.attrs['field']}"
-            expr = f"{name}[v]" if first.id in vecs else self.elem_load_expr(first, index)
+            expr = f"{name}[{vec_index}]" if first.id in vecs else self.elem_load_expr(first, index)
             for n in ns:
                 ctx.loads[n.id] = expr
         return lines
 
-    def row_nodes(self, roots: list[Node]) -> list[Node]:
+    def row_nodes(self, roots: list[Node], earlier: set | None = None) -> list[Node]:
         """Row-level nodes `roots` need, through elem nodes too (a per-element expression's
-        per-row factors), reductions being boundaries; in topological order."""
+        per-row factors), reductions being boundaries (those in `earlier`, results of earlier
+        phases, are included: read once); in topological order."""
         want: set[int] = set()
         stack = list(roots)
         seen: set[int] = set()
@@ -172,7 +174,7 @@ class AxisEmitter(DirectionEmitter):
             if n.id in seen:
                 continue
             seen.add(n.id)
-            if n.level == "row" and n.op not in ("rowreduce",):
+            if n.level == "row" and (n.op != "rowreduce" or n.id in (earlier or ())):
                 want.add(n.id)
             if n.op in ("rowreduce", "globalreduce"):
                 continue
@@ -261,80 +263,121 @@ class AxisEmitter(DirectionEmitter):
         lines.append("}")
         return lines
 
+    def vi_allowed(self, p: int) -> bool:
+        """VI > 1 (16-byte reads along I) where the tree's shared memory stays small: at most
+        8 KB of values (16-bit storage: VI = 8 fp32 values a thread) and 16 KB of indices per
+        reduction of the phase, 48 KB in all."""
+        need = sum(8 + (16 if self.is_arg(n) else 0) for n in self.phases[p])
+        return not self.lay.ends and need <= 48
+
+    def row_arrays(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        """Row-level values once per kept element of the thread (VI of them), as arrays."""
+        earlier = {n.id for phase in self.phases for n in phase if n.id in ctx.names}
+        nodes = [n for n in self.row_nodes(roots, earlier) if n.id not in ctx.names or n.id in earlier]
+        if not nodes:
+            return []
+        lines = [f"{indent}{self.ctype_var(n)} {self.var(n)}[VI];" for n in nodes]
+        lines += ["#pragma unroll", f"{indent}for (int u = 0; u < VI; ++u) {{",
+                  f"{indent}  const int64_t row = row0 + u; (void)row;"]
+        for n in nodes:
+            lines.append(f"{indent}  {self.var(n)}[u] = {self.expr(n, ctx)};")
+            ctx.names[n.id] = f"{self.var(n)}[u]"
+        lines.append(f"{indent}}}")
+        return lines
+
     def emit_reduce(self, p: int) -> list[str]:
+        """One phase's sweep. A thread holds VI consecutive kept elements along I (VI > 1:
+        16-byte reads along I) or, when I == 1, reads VEC consecutive elements of R."""
         reduces = self.phases[p]
-        lines = [f"// Reduce: TX threads along I, {BLOCK} / TX along a chunk of R (VEC > 1: I == 1, 16-byte reads).",
-                 "template <typename T, int VEC, int TX>",
+        lines = [f"// Reduce (phase {p}): TX threads along I (VI elements each), {BLOCK} / TX along a chunk of R",
+                 "// (VEC > 1: I == 1, 16-byte reads along R).",
+                 "template <typename T, int VEC, int TX, int VI>",
                  f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce{p}(const {self.args_t} A, void* ws, "
                  "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)", "{",
                  "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
+                 "  constexpr int TW = TX * VI;  // kept elements of a tile",
                  "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
                  "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
                  *self.rb_line("  "),
-                 "  const int64_t tiles = (I + TX - 1) / TX;", "  const int64_t g = blockIdx.y;",
+                 "  const int64_t tiles = (I + TW - 1) / TW;", "  const int64_t g = blockIdx.y;",
                  "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
         for n in reduces:
-            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TX];")
+            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TW];")
             if self.is_arg(n):
-                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TX];")
+                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TW];")
         lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
-                  "    const int64_t o = b / tiles, i = (b % tiles) * TX + tx;",
-                  "    const bool live = i < I;", "    const int64_t row = o * I + i; (void)row;"]
+                  "    const int64_t o = b / tiles, i = (b % tiles) * TW + (int64_t)tx * VI;",
+                  "    const bool live = i < I;  // VI > 1: I % VI == 0, all VI live",
+                  "    const int64_t row0 = o * I + i; (void)row0;"]
         for n in reduces:
-            lines.append(f"    {self.acc_type(n)} {self.var(n)} = {self.init(n)};")
+            v = self.var(n)
+            lines.append(f"    {self.acc_type(n)} {v}[VI];")
             if self.is_arg(n):
-                lines.append(f"    int64_t {self.var(n)}_i = INT64_MAX;")
+                lines.append(f"    int64_t {v}_i[VI];")
+            lines.append(f"#pragma unroll")
+            lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
+                         + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
         lines.append("    if (live) {")
         ctx = Ctx()
         self.earlier(p, ctx)
-        lines += self.row_statements([n.args[0] for n in reduces], ctx, "      ")
+        lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
         lines += ["#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
                   ("        const int64_t base = ((j0 / RB) * O + o) * RB + j0 % RB; (void)base;" if self.lay.ends
                    else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
         for n in self.vec_loads([n.args[0] for n in reduces]):
             t = self.ctype_of(n.attrs["field"])
-            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC];")
-            lines.append(f"        sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + base, "
+            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC * VI];")
+            lines.append(f"        sg::load_vec<VEC * VI>((const {t}*)A.{n.attrs['field']}.data + base, "
                          f"ld_{n.attrs['field']});")
         lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
-                  "          const int64_t j = j0 + v; (void)j;"]
-        self.bind_loads(ctx, "base + v", [n.args[0] for n in reduces])
+                  "          const int64_t j = j0 + v; (void)j;",
+                  "#pragma unroll", "          for (int u = 0; u < VI; ++u) {",
+                  "            const int64_t row = row0 + u; (void)row;"]
+        self.bind_loads(ctx, "base + v * I + u", [n.args[0] for n in reduces], vec_index="v * VI + u")
         args = [n.args[0] for n in reduces]
-        lines += self.elem_statements(args, ctx, "          ")
-        for n in reduces:
-            lines.append(f"          {self.update(n, self.var(n), self.expr(n.args[0], ctx), 'j')}")
-        lines += ["        }", "      }", "    }"]
-        for n in reduces:
-            lines.append(f"    sm_{self.var(n)}[ty][tx] = {self.var(n)};")
-            if self.is_arg(n):
-                lines.append(f"    sm_{self.var(n)}_i[ty][tx] = {self.var(n)}_i;")
-        lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
-                  "      if (ty < s) {"]
+        lines += self.elem_statements(args, ctx, "            ")
         for n in reduces:
             v = self.var(n)
-            lines.append(f"        {self.acc_type(n)} {v} = sm_{v}[ty][tx];")
+            lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
+        lines += ["          }", "        }", "      }", "    }"]
+        lines.append("#pragma unroll")
+        lines.append("    for (int u = 0; u < VI; ++u) {")
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"      sm_{v}[ty][tx * VI + u] = {v}[u];")
             if self.is_arg(n):
-                lines.append(f"        int64_t {v}_i = sm_{v}_i[ty][tx];")
-            lines.append(f"        {self.merge(n, v, f'sm_{v}[ty + s][tx]', f'sm_{v}_i[ty + s][tx]')}")
-            lines.append(f"        sm_{v}[ty][tx] = {v};")
+                lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
+        lines.append("    }")
+        lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
+                  "      if (ty < s) {", "#pragma unroll", "        for (int u = 0; u < VI; ++u) {",
+                  "          const int c = tx * VI + u;"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"          {self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
             if self.is_arg(n):
-                lines.append(f"        sm_{v}_i[ty][tx] = {v}_i;")
-        lines += ["      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {"]
+                lines.append(f"          int64_t {v}_m_i = sm_{v}_i[ty][c];")
+            lines.append(f"          {self.merge(n, f'{v}_m', f'sm_{v}[ty + s][c]', f'sm_{v}_i[ty + s][c]', f'{v}_m_i')}")
+            lines.append(f"          sm_{v}[ty][c] = {v}_m;")
+            if self.is_arg(n):
+                lines.append(f"          sm_{v}_i[ty][c] = {v}_m_i;")
+        lines += ["        }", "      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {",
+                  "#pragma unroll", "      for (int u = 0; u < VI; ++u) {",
+                  "        const int c = tx * VI + u;", "        const int64_t row = row0 + u;"]
         finals = []
         for n in reduces:
             v = self.var(n)
-            finals.append(f"sm_{v}[0][tx]")
+            finals.append(f"sm_{v}[0][c]")
             if self.is_arg(n):
-                finals.append(f"sm_{v}_i[0][tx]")
-        lines.append(f"      if (G == 1) {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
-        lines.append("      else {")
+                finals.append(f"sm_{v}_i[0][c]")
+        lines.append(f"        if (G == 1) {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines.append("        else {")
         for n in reduces:
             v, slot = self.var(n), self.pslots[n.id]
-            lines.append(f"        {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][tx];")
+            lines.append(f"          {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][c];")
             if self.is_arg(n):
-                lines.append(f"        {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][tx];")
-        lines += ["      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
+                lines.append(f"          {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][c];")
+        lines += ["        }", "      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
                   "  }", "}"]
         return lines
 
@@ -462,14 +505,19 @@ class AxisEmitter(DirectionEmitter):
                   "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;"]
         aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
         lines.append(f"  const bool loads_aligned = {aligned};")
-        lines += ["  int64_t G = 1, chunk = R > 0 ? R : 1;", "  int TX = 1;", "  bool vec_r = false;"]
+        lines += ["  int64_t G = 1, chunk = R > 0 ? R : 1;", "  int TX = 1, VI = 1;", "  bool vec_r = false;"]
         if self.reduces:
+            vi_ok = all(self.vi_allowed(p) for p in range(len(self.phases)))
             lines += [
-                "  TX = I >= 32 ? 32 : I >= 16 ? 16 : I >= 8 ? 8 : I >= 4 ? 4 : I >= 2 ? 2 : 1;",
+                "  // a wide kept axis: 32 threads along I, each reading 16 bytes (VI elements) per step",
+                f"  if ({'true' if vi_ok else 'false'} && VEC > 1 && I % VEC == 0 && I >= 32 * VEC && loads_aligned) "
+                "VI = VEC;",
+                "  const int64_t IV = I / VI;",
+                "  TX = IV >= 32 ? 32 : IV >= 16 ? 16 : IV >= 8 ? 8 : IV >= 4 ? 4 : IV >= 2 ? 2 : 1;",
                 "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned"
                 + (" && RB % VEC == 0;" if self.lay.ends else ";"),
-                f"  const int64_t tiles = (I + TX - 1) / TX, blocks = O * tiles, step = (int64_t)({BLOCK} / TX) * "
-                "(vec_r ? VEC : 1);",
+                f"  const int64_t tiles = (I + TX * VI - 1) / (TX * VI), blocks = O * tiles, "
+                f"step = (int64_t)({BLOCK} / TX) * (vec_r ? VEC : 1);",
                 f"  // few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at",
                 f"  // least {MIN_STEPS} steps); G depends on the shape only, so results are reproducible",
                 f"  if (blocks < {TARGET_BLOCKS}) {{",
@@ -487,19 +535,24 @@ class AxisEmitter(DirectionEmitter):
                   f"  const {self.args_t} args = A;"]
         if self.reduces:
             lines += ["  if (K > 0) {",
-                      "    const int64_t tiles = (I + TX - 1) / TX;",
+                      "    const int64_t tiles = (I + TX * VI - 1) / (TX * VI);",
                       "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
             for p in range(len(self.phases)):
                 lines.append(f"    // phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
                 for tx in (1, 2, 4, 8, 16, 32):
                     lines.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
                     if tx == 1:
-                        lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                        lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
                                      "stream>>>(args, ws, O, R, I, G, chunk);")
-                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    elif tx == 32 and vi_ok:
+                        lines.append(f"      if (VI > 1) {self.kname}_reduce{p}<T, 1, 32, VEC><<<grid, dim3(32, "
+                                     f"{BLOCK // 32}), 0, stream>>>(args, ws, O, R, I, G, chunk);")
+                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 32, 1><<<grid, dim3(32, {BLOCK // 32}), 0, "
                                      "stream>>>(args, ws, O, R, I, G, chunk);")
                     else:
-                        lines.append(f"      {self.kname}_reduce{p}<T, 1, {tx}><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
+                        lines.append(f"      {self.kname}_reduce{p}<T, 1, {tx}, 1><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
                                      "stream>>>(args, ws, O, R, I, G, chunk);")
                     lines.append("    }")
                 lines += ["    if (G > 1) {",
