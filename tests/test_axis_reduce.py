@@ -217,3 +217,16 @@ def test_split_reductions_are_bit_reproducible(op, dims):
     for other in results[1:]:
         assert all(torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
                                b.view(torch.int32) if b.is_floating_point() else b) for a, b in zip(results[0], other))
+
+
+def test_family_source_is_the_same_in_any_process_state():
+    """Kernels are committed: lowering other ops first (process-wide node ids) must not change
+    a family kernel's text."""
+    from specgen.agents.builtin import generator
+
+    spec = _spec("softmax_mid")
+    first = build_source(spec)
+    generator._programs.clear()
+    build_source(_spec("cosine_loss"))
+    generator._programs.clear()
+    assert build_source(spec) == first
