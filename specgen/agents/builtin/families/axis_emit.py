@@ -335,9 +335,11 @@ class AxisEmitter(DirectionEmitter):
         ctx = Ctx()
         self.earlier(p, ctx)
         lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
+        if self.lay.ends:  # j = a * RB + b, tracked without a division per step
+            lines.append("      int64_t ja = (r0 + (int64_t)ty * VEC) / RB, jb = (r0 + (int64_t)ty * VEC) % RB;")
         lines += ["#pragma unroll 4",
                   "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
-                  ("        const int64_t base = ((j0 / RB) * O + o) * RB + j0 % RB; (void)base;" if self.lay.ends
+                  ("        const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
                    else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
         for n in self.vec_loads([n.args[0] for n in reduces]):
             t = self.ctype_of(n.attrs["field"])
@@ -354,7 +356,11 @@ class AxisEmitter(DirectionEmitter):
         for n in reduces:
             v = self.var(n)
             lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
-        lines += ["          }", "        }", "      }", "    }"]
+        lines += ["          }", "        }"]
+        if self.lay.ends:
+            lines.append("        jb += (int64_t)TY * VEC;")
+            lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
+        lines += ["      }", "    }"]
         lines.append("#pragma unroll")
         lines.append("    for (int u = 0; u < VI; ++u) {")
         for n in reduces:
