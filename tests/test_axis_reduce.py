@@ -230,3 +230,22 @@ def test_family_source_is_the_same_in_any_process_state():
     build_source(_spec("cosine_loss"))
     generator._programs.clear()
     assert build_source(spec) == first
+
+
+def test_launch_plan_spreads_every_shape_over_the_sms():
+    """The host's geometry (mirrored by launch_plan): a scalar reduction is split into many
+    chunks, a middle axis with a wide kept axis reads 16 bytes a thread along it, a narrow one
+    splits R, a last-axis reduction reads 16 bytes along R."""
+    from specgen.agents.builtin.families.axis_emit import launch_plan
+
+    total = launch_plan(1, 4096 * 4096, 1, 4)  # x.sum() of 16M floats
+    assert total["TX"] == 1 and total["vec_r"] and total["G"] == 2048
+    assert total["chunk"] % (256 * 4) == 0 and total["G"] * total["chunk"] >= 4096 * 4096
+    mid = launch_plan(16, 256, 4096, 2)  # sum over C of [16, 256, 4096] bf16
+    assert (mid["TX"], mid["VI"], mid["G"], mid["chunk"]) == (32, 8, 8, 32)  # 2048 blocks, 4 steps a thread
+    narrow = launch_plan(3, 4096, 5, 4)  # few kept elements: R split
+    assert narrow["TX"] == 4 and narrow["VI"] == 1 and narrow["G"] > 1
+    rows = launch_plan(4096, 4096, 1, 4)  # torch.max over the last dim: a block per row
+    assert rows["vec_r"] and rows["G"] == 1
+    odd = launch_plan(5, 1001, 7, 4, aligned=False)
+    assert odd["VI"] == 1 and not odd["vec_r"] and odd["G"] * odd["chunk"] >= 1001

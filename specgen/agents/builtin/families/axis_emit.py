@@ -28,6 +28,28 @@ BLOCK = 256
 TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (shape-only: reproducible)
 MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
 
+def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
+                ends_rb: int | None = None) -> dict:
+    """The reduce kernels' geometry the generated host code picks for [O, R, I] (a Python
+    mirror of emit_launch, for the tests and the tuner): TX threads along I with VI kept
+    elements each, 16-byte reads along R (vec_r) when I == 1, R split into G chunks of `chunk`."""
+    vec = max(1, 16 // itemsize)
+    vi = vec if vi_ok and ends_rb is None and vec > 1 and I % vec == 0 and I >= 32 * vec and aligned else 1
+    iv = I // vi
+    tx = next(t for t in (32, 16, 8, 4, 2, 1) if iv >= t or t == 1)
+    vec_r = tx == 1 and vec > 1 and R % vec == 0 and aligned and (ends_rb is None or ends_rb % vec == 0)
+    tiles = -(-I // (tx * vi))
+    blocks = O * tiles
+    step = (BLOCK // tx) * (vec if vec_r else 1)
+    g = 1
+    if blocks < TARGET_BLOCKS:
+        g = -(-TARGET_BLOCKS // blocks)
+        g = max(1, min(g, -(-R // (step * MIN_STEPS)), 65535))
+    chunk = max(1, -(-(-(-R // g)) // step) * step)
+    g = max(1, -(-R // chunk))
+    return {"TX": tx, "VI": vi, "vec_r": vec_r, "tiles": tiles, "G": g, "chunk": chunk}
+
+
 HELPERS = r"""namespace sgx {
 // Arg-reductions as torch breaks ties: the first index of the extreme; NaN is the extreme
 // (the first NaN wins). Order-free: the index decides ties, so any merge order agrees.
