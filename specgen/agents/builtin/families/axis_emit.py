@@ -350,7 +350,7 @@ class AxisEmitter(DirectionEmitter):
             lines.append(f"    {self.acc_type(n)} {v}[VI];")
             if self.is_arg(n):
                 lines.append(f"    int64_t {v}_i[VI];")
-            lines.append(f"#pragma unroll")
+            lines.append("#pragma unroll")
             lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
                          + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
         lines.append("    if (live) {")

@@ -19,7 +19,7 @@ this (two different blocks in one program, a reshape across the block, var): Age
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
