@@ -105,7 +105,8 @@ class Lowering:
     # ---------------------------------------------------------------- errors
     def refuse(self, fx_node, what: str) -> AgentRefused:
         return AgentRefused(f"{where(self.spec, fx_node)}: {what}: outside the builtin generator's families "
-                            f"(pointwise ops, reductions over the last dim, their fusions and backward); "
+                            f"(pointwise ops, reductions over a contiguous block of axes or both ends, "
+                            f"arg-reductions, their fusions and backward); "
                             f"{LLM_HINT}")
 
     # ---------------------------------------------------------------- sizes
