@@ -27,8 +27,8 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
-          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid"]
-REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid": "prims.prod"}
+          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid"]
+REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
 SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2}
 
 

@@ -148,6 +148,8 @@ class AxisEmitter(DirectionEmitter):
         kind = n.attrs["kind"]
         if kind == "sum":
             return f"({self.acc_type(n)})0"
+        if kind == "prod":
+            return f"({self.acc_type(n)})1"
         return {"max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY", "argmax": "(acc_t)(-INFINITY)",
                 "argmin": "(acc_t)INFINITY"}[kind]
 
@@ -157,6 +159,8 @@ class AxisEmitter(DirectionEmitter):
         vi = vi or f"{v}_i"
         if kind == "sum":
             return f"{v} += ({self.acc_type(n)})({val});"
+        if kind == "prod":
+            return f"{v} *= ({self.acc_type(n)})({val});"
         if kind == "max":
             return f"{v} = sg::max_({v}, (acc_t)({val}));"
         if kind == "min":

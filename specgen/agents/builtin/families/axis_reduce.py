@@ -28,7 +28,7 @@ from ..ir import Node, Program, Store, const
 from ..lower import Cat, Lowering, TensorRef, Val, _shape
 from ..trace import trace
 
-REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min"}
+REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
 ARG_ATEN = {"argmax": "argmax", "argmin": "argmin"}
 
 
@@ -263,7 +263,7 @@ class AxisLowering(Lowering):
                        attrs={"kind": "sum"}, name=f"{fx_node.name}_ssq")
             denom = self.pointwise("sub", [wf, const(float(correction or 0.0))], fx_node)
             return Val(self.pointwise("div", [ssq, denom], fx_node), out_shape)
-        if kind != "sum" and node.dtype != "float":
+        if kind not in ("sum", "prod") and node.dtype != "float":
             raise self.refuse(fx_node, f"a {kind} of {node.dtype} values")
         if node.level == "row" and val.shape and self.shape_class(val.shape) == "row" \
                 and tuple(val.shape) != self.layout.shape and math.prod(self.layout.kept_shape) > 1:
@@ -276,6 +276,8 @@ class AxisLowering(Lowering):
             return Val(Node("globalreduce", (node,), level="post", dtype="float", attrs={"kind": "sum"},
                             name=fx_node.name), out_shape)
         if node.level in ("const", "global", "row") and (not val.shape or self.block_of(val.shape, dims)):
+            if kind == "prod":
+                raise self.refuse(fx_node, "a product of a value constant over the reduced axes")
             if kind == "sum":
                 return Val(self.pointwise("mul", [node, self.width_node(fx_node)], fx_node), out_shape)
             return Val(node, out_shape)
@@ -302,6 +304,9 @@ class AxisLowering(Lowering):
                 (dim is None and len(self.layout.red_axes) != len(val.shape)):
             raise self.refuse(fx_node, f"an {kind} over dim {dim} of a value of shape {val.shape}")
         return Node("rowreduce", (val.node,), level="row", dtype="int", attrs={"kind": kind}, name=fx_node.name)
+
+    def op_prod(self, fx_node, src, dims, **kw):
+        return self.reduce("prod", self.value(src, fx_node), list(dims), fx_node)
 
     def op_argmax(self, fx_node, src, dim=None, keepdim=False):
         return Val(self.arg_reduce("argmax", fx_node, src, dim), _shape(fx_node))
@@ -400,7 +405,7 @@ def validate(program: AxisProgram) -> None:
             assert n.args[0].level in ("row", "global", "const") and n.level == "post", f"axis program: {n!r}"
         if n.op == "rowreduce":
             assert n.args[0].level == "elem" and n.level == "row", f"axis program: {n!r}"
-            assert n.attrs["kind"] in ("sum", "max", "min", "argmax", "argmin"), n
+            assert n.attrs["kind"] in ("sum", "prod", "max", "min", "argmax", "argmin"), n
         elif n.args:
             want = max((a.level for a in n.args), key=ir.LEVEL_RANK.__getitem__)
             assert ir.LEVEL_RANK[n.level] >= ir.LEVEL_RANK[want], f"axis program: {n!r} below its operands"
