@@ -145,6 +145,10 @@ def test_layouts_and_plans():
     layout, p = plan("softmax_mid")
     assert layout == "O = B, R = C, I = L" and p["phases"] == [["max"], ["sum"]] and p["elem"]
     assert p["kept_slots"] == 2  # the max and the sum, read by the elem pass
+    # softmax's backward reads its forward output: out * (g - sum(g * out)), one sweep, no exp
+    program = lower_spec(_spec("softmax_mid"))["backward"]
+    assert [n.attrs["kind"] for n in program.nodes() if n.op == "rowreduce"] == ["sum"]
+    assert not any(n.op == "exp" for n in program.nodes())
     # the backward of amax: the forward's max read back, one sweep counting its ties, then the pass
     assert plan("amax_mid_bwd", "backward")[1]["phases"] == [["sum"]]
 

@@ -474,9 +474,18 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
                                f"axes (at most {MAX_SWEEPS}), outside the axis-reduction family")
         programs[d] = program
     if "backward" in programs:
-        programs["backward"] = with_layout(cse(reuse_forward_extremes(programs["forward"], programs["backward"], spec)),
-                                           layout)
-        validate(programs["backward"])
+        from ..optimize import reuse_forward_outputs
+
+        forward, backward = programs["forward"], programs["backward"]
+        backward = with_layout(cse(reuse_forward_extremes(forward, backward, spec)), layout)
+        # a forward elem output (softmax over channels) read back instead of recomputed, kept
+        # when it streams no more tensors and needs no more sweeps (as the row family does)
+        outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
+        reused = with_layout(cse(reuse_forward_outputs(forward, backward, outputs)), layout)
+        if len(_streamed(reused)) <= len(_streamed(backward)) and sweeps(reused) <= sweeps(backward):
+            backward = reused
+        validate(backward)
+        programs["backward"] = backward
     return programs
 
 
@@ -525,6 +534,10 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
 
 
 MAX_SWEEPS = 3
+
+
+def _streamed(program) -> set[str]:
+    return {n.attrs["field"] for n in program.nodes() if n.op == "load" and n.attrs.get("kind") == "elem"}
 
 
 def sweeps(program: AxisProgram) -> int:
