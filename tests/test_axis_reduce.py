@@ -259,3 +259,21 @@ def test_launch_plan_spreads_every_shape_over_the_sms():
     assert rows["vec_r"] and rows["G"] == 1
     odd = launch_plan(5, 1001, 7, 4, aligned=False)
     assert odd["VI"] == 1 and not odd["vec_r"] and odd["G"] * odd["chunk"] >= 1001
+
+
+def test_a_functional_copy_keeps_normalize_in_the_row_family():
+    """F.normalize's backward copies into a fresh tensor (aten.copy_): the row lowering takes
+    it as the source's value, so the op stays a row program (one read of a row in registers)."""
+    from specgen.agents.builtin.interp import run_program
+
+    spec = _spec("l2normalize_last")
+    programs = lower_spec(spec)
+    assert family_of(programs) is None
+    dims = {"N": 6, "D": 40}
+    x = torch.randn(6, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    out = torch.nn.functional.normalize(x, dim=-1)
+    g = torch.randn(6, 40, dtype=torch.float64)
+    (want,) = torch.autograd.grad(out, x, g)
+    got = {"grad_x": torch.full((6, 40), float("nan"), dtype=torch.float64)}
+    run_program(programs["backward"], {"x": x.detach(), "out": out.detach(), "grad_out": g}, {}, dims, got)
+    torch.testing.assert_close(got["grad_x"], want, rtol=1e-9, atol=1e-9)

@@ -188,9 +188,6 @@ class AxisLowering(Lowering):
             return self.pointwise("maximum", [self.sym(a, fx_node) for a in fx_node.args], fx_node, dtype="int")
         return super().call(fx_node)
 
-    def op_copy_(self, fx_node, dst, src, *args, **kwargs):  # a functional copy: the source's values
-        return self.value(src, fx_node)
-
     def op_empty_strided(self, fx_node, *args, **kwargs):  # only ever filled (full_like) by the traces
         return Val(const(0.0), _shape(fx_node))
 
