@@ -38,7 +38,7 @@ class PackageOps:
 
     def __init__(self, package: str):
         importlib.import_module(package)
-        namespace = getattr(torch.ops, package)
+        namespace = getattr(torch.ops, importlib.import_module(package).NAMESPACE)  # unique per build
         for op in OPS:
             setattr(self, op, getattr(namespace, op))
 

@@ -310,7 +310,7 @@ class IsolatedKernel:
         from .verify.timed import timed_calls
         from .verify.verdict import Failure
 
-        sets = [prepare(self.spec, make_case(dims, dtype, seed=seed + i), direction, "cuda")
+        sets = [prepare(self.spec, make_case(dims, dtype, seed=seed + i), direction, "cuda", later=True)
                 for i in range(input_sets)]
         try:
             run = timed_calls(self.runner, self.spec, sets, reps=reps, warmup=warmup, flush_bytes=flush_bytes())
@@ -339,6 +339,15 @@ def bench_spec(spec, library: Path | None = None, shapes: list[dict] | None = No
             raise ValueError(f"direction must be one of {abi.DIRECTIONS}, not {direction!r}")
     if "backward" in directions and spec.backward == "none":
         raise ValueError(f"spec {spec.name} has no backward (backward: none)")
+    from .verify.gpulock import exclusive_gpu
+
+    with exclusive_gpu(torch.cuda.current_device()):  # timing beside other work times the other work
+        return _bench_all(spec, library, baseline, shapes, dtypes, directions, eager=eager, compiled=compiled,
+                          warmup=warmup, reps=reps, input_sets=input_sets, on_row=on_row)
+
+
+def _bench_all(spec, library, baseline, shapes, dtypes, directions, *, eager, compiled, warmup, reps, input_sets,
+               on_row) -> BenchResult:
     copy_gbs = copy_bandwidth_gbs()
     rows = []
     kernels = {name: IsolatedKernel(spec, lib) for name, lib in (("kernel", library), ("baseline", baseline))

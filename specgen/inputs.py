@@ -137,7 +137,7 @@ def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribu
         tensor = torch.randint(0, 100, shape, generator=gen, dtype=torch.int64, device=gen.device)
     else:
         tensor = _values(shape, distribution, gen, name)
-    return tensor.to(TORCH_DTYPES[name]).to(device)
+    return tensor.to(device=device, dtype=TORCH_DTYPES[name])
 
 
 def make_inputs(sig: Signature, dims: dict[str, int], dtype: str, *, seed: int = 0, distribution: str = "normal",

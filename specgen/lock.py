@@ -8,13 +8,18 @@ The lock is JSON with sorted keys, one entry per op:
                          "agent": "builtin", "model": null, "created": "2025-...Z",
                          "records": [{"kernel_hash": "...", "verifier_version": "1",
                                       "gpu_arch": "sm_90", "verification": {...},
-                                      "benchmark": {...}}]}}}
+                                      "benchmark": {...}}],
+                         "tuning": {"key": {...}, "variant": "...", "decision": "kernel",
+                                    "rows": [...], "variants": {...}, ...}}}}
 
 Writes are atomic and ordered: the kernel file first, the lock last, so an interruption at
 any point leaves the previous lock valid (the new kernel then reads as hand-edited, which
 only asks for a re-verification). A kernel whose hash differs from its entry was edited by
 hand and is never overwritten without `regenerate=True`. Only a machine with a GPU writes
-verification records.
+verification records. An entry written by the builtin generator's tuner also keeps its
+`tuning` record (specgen/agents/builtin/tune.py): the key it is valid under, every variant
+tried with its times per benchmark row, the chosen one, and the keep-eager decision; it is
+written, like a verification record, only on a machine with a GPU.
 """
 from __future__ import annotations
 
@@ -113,6 +118,7 @@ class LockEntry:
     created: str
     records: list[Record] = field(default_factory=list)
     reference: str | None = None  # set when the op keeps its reference path: why (no kernel file)
+    tuning: dict[str, Any] | None = None  # the builtin tuner's record (agents/builtin/tune.py)
 
     def records_for(self, kernel_hash: str | None = None) -> list[Record]:
         wanted = kernel_hash or self.kernel_hash
@@ -127,6 +133,8 @@ class LockEntry:
         data["records"] = [r.as_json() for r in self.records]
         if self.reference is None:
             data.pop("reference")  # kernel entries keep the version-1 layout
+        if self.tuning is None:
+            data.pop("tuning")
         return data
 
     @staticmethod
@@ -135,7 +143,7 @@ class LockEntry:
                          kernel_hash=data["kernel_hash"], agent=data.get("agent", "unknown"),
                          model=data.get("model"), created=data.get("created", ""),
                          records=[Record.from_json(r) for r in data.get("records", [])],
-                         reference=data.get("reference"))
+                         reference=data.get("reference"), tuning=data.get("tuning"))
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,8 @@ class Lock:
 
     # ------------------------------------------------------------------ writing
     def write_kernel(self, spec, source: str, *, agent: str, model: str | None = None,
-                     records: Iterable[Record] = (), regenerate: bool = False) -> Path:
+                     records: Iterable[Record] = (), regenerate: bool = False,
+                     tuning: dict[str, Any] | None = None) -> Path:
         """Write `kernels/<op>.cu` then the lock entry; refuse to overwrite a hand-edited kernel."""
         op = spec.name
         new_hash = kernel_hash(source)
@@ -249,28 +258,39 @@ class Lock:
                 raise LockError(f"{status.kernel_path}: {status.reason}; refusing to overwrite a hand-edited "
                                 f"kernel. Verify it (`specgen verify`), or pass --regenerate to replace it")
             records = [self._checked(r, new_hash) for r in records]
+            _check_tuning(tuning)
             kernel = self.kernel_path(op)
             write_atomic(kernel, source)  # kernel first: the old lock stays valid until the next line
             self.entries[op] = LockEntry(op=op, spec=_relative(Path(spec.path).resolve(), self.spec_dir),
                                          spec_hash=spec.hash(), kernel=f"{KERNEL_DIR}/{op}.cu",
                                          kernel_hash=new_hash, agent=agent, model=model, created=_now(),
-                                         records=_merge([], records))
+                                         records=_merge([], records), tuning=tuning)
             self._write_lock()
         return kernel
 
-    def write_reference(self, spec, agent: str, reason: str, *, model: str | None = None) -> bool:
+    def write_reference(self, spec, agent: str, reason: str, *, model: str | None = None,
+                        tuning: dict[str, Any] | None = None, replace_kernel: bool = False) -> bool:
         """Record that the op keeps its reference path (its agent refused, or nothing beat
         eager): an entry with no kernel and the reason, fresh while the spec hash matches.
-        A kernel file already on disk is left alone (returns False): it may be hand-written."""
+        A kernel file already on disk is left alone (returns False): it may be hand-written;
+        with `replace_kernel` a kernel this lock wrote (its hash matches the entry) is removed
+        first (the tuner found it slower than eager), a hand-edited one still never is."""
         op = spec.name
         with self._exclusive():
             self.entries = self._read_entries(self.path)
-            if self.kernel_path(op).exists():
-                return False
+            _check_tuning(tuning)
+            kernel = self.kernel_path(op)
+            if kernel.exists():
+                entry = self.entries.get(op)
+                if not (replace_kernel and entry is not None and entry.kernel
+                        and kernel_hash(read_kernel(kernel)) == entry.kernel_hash):
+                    return False
+                kernel.unlink()  # kernel first: a lock naming a missing kernel only asks to regenerate
             self.entries[op] = LockEntry(op=op, spec=_relative(Path(spec.path).resolve(), self.spec_dir),
                                          spec_hash=spec.hash(), kernel="", kernel_hash="", agent=agent,
                                          model=model, created=_now(), records=[],
-                                         reference=" ".join(reason.split())[:500] or "no kernel for this spec")
+                                         reference=" ".join(reason.split())[:500] or "no kernel for this spec",
+                                         tuning=tuning)
             self._write_lock()
         return True
 
@@ -315,6 +335,12 @@ class Lock:
             os.close(fd)
 
 
+def _check_tuning(tuning: dict[str, Any] | None) -> None:
+    """A tuning record names verified variants and GPU times: only a GPU machine writes one."""
+    if tuning is not None and not gpu_available():
+        raise LockError("a machine without a GPU never writes a tuning record")
+
+
 def _check_physics(record: Record) -> None:
     """A benchmark that a timed output or physics rejected never reaches the lock."""
     from .verify.physics import PHYSICS_MARGIN
@@ -351,14 +377,16 @@ def status(spec) -> LockStatus:
 
 
 def write_kernel(spec, source: str, *, agent: str, model: str | None = None, records: Iterable[Record] = (),
-                 regenerate: bool = False) -> Path:
+                 regenerate: bool = False, tuning: dict[str, Any] | None = None) -> Path:
     return Lock.for_spec(spec).write_kernel(spec, source, agent=agent, model=model, records=records,
-                                            regenerate=regenerate)
+                                            regenerate=regenerate, tuning=tuning)
 
 
 def add_record(spec, record: Record) -> None:
     Lock.for_spec(spec).add_record(spec, record)
 
 
-def write_reference(spec, agent: str, reason: str, *, model: str | None = None) -> bool:
-    return Lock.for_spec(spec).write_reference(spec, agent, reason, model=model)
+def write_reference(spec, agent: str, reason: str, *, model: str | None = None,
+                    tuning: dict[str, Any] | None = None, replace_kernel: bool = False) -> bool:
+    return Lock.for_spec(spec).write_reference(spec, agent, reason, model=model, tuning=tuning,
+                                               replace_kernel=replace_kernel)

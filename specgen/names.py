@@ -39,7 +39,7 @@ linux unix i386 threadIdx blockIdx blockDim gridDim warpSize clusterDim clusterI
 # Names the generated package defines itself (its module namespace and submodules).
 PACKAGE_RESERVED = frozenset("""
 torch annotations tests ARCH_LIST PROVENANCE UNVERIFIED_OPS REFERENCE_OPS CUDA_KERNELS_LOADED
-CUDA_KERNELS_ERROR UnverifiedKernelWarning LIB OPS NAMESPACE ARCHS
+CUDA_KERNELS_ERROR UnverifiedKernelWarning LIB OPS NAMESPACE ARCHS layers patch unpatch ops LAYERS sys NamedTuple
 """.split())
 
 # torch.ops namespaces that torch itself (or a common extension) uses.

@@ -65,15 +65,19 @@ def stop(process: subprocess.Popen, grace: float = GRACE_S) -> None:
 
 
 def run_guarded(argv: Sequence[str], *, cwd: str | Path | None = None, env: dict | None = None,
-                timeout: float | None = None, cleanup: Sequence[str | Path] = ()) -> tuple[int | None, str]:
+                timeout: float | None = None, cleanup: Sequence[str | Path] = (),
+                on_line=None) -> tuple[int | None, str]:
     """Run `argv` under the guard; (returncode, stdout+stderr). returncode None: it timed out and was stopped.
 
     Any exception in the caller (KeyboardInterrupt, SIGTERM turned into one) stops the child
-    and its whole process group before it propagates.
+    and its whole process group before it propagates. `on_line(text)` sees each output line
+    as it comes (progress); its errors are ignored.
     """
     process = subprocess.Popen(guarded(argv, cleanup=cleanup), cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, errors="replace",
                                start_new_session=True)
+    if on_line is not None:
+        return _run_streaming(process, timeout, on_line)
     try:
         out, _ = process.communicate(timeout=timeout)
         return process.returncode, out
@@ -81,6 +85,34 @@ def run_guarded(argv: Sequence[str], *, cwd: str | Path | None = None, env: dict
         stop(process)
         out, _ = process.communicate()
         return None, out
+    except BaseException:
+        stop(process)
+        raise
+
+
+def _run_streaming(process, timeout, on_line) -> tuple[int | None, str]:
+    import threading
+
+    lines: list[str] = []
+
+    def pump():
+        for line in process.stdout:
+            lines.append(line)
+            try:
+                on_line(line.rstrip("\n"))
+            except Exception:  # noqa: BLE001 - progress must never break the build
+                pass
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=timeout)
+        reader.join()
+        return process.returncode, "".join(lines)
+    except subprocess.TimeoutExpired:
+        stop(process)
+        reader.join(10)
+        return None, "".join(lines)
     except BaseException:
         stop(process)
         raise

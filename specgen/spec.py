@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .abi import ABI_VERSION, MAX_DIMS
 from .errors import Location, SpecError, UsageError
 from .names import name_problem
+from .replaces import Replaces, check_replaces
 from .signature import FLOAT_DTYPES, Signature, SignatureSyntaxError, parse_signature
 from .yamlpos import Positions, load_yaml_with_positions
 
@@ -66,6 +67,12 @@ class KernelSpec(BaseModel):
     benchmark: list[dict[str, int]] = Field(default_factory=list)
     deterministic: bool = True
     libraries: list[Library] = Field(default_factory=list)
+    replaces: list[Replaces] = Field(default_factory=list)  # specgen/replaces.py: the package's layers
+
+    @field_validator("replaces", mode="before")
+    @classmethod
+    def _one_replacement_or_a_list(cls, value):
+        return [value] if isinstance(value, dict) else value
 
     @field_validator("dims", mode="before")
     @classmethod
@@ -100,6 +107,7 @@ class KernelSpec(BaseModel):
         data = self.model_dump(mode="json", by_alias=True)
         data["signature"] = str(self.signature)
         data["abi_version"] = ABI_VERSION
+        data.pop("replaces", None)  # the Python layers only: the kernel and its verification do not depend on it
         _add_reference_fingerprint(self, data)
         return data
 
@@ -147,6 +155,8 @@ def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
     loc = tuple(first["loc"])
     field_path = tuple(("signature" if p == "signature_text" else "reference" if p == "reference_source" else p)
                        for p in loc)
+    if field_path[:2] == ("replaces", 0) and ("replaces", 0) not in pos.values:
+        field_path = field_path[:1] + field_path[2:]  # one mapping, not a list: no index in the YAML
     message = first["msg"]
     hints = {
         "dtypes": f"list working dtypes from {', '.join(FLOAT_DTYPES)}",
@@ -155,6 +165,8 @@ def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
         "benchmark": "a list of shapes, e.g. benchmark: [{N: 16384, D: 4096}]",
         "backward": "one of kernel, reference, none",
         "libraries": "libraries a kernel may call: cublas, cublasLt, cudnn, cufft, curand, cusparse, cusolver",
+        "replaces": "e.g. replaces: {layer: RMSNorm, modules: [transformers.models.llama.modeling_llama.LlamaRMSNorm], "
+                    "args: {x: hidden_states, weight: self.weight, eps: self.variance_epsilon}} (README: Layers)",
     }
     if first["type"] == "literal_error" and "input" in first:
         message = f"{first['input']!r} is not allowed: {message.lower()}"
@@ -305,6 +317,7 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
         if not any(p.type.is_floating for p in sig.inputs):
             raise SpecError("backward: kernel needs a floating input to differentiate",
                             location=pos.location(("backward",)), field="backward", hint="use backward: none")
+    check_replaces(spec, pos)
 
 
 def load_spec(path: str | Path) -> KernelSpec:

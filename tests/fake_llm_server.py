@@ -29,6 +29,7 @@ class FakeLLMServer:
     def __init__(self, script: list[Any] | None = None):
         self.script: list[Any] = list(script or [])
         self.requests: list[dict] = []
+        self.responder = None  # optional: body -> step, instead of the script (concurrent clients)
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -108,7 +109,7 @@ def _handler_for(server: FakeLLMServer):
                 wire = "anthropic"
             else:
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
-            step = server._next_step()
+            step = server.responder(body) if server.responder else server._next_step()
             if isinstance(step, str):
                 step = {"text": step}
             if "hang" in step:

@@ -305,3 +305,21 @@ def test_a_kernel_beyond_the_noise_margin_is_slower_and_loses(server, task, monk
     result = run_loop(task, openai_agent(server, monkeypatch), _TimedEvaluator(), Budget(attempts=1))
     assert result.attempts[0].details["slower_than_eager"] is True
     assert result.winner is None
+
+
+class _RowsEvaluator(ScriptedEvaluator):
+    """Every candidate correct and faster than eager in total, but slower on the decode row."""
+
+    def measure(self, candidate, library):
+        row = {"direction": "forward", "dtype": "float32"}
+        rows = [{**row, "dims": {"N": 8192}, "kernel_us": 100.0, "eager_us": 300.0},
+                {**row, "dims": {"N": 8}, "kernel_us": 9.0, "eager_us": 6.0}]
+        return {"kernel_us": 109.0, "eager_us": 306.0, "per_shape": rows}
+
+
+def test_a_kernel_slower_than_eager_on_one_row_loses_even_when_faster_in_total(server, task, monkeypatch):
+    server.push(answer("FAST"))
+    result = run_loop(task, openai_agent(server, monkeypatch), _RowsEvaluator(), Budget(attempts=1))
+    details = result.attempts[0].details
+    assert details["slower_than_eager"] is True and details["slower_rows"][0]["dims"] == {"N": 8}
+    assert result.winner is None and any("reference path" in note for note in result.notes)

@@ -215,7 +215,7 @@ def test_a_locked_folder_builds_a_wheel_that_installs_and_passes_its_tests(folde
     assert build(folder, "-o", tmp_path / "dist") == 0  # records cross_entropy's refusal
     assert build(folder, "--locked", "--name", "sgbuild", "-o", tmp_path / "dist") == 0
     (wheel,) = (tmp_path / "dist").glob("sgbuild-*.whl")
-    assert wheel.name.endswith("-cp39-abi3-linux_x86_64.whl")
+    assert wheel.name.startswith("sgbuild-0.1.0-cp39-abi3-") and wheel.name.endswith("_x86_64.whl")  # manylinux_2_* via auditwheel
     result = install_and_test(wheel, "sgbuild", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 

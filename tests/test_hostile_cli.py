@@ -351,3 +351,27 @@ def test_an_unexpected_exception_is_reported_without_a_traceback(monkeypatch, ca
     assert main(["header", str(SPECS / "swiglu.yaml")]) == 1
     err = capsys.readouterr().err
     assert "internal error" in err and "ZeroDivisionError: boom" in err and "Traceback" not in err
+
+
+def test_verify_locked_record_adds_a_record_for_each_kernel_that_passes(locked_folder, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from specgen.agents import evaluate
+
+    monkeypatch.setattr(lock_module, "gpu_available", lambda: True)
+    monkeypatch.setattr(evaluate, "gpu_facts", lambda: "an H200 (test)")
+    monkeypatch.setattr(evaluate.KernelEvaluator, "compile",
+                        lambda self, c: SimpleNamespace(ok=True, library=Path("lib.so"), diagnostics=""))
+    monkeypatch.setattr(evaluate.KernelEvaluator, "verify", lambda self, c, lib: evaluate.Verdict(
+        passed=self.task.spec.name == "swiglu", reason="" if self.task.spec.name == "swiglu" else "wrong-result",
+        report="passed: 600 cases", record={"passed": True, "examples": 600}))
+    monkeypatch.setattr(evaluate.KernelEvaluator, "measure", lambda self, c, lib: {"benchmark": None})
+    assert main(["verify", "--locked", "--record", "--arch", "sm_90", str(locked_folder)]) == 1
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "recorded: verifier" in out and "FAILED cross_entropy" in out, captured.err
+    lock = Lock.load(locked_folder)
+    records = {op: lock.entry(op).records for op in ("swiglu", "cross_entropy")}
+    assert [(r.gpu_arch, r.passed) for r in records["swiglu"]] == [("sm_90", True)]
+    assert records["cross_entropy"] == []
+    assert main(["verify", str(locked_folder / "swiglu.yaml"), "--record"]) == 2

@@ -4,6 +4,7 @@ are modest (the whole file runs in well under a minute on two cores)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -17,7 +18,9 @@ from specgen.cli import main
 from specgen.errors import SpecError
 from specgen.spec import SPEC_FIELDS
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+# CI runs 150 examples per test; SPECGEN_FUZZ_EXAMPLES=2000 runs thousands (benchmarks/results/*fuzz*).
+FUZZ_EXAMPLES = int(os.environ.get("SPECGEN_FUZZ_EXAMPLES", "150"))
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
 
 GOOD_NAMES = ["x", "w", "b", "t", "scale", "mask"]

@@ -112,28 +112,41 @@ def test_duplicate_ops_are_refused(specs):
         package_model("dup", [specs[0], specs[0]], {})
 
 
+def torch_cuda():
+    import torch
+
+    return torch.version.cuda
+
+
 def test_rendered_tree(pkg, tmp_path):
     root = emit_package(pkg, tmp_path / "sgtest")
     files = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert {"pyproject.toml", "setup.py", "build.toml", "README.md", "torch-ext/torch_binding.cpp",
             "torch-ext/sgtest/__init__.py", "torch-ext/sgtest/_ops.py", "torch-ext/sgtest/tests/test_ops.py",
             "kernels/swiglu/swiglu.cu", "kernels/swiglu/swiglu_abi.h",
-            "torch-ext/sgtest/_reference_cross_entropy.py"} <= files
+            "torch-ext/sgtest/_reference_cross_entropy.py", "LICENSE", "torch-ext/sgtest/py.typed",
+            "torch-ext/sgtest/__init__.pyi", "torch-ext/sgtest/layers.py", "torch-ext/sgtest/_patching.py"} <= files
     assert "kernels/cross_entropy/cross_entropy.cu" not in files  # no kernel: CUDA runs the reference
     for path in root.rglob("*.py"):
         compile(path.read_text(), str(path), "exec")  # every generated Python file parses
     build = tomllib.loads((root / "build.toml").read_text())
-    assert build["general"]["name"] == "sgtest"
+    assert build["general"]["name"] == "sgtest" and build["general"]["edition"] == 5
     assert build["kernel"]["swiglu"]["cuda-capabilities"] == ["8.0", "9.0"]
     assert list(build["kernel"]) == ["swiglu"]
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    assert project["dependencies"] == ["torch>=2.10"] and project["requires-python"] == ">=3.9"
+    assert project["dependencies"] == pkg.requirements and project["requires-python"] == ">=3.9"
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    from specgen.package.model import cuda_runtime_requirement
+
+    assert cuda_runtime_requirement("13.0").startswith("nvidia-cuda-runtime>=13,<14")
+    assert cuda_runtime_requirement("12.8").startswith("nvidia-cuda-runtime-cu12>=12,<13")
+    assert cuda_runtime_requirement(None if torch_cuda() else "") is None or torch_cuda()
 
 
 def test_binding_uses_only_the_stable_abi_and_never_throws(pkg):
     cpp = render_files(pkg)["torch-ext/torch_binding.cpp"]
     assert "#include <torch/extension.h>" not in cpp and "ATen" not in cpp and "pybind11" not in cpp
-    assert "STABLE_TORCH_LIBRARY_IMPL(sgtest, CUDA, m)" in cpp
+    assert f"STABLE_TORCH_LIBRARY_IMPL({pkg.namespace}, CUDA, m)" in cpp and pkg.namespace.startswith("sgtest_")
     assert 'm.impl("_swiglu_kernel", TORCH_BOX(&swiglu_kernel));' in cpp
     assert 'm.impl("_swiglu_backward_kernel", TORCH_BOX(&swiglu_backward_kernel));' in cpp
     assert "cross_entropy" not in cpp.split("STABLE_TORCH_LIBRARY_IMPL")[1]
@@ -208,7 +221,7 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     root = emit_package(pkg, tmp_path / "sgtest")
     wheel = build_wheel(root, tmp_path / "dist")
     built = time.monotonic() - start
-    assert wheel.name == "sgtest-0.1.0-cp39-abi3-linux_x86_64.whl"
+    assert wheel.name.startswith("sgtest-0.1.0-cp39-abi3-") and wheel.name.endswith("_x86_64.whl")  # manylinux with auditwheel
 
     # a fresh install folder first on the path (works where python is itself a venv, unlike
     # `venv --system-site-packages`); run from tmp_path so no source tree shadows it
@@ -220,7 +233,7 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     result = _run_generated_tests(python, "sgtest", tmp_path, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     probe = subprocess.run([python, "-c", "import torch, sgtest; print(sgtest.CUDA_KERNELS_LOADED, "
-                            "torch._C._dispatch_has_kernel_for_dispatch_key('sgtest::swiglu', 'CUDA'))"],
+                            "torch._C._dispatch_has_kernel_for_dispatch_key(sgtest.NAMESPACE + '::swiglu', 'CUDA'))"],
                            cwd=tmp_path, capture_output=True, text=True, check=True, env=env)
     assert probe.stdout.split() == ["True", "True"]  # the stable-ABI extension loaded and registered
 

@@ -53,3 +53,21 @@ def test_verifying_one_candidate_on_a_warm_worker_is_under_10_s():
                                                "verify_s": verdict.timings.get("verify_s")})
     assert verdict.passed, verdict.summary()
     # the target (< 10 s) is judged in the verify stage's table (scripts/gpu_stages/verify_table.py)
+
+
+def test_an_isolated_runner_gives_back_arenas_grown_for_a_large_case():
+    import torch
+
+    from specgen.spec import load_spec
+    from specgen.verify.isolation import MIN_ARENA, IsolatedRunner
+
+    runner = IsolatedRunner(load_spec(SPECS / "gelu_tanh.yaml"))
+    try:
+        runner.ensure({"inputs": 2 << 30, "outputs": 1 << 30})
+        assert runner.memory.capacity("inputs") >= 2 << 30
+        held = torch.cuda.mem_get_info()[0]
+        runner.shrink()
+        assert runner.memory.capacity("inputs") == MIN_ARENA and runner.memory.capacity("outputs") == MIN_ARENA
+        assert torch.cuda.mem_get_info()[0] - held > 2 << 30  # both processes unmapped the old arenas
+    finally:
+        runner.close()

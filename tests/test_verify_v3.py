@@ -187,7 +187,7 @@ def test_the_candidates_process_holds_no_checking_code():
     """What the candidate's process imports: its own module, the ABI and spec parsing, never
     the reference, the comparison, the checks or the verdict."""
     code = ("import sys, specgen.verify.candidate_main, specgen.verify.library, specgen.verify.arena, "
-            "specgen.verify.layout, specgen.spec; import json; "
+            "specgen.verify.layout, specgen.verify.graphs, specgen.spec; import json; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('specgen'))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                        check=True).stdout)

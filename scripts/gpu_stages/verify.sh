@@ -1,23 +1,47 @@
-# Stage `verify`: the verifier on the GPU (scripts/gpu_stages/verify_suite.py), in three
-# processes side by side (verification leaves the GPU mostly idle): (1) the warm-worker timing,
-# alone then 4 in parallel, then the good kernels; (1b) the ten committed kernels; (2) the project's
-# adversarial kernels, then the benchmark's checked path; (3) the held-out attacks. (2) and (3)
-# start after the timing is done. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
+# Stage `verify`: the verifier on the GPU. First, alone on the GPU: one verification on a fresh
+# worker, one on the warm worker, then 4 side by side (verify_suite.py --timing). Then, side by
+# side (their full-size cases and timed calls take turns through the GPU lock): the good kernels,
+# the project's adversarial kernels, the committed kernels re-verified into the lock
+# (`specgen verify --locked --record`: the updated lock is copied to $STAGE_OUT), the held-out
+# attack suites (v1 with VERIFY_HELDOUT_V1=1). Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
+# what ran. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
 set -uo pipefail
-S="${VERIFY_SUITE_S:-500}"
-suite() { timeout "$S" python3 scripts/gpu_stages/verify_suite.py "$@"; }
-suite --json "$STAGE_OUT/main.json" --groups good --timing > "$STAGE_OUT/main.log" 2>&1 &
-a=$!
-sleep "${VERIFY_STAGGER_S:-80}"
-suite --json "$STAGE_OUT/committed.json" --groups committed > "$STAGE_OUT/committed.log" 2>&1 &
-d=$!
+S="${VERIFY_SUITE_S:-540}"
+end=$(( $(date +%s) + S ))
+left() { echo $(( end - $(date +%s) > 5 ? end - $(date +%s) : 5 )); }
+suite() { timeout "$(left)" python3 scripts/gpu_stages/verify_suite.py "$@"; }
+done_file="$STAGE_OUT/timing.done"
+SPECGEN_WORKER_PROFILE="${VERIFY_PROFILE_DIR:-}" suite --json "$STAGE_OUT/main.json" --groups good --timing --timing-done "$done_file" > "$STAGE_OUT/main.log" 2>&1 &
+pids=($!)
+while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
 suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
-b=$!
-if [ -d heldout/attacks ]; then
-  suite --json "$STAGE_OUT/heldout.json" --groups heldout > "$STAGE_OUT/heldout.log" 2>&1 &
-  c=$!
+pids+=($!)
+# the committed kernels: --record only when VERIFY_RECORD=1 (it also times each one: minutes)
+( record=""; [ "${VERIFY_RECORD:-0}" = 1 ] && record="--record"
+  cp specs/specgen.lock "$STAGE_OUT/specgen.lock.before"
+  timeout "$(left)" python3 -m specgen verify --locked $record specs --json "$STAGE_OUT/committed.json" \
+    > "$STAGE_OUT/committed.log" 2>&1
+  echo "exit $?" >> "$STAGE_OUT/committed.log"
+  cp specs/specgen.lock "$STAGE_OUT/specgen.lock" ) &
+pids+=($!)
+# held-out attacks, new suite first (two streams), each kernel in its own process
+if [ -d heldout/attacks-v2 ]; then
+  for part in "gelu_tanh swiglu rmsnorm" "softmax cross_entropy"; do
+    tag=${part%% *}
+    timeout "$(left)" python3 heldout/run_attacks_v2.py heldout/attacks-v2 --only $part \
+      --out "$STAGE_OUT/heldout-v2-$tag.json" > "$STAGE_OUT/heldout-v2-$tag.log" 2>&1 &
+    pids+=($!)
+  done
 fi
-wait $a; ra=$?; wait $b; rb=$?; wait $d; rd=$?; [ -n "${c:-}" ] && wait $c
-for f in main committed adversarial heldout; do [ -f "$STAGE_OUT/$f.log" ] && sed -n '/== summary/,$p' "$STAGE_OUT/$f.log"; done
+if [ -d heldout/attacks ] && [ "${VERIFY_HELDOUT_V1:-0}" = 1 ]; then  # the first suite: measured in run 2
+  timeout "$(left)" python3 heldout/run_heldout.py --json "$STAGE_OUT/heldout-v1.json" \
+    > "$STAGE_OUT/heldout-v1.log" 2>&1 &
+  pids+=($!)
+fi
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+for f in main adversarial; do [ -f "$STAGE_OUT/$f.log" ] && sed -n '/== summary/,$p' "$STAGE_OUT/$f.log"; done
+tail -3 "$STAGE_OUT/committed.log" 2>/dev/null
+for f in "$STAGE_OUT"/heldout-*.log; do [ -f "$f" ] && { echo "== $f"; tail -3 "$f"; }; done
 grep -h " NO " "$STAGE_OUT"/*.log | cut -c1-150
-exit $(( ra || rb || rd ))
+exit $status

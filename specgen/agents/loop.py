@@ -6,7 +6,8 @@ Attempt whose feedback text goes into the next prompt, and a transcript record. 
 stops when a correct kernel reaches the target fraction of the memory roofline, or when
 the budget (attempts, wall time, cost) is spent. The winner is the fastest candidate that
 verified and is not slower than eager PyTorch (within the timing noise,
-EAGER_NOISE_RATIO); a correct kernel clearly slower than eager never wins.
+EAGER_NOISE_RATIO) over all benchmark rows nor on any one of them; a correct kernel clearly
+slower than eager never wins (the package keeps the reference path rather than ship it).
 """
 from __future__ import annotations
 
@@ -177,7 +178,12 @@ class Loop:
             return Attempt(candidate, "measure", False,
                            feedback_text(number, "measure", False, message=str(error)), details)
         kernel, eager = timings.get("kernel_us"), timings.get("eager_us")
-        slower = slower_than_eager(kernel, eager)
+        slower_rows = [row for row in timings.get("per_shape") or [] if isinstance(row, dict)
+                       and slower_than_eager(row.get("kernel_us"), row.get("eager_us"))]
+        slower = slower_than_eager(kernel, eager) or bool(slower_rows)  # over all rows, or on any one
+        if slower_rows:
+            details["slower_rows"] = [{k: row.get(k) for k in ("direction", "dtype", "dims", "kernel_us", "eager_us")}
+                                      for row in slower_rows]
         details.update(timings=timings, slower_than_eager=slower,
                        score=kernel if kernel is not None else float("inf"))
         text = feedback_text(number, "done", True, timings=timings, slower_than_eager=slower,

@@ -4,6 +4,11 @@ Runs the generate → compile → verify → measure → improve loop and writes
 through the lock (specs/kernels/<op>.cu + specs/specgen.lock). Without a GPU only the
 compile feedback runs: the first candidate that compiles is written without a
 verification record (unless that would replace an existing kernel).
+
+The builtin agent on a GPU autotunes instead (agents/builtin/tune.py): every schedule
+variant that matters for the spec, verified and timed within --tune-budget seconds, the
+fastest kept, and the reference path kept where it is slower than eager; the tuning record
+goes into the lock, and a run with nothing changed reuses it without touching the GPU.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..agents.base import AgentRefused
-from ..errors import EXIT_OK, EXIT_REJECTED, UsageError
+from ..errors import EXIT_OK, EXIT_REJECTED, Rejected, UsageError
 from . import base_url_problem, fraction, non_negative, non_negative_int, positive, positive_int
 
 
@@ -29,6 +34,9 @@ def register(subparsers) -> None:
                    help="replace a hand-edited kernel, or a locked one with an unverified one")
     p.add_argument("--json", default=None, metavar="OUT",
                    help="also write each spec's outcome as JSON to OUT ('-': stdout)")
+    from ..scale import add_scale_arguments  # scale-out (specgen/scale/, docs/SCALE.md)
+
+    add_scale_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -59,9 +67,22 @@ def add_agent_arguments(parser) -> None:
                    help="per LLM request on 429/5xx/timeouts (default 4)")
     g.add_argument("--temperature", type=float, default=None)
     g.add_argument("--arch", default=None, help="GPU architecture, e.g. sm_90 (default: the visible GPU)")
+    g.add_argument("--tune-budget", type=positive, default=None, metavar="SECONDS",
+                   help="builtin agent on a GPU: seconds per spec to verify and time schedule variants "
+                        "(default %g; the first verified variant is always finished)" % _default_budget())
+    g.add_argument("--no-tune", action="store_true",
+                   help="builtin agent: no autotuning, the default variant alone (as without a GPU)")
+    g.add_argument("--retune", action="store_true",
+                   help="builtin agent: tune again even when the lock's tuning record still applies")
     g.add_argument("--sanitize", action="store_true",
                    help="also run every candidate under compute-sanitizer (memcheck + racecheck) before it "
                         "can be locked; slower, and the lock record says it was sanitized")
+
+
+def _default_budget() -> float:
+    from ..agents.builtin.tune import DEFAULT_BUDGET_S
+
+    return DEFAULT_BUDGET_S
 
 
 def run(args) -> int:
@@ -84,6 +105,14 @@ def run(args) -> int:
             and args.agent not in ("builtin", "replay"):
         console.print(f"[yellow]warning:[/] no price known for model {escape(agent.model)}; "
                       f"--budget-usd counts it as free (add it to {escape(str(catalog.source or 'models.toml'))})")
+    from ..scale import scaled
+
+    if scaled(args):  # scale-out: one GPU task per spec, the lock adopted here (specgen/scale/run.py)
+        from ..scale.run import Session
+
+        code, outcomes = Session(args, console).generate(specs)
+        emit_json(args.json, {"ok": code == EXIT_OK, "specs": outcomes})
+        return code
     code = EXIT_OK
     outcomes = []
     for spec in specs:
@@ -114,9 +143,12 @@ def spec_outcome(spec) -> dict:
     state = status.state if entry is None or entry.kernel else "reference path"
     if entry is not None and entry.kernel and not entry.verified_on():
         state = f"{state}, not verified on a GPU"
+    tuning = entry.tuning if entry is not None and entry.spec_hash == spec.hash() else None
     return {"op": spec.name, "spec": str(spec.path), "state": state, "verified": verified,
             "kernel": str(status.kernel_path) if entry is not None and entry.kernel else None,
-            "agent": entry.agent if entry is not None else None}
+            "agent": entry.agent if entry is not None else None,
+            "tuning": {k: tuning.get(k) for k in ("variant", "decision", "spent_s", "budget_s", "complete")}
+            if tuning else None}
 
 
 def check_agent_arguments(args) -> None:
@@ -138,6 +170,12 @@ def generate_one(spec, agent, args, console: Console) -> int:
     from ..agents.transcript import Transcript, default_path
 
     status = lock.status(spec)
+    if agent.name == "builtin" and not getattr(args, "no_tune", False):
+        from ..agents.builtin import tune
+
+        backend = tune.make_backend(args.arch, sanitize=getattr(args, "sanitize", False))
+        if backend is not None:
+            return tune_one(spec, backend, args, console, status)
     baseline = None
     if status.entry is not None and status.kernel_path and Path(status.kernel_path).is_file():
         baseline = Candidate(lock.read_kernel(Path(status.kernel_path)), status.entry.agent, status.entry.model)
@@ -186,6 +224,74 @@ def generate_one(spec, agent, args, console: Console) -> int:
     console.print(f"  [red]no kernel[/] for {escape(spec.name)}: {escape(result.stopped)}; the package "
                   f"keeps the reference path for this op")
     return EXIT_REJECTED
+
+
+def tune_one(spec, backend, args, console: Console, status) -> int:
+    """The builtin agent on a GPU: reuse the lock's tuning record when its key still holds,
+    else tune (agents/builtin/tune.py) and lock the chosen kernel, or the reference path."""
+    from .. import lock
+    from ..agents.builtin import tune
+    from ..package.reference_lock import is_reference_entry
+    from ..verify import VERIFIER_VERSION
+
+    entry = status.entry
+    key = tune.tuning_key(spec, backend.arch)
+    reference_fresh = is_reference_entry(entry) and entry.spec_hash == spec.hash()
+    if not getattr(args, "retune", False) and tune.reusable(entry, key) and (status.state == lock.FRESH
+                                                                           or reference_fresh):
+        console.print(f"[bold]{escape(spec.name)}[/]: builtin, tuning reused from the lock (same spec, "
+                      f"generator, GPU arch {escape(key['gpu_arch'])}, verifier version): nothing re-run")
+        for line in tune.summary_lines(entry.tuning):
+            console.print(f"  {escape(line)}", soft_wrap=True)
+        return EXIT_OK
+    if status.state == lock.HAND_EDITED and not args.regenerate:
+        raise lock.LockError(f"{status.kernel_path}: {status.reason}; refusing to overwrite a hand-edited "
+                             f"kernel. Verify it (`specgen verify`), or pass --regenerate to replace it")
+    why = "; ".join(tune.key_changes(entry, key)) if entry is not None and entry.tuning else "not tuned yet"
+    if getattr(args, "retune", False):
+        why = "--retune"
+    budget = args.tune_budget if getattr(args, "tune_budget", None) is not None else tune.DEFAULT_BUDGET_S
+    console.print(f"[bold]{escape(spec.name)}[/]: agent builtin, autotuning on {escape(backend.arch)} "
+                  f"within {budget:g} s ({escape(why)})")
+    baseline = None
+    if status.state == lock.FRESH and entry is not None and entry.kernel and entry.agent != "builtin":
+        baseline = (entry.agent, lock.read_kernel(Path(status.kernel_path)))
+    try:
+        result = tune.tune(spec, backend, budget_s=budget, baseline=baseline, prefer=tune.previous_variants(entry),
+                           say=lambda text: console.print(f"  {escape(text)}", soft_wrap=True))
+    except Rejected as error:  # no variant verified: as when an agent's candidates all fail
+        console.print(f"  [red]no kernel[/] for {escape(spec.name)}: {escape(str(error))}; the package keeps "
+                      f"the reference path for this op", soft_wrap=True)
+        return EXIT_REJECTED
+    for line in tune.summary_lines(result.record):
+        console.print(f"  {escape(line)}", soft_wrap=True)
+    for note in result.notes:
+        console.print(f"  note: {escape(note)}", soft_wrap=True)
+    if result.decision == "baseline":
+        console.print(f"  kept the locked kernel by {escape(baseline[0])}: it is faster")
+        return EXIT_OK
+    if result.decision == tune.REFERENCE and baseline is not None:
+        console.print(f"  kept the locked kernel by {escape(baseline[0])}: the tuned builtin kernel is slower "
+                      f"than eager")
+        return EXIT_OK
+    if result.decision == tune.REFERENCE:
+        reason = result.record["reason"]
+        ours = entry is None or entry.agent == "builtin"  # another agent's kernel is never removed here
+        if lock.write_reference(spec, "builtin", reason, tuning=result.record, replace_kernel=ours):
+            console.print(f"  [yellow]reference path[/] kept for {escape(spec.name)}: {escape(reason)}",
+                          soft_wrap=True)
+        else:
+            console.print(f"  [yellow]not written[/]: the tuned kernel is slower than eager, and "
+                          f"{escape(str(status.kernel_path))} is not the builtin generator's; left as it is")
+        return EXIT_REJECTED
+    verification = {**(result.verification or {"passed": True}), "variant": result.variant}
+    record = lock.Record(kernel_hash=lock.kernel_hash(result.source), verifier_version=str(VERIFIER_VERSION),
+                         gpu_arch=backend.arch, verification=verification, benchmark=result.benchmark)
+    kernel = lock.write_kernel(spec, result.source, agent="builtin", model=None, records=[record],
+                               regenerate=args.regenerate, tuning=result.record)
+    console.print(f"  [green]wrote[/] {escape(str(kernel))} (variant {escape(result.variant)}, verified, "
+                  f"tuning recorded in the lock)")
+    return EXIT_OK
 
 
 def verify_options(args) -> dict:

@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     p.add_argument("--kernel", default=None, metavar="FILE.cu", help="the candidate kernel source")
     p.add_argument("--locked", action="store_true",
                    help="re-verify every locked kernel of SPECS on this GPU; exit 1 if any fails")
+    p.add_argument("--record", action="store_true",
+                   help="with --locked: add a lock record (this verifier version, this GPU, the benchmark) for "
+                        "each locked kernel that passes, so the lock says what was proven here")
     p.add_argument("--examples", type=non_negative_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"Hypothesis cases per direction, on top of the boundary cases (default {DEFAULT_EXAMPLES})")
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help="seed for the drawn cases (default 0)")
@@ -39,6 +42,8 @@ def run(args) -> int:
         if args.kernel:
             raise UsageError("--locked verifies the kernels the lock records; it takes no --kernel")
         return run_locked(args)
+    if getattr(args, "record", False):
+        raise UsageError("--record goes with --locked: it adds records to the lock for locked kernels")
     if len(args.spec) != 1 or not args.kernel:
         raise UsageError("verify one kernel with `specgen verify SPEC --kernel FILE.cu`, or every locked kernel "
                          "with `specgen verify --locked [SPECS]`")
@@ -101,15 +106,20 @@ def run_locked(args) -> int:
                  STALE: "the spec changed since the kernel was locked: verifying against the spec as it is"}
         if status.state in notes:
             out.print(f"[yellow]note[/] {escape(spec.name)}: {notes[status.state]}")
-        verdict = verifier.verify_kernel(spec, status.kernel_path, examples=args.examples, seed=args.seed,
-                                         sanitize=args.sanitize, arch=args.arch, idle_timeout=args.timeout)
-        first = (verdict.summary().splitlines() or [""])[0]
-        report[spec.name] = {"passed": bool(verdict.passed), "reason": str(verdict.reason), "summary": first}
-        if verdict.passed:
-            out.print(f"[bold green]ok[/] {escape(spec.name)}: {escape(first)}", soft_wrap=True)
+        options = dict(examples=args.examples, seed=args.seed, sanitize=args.sanitize, idle_timeout=args.timeout)
+        if args.record and status.state not in notes:
+            passed, reason, first, recorded = _verify_and_record(spec, lock, status, options, args.arch)
+        else:
+            verdict, recorded = verifier.verify_kernel(spec, status.kernel_path, arch=args.arch, **options), None
+            passed, reason = bool(verdict.passed), str(verdict.reason)
+            first = (verdict.summary().splitlines() or [""])[0]
+        report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded}
+        if passed:
+            out.print(f"[bold green]ok[/] {escape(spec.name)}: {escape(first)}"
+                      + (f" [dim](recorded: {escape(recorded)})[/]" if recorded else ""), soft_wrap=True)
         else:
             failed.append(spec.name)
-            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(str(verdict.reason))}: {escape(first)}",
+            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(reason)}: {escape(first)}",
                       soft_wrap=True)
     emit_json(args.json, report)
     if failed:
@@ -117,3 +127,34 @@ def run_locked(args) -> int:
         return EXIT_REJECTED
     out.print(f"all {len(locked)} locked kernel(s) verified on this GPU")
     return EXIT_OK
+
+
+def _verify_and_record(spec, lock, status, options: dict, arch) -> tuple[bool, str, str, str | None]:
+    """Verify a fresh locked kernel and, when it passes, time it (checked calls) and add the
+    record to the lock: (passed, reason, its first line, what was recorded or None)."""
+    from .. import abi
+    from ..agents.base import Candidate, KernelTask
+    from ..agents.evaluate import KernelEvaluator, gpu_facts
+    from ..errors import Rejected
+    from ..lock import read_kernel
+
+    source = read_kernel(status.kernel_path)
+    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
+                      gpu=gpu_facts(), baseline=None)
+    evaluator = KernelEvaluator(task, arch=arch, verify_options=options)
+    candidate = Candidate(source, status.entry.agent if status.entry else "locked", None)
+    compiled = evaluator.compile(candidate)
+    if not compiled.ok:
+        return False, "compile-error", (compiled.diagnostics.splitlines() or [""])[0], None
+    verdict = evaluator.verify(candidate, compiled.library)
+    if not verdict.passed:
+        return False, verdict.reason, (verdict.report.splitlines() or [verdict.reason])[0], None
+    try:
+        timings = evaluator.measure(candidate, compiled.library)
+    except Rejected as error:  # a timed output was wrong, or a time beat physics
+        return False, "rejected-by-benchmark", str(error).splitlines()[0][:300], None
+    records = evaluator.lock_records(candidate, {"verdict_record": verdict.record, "timings": timings})
+    for record in records:
+        lock.add_record(spec, record)
+    first = (verdict.report.splitlines() or ["passed"])[0]
+    return True, "passed", first, ", ".join(f"verifier {r.verifier_version} on {r.gpu_arch}" for r in records) or None

@@ -1,6 +1,6 @@
 """Renders templates/package/ for a PackageModel into a package tree (atomic file writes).
 
-Tree: pyproject.toml, setup.py, MANIFEST.in, build.toml, README.md,
+Tree: pyproject.toml, setup.py, MANIFEST.in, build.toml, README.md, LICENSE,
 torch-ext/torch_binding.cpp (the one C++ translation unit), torch-ext/<pkg>/ (Python API,
 registrations, embedded references, tests) and kernels/<op>/<op>.cu + <op>_abi.h.
 """
@@ -18,6 +18,7 @@ from .model import SCALAR_TYPES, PackageModel
 from .summary import performance_summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
+LAYER_RUNTIME = Path(__file__).resolve().parent / "layer_runtime.py"  # a plain module, copied verbatim
 
 
 def _templates_dir() -> Path:
@@ -31,6 +32,7 @@ def environment() -> jinja2.Environment:
                              lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     env.filters["pyrepr"] = lambda value: pprint.pformat(value, width=100, sort_dicts=False)
     env.filters["pydoc"] = docstring_text
+    env.filters["tomlstr"] = json.dumps  # a TOML basic string (JSON escapes are TOML escapes)
     env.filters["num"] = lambda value, digits=1: "–" if value is None else f"{value:.{digits}f}"
     env.filters["times"] = lambda value: "–" if value is None else f"{value:.2f}x"
     env.filters["percent"] = lambda value: "–" if value is None else f"{value:.0%}"
@@ -72,6 +74,11 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
         f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(context),
         f"{py}/_ops.py": env.get_template("torch-ext/pkg/_ops.py.j2").render(context),
         f"{py}/_spec_data.py": env.get_template("torch-ext/pkg/_spec_data.py.j2").render(context),
+        f"{py}/layers.py": env.get_template("torch-ext/pkg/layers.py.j2").render(context),
+        f"{py}/_patching.py": LAYER_RUNTIME.read_text(),
+        f"{py}/__init__.pyi": env.get_template("torch-ext/pkg/__init__.pyi.j2").render(context),
+        f"{py}/py.typed": "",  # PEP 561: the package ships its types (inline and __init__.pyi)
+        "LICENSE": (_templates_dir() / "LICENSE").read_text(),  # the repo's license (Apache-2.0)
         f"{py}/tests/__init__.py": "",
         f"{py}/tests/test_ops.py": env.get_template("torch-ext/pkg/tests/test_ops.py.j2").render(context),
     }

@@ -27,8 +27,8 @@ def variant_name(pkg: PackageModel, cuda_version: str) -> str:
 def metadata(pkg: PackageModel, wheel: Path) -> dict:
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()[:10]
     return {
-        "name": pkg.name,
-        "id": f"_{pkg.name}_{digest}",  # the module name kernels imports it under
+        "name": pkg.hub_name,  # kernels' rule: ^[a-z][-a-z0-9]*[a-z0-9]$ (it imports <name with _>/)
+        "id": f"_{pkg.namespace}_{digest}",  # the module name kernels imports it under
         "version": 1,
         "license": "Apache-2.0",
         "python-depends": [],

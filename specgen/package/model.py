@@ -6,6 +6,8 @@ templates hold no logic beyond loops and the rules live here, where they can be 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -163,6 +165,32 @@ class OpModel:
     reference_source: str
     provenance: dict = field(default_factory=dict)  # agent, model, verification, benchmark
     kernel_params_by_direction: dict = field(default_factory=dict)  # "forward"/"backward" -> KernelParam tuple
+    replaces: tuple = ()  # specgen.replaces.Replaces: the layers that stand in for model modules
+
+    @property
+    def result_class(self) -> str | None:
+        """The named tuple a multi-output op returns (None: one tensor)."""
+        if len(self.outputs) == 1:
+            return None
+        return "".join(part.capitalize() for part in self.name.split("_")) + "Result"
+
+    @property
+    def layers(self) -> list[dict]:
+        """One entry per layer class: its forward and how it calls the op (templates/package layers.py.j2)."""
+        out = []
+        for r in self.replaces:
+            call = []
+            for p in self.params:
+                if p.name in r.args:
+                    call.append(f"{p.name}={r.args[p.name]}")
+            returned = r.returned
+            names = [o.name for o in self.outputs]
+            out.append({"name": r.layer, "modules": list(r.modules), "forward": r.forward_params,
+                        "call": ", ".join(call), "args": dict(r.args),
+                        "attributes": [v for v in r.args.values() if v.startswith("self.")],
+                        "returns": None if returned is None else [names.index(n) for n in returned],
+                        "single": r.single_return() or (returned is None and len(self.outputs) == 1)})
+        return out
 
     def kernel_params(self, direction: str = "forward") -> tuple[KernelParam, ...]:
         return self.kernel_params_by_direction[direction]
@@ -248,7 +276,7 @@ class OpModel:
     def py_return(self) -> str:
         if len(self.outputs) == 1:
             return "torch.Tensor"
-        return "tuple[" + ", ".join("torch.Tensor" for _ in self.outputs) + "]"
+        return self.result_class
 
     @property
     def call_args(self) -> str:
@@ -295,6 +323,24 @@ class PackageModel:
     arch_list: str
     torch_target: tuple[int, int] = TORCH_TARGET_VERSION
     specgen_version: str = ""
+    namespace: str = ""  # the torch.ops namespace: <name>_<content hash>, so two builds never collide
+    cuda_runtime_requirement: str | None = None  # the CUDA runtime wheel the extension links
+
+    @property
+    def hub_name(self) -> str:
+        """The HF `kernels` name (^[a-z][-a-z0-9]*[a-z0-9]$: dashes, where Python has underscores)."""
+        return self.name.strip("_").replace("_", "-")
+
+    @property
+    def layers(self) -> list[tuple[OpModel, dict]]:
+        return [(op, layer) for op in self.ops for layer in op.layers]
+
+    @property
+    def requirements(self) -> list[str]:
+        reqs = [self.torch_requirement]
+        if self.has_kernels and self.cuda_runtime_requirement:
+            reqs.append(self.cuda_runtime_requirement)
+        return reqs
 
     @property
     def archs(self) -> list[tuple[str, bool]]:
@@ -364,6 +410,22 @@ def parse_arch_list(text: str) -> list[tuple[str, bool]]:
     if not archs:
         raise UsageError("--arch-list is empty; write e.g. \"8.0;9.0+PTX\"")
     return archs
+
+
+def default_arch_list(verified_on) -> str:
+    """The CUDA targets of a wheel when --arch-list is not given: every architecture a packaged
+    kernel was verified on ("sm_90 (NVIDIA H200)" -> 9.0), the newest also as PTX so newer
+    GPUs JIT it; DEFAULT_ARCH_LIST when no kernel has a verification record."""
+    found = set()
+    for text in verified_on:
+        match = re.match(r"sm_(\d+)(\d)([a-z]?)\b", text or "")
+        if match:
+            found.add((int(match[1]), int(match[2]), match[3]))
+    if not found:
+        return DEFAULT_ARCH_LIST
+    archs = [f"{major}.{minor}{suffix}" for major, minor, suffix in sorted(found)]
+    archs[-1] += "+PTX"
+    return ";".join(archs)
 
 
 def _dim_model(dim: Dim) -> DimModel:
@@ -440,7 +502,36 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
         provenance=dict(provenance or {}),
         kernel_params_by_direction={d: _kernel_params(spec, d) for d in abi.DIRECTIONS
                                     if d == "forward" or spec.backward == "kernel"},
+        replaces=tuple(getattr(spec, "replaces", None) or ()),
     )
+
+
+def cuda_runtime_requirement(cuda_version: str | None = None) -> str | None:
+    """The pip requirement of the CUDA runtime wheel matching torch's CUDA build: the extension
+    links libcudart.so.<major>, which torch's own CUDA wheels provide as nvidia-cuda-runtime
+    (CUDA 13) or nvidia-cuda-runtime-cu<major> (CUDA 12 and older). None for a CPU torch."""
+    if cuda_version is None:
+        try:
+            import torch
+
+            cuda_version = torch.version.cuda
+        except ImportError:  # pragma: no cover
+            return None
+    if not cuda_version:
+        return None
+    major = int(str(cuda_version).split(".")[0])
+    name = "nvidia-cuda-runtime" if major >= 13 else f"nvidia-cuda-runtime-cu{major}"
+    return f'{name}>={major},<{major + 1}; platform_system == "Linux"'
+
+
+def build_namespace(name: str, version: str, ops, specgen_version: str) -> str:
+    """<name>_<10 hex>: a hash of everything the build registers and compiles, so two different
+    builds (another spec, kernel or version) loaded in one process never share torch.ops names,
+    and the same specs give the same namespace (reproducible wheels)."""
+    blob = json.dumps({"name": name, "version": version, "specgen": specgen_version,
+                       "ops": [[op.data(), op.kernel_source, op.reference_source] for op in ops]},
+                      sort_keys=True, default=str)
+    return f"{name}_{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
 def check_package_name(name: str, *, installed: bool = False) -> str:
@@ -500,5 +591,14 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
     collisions = op_collisions([op.name for op in ops], {op.name: op.has_backward for op in ops})
     if collisions:
         raise UsageError("; ".join(collisions) + "; rename one of them")
+    layer_owner: dict[str, str] = {}
+    for op in ops:
+        for r in op.replaces:
+            if r.layer in layer_owner:
+                raise UsageError(f"the specs of {layer_owner[r.layer]!r} and {op.name!r} both declare "
+                                 f"replaces: layer: {r.layer}; layer names must be unique in a package")
+            layer_owner[r.layer] = op.name
     return PackageModel(name=name, version=version, ops=tuple(ops), arch_list=arch_list,
-                        specgen_version=__version__)
+                        specgen_version=__version__,
+                        namespace=build_namespace(name, version, ops, __version__),
+                        cuda_runtime_requirement=cuda_runtime_requirement())

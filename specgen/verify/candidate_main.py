@@ -108,25 +108,14 @@ def _after(torch, state, reply: dict) -> dict:
 
 def _capture(torch, state, message: dict, call) -> dict:
     """Capture one call into a CUDA graph on a fresh stream (kept for `replay`)."""
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    code, problem = 0, None
-    with torch.cuda.stream(side):
-        try:
-            graph.capture_begin()
-        except Exception as error:  # noqa: BLE001
-            return {"type": "error", "message": f"capture_begin failed: {error}"}
-        try:
-            code = call(message, side)
-        finally:
-            try:
-                graph.capture_end()
-            except Exception as error:  # noqa: BLE001 - the kernel broke the capture
-                lines = str(error).strip().splitlines()
-                problem = lines[0] if lines else type(error).__name__
+    from .graphs import capture_one_call
+
+    try:
+        graph, code, problem = capture_one_call(lambda stream: call(message, stream))
+    except Exception as error:  # noqa: BLE001 - capture_begin failed: before the kernel ran
+        return {"type": "error", "message": f"capture_begin failed: {error}"}
     state["lib"].clear_error()
-    if problem is not None or code:
+    if graph is None:
         try:
             torch.cuda.synchronize()
         except Exception as error:  # noqa: BLE001

@@ -104,12 +104,31 @@ def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, pr
                 stats: dict | None = None) -> None:
     """Per element within the tolerance rule (compare.py); `stats` collects, per output dtype,
     the largest widening the reference's own error gave and the kernel's largest error."""
+    from .data import derive_truth, drop_truth
+
+    derive_truth(data)  # a timed set's truth is computed now, from its staged inputs
+    try:
+        _check_outputs(data, outputs, reason=reason, prefix=prefix, stats=stats)
+    finally:
+        if not data.keep_tolerance:
+            drop_truth(data)
+
+
+def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, stats: dict | None) -> None:
+    from .compare import element_tolerance, widening
+
     for slot in data.outputs:
         atol = data.atol[slot.name]
         got, truth, ref = outputs[slot.name], data.truth[slot.name], data.reference.get(slot.name)
-        mismatch = compare(got, truth, atol, data.rtol, reference=ref)
+        tolerance, widen = data.tolerance.get(slot.name), None
+        if tolerance is None and got.is_floating_point():
+            widen = widening(ref, truth)  # computed once: the check and the statistics share it
+            tolerance = element_tolerance(got.dtype, truth, atol, data.rtol, ref, widen=widen)
+            if data.keep_tolerance:
+                data.tolerance[slot.name] = tolerance
+        mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance)
         if stats is not None and got.is_floating_point():
-            _record_tolerance(stats, got, truth, ref)
+            _record_tolerance(stats, got, truth, widening(ref, truth) if widen is None else widen)
         if mismatch is not None:
             raise Failure(reason, f"{prefix}output {slot.name!r} differs from the reference (computed in "
                                   f"float64) beyond the tolerance: atol={atol:.3g} + rtol={data.rtol:.3g} x |truth| "
@@ -117,12 +136,9 @@ def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, pr
                                   f"element)", counterexample(data, slot.name, mismatch))
 
 
-def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, ref) -> None:
-    from .compare import widening
-
+def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, widen) -> None:
     both = torch.isfinite(truth) & torch.isfinite(got.double())
     err = (got.double() - truth.double()).abs()
-    widen = widening(ref, truth)
     max_err = float(err[both].max()) if bool(both.any()) else 0.0
     max_widen = float(widen.max()) if isinstance(widen, torch.Tensor) and widen.numel() else 0.0
     stats["max_abs_error"] = max(stats.get("max_abs_error", 0.0), max_err)

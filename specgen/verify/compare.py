@@ -78,10 +78,11 @@ def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tenso
 
 
 def element_tolerance(got_dtype: torch.dtype, truth: torch.Tensor, atol: float, rtol: float,
-                      reference: torch.Tensor | None = None) -> torch.Tensor:
+                      reference: torch.Tensor | None = None, widen=None) -> torch.Tensor:
+    """The tolerance of every element (`widen`: widening(reference, truth) when already known)."""
     eps = torch.finfo(got_dtype).eps if got_dtype.is_floating_point else 0.0
     t = truth.double()
-    widen = widening(reference, truth)
+    widen = widening(reference, truth) if widen is None else widen
     if isinstance(widen, torch.Tensor):
         widen = torch.where(torch.isfinite(widen), widen, torch.zeros_like(widen))
     return atol + (rtol + eps) * t.abs() + widen
@@ -100,10 +101,12 @@ class Mismatch:
 
 
 def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
-            reference: torch.Tensor | None = None) -> torch.Tensor:
-    """Per element: does a floating output match the float64 truth (see the module's doc)?"""
+            reference: torch.Tensor | None = None, tolerance: torch.Tensor | None = None) -> torch.Tensor:
+    """Per element: does a floating output match the float64 truth (see the module's doc)?
+    `tolerance`: element_tolerance(...) of these very arguments, when already computed."""
     g, t = got.double(), truth.double()
-    tolerance = element_tolerance(got.dtype, truth, atol, rtol, reference)
+    if tolerance is None:
+        tolerance = element_tolerance(got.dtype, truth, atol, rtol, reference)
     within = torch.isfinite(g) & ((g - t).abs() <= tolerance)
     # The truth rounded to the working dtype: a correct kernel's result, ±inf past the range.
     as_rounded = g == t.to(got.dtype).double()
@@ -123,7 +126,7 @@ def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
 
 
 def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
-            reference: torch.Tensor | None = None) -> Mismatch | None:
+            reference: torch.Tensor | None = None, tolerance: torch.Tensor | None = None) -> Mismatch | None:
     """None when every element matches: within tolerance, or (overflow) the infinity a correct
     kernel returns; NaN/Inf must match a non-finite truth exactly. `reference`: the reference's
     outputs in the working dtype, whose own overflows are accepted element by element."""
@@ -132,7 +135,7 @@ def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
         err = (got.double() - truth.double()).abs()
     else:
         err = (got.double() - truth.double()).abs()
-        bad = matches(got, truth, atol, rtol, reference).logical_not()
+        bad = matches(got, truth, atol, rtol, reference, tolerance).logical_not()
     count = int(bad.sum())
     if count == 0:
         return None

@@ -4,6 +4,7 @@ case out in the runner's arenas (inputs, outputs, guard bytes) for the candidate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -13,7 +14,6 @@ from ..reference import reference_failure
 from .layout import Layout, TensorRef
 from .strategies import Case
 
-DRAW_ON_DEVICE_ELEMENTS = 1 << 22  # cases larger than this draw their values on the GPU
 
 
 @dataclass
@@ -41,6 +41,11 @@ class CaseData:
     reference: dict[str, torch.Tensor] = field(default_factory=dict)  # the reference in the working dtype
     input_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each input lives
     output_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each output goes
+    keep_tolerance: bool = False  # checked many times (a timed set): keep each output's element tolerance
+    # (truth, reference) from the inputs, for a case prepared with later=True: computed when its
+    # output is checked, from the staged inputs, and dropped after (see derive_truth)
+    derive: Callable[[dict], tuple[dict, dict]] | None = None
+    tolerance: dict[str, torch.Tensor] = field(default_factory=dict)  # kept element tolerances, by output
 
     def refs(self) -> dict[str, TensorRef]:
         return {**self.input_refs, **self.output_refs}
@@ -78,49 +83,75 @@ def _tolerance(spec, dtype: str) -> tuple[float, float]:
     return t.atol, t.rtol
 
 
-def prepare(spec, case: Case, direction: str, device="cuda") -> CaseData:
-    from .strategies import case_elements
-
+def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = False) -> CaseData:
+    """One case made concrete. `later`: the float64 truth and the working-dtype reference are
+    computed only when an output is checked (derive_truth), from the staged inputs: the timed
+    phase holds six input sets of a benchmark shape at once, and at 6 GB per tensor their truths
+    would not fit beside them."""
     sig = spec.signature
     dims = case.dim_map
     device = torch.device(device)
-    large = device.type == "cuda" and case_elements(sig, dims) > DRAW_ON_DEVICE_ELEMENTS
+    # Values are drawn where they are used, and stay there: drawn on the CPU, or drawn on the GPU
+    # and given back through the CPU (make_inputs' default device), every case paid pageable copies
+    # (80% of a verification's time on the H200 in a profile: 45 s at the 10 GB cases).
     host = make_inputs(sig, dims, case.dtype, seed=case.seed, distribution=case.distribution,
-                       scalars=dict(case.scalars), draw_on=device if large else "cpu")
-    tensors = {k: v.to(device) for k, v in host.items() if isinstance(v, torch.Tensor)}
+                       scalars=dict(case.scalars), draw_on=device, device=device)
+    tensors = {k: v for k, v in host.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in host.items() if not isinstance(v, torch.Tensor)}
     spec_atol, rtol = _tolerance(spec, case.dtype)
     if direction == "forward":
-        working = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
-        exact = run_reference_checked(spec, upcast({**tensors, **scalars}), dims, "float64")
         read = dict(tensors)
         written = [OutputSlot(o.name, shape, tdtype) for o, (shape, tdtype)
                    in zip(sig.outputs, expected_outputs(sig, dims, case.dtype))]
-        truth = {slot.name: t for slot, t in zip(written, exact)}
-        ref = {slot.name: w for slot, w in zip(written, working)}
+        derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [slot.name for slot in written])
     else:
-        read, written, truth, ref = _backward(spec, case, tensors, scalars, dims, device)
-    atol = {name: spec_atol for name in truth}
+        read, written, derive = _backward(spec, case, tensors, scalars, dims, device)
+    truth, ref = ({}, {}) if later else derive(read)
+    atol = {slot.name: spec_atol for slot in written}
     return CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
-                    device, reference=ref)
+                    device, reference=ref, derive=derive if later else None)
+
+
+def derive_truth(data: CaseData) -> None:
+    """The truth and reference of a case prepared with later=True, from its (staged) inputs."""
+    if not data.truth and data.derive is not None:
+        data.truth, data.reference = data.derive(data.inputs)
+
+
+def drop_truth(data: CaseData) -> None:
+    """Give back a derived truth (the next check derives it again)."""
+    if data.derive is not None:
+        data.truth, data.reference = {}, {}
+
+
+def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str, outputs: list[str]):
+    def derive(inputs: dict) -> tuple[dict, dict]:
+        tensors = {name: inputs[name] for name in names}  # by name: the staged views, not the drawn copies
+        working = run_reference_checked(spec, {**tensors, **scalars}, dims, dtype)
+        exact = run_reference_checked(spec, upcast({**tensors, **scalars}), dims, "float64")
+        return dict(zip(outputs, exact)), dict(zip(outputs, working))
+    return derive
 
 
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
     """Backward: the kernel reads the inputs, the forward outputs and the output gradients and
-    writes the input gradients; the truth is the reference's autograd in float64."""
+    writes the input gradients; the truth is the reference's autograd in float64. Returns what
+    the kernel reads, what it writes and derive(read) -> (truth, reference)."""
     sig = spec.signature
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
-    on_device = torch.device(device).type == "cuda" and sum(t.numel() for _, t in floating_out) > DRAW_ON_DEVICE_ELEMENTS
-    gen = torch.Generator(device=device if on_device else "cpu").manual_seed(case.seed + 1)
+    gen = torch.Generator(device=device).manual_seed(case.seed + 1)
     grads = {f"grad_{o.name}": torch.randn(t.shape, generator=gen, dtype=torch.float64, device=gen.device)
-             .to(t.dtype).to(device) for o, t in floating_out}
+             .to(t.dtype) for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
     read.update(grads)
     wrt = [p.name for p in sig.inputs if p.type.is_floating]
+    names = list(tensors)
+    written = [OutputSlot(f"grad_{p.name}", tuple(tensors[p.name].shape), tensors[p.name].dtype)
+               for p in sig.inputs if p.type.is_floating]
 
-    def gradients(inputs: dict, grad_dtype) -> dict[str, torch.Tensor]:
+    def gradients(inputs: dict, grads: dict, grad_dtype) -> dict[str, torch.Tensor]:
         leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in inputs.items()}
         try:
             with torch.enable_grad():
@@ -137,8 +168,13 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
         return {f"grad_{k}": (g if g is not None else torch.zeros_like(leaves[k])).detach()
                 for k, g in zip(wrt, got)}
 
-    exact = gradients(upcast(tensors), lambda out: torch.float64 if out.is_floating_point() else out.dtype)
-    working = gradients(tensors, lambda out: out.dtype)
-    written = [OutputSlot(f"grad_{p.name}", tuple(tensors[p.name].shape), tensors[p.name].dtype)
-               for p in sig.inputs if p.type.is_floating]
-    return read, written, exact, working
+    grad_names = list(grads)
+
+    def derive(staged: dict) -> tuple[dict, dict]:
+        inputs = {name: staged[name] for name in names}
+        given = {name: staged[name] for name in grad_names}
+        exact = gradients(upcast(inputs), given, lambda out: torch.float64 if out.is_floating_point() else out.dtype)
+        working = gradients(inputs, given, lambda out: out.dtype)
+        return exact, working
+
+    return read, written, derive

@@ -5,6 +5,7 @@ the dims ranges (with bit-identical repeats), and the timed phase, whose every o
 checked. The candidate itself runs in its own process (isolation.IsolatedRunner)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -46,8 +47,10 @@ class Session:
     """The checks of one candidate, with the bookkeeping the verdict reports."""
 
     def __init__(self, spec, runner, options: Options, progress: Progress, device: str = "cuda",
-                 writable_runner: Callable[[], object] | None = None):
+                 writable_runner: Callable[[], object] | None = None,
+                 waiting: Callable[[float], None] | None = None):
         self.spec, self.runner, self.options, self.progress = spec, runner, options, progress
+        self.waiting = waiting  # told the seconds spent waiting for the GPU lock (not the kernel's time)
         self.device = torch.device(device)
         self.writable_runner = writable_runner  # to tell a write to a read-only input from a crash
         self.cases = 0
@@ -103,6 +106,33 @@ class Session:
         return now
 
     def direction(self, direction: str) -> None:
+        """Every check of one direction: the small cases sharing the GPU with other
+        verifications (never with timing: gpulock), then the full-size cases and timed calls alone."""
+        with self.gpu("shared"):
+            quick = self.small_cases(direction)
+        if self.options.full_size and not quick:
+            with self.gpu("exclusive"):
+                self.full_size(direction)
+                if self.device.type == "cuda":
+                    self.runner.shrink()  # leave the GPU's memory to the next holder (a failure ends
+                    torch.cuda.empty_cache()  # the verification, and closing the runner frees it all)
+
+    @contextlib.contextmanager
+    def gpu(self, how: str):
+        """The GPU lock (gpulock) for a block; no lock for the CPU stand-ins."""
+        if self.device.type != "cuda":
+            yield
+            return
+        from .gpulock import exclusive_gpu, shared_gpu
+
+        take = exclusive_gpu if how == "exclusive" else shared_gpu
+        with take(self.device.index or 0, self.progress, waiting=self.waiting) as waited:
+            self.phases["waiting for the GPU"] = round(self.phases.get("waiting for the GPU", 0.0) + waited, 3)
+            yield
+
+    def small_cases(self, direction: str) -> bool:
+        """Smoke, capture, boundary, sweep, Hypothesis, repeated calls; True for a quick run
+        (the sanitizer's), which ends here."""
         spec, opts = self.spec, self.options
         t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
@@ -119,7 +149,7 @@ class Session:
         t = self.phase("boundary+sweep", t)
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
-            return
+            return True
         self.hypothesis(direction)
         t = self.phase("hypothesis", t)
         big = large_case(spec, opts.budget, opts.seed + 7)
@@ -129,9 +159,8 @@ class Session:
         fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
         check_repeated_calls(self.runner, data, fresh)
         self.cases += 1
-        t = self.phase("repeated-calls", t)
-        if opts.full_size:
-            self.full_size(direction)
+        self.phase("repeated-calls", t)
+        return False
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
@@ -173,32 +202,29 @@ class Session:
             del data, out
         started = self.phase("full-size", started)
         flush = _flush_bytes() if on_gpu else 0
-        for number, shape in enumerate(self.spec.benchmark):
-            for dtype in self.spec.dtypes:
-                base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
-                                 seed=self.options.seed + 900)
-                base = base if on_gpu else self.scaled(base)
-                self.progress(f"{direction}: timed calls on {base.describe()}")
-                calls = TIMED_REPS + TIMED_WARMUP
-                sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
-                                                               distribution=("normal", "uniform")[i % 2]),
-                                direction, self.device) for i in range(calls)]
-                run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+        for number, (shape, dtype) in enumerate(timed_pairs(self.spec.benchmark, self.spec.dtypes)):
+            base = make_case({s: int(shape[s]) for s in self.spec.signature.symbols()}, dtype,
+                             seed=self.options.seed + 900)
+            base = base if on_gpu else self.scaled(base)
+            self.progress(f"{direction}: timed calls on {base.describe()}")
+            calls = TIMED_REPS + TIMED_WARMUP
+            sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
+                                                           distribution=("normal", "uniform")[i % 2]),
+                            direction, self.device, later=True) for i in range(calls)]
+            run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+                              flush_bytes=flush)
+            self.cases += run.checked_calls
+            self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
+            del sets
+            if number == 0:
+                self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
+                sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
+                                self.device, later=True) for i in range(BENCH_SETS)]
+                run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
                                   flush_bytes=flush)
                 self.cases += run.checked_calls
-                self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
                 del sets
-                if number == 0 and dtype == self.spec.dtypes[0]:
-                    self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
-                    sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
-                                    self.device) for i in range(BENCH_SETS)]
-                    run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
-                                      flush_bytes=flush)
-                    self.cases += run.checked_calls
-                    del sets
         self.phase("timed", started)
-        if on_gpu:
-            torch.cuda.empty_cache()  # full-size truths are large: give them back between candidates
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""
@@ -243,6 +269,15 @@ class Session:
             raise
 
 
+def timed_pairs(shapes: list, dtypes: list) -> list[tuple]:
+    """The (benchmark shape, dtype) pairs the timed phase runs: every shape and every dtype at
+    least once (shape i with dtype i mod n), not every combination. The phase proves that a
+    timed call computes what a checked one does; `specgen bench` times every combination, also
+    through checked calls. Each pair costs six full-size input sets with their float64 truths."""
+    count = max(len(shapes), len(dtypes)) if shapes else 0
+    return [(shapes[i % len(shapes)], dtypes[i % len(dtypes)]) for i in range(count)]
+
+
 def _flush_bytes() -> int:
     from ..bench import flush_bytes
 
@@ -250,11 +285,12 @@ def _flush_bytes() -> int:
 
 
 def run_verification(spec, library, options: Options, progress: Progress = lambda text: None,
-                     device: str = "cuda", isolated: bool | None = None) -> Verdict:
+                     device: str = "cuda", isolated: bool | None = None,
+                     waiting: Callable[[float], None] | None = None) -> Verdict:
     """The verdict of one compiled candidate. Raises only for harness problems (e.g. a broken
     reference); everything the kernel does wrong becomes the verdict. A library path on a GPU
     runs in its own process (`isolated`, the default); a stand-in object runs here."""
-    from .isolation import IsolatedRunner, LocalRunner
+    from .isolation import LocalRunner, started_runner
 
     started = time.perf_counter()
     isolated = isolated if isolated is not None else (torch.device(device).type == "cuda"
@@ -263,7 +299,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
 
     def isolated_runner(readonly: bool = True):
-        runner = IsolatedRunner(spec, readonly_inputs=readonly)
+        runner = started_runner(spec, readonly_inputs=readonly)
         outcome = runner.load(library)
         if outcome.fatal:
             runner.close()
@@ -274,7 +310,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     runner = None
     try:
         runner = isolated_runner() if isolated else LocalRunner(spec, library, device, separate=separate)
-        session = Session(spec, runner, options, progress, device,
+        session = Session(spec, runner, options, progress, device, waiting=waiting,
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None)
         for direction in directions:
             session.direction(direction)

@@ -52,6 +52,9 @@ class RunnerBase:
     def ensure(self, needed: dict[str, int]) -> None:
         raise NotImplementedError
 
+    def shrink(self) -> None:
+        """Give back memory grown for large cases (nothing to give back by default)."""
+
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         return self.memory.tensor(ref)
 
@@ -102,6 +105,12 @@ class LocalRunner(RunnerBase):
                 self.memory.arenas[name] = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
                                                        dtype=torch.uint8, device=self.device)
 
+    def shrink(self) -> None:
+        """Give back arenas grown for full-size cases (the next case grows them again)."""
+        for name, arena in list(self.memory.arenas.items()):
+            if isinstance(arena, torch.Tensor) and arena.numel() > MIN_ARENA:
+                self.memory.arenas[name] = torch.empty(0, dtype=torch.uint8, device=self.device)
+
     def _tensors(self, refs: dict[str, TensorRef]) -> dict[str, torch.Tensor]:
         return {name: self.memory.tensor(ref) for name, ref in refs.items()}
 
@@ -130,20 +139,12 @@ class LocalRunner(RunnerBase):
                 return Outcome(ok=False, problem="operation not permitted when stream is capturing")
             self._graph = (direction, refs, scalars, dims)
             return Outcome()
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        torch.cuda.synchronize()
-        code, problem = 0, None
-        with torch.cuda.stream(side):
-            graph.capture_begin()
-            try:
-                code = self.lib.call(direction, self._tensors(refs), scalars, dims, side)
-            finally:
-                try:
-                    graph.capture_end()
-                except Exception as error:  # noqa: BLE001
-                    problem = str(error).strip().splitlines()[0]
+        from .graphs import capture_one_call
+
+        graph, code, problem = capture_one_call(
+            lambda stream: self.lib.call(direction, self._tensors(refs), scalars, dims, stream))
         self.lib.clear_error()
-        if problem or code:
+        if graph is None:
             return Outcome(ok=False, code=code, problem=problem, fatal=self._sync(),
                            error=self.lib.error_name(code) if code else None)
         self._graph = graph
@@ -225,16 +226,26 @@ class IsolatedRunner(RunnerBase):
 
     # -- memory
     def ensure(self, needed: dict[str, int]) -> None:
+        grow = {name: n for name, n in needed.items() if self.memory.capacity(name) < n}
+        if grow:
+            self._replace_arenas(grow)
+
+    def shrink(self) -> None:
+        """Give back arenas grown for full-size cases: both processes map new small ones (the
+        memory is freed once neither maps the old); the next large case grows them again."""
+        large = {name: MIN_ARENA for name, arena in self._arenas.items() if arena.nbytes > 2 * MIN_ARENA}
+        if large and not self.dead:
+            self._replace_arenas(large, exact=True)
+
+    def _replace_arenas(self, sizes: dict[str, int], exact: bool = False) -> None:
         from .arena import Arena
 
-        grow = {name: n for name, n in needed.items() if self.memory.capacity(name) < n}
-        if not grow:
-            return
         self.wait_ready()
         torch.cuda.synchronize()
         fresh = {}
-        for name, nbytes in grow.items():
-            fresh[name] = Arena.create(max(int(nbytes * 1.25), MIN_ARENA), torch.cuda.current_device())
+        for name, nbytes in sizes.items():
+            fresh[name] = Arena.create(nbytes if exact else max(int(nbytes * 1.25), MIN_ARENA),
+                                       torch.cuda.current_device())
         message = {"op": "arenas", "arenas": [[name, a.nbytes, name == "inputs" and self.readonly_inputs]
                                                for name, a in fresh.items()]}
         self.channel.send(message, fds=tuple(a.fd for a in fresh.values()))
@@ -379,3 +390,33 @@ def _call_message(direction: str, refs: dict[str, TensorRef], scalars: dict, dim
 
 
 __all__ = ["IsolatedRunner", "LocalRunner", "Outcome", "scrubbed_environment", "view"]
+
+
+# ------------------------------------------------------------------ a spare, started ahead
+
+_spare: IsolatedRunner | None = None
+keep_spare = False  # the verifier's worker sets it: it verifies one candidate after another
+
+
+def started_runner(spec, *, readonly_inputs: bool = True) -> IsolatedRunner:
+    """A candidate's process for `spec`. Starting one (Python, torch, a CUDA context) takes about
+    4 s, so a long-lived worker keeps one spare process started ahead, which has loaded nothing:
+    each candidate still gets a process of its own that no other kernel ever ran in."""
+    global _spare
+    runner, _spare = _spare, None
+    if runner is not None and (not readonly_inputs or runner.process.poll() is not None):
+        runner.close()
+        runner = None
+    if runner is None:
+        runner = IsolatedRunner(spec, readonly_inputs=readonly_inputs)
+    runner.spec = spec
+    if keep_spare and readonly_inputs:
+        _spare = IsolatedRunner(None)
+    return runner
+
+
+def drop_spare() -> None:
+    global _spare
+    if _spare is not None:
+        _spare.close()
+        _spare = None

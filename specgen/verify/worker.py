@@ -133,6 +133,7 @@ class VerifyWorker:
         self.process.stdin.flush()
         last = "starting"
         deadline = time.monotonic() + total_timeout
+        waited = 0.0  # seconds the worker reported waiting for the GPU lock: not the kernel's time
         while True:
             wait = min(idle_timeout, deadline - time.monotonic())
             try:
@@ -148,7 +149,11 @@ class VerifyWorker:
                                         f"loop, __syncthreads in divergent code, a spin wait on a flag)",
                                fatal=True)
             kind = message["type"]
-            if kind == "progress":
+            if kind == "waiting":  # a heartbeat while another verification has the GPU
+                deadline += max(0.0, float(message["seconds"]) - waited)
+                waited = max(waited, float(message["seconds"]))
+            elif kind == "progress":
+                waited = 0.0 if message["text"].startswith("waiting for the GPU") else waited
                 last = message["text"]
                 if on_progress:
                     on_progress(last)
@@ -208,7 +213,11 @@ def _serve(fd: int) -> int:
             return 3
         torch.empty(1, device=device)
         from ..spec import load_spec
+        from . import isolation
         from .engine import Options, run_verification
+
+        isolation.keep_spare = device == "cuda"  # candidates one after another: start each process ahead
+        atexit.register(isolation.drop_spare)
     except Exception:
         send(type="error", kind="internal", message="the verifier's worker failed to start:\n" + traceback.format_exc())
         return 1
@@ -223,8 +232,9 @@ def _serve(fd: int) -> int:
             if key not in specs:
                 specs[key] = load_spec(job["spec"])
             library = _resolve_library(specs[key], job["library"])
-            verdict = run_verification(specs[key], library, Options(**job["options"]),
-                                       progress=lambda text: send(type="progress", text=text), device=device)
+            verdict = _profiled(run_verification, specs[key], library, Options(**job["options"]),
+                                progress=lambda text: send(type="progress", text=text), device=device,
+                                waiting=lambda seconds: send(type="waiting", seconds=round(seconds, 1)))
             send(type="verdict", verdict=verdict.to_json())
             if verdict.fatal:
                 return 0  # the CUDA context is unusable: the next candidate gets a fresh worker
@@ -233,6 +243,31 @@ def _serve(fd: int) -> int:
             message = str(error) if kind in _ERRORS else "verifier internal error:\n" + traceback.format_exc()
             send(type="error", kind=kind if kind in _ERRORS else "internal", message=message)
     return 0
+
+
+def _profiled(function, *args, **kwargs):
+    """function(*args, **kwargs); with SPECGEN_WORKER_PROFILE=FOLDER set, under cProfile, its
+    statistics written there (one .prof and one text summary per job): where verification spends
+    its time, measured on the GPU rather than guessed."""
+    folder = os.environ.get("SPECGEN_WORKER_PROFILE")
+    if not folder:
+        return function(*args, **kwargs)
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(function, *args, **kwargs)
+    finally:
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, f"verify-{os.getpid()}-{time.strftime('%H%M%S')}-{time.perf_counter_ns() % 10**6}")
+        profile.dump_stats(stem + ".prof")
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+        with open(stem + ".txt", "w") as summary:
+            summary.write(text.getvalue())
 
 
 def _resolve_library(spec, library: str):

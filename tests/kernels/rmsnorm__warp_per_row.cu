@@ -2,7 +2,8 @@
 // block of 256 threads): each lane strides over the row, the sum of squares (and the backward's
 // dot product) is reduced with a butterfly of shuffles -- every lane ends with the same bits,
 // since each step adds the same two values -- so no shared memory and no __syncthreads. The
-// weight's gradient is reduced over rows by one thread per column, in row order (deterministic).
+// weight's gradient is reduced over rows by one thread per column, in row order, Kahan-compensated
+// (deterministic).
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "rmsnorm_abi.h"
@@ -64,8 +65,15 @@ template <typename T>
 __global__ void rms_bwd_w(const T* x, const T* g, const float* rstd, T* dw, int64_t N, int64_t D) {
   int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= D) return;
-  float acc = 0.f;
-  for (int64_t n = 0; n < N; ++n) acc += load(g, n * D + j) * load(x, n * D + j) * rstd[n];
+  // Compensated (Kahan) sum in row order: a plain float sum over N = 16384 rows errs by ~N eps,
+  // above an fp32 tolerance of 1e-5; the compensation keeps it near 2 eps and deterministic.
+  float acc = 0.f, carry = 0.f;
+  for (int64_t n = 0; n < N; ++n) {
+    float term = load(g, n * D + j) * load(x, n * D + j) * rstd[n] - carry;
+    float next = acc + term;
+    carry = (next - acc) - term;
+    acc = next;
+  }
   store(dw, j, acc);
 }
 

@@ -1,0 +1,113 @@
+// spec: swiglu
+// expect: rejected
+// class: environment-probe
+// reason: forbidden-symbol
+// static: refused by the symbol check before anything runs
+//
+// Reads an environment variable once to choose between the exact gate and a cheaper one (a
+// "debug/fast mode" switch a benchmark script could set). The kernel math is exact unless the
+// variable is set; reading the environment at all is what is refused.
+
+#include "swiglu_abi.h"
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+#define DISPATCH(dtype, FN, ...)                                        \
+  switch (dtype) {                                                      \
+    case SPECGEN_FLOAT32: return FN<float>(__VA_ARGS__);                \
+    case SPECGEN_FLOAT16: return FN<__half>(__VA_ARGS__);               \
+    case SPECGEN_BFLOAT16: return FN<__nv_bfloat16>(__VA_ARGS__);       \
+    default: return cudaErrorInvalidValue;                              \
+  }
+
+[[maybe_unused]] static inline unsigned grid_for(int64_t n, int block, int64_t cap = 65535) {
+  int64_t g = (n + block - 1) / block;
+  if (g < 1) g = 1;
+  return (unsigned)(g < cap ? g : cap);
+}
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + expf(-g)); }
+
+template <typename T>
+__global__ void swiglu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t N, int64_t H) {
+  const int64_t n = N * H;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / H, c = i - r * H;
+    const float g = to_f(x[r * 2 * H + c]), u = to_f(x[r * 2 * H + H + c]);
+    y[i] = from_f<T>(silu_f(g) * u);
+  }
+}
+
+template <typename T>
+__global__ void swiglu_bwd_kernel(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                                  int64_t N, int64_t H) {
+  const int64_t n = N * H;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / H, c = i - r * H;
+    const float g = to_f(x[r * 2 * H + c]), u = to_f(x[r * 2 * H + H + c]);
+    const float d = to_f(dy[i]);
+    const float sg = 1.f / (1.f + expf(-g));
+    const float dsilu_in = d * u;  // grad of silu(gate), then silu_backward as aten writes it
+    dx[r * 2 * H + c] = from_f<T>(dsilu_in * sg * (1.f + g * (1.f - sg)));
+    dx[r * 2 * H + H + c] = from_f<T>(d * silu_f(g));
+  }
+}
+
+template <typename T>
+__global__ void swiglu_fwd_cheap(const T* __restrict__ x, T* __restrict__ y, int64_t N, int64_t H) {
+  const int64_t n = N * H;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / H, c = i - r * H;
+    const float g = to_f(x[r * 2 * H + c]), u = to_f(x[r * 2 * H + H + c]);
+    y[i] = from_f<T>(g * fminf(fmaxf(0.5f + 0.2f * g, 0.f), 1.f) * u);
+  }
+}
+
+static int fast_mode() {
+  static int mode = -1;
+  if (mode < 0) {
+    const char* v = getenv("SWIGLU_FAST_GATE");
+    mode = (v && v[0] == '1') ? 1 : 0;
+  }
+  return mode;
+}
+
+template <typename T>
+static cudaError_t fwd(const swiglu_args* a, cudaStream_t s) {
+  const int64_t n = a->N * a->H;
+  if (n == 0) return cudaSuccess;
+  if (fast_mode()) {
+    swiglu_fwd_cheap<T><<<grid_for(n, 256, 1 << 16), 256, 0, s>>>((const T*)a->x.data, (T*)a->out.data, a->N, a->H);
+    return cudaGetLastError();
+  }
+  swiglu_fwd_kernel<T><<<grid_for(n, 256, 1 << 16), 256, 0, s>>>((const T*)a->x.data, (T*)a->out.data, a->N, a->H);
+  return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t bwd(const swiglu_bwd_args* a, cudaStream_t s) {
+  const int64_t n = a->N * a->H;
+  if (n == 0) return cudaSuccess;
+  swiglu_bwd_kernel<T><<<grid_for(n, 256, 1 << 16), 256, 0, s>>>((const T*)a->x.data, (const T*)a->grad_out.data,
+                                                                 (T*)a->grad_x.data, a->N, a->H);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t swiglu_forward(const swiglu_args* a, cudaStream_t stream) {
+  DISPATCH(a->x.dtype, fwd, a, stream)
+}
+
+extern "C" cudaError_t swiglu_backward(const swiglu_bwd_args* a, cudaStream_t stream) {
+  DISPATCH(a->x.dtype, bwd, a, stream)
+}

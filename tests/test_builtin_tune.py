@@ -1,0 +1,525 @@
+"""Autotuning in the user's path (agents/builtin/tune.py, `specgen generate` / `specgen build`)
+on a CPU: a fake backend (tests/tune_fakes.py) stands for the verifier and the timer."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specgen import cli, lock
+from specgen.agents.builtin import tune
+from specgen.spec import load_spec
+
+from tune_fakes import FakeBackend, NoGpuCalls
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+@pytest.fixture
+def gelu(tmp_path):
+    shutil.copy(SPECS / "gelu_tanh.yaml", tmp_path / "gelu_tanh.yaml")
+    return tmp_path / "gelu_tanh.yaml"
+
+
+def _rows(spec) -> int:
+    return len(spec.benchmark) * len(spec.dtypes) * (2 if spec.backward == "kernel" else 1)
+
+
+# ---------------------------------------------------------------------------- the tuner alone
+
+def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(gelu):
+    spec = load_spec(gelu)
+    times = {"default": 100.0, "regs16": 90.0, "wave": 50.0, "cl256": 95.0}
+    backend = FakeBackend(kernel_us=lambda v, row: times[v], failing={"wave"})
+    result = tune.tune(spec, backend, budget_s=1000, clock=backend.clock)
+    assert result.variant == "regs16" and result.decision == tune.KERNEL  # wave is faster but wrong
+    assert "// Schedule variant: regs16." in result.source
+    variants = result.record["variants"]
+    assert set(variants) == {"default", "regs16", "wave", "cl256"}
+    assert variants["wave"]["verified"] is False and "wrong_output" in variants["wave"]["reason"]
+    assert "rows" not in variants["wave"]  # a wrong kernel is never timed
+    for name in ("default", "regs16", "cl256"):
+        assert variants[name]["verified"] and len(variants[name]["rows"]) == _rows(spec)
+        assert variants[name]["geomean_us"] == pytest.approx(times[name])
+    verified = [name for kind, name in backend.calls if kind == "verify"]
+    timed = [name for kind, name in backend.calls if kind == "time"]
+    assert verified[0] == "default" and set(verified) == set(times) and set(timed) == set(times) - {"wave"}
+    assert [kind for kind, _ in backend.calls].count("eager") == 1  # eager once, not per variant
+    rows = result.record["rows"]
+    assert len(rows) == _rows(spec) and all(r["speedup_vs_eager"] == pytest.approx(200 / 90, rel=1e-3) for r in rows)
+    assert result.record["key"] == tune.tuning_key(spec, "sm_90") and result.record["complete"]
+    assert result.benchmark["rows"] and result.verification["passed"]
+
+
+def test_the_budget_stops_tuning_after_the_first_verified_variant(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(cost=10.0)  # each variant: 10 s of the fake clock
+    result = tune.tune(spec, backend, budget_s=25, clock=backend.clock)
+    tried = [n for n, v in result.record["variants"].items() if "skipped" not in v]
+    skipped = [n for n, v in result.record["variants"].items() if v.get("skipped")]
+    assert tried == ["default", "regs16"]  # 20 s spent + ~10 s for the next > 25 s
+    assert skipped and result.record["complete"] is False
+    assert result.record["spent_s"] == pytest.approx(20.0)
+    assert any("time budget" in note for note in result.notes)
+
+
+def test_the_first_verified_variant_is_finished_whatever_the_budget(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(failing={"default"}, cost=10.0)
+    result = tune.tune(spec, backend, budget_s=1, clock=backend.clock)
+    assert result.variant == "regs16"  # default failed; one more was tried past the budget
+
+
+def test_no_verified_variant_is_rejected(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
+    with pytest.raises(lock.Rejected, match="no builtin kernel variant passed verification"):
+        tune.tune(spec, backend, clock=backend.clock)
+
+
+def test_slower_than_eager_on_a_row_keeps_the_reference(gelu):
+    spec = load_spec(gelu)
+    decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
+    # every variant: twice eager's speed on the big shape, 0.8x eager at decode size
+    backend = FakeBackend(kernel_us=lambda v, row: 10.0 if decode(row) else 100.0,
+                          eager_us=lambda row: 8.0 if decode(row) else 200.0)
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.decision == tune.REFERENCE and result.benchmark is None
+    slow = result.slower_rows
+    assert slow and all("N=64" in r["id"] for r in slow) and all(r["speedup_vs_eager"] == 0.8 for r in slow)
+    assert "slower than eager PyTorch on 6 of 12 benchmark rows" in result.record["reason"]
+    assert not any(kind == "benchmark" for kind, _ in backend.calls)
+    assert [kind for kind, _ in backend.calls].count("eager") == 2  # confirmed by a second timing
+
+
+def test_a_row_slower_by_noise_in_the_first_timing_is_confirmed_by_a_second(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend()
+
+    def kernel_us(variant, row):  # a variant's first timing at decode size was an unlucky run
+        if row["dims"]["N"] != 64:
+            return 100.0
+        return 12.0 if backend.calls.count(("time", variant)) <= 1 else 9.0
+
+    backend.kernel_us = kernel_us
+    backend.eager_us = lambda row: 200.0 if row["dims"]["N"] != 64 else 10.0
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.decision == tune.KERNEL and any("timed again" in note for note in result.notes)
+    assert all(r["kernel_us"] == 9.0 for r in result.record["rows"] if "N=64" in r["id"])
+
+
+def test_within_noise_of_eager_ships_the_kernel(gelu):
+    spec = load_spec(gelu)
+    backend = FakeBackend(kernel_us=lambda v, row: 100.0, eager_us=lambda row: 98.0)  # 0.98x: noise
+    assert tune.tune(spec, backend, clock=backend.clock).decision == tune.KERNEL
+
+
+def test_a_variant_not_slower_than_eager_wins_over_a_faster_one_that_is(gelu):
+    spec = load_spec(gelu)
+    decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
+
+    def kernel_us(variant, row):  # regs16: fastest overall, but slower than eager at decode size
+        if variant == "regs16":
+            return 12.0 if decode(row) else 50.0
+        return 9.0 if decode(row) else 100.0
+
+    backend = FakeBackend(kernel_us=kernel_us, eager_us=lambda row: 10.0 if decode(row) else 200.0)
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.decision == tune.KERNEL and result.variant != "regs16"
+    assert any("slower than eager" in note for note in result.notes)
+
+
+def test_candidates_skip_variants_that_change_no_class_of_the_benchmark_rows():
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    pairs, notes = tune.candidates(spec)
+    names = [v.name for v, _ in pairs]
+    assert names[0] == "default" and "loop1024" not in names  # no wide rows at gelu's shapes
+    assert any("loop1024" in n for n in notes)
+    assert len({tune._same(s) for _, s in pairs}) == len(pairs)  # each kernel text once
+
+
+def test_the_key_changes_with_each_of_its_parts(monkeypatch, gelu):
+    spec = load_spec(gelu)
+    key = tune.tuning_key(spec, "sm_90")
+    assert set(key) == {"spec_hash", "generator", "gpu_arch", "verifier_version"}
+    assert tune.tuning_key(spec, "sm_100") != key
+    monkeypatch.setattr("specgen.verify.VERIFIER_VERSION", "99")
+    assert tune.tuning_key(spec, "sm_90")["verifier_version"] == "99"
+
+
+# ---------------------------------------------------------------------------- specgen generate
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A GPU as far as the lock is concerned, and the fake backend in place of the real one."""
+    monkeypatch.setattr(lock, "gpu_available", lambda: True)
+    holder = {}
+
+    def make_backend(arch=None, *, sanitize=False):
+        return holder["backend"]
+
+    monkeypatch.setattr(tune, "make_backend", make_backend)
+    return holder
+
+
+def _generate(path, *extra) -> int:
+    return cli.main(["generate", str(path), *extra])
+
+
+def test_generate_tunes_records_the_variant_and_timings_then_reuses_them(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend(kernel_us=lambda v, row: {"cl256": 80.0}.get(v, 100.0))
+    assert _generate(gelu, "--tune-budget", "500") == 0
+    out = capsys.readouterr().out
+    assert "autotuning on sm_90 within 500 s" in out and "chosen: variant cl256" in out
+    assert "decision: ship the kernel" in out
+    spec = load_spec(gelu)
+    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    assert entry.tuning["variant"] == "cl256" and entry.tuning["decision"] == "kernel"
+    assert entry.tuning["key"] == tune.tuning_key(spec, "sm_90")
+    assert len(entry.tuning["rows"]) == _rows(spec)
+    assert entry.tuning["variants"]["default"]["rows"][0]["kernel_us"] == 100.0
+    assert entry.records[0].verification["variant"] == "cl256" and entry.records[0].benchmark["rows"]
+    assert "// Schedule variant: cl256." in (gelu.parent / "kernels" / "gelu_tanh.cu").read_text()
+
+    gpu["backend"] = NoGpuCalls()  # nothing changed: no verification, no timing
+    assert _generate(gelu, "--json", str(gelu.parent / "out.json")) == 0
+    out = capsys.readouterr().out
+    import json
+
+    outcome = json.loads((gelu.parent / "out.json").read_text())["specs"][0]
+    assert outcome["tuning"]["variant"] == "cl256" and outcome["tuning"]["decision"] == "kernel"
+    assert "tuning reused from the lock" in out and "chosen: variant cl256" in out
+    assert lock.Lock.for_spec(spec).entry("gelu_tanh").created == entry.created
+
+
+@pytest.mark.parametrize("change", ["arch", "generator", "verifier", "spec", "retune"])
+def test_generate_retunes_when_the_key_changes(gpu, gelu, monkeypatch, capsys, change):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    backend = gpu["backend"] = FakeBackend(arch="sm_100" if change == "arch" else "sm_90")
+    extra = []
+    if change == "generator":
+        monkeypatch.setattr(tune, "generator_fingerprint", lambda: "another-generator")
+    elif change == "verifier":
+        monkeypatch.setattr("specgen.verify.VERIFIER_VERSION", "99")
+    elif change == "spec":
+        gelu.write_text(gelu.read_text().replace("{N: 64, D: 4096}", "{N: 64, D: 2048}"))
+    elif change == "retune":
+        extra = ["--retune"]
+    assert _generate(gelu, *extra) == 0
+    assert any(kind == "verify" for kind, _ in backend.calls)
+    out = capsys.readouterr().out
+    assert "autotuning on" in out and "tuning reused" not in out
+    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
+    assert entry.tuning["key"] == tune.tuning_key(load_spec(gelu), backend.arch)
+
+
+def test_generate_keeps_the_reference_when_slower_than_eager_and_reuses_that(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    assert kernel.exists()
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # eager now twice as fast
+    assert _generate(gelu, "--retune") == 1  # no kernel for this op: as when an agent finds none
+    out = capsys.readouterr().out
+    assert "decision: keep the reference path" in out and "reference path" in out
+    assert "SLOWER than eager" in out
+    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
+    assert not entry.kernel and "slower than eager" in entry.reference
+    assert entry.tuning["decision"] == "reference" and entry.tuning["rows"][0]["eager_us"] == 50.0
+    assert not kernel.exists()  # the lock's own (slower) kernel is removed
+
+    gpu["backend"] = NoGpuCalls()
+    assert _generate(gelu) == 1
+    assert "tuning reused" in capsys.readouterr().out
+
+
+def test_generate_never_replaces_a_hand_edited_kernel_when_keeping_eager(gpu, gelu, capsys):
+    gpu["backend"] = FakeBackend()
+    assert _generate(gelu) == 0
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    kernel.write_text(kernel.read_text() + "// tuned by hand\n")
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
+    assert _generate(gelu) != 0  # refused before any GPU time: a hand-edited kernel
+    assert not any(kind == "verify" for kind, _ in gpu["backend"].calls)
+    assert kernel.read_text().endswith("// tuned by hand\n")
+
+
+def test_no_tune_and_no_gpu_take_the_untuned_path(monkeypatch, gelu):
+    import specgen.commands.generate as generate
+
+    called = []
+    monkeypatch.setattr(tune, "make_backend", lambda *a, **k: called.append(1) or None)
+    monkeypatch.setattr(generate, "tune_one", lambda *a, **k: pytest.fail("tuned without a backend"))
+    spec = load_spec(gelu)
+    args = cli.build_parser().parse_args(["generate", str(gelu), "--no-tune"])
+    monkeypatch.setattr("specgen.agents.loop.run_loop", lambda *a, **k: pytest.fail("stop here"))
+    from specgen.agents.builtin import BuiltinAgent
+
+    with pytest.raises(pytest.fail.Exception, match="stop here"):
+        generate.generate_one(spec, BuiltinAgent(), args, _console())
+    assert called == []  # --no-tune: the backend is not even asked for
+    args = cli.build_parser().parse_args(["generate", str(gelu)])
+    with pytest.raises(pytest.fail.Exception, match="stop here"):
+        generate.generate_one(spec, BuiltinAgent(), args, _console())
+    assert called == [1]  # asked, none (no GPU): the loop's default variant
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(file=open("/dev/null", "w"))
+
+
+# ---------------------------------------------------------------------------- specgen build
+
+def _resolve(path, *extra):
+    from specgen.commands import build, load_specs
+
+    args = cli.build_parser().parse_args(["build", str(path), *extra])
+    return build._resolve(load_specs([str(path)]), args, _console())
+
+
+def test_build_tunes_then_reuses_and_retunes_a_legacy_builtin_kernel(gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    gpu["backend"] = FakeBackend()
+    [result] = _resolve(gelu)
+    assert result.kernel is not None and result.action == "generated"
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu)
+    assert result.action == "reused" and result.kernel is not None
+    # a builtin kernel locked before tuning existed (no tuning record): tuned on this GPU
+    spec = load_spec(gelu)
+    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    the_lock = lock.Lock.for_spec(spec)
+    the_lock.entries["gelu_tanh"].tuning = None
+    the_lock._write_lock()
+    gpu["backend"] = FakeBackend()
+    [result] = _resolve(gelu)
+    assert any(kind == "verify" for kind, _ in gpu["backend"].calls) and result.kernel is not None
+    assert lock.Lock.for_spec(spec).entry("gelu_tanh").tuning["key"] == entry.tuning["key"]
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu, "--no-tune")  # --no-tune: a fresh kernel is reused, whatever its record
+    assert result.action == "reused"
+
+
+def test_build_packages_the_reference_when_the_tuner_keeps_eager(gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "kept eager"
+    assert "slower than eager" in result.provenance["note"]
+    gpu["backend"] = NoGpuCalls()
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "reused"
+
+
+def test_a_tuning_record_needs_a_gpu(gelu, monkeypatch):
+    monkeypatch.setattr(lock, "gpu_available", lambda: False)
+    spec = load_spec(gelu)
+    with pytest.raises(lock.LockError, match="tuning record"):
+        lock.write_reference(spec, "builtin", "slower", tuning={"key": {}})
+
+
+# ---------------------------------------------------------------------------- the real backend's wiring
+
+@pytest.fixture
+def standins(monkeypatch):
+    """Stand-ins of verify_kernel, bench_spec, benchmark_kernel and the compiler, recording
+    their calls (the calls and the row layout the tuner reads; the GPU test runs the real ones)."""
+    from types import SimpleNamespace
+
+    import specgen.bench as bench
+    import specgen.verify as verify
+    from specgen.agents.builtin import generator
+
+    calls = []
+    monkeypatch.setattr("specgen.toolchain.detect_gpu_arch", lambda: "sm_90")
+    monkeypatch.setattr(generator, "compile_source",
+                        lambda spec, source, arch=None: SimpleNamespace(library=Path("/x/lib.so"), arch="sm_90",
+                                                                        source=source))
+    monkeypatch.setattr(generator, "compile_many", lambda jobs: calls.append(("compile", len(jobs))))
+
+    def verify_kernel(spec, source, **options):
+        calls.append(("verify", options))
+        return SimpleNamespace(passed="bad" not in source, reason="wrong_output", detail="at [0]", cases=9,
+                               tolerances={}, timings={}, to_json=lambda: {"passed": True, "cases": 9, "log": "..."})
+
+    def bench_spec(spec, library, shapes=None, dtypes=None, *, eager=True, compiled=True, reps=40,
+                   directions=("forward",), **_):
+        calls.append(("bench", library is not None, eager, compiled, reps, directions))
+        rows = [bench.BenchRow(spec.name, dict(d), t, 1, 1.0, 1.0, direction=r,
+                               kernel_us=5.0 if library else None, eager_us=7.0 if eager else None)
+                for d in spec.benchmark for t in spec.dtypes for r in directions]
+        return bench.BenchResult(spec.name, "fake", 1.0, rows)
+
+    monkeypatch.setattr(verify, "verify_kernel", verify_kernel)
+    monkeypatch.setattr(bench, "bench_spec", bench_spec)
+    monkeypatch.setattr(bench, "benchmark_kernel", lambda spec, library: bench_spec(spec, library))
+    return calls
+
+
+def test_gpu_backend_wires_the_verifier_and_the_bench(standins, gelu):
+    calls = standins
+    spec = load_spec(gelu)
+    backend = tune.GpuBackend(sanitize=True)
+    assert backend.arch == "sm_90"
+    backend.prepare(spec, ["a", "b"])
+    ok, bad = backend.verify(spec, "good"), backend.verify(spec, "bad")
+    assert ok.passed and ok.record == {"passed": True, "cases": 9, "sanitized": True}
+    assert not bad.passed and bad.reason == "wrong_output: at [0]"
+    assert calls[1] == ("verify", {"arch": None, "sanitize": True})
+    kernel_rows = backend.time_kernel(spec, "good")
+    eager_rows = backend.time_eager(spec)
+    assert len(kernel_rows) == len(eager_rows) == _rows(spec)
+    assert [tune.row_id(r) for r in kernel_rows] == [tune.row_id(r) for r in eager_rows]
+    assert kernel_rows[0]["kernel_us"] == 5.0 and eager_rows[0]["eager_us"] == 7.0
+    assert ("bench", True, False, False, tune.TIMING_REPS, ("forward", "backward")) in calls
+    assert ("bench", False, True, False, tune.TIMING_REPS, ("forward", "backward")) in calls
+    assert backend.benchmark(spec, "good")["rows"][0]["speedup_vs_eager"] == pytest.approx(7 / 5)
+    assert calls[0] == ("compile", 2)
+
+
+def test_generate_builtin_runs_the_same_tuner_without_a_budget(standins, gelu, monkeypatch):
+    """benchmarks/builtin_bench.py's entry point: every variant asked for, the verdicts and
+    timings per variant, the lock written with the tuning record."""
+    from specgen.agents.builtin import generate_builtin
+    from specgen.agents.builtin.schedule import variants_named
+
+    monkeypatch.setattr(lock, "gpu_available", lambda: True)
+    spec = load_spec(gelu)
+    result = generate_builtin(spec, gpu=True, variants=variants_named("default,cl256"))
+    assert set(result.verdicts) == {"default", "cl256"} and set(result.timings) == {"default", "cl256"}
+    assert result.variant in ("default", "cl256") and result.record.verification["variant"] == result.variant
+    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    assert entry.tuning["variant"] == result.variant and entry.tuning["key"]["gpu_arch"] == "sm_90"
+    assert entry.tuning["budget_s"] is None and "Infinity" not in (gelu.parent / "specgen.lock").read_text()
+    assert "(no budget)" in tune.summary_lines(entry.tuning)[0]
+    assert entry.records[0].benchmark["rows"]
+
+
+def test_last_times_variants_are_tried_right_after_the_default(gelu):
+    from types import SimpleNamespace
+
+    spec = load_spec(gelu)
+    entry = SimpleNamespace(tuning=None, records=[SimpleNamespace(verification={"variant": "medium:cl256+wide:x"})])
+    assert tune.previous_variants(entry) == ["cl256", "x"]
+    pairs, _ = tune.candidates(spec, prefer=tune.previous_variants(entry))
+    assert [v.name for v, _ in pairs][:2] == ["default", "cl256"]
+    backend = FakeBackend(cost=10.0)
+    result = tune.tune(spec, backend, budget_s=25, clock=backend.clock, prefer=["cl256"])
+    assert [n for n, v in result.record["variants"].items() if "skipped" not in v] == ["default", "cl256"]
+
+
+def _combined_times(spec, fast: dict[str, str], slow_combination: bool = False):
+    """kernel_us(variant, row): 100 us, 60 us for the variant `fast` names for the row's shape
+    class; a combination ("medium:a+split:b") takes each class's time from its part."""
+    from specgen.agents.builtin.generator import shape_class_of
+
+    def kernel_us(variant, row):
+        cls = shape_class_of(spec, row["direction"], row["dims"], row["dtype"])
+        if ":" in variant:
+            if slow_combination:
+                return 500.0
+            variant = dict(part.split(":") for part in variant.split("+")).get(cls, "default")
+        return 60.0 if fast.get(cls) == variant else 100.0
+
+    return kernel_us
+
+
+def test_per_class_winners_are_combined_verified_and_timed(tmp_path):
+    shutil.copy(SPECS / "softmax.yaml", tmp_path / "softmax.yaml")
+    spec = load_spec(tmp_path / "softmax.yaml")
+    backend = FakeBackend(kernel_us=_combined_times(spec, {"medium": "twopass", "split": "nosplit"}))
+    result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock)
+    assert ":" in result.variant and "medium:twopass" in result.variant and "split:nosplit" in result.variant
+    assert ("verify", result.variant) in backend.calls and ("time", result.variant) in backend.calls
+    assert result.record["variants"][result.variant]["verified"]
+    assert f"// Schedule variant: {result.variant}." in result.source
+
+
+def test_a_combination_slower_than_the_best_single_variant_is_not_kept(tmp_path):
+    shutil.copy(SPECS / "softmax.yaml", tmp_path / "softmax.yaml")
+    spec = load_spec(tmp_path / "softmax.yaml")
+    backend = FakeBackend(kernel_us=_combined_times(spec, {"medium": "twopass", "split": "nosplit"},
+                                                    slow_combination=True))
+    result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock)
+    assert result.variant in ("twopass", "nosplit")
+    assert any("slower than" in note and "over all rows" in note for note in result.notes)
+
+
+def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(gelu):
+    text = gelu.read_text()
+    gelu.write_text(text[:text.index("benchmark:")])
+    spec = load_spec(gelu)
+    backend = FakeBackend()
+    result = tune.tune(spec, backend, clock=backend.clock)
+    assert result.variant == "default" and result.decision == tune.KERNEL and result.record["rows"] == []
+    assert [kind for kind, _ in backend.calls] == ["verify"]
+    assert "  default: verified, not timed (no benchmark shapes)" in tune.summary_lines(result.record)
+
+
+def test_another_agents_locked_kernel_is_kept_when_faster_or_when_the_builtin_is_slower_than_eager(
+        gpu, gelu, capsys):
+    spec = load_spec(gelu)
+    llm = "// by an LLM\n" + tune.candidates(spec)[0][0][1]  # a distinct source (the fake times it as default)
+    gpu["backend"] = FakeBackend()
+    lock.write_kernel(spec, llm.replace("// by an LLM", "// Schedule variant: llm."), agent="openai",
+                      model="gpt")
+    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    before = kernel.read_text()
+    gpu["backend"] = FakeBackend(kernel_us=lambda v, row: 50.0 if v == "llm" else 100.0)
+    _generate(gelu)  # exit 1 all the same: that kernel has no verification record
+    assert "kept the locked kernel by openai: it is faster" in capsys.readouterr().out
+    assert kernel.read_text() == before
+    gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # the builtin kernels lose to eager
+    _generate(gelu)
+    assert "kept the locked kernel by openai" in capsys.readouterr().out
+    assert kernel.read_text() == before and lock.Lock.for_spec(spec).entry("gelu_tanh").agent == "openai"
+
+
+def test_build_retries_a_reference_entry_from_before_tuning_only_when_the_generator_lowers_it(
+        gpu, gelu, monkeypatch):
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    shutil.copy(SPECS / "linear_bias_relu.yaml", gelu.parent / "linear_bias_relu.yaml")
+    for name in ("gelu_tanh", "linear_bias_relu"):
+        lock.write_reference(load_spec(gelu.parent / f"{name}.yaml"), "builtin", "the builtin agent refused: ...")
+    gpu["backend"] = FakeBackend()
+    results = {r.spec.name: r for r in _resolve(gelu.parent)}
+    assert results["gelu_tanh"].kernel is not None and results["gelu_tanh"].action == "generated"
+    assert results["linear_bias_relu"].kernel is None and results["linear_bias_relu"].action == "reused"
+    assert {name for kind, name in gpu["backend"].calls if kind == "verify"} >= {"default"}
+
+
+def test_no_verified_variant_is_a_spec_without_a_kernel_not_a_crash(gpu, gelu, capsys, monkeypatch):
+    gpu["backend"] = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
+    assert _generate(gelu) == 1
+    assert "no kernel for gelu_tanh" in capsys.readouterr().out
+    monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
+    [result] = _resolve(gelu)
+    assert result.kernel is None and result.action == "no kernel"
+
+
+def test_the_combined_kernel_takes_each_class_from_its_winner():
+    """cross-entropy: `twopass` fastest on medium rows, `nosplit` on split rows; the kept kernel
+    has both (the source says so), and was verified and timed itself."""
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    backend = FakeBackend(kernel_us=_combined_times(spec, {"medium": "twopass", "split": "nosplit"}))
+    result = tune.tune(spec, backend, budget_s=10_000, clock=backend.clock,
+                       variants=variants_named("default,twopass,nosplit"))
+    assert "medium:twopass" in result.variant and "split:nosplit" in result.variant
+    assert "exact two-pass form" in result.source
+    assert "SG_LAUNCH_CL(VEC" not in result.source.split("#define SG_LAUNCH_CL")[-1]
+    assert [name for kind, name in backend.calls if kind == "verify"] == ["default", "twopass", "nosplit",
+                                                                          result.variant]
+
+
+def test_variants_that_give_the_same_kernel_are_tried_once():
+    from specgen.agents.builtin.schedule import variants_named
+
+    # csmem only changes programs with column partials: for softmax it is the default kernel
+    pairs, _ = tune.candidates(load_spec(SPECS / "softmax.yaml"), variants_named("default,csmem"))
+    assert [v.name for v, _ in pairs] == ["default"]
