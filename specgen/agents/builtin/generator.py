@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ... import abi
-from ..base import Agent, AgentExhausted, Attempt, Candidate, KernelTask
+from ..base import Agent, AgentExhausted, AgentRefused, Attempt, Candidate, KernelTask
 from .emit import emit_source
+from .families import family_of, lower_family
 from .schedule import DEFAULT_VARIANT, VARIANTS, Variant
 from .families.scan import scan_directions
 from .lower import lower
@@ -28,10 +29,13 @@ def lower_spec(spec) -> dict:
     """The row program of each direction the spec asks a kernel for (cached per spec hash)."""
     key = spec.hash()
     if key not in _programs:
-        directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-        programs = {d: cse(onehot_sums(cse(lower(trace(spec, d))))) for d in directions}
-        if "backward" in programs:
-            programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
+        try:
+            directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+            programs = {d: cse(onehot_sums(cse(lower(trace(spec, d))))) for d in directions}
+            if "backward" in programs:
+                programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
+        except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal
+            programs = lower_family(spec, refusal)
         _programs[key] = programs
     return _programs[key]
 
@@ -53,7 +57,11 @@ def _with_forward_outputs(spec, forward, backward):
 
 def build_source(spec, variant: Variant = DEFAULT_VARIANT) -> str:
     """The .cu text for `spec` (AgentRefused when the reference is outside the families)."""
-    return emit_source(spec, lower_spec(spec), variant)
+    programs = lower_spec(spec)
+    family = family_of(programs)
+    if family is not None:  # a family's own emitter (one schedule: the variant does not apply)
+        return family.emit(spec, programs)
+    return emit_source(spec, programs, variant)
 
 
 class BuiltinAgent(Agent):
@@ -120,7 +128,7 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     from .schedule import items_max, plan, shape_class
 
     program = lower_spec(spec).get(direction)
-    if program is None:
+    if program is None or family_of({direction: program}) is not None:
         return "medium"
     from .families import flat
 

@@ -105,7 +105,11 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         if op == "rowreduce":
             x = args[0].expand(rows, width)
             return {"sum": lambda v: v.sum(-1, keepdim=True), "max": lambda v: v.amax(-1, keepdim=True),
-                    "min": lambda v: v.amin(-1, keepdim=True)}[a["kind"]](x)
+                    "min": lambda v: v.amin(-1, keepdim=True),
+                    # arg-reductions (the axis family): torch's own ties (first index) and NaN (max)
+                    "argmax": lambda v: v.argmax(-1, keepdim=True), "argmin": lambda v: v.argmin(-1, keepdim=True),
+                    "prod": lambda v: v.prod(-1, keepdim=True),
+                    }[a["kind"]](x)
         if op == "gather":
             x = args[0].expand(rows, width)
             idx = args[1].expand(rows, 1).long()

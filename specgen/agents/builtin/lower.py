@@ -107,7 +107,8 @@ class Lowering:
     # ---------------------------------------------------------------- errors
     def refuse(self, fx_node, what: str) -> AgentRefused:
         return AgentRefused(f"{where(self.spec, fx_node)}: {what}: outside the builtin generator's families "
-                            f"(pointwise ops, reductions over the last dim, their fusions and backward); "
+                            f"(pointwise ops, reductions over a contiguous block of axes or both ends, "
+                            f"arg-reductions, their fusions and backward); "
                             f"{LLM_HINT}")
 
     # ---------------------------------------------------------------- sizes
@@ -579,6 +580,15 @@ class Lowering:
 
     def op_scalar_tensor(self, fx_node, value, **kwargs):
         return Val(const(value), ())
+
+    def op_copy_(self, fx_node, dst, src, *args, **kwargs):
+        """A functional copy (decompositions copy a value into a fresh tensor): the source's
+        value, at the destination's shape when that is only a view of it."""
+        v = self.value(src, fx_node)
+        shape = _shape(fx_node)
+        if tuple(v.shape) != shape and v.node.level == "elem":
+            raise self.refuse(fx_node, "a copy that broadcasts a tensor")
+        return Val(v.node, shape)
 
     def op_convert_element_type(self, fx_node, src, dtype):
         v = self.value(src, fx_node, defer=True)

@@ -1,14 +1,28 @@
-"""Kernel families beside the row kernel: each module says whether a lowered program is
-its kind (`plan_of(program)` -> a plan or None) and emits it. `emitter_for` is the one
-dispatch point emit.emit_source asks; a program no family claims gets the row emitter.
+"""Kernel families beside the row kernel, each in its own module. Two kinds of dispatch:
 
-Families, in the order they are asked:
+1. Emitters for programs the row lowering (lower.py) produced: `emitter_for` is the one
+   dispatch point emit.emit_source asks; each module says whether a lowered program is its
+   kind (`plan_of(program)` -> a plan or None); a program no family claims gets the row emitter.
+   In the order they are asked:
     scan        scan.py: cumsum / cumprod / logcumsumexp along one axis, either direction,
                 fused with pointwise ops (a program with a scan no kernel takes is refused).
     pointwise   flat.py: no row structure (every value per element or global, every
                 input the output's shape or a [W] parameter): one flat vectorized grid.
+
+2. Lowerings of their own, for ops the row lowering refuses (generator.lower_spec /
+   build_source): when the row lowering refuses, each family in FAMILIES in turn
+   (`lower(spec)` returns its programs or raises AgentRefused); when every family refuses too,
+   the row lowering's refusal stands (op name, YAML line, LLM hint). Such programs carry their
+   own emitter: `emit(spec, programs)` -> .cu text. To add one: a module with
+   `lower(spec) -> dict[direction, Program subclass]` and `emit(spec, programs) -> str`,
+   appended to FAMILIES.
+    axis_reduce axis_reduce.py / axis_emit.py: reductions over any axes (middle, several, all
+                to a scalar), arg-reductions, losses reduced to a scalar.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from ...base import AgentRefused
 from . import flat, scan
@@ -32,4 +46,48 @@ def emitter_for(spec, program, direction: str, variant):
     return DirectionEmitter(spec, program, direction, variant)
 
 
-__all__ = ["emitter_for", "flat", "scan"]
+@dataclass(frozen=True)
+class Family:
+    name: str
+    program_type: type
+    lower: Callable
+    emit: Callable
+
+
+def _axis_reduce() -> Family:
+    from .axis_emit import emit_axis_source
+    from .axis_reduce import AxisProgram, lower_axis
+
+    return Family("axis_reduce", AxisProgram, lower_axis, emit_axis_source)
+
+
+FAMILIES: list[Callable[[], Family]] = [_axis_reduce]
+
+
+def lower_family(spec, refusal: AgentRefused) -> dict:
+    """The first family's programs for `spec`, or `refusal` (the row lowering's) raised."""
+    import os
+
+    for make in FAMILIES:
+        family = make()
+        try:
+            return family.lower(spec)
+        except AgentRefused:
+            continue
+        except Exception:  # a graph the family's lowering did not foresee (or a failed IR
+            # validation): no kernel, the row lowering's refusal stands; SPECGEN_DEBUG shows it
+            if os.environ.get("SPECGEN_DEBUG"):
+                raise
+            continue
+    raise refusal
+
+
+def family_of(programs: dict) -> Family | None:
+    for make in FAMILIES:
+        family = make()
+        if programs and all(isinstance(p, family.program_type) for p in programs.values()):
+            return family
+    return None
+
+
+__all__ = ["FAMILIES", "Family", "emitter_for", "family_of", "flat", "lower_family", "scan"]

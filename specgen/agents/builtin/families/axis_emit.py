@@ -1,0 +1,677 @@
+"""CUDA for axis programs (axis_reduce.py): S viewed as [O, R, I], reduced over R.
+
+Per direction, up to three kernels, all deterministic (fixed trees and orders, no atomics):
+  <k>_reduce   blocks of TX x TY threads (TX * TY = 256): TX threads along the kept inner
+               axis I (coalesced; TX = 1 when I == 1, the block then reads 16-byte vectors of
+               the contiguous reduced axis), TY threads striding over a chunk of R, a fixed
+               shared-memory tree over TY. When the kept elements give few blocks (a reduction
+               to a scalar, a middle axis with small O * I), R is split over G blocks (grid.y)
+               that write per-chunk partials to a workspace;
+  <k>_combine  (G > 1) a thread per kept element merges its G partials in chunk order;
+  <k>_elem     (elem stores: backward) a flat grid-stride pass over S reading the kept values
+               (reduction results from the workspace, row inputs such as grad_out).
+The reduce or combine kernel finishes a kept element: its epilogue, its row stores, and its
+reduction results into the workspace for the elem pass. G depends on the shape only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .... import abi
+from ..ctext import C_TYPES, DTYPE_ENUM, Ctx, dim_expr
+from ..emit import DirectionEmitter
+from ..ir import Node
+from ..prelude import PRELUDE
+from .axis_reduce import AxisProgram
+
+BLOCK = 256
+TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (shape-only: reproducible)
+MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
+
+def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
+                ends_rb: int | None = None) -> dict:
+    """The reduce kernels' geometry the generated host code picks for [O, R, I] (a Python
+    mirror of emit_launch, for the tests and the tuner): TX threads along I with VI kept
+    elements each, 16-byte reads along R (vec_r) when I == 1, R split into G chunks of `chunk`."""
+    vec = max(1, 16 // itemsize)
+    vi = vec if vi_ok and ends_rb is None and vec > 1 and I % vec == 0 and I >= 32 * vec and aligned else 1
+    iv = I // vi
+    tx = next(t for t in (32, 16, 8, 4, 2, 1) if iv >= t or t == 1)
+    vec_r = tx == 1 and vec > 1 and R % vec == 0 and aligned and (ends_rb is None or ends_rb % vec == 0)
+    tiles = -(-I // (tx * vi))
+    blocks = O * tiles
+    step = (BLOCK // tx) * (vec if vec_r else 1)
+    g = 1
+    if blocks < TARGET_BLOCKS:
+        g = -(-TARGET_BLOCKS // blocks)
+        g = max(1, min(g, -(-R // (step * MIN_STEPS)), 65535))
+    chunk = max(1, -(-(-(-R // g)) // step) * step)
+    g = max(1, -(-R // chunk))
+    return {"TX": tx, "VI": vi, "vec_r": vec_r, "tiles": tiles, "G": g, "chunk": chunk}
+
+
+HELPERS = r"""namespace sgx {
+// Arg-reductions as torch breaks ties: the first index of the extreme; NaN is the extreme
+// (the first NaN wins). Order-free: the index decides ties, so any merge order agrees.
+template <bool MAX, typename A>
+__device__ __forceinline__ bool arg_better(A v, int64_t i, A bv, int64_t bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn || bn) return vn && (!bn || i < bi);
+  if (MAX ? v > bv : v < bv) return true;
+  return v == bv && i < bi;
+}
+
+// n / d for 0 <= n < 2^31 with a multiply-high and a shift (PyTorch's IntDivider): the flat
+// pass's index math without 64-bit divisions (tens of instructions each) per 16-byte vector.
+struct FastDiv {
+  uint32_t d, m, s;
+  __host__ __device__ FastDiv() : d(1), m(1), s(0) {}
+  __host__ explicit FastDiv(int64_t dd) {
+    d = dd > 0 ? (uint32_t)dd : 1u;
+    s = 0;
+    while (s < 32 && (1ull << s) < d) ++s;
+    m = (uint32_t)(((1ull << 32) * ((1ull << s) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
+};
+}  // namespace sgx"""
+
+
+class AxisEmitter(DirectionEmitter):
+    def __init__(self, spec, program: AxisProgram, direction: str):
+        super().__init__(spec, program, direction)
+        self.lay = program.layout
+        self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
+        self.elem_stores = [s for s in program.stores if s.kind == "elem"]
+        self.row_stores = [s for s in program.stores if s.kind == "row"]
+        self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
+        self.total_stores = [s for s in program.stores if s.kind == "global" and s.value.level == "post"]
+        self.totals = [n for n in self.nodes if n.op == "globalreduce"]  # sums over every kept element
+        # workspace slots (8 bytes each per kept element): partials (value, and index for
+        # arg kinds) per reduction, then each reduction's result when the elem pass reads it
+        self.pslots = {}
+        for n in self.reduces:
+            self.pslots[n.id] = len(self.pslots) + sum(1 for m in self.reduces[:self.reduces.index(n)]
+                                                       if m.attrs["kind"].startswith("arg"))
+        self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
+        self.phases = self.phase_list()
+        self.kept = self.kept_reduces()
+
+    # ------------------------------------------------------------ plan (read by tests and the host)
+    def phase_list(self) -> list[list[Node]]:
+        """Reductions grouped by depth: a reduction whose operand needs another's result (a
+        variance from its mean, cosine similarity's normalized product) sweeps after it."""
+        depth: dict[int, int] = {}
+        for n in self.nodes:  # topological order
+            below = [depth[a.id] for a in n.args if a.id in depth]
+            d = max(below, default=0)
+            depth[n.id] = d + 1 if n.op == "rowreduce" else d
+        phases: dict[int, list[Node]] = {}
+        for n in self.reduces:
+            phases.setdefault(depth[n.id], []).append(n)
+        return [phases[k] for k in sorted(phases)]
+
+    def kept_reduces(self) -> list[Node]:
+        """Reductions whose results go through the workspace: those the elem pass reads, and
+        every reduction of a phase before the last (later phases read them)."""
+        early = {n.id for phase in self.phases[:-1] for n in phase}
+        roots = [s.value for s in self.elem_stores]
+        want, stack = set(), list(roots)
+        while stack:
+            n = stack.pop()
+            if n.id in want:
+                continue
+            want.add(n.id)
+            if n.op != "rowreduce":
+                stack.extend(n.args)
+        return [n for n in self.reduces if n.id in want or n.id in early]
+
+    def plan(self) -> dict:
+        return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores), "totals": len(self.totals),
+                "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
+                "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
+                "kept_slots": len(self.kept), "layout": self.lay.describe()}
+
+    def total_slot(self, t: int) -> int:
+        """The workspace slot (after the kept slots) of a total's per-kept-element values."""
+        return len(self.kept) + t
+
+    # ------------------------------------------------------------ pieces
+    def acc_type(self, n: Node) -> str:
+        """The accumulator of a reduction's value (an arg-reduction's value is its operand's)."""
+        return "acc_t" if n.dtype == "float" or self.is_arg(n) else "int64_t"
+
+    def is_arg(self, n: Node) -> bool:
+        return n.attrs["kind"].startswith("arg")
+
+    def init(self, n: Node) -> str:
+        kind = n.attrs["kind"]
+        if kind == "sum":
+            return f"({self.acc_type(n)})0"
+        if kind == "prod":
+            return f"({self.acc_type(n)})1"
+        return {"max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY", "argmax": "(acc_t)(-INFINITY)",
+                "argmin": "(acc_t)INFINITY"}[kind]
+
+    def update(self, n: Node, v: str, val: str, idx: str, vi: str | None = None) -> str:
+        """`v` (and its index `vi`, default `v_i`) take the value `val` at index `idx`."""
+        kind = n.attrs["kind"]
+        vi = vi or f"{v}_i"
+        if kind == "sum":
+            return f"{v} += ({self.acc_type(n)})({val});"
+        if kind == "prod":
+            return f"{v} *= ({self.acc_type(n)})({val});"
+        if kind == "max":
+            return f"{v} = sg::max_({v}, (acc_t)({val}));"
+        if kind == "min":
+            return f"{v} = sg::min_({v}, (acc_t)({val}));"
+        m = "true" if kind == "argmax" else "false"
+        return (f"{{ const acc_t c_ = (acc_t)({val}); const int64_t ci_ = {idx}; "
+                f"if (sgx::arg_better<{m}>(c_, ci_, {v}, {vi})) {{ {v} = c_; {vi} = ci_; }} }}")
+
+    def merge(self, n: Node, v: str, other: str, other_i: str = "", vi: str | None = None) -> str:
+        return self.update(n, v, other, other_i, vi)
+
+    def ws_ptr(self, slot: int, ctype: str, partial: bool) -> str:
+        base = f"(size_t){slot} * (size_t)G * (size_t)K" if partial else \
+            f"((size_t){self.npartial} * (size_t)GP + (size_t){slot}) * (size_t)K"
+        return f"(({ctype}*)((char*)ws + 8 * ({base})))"
+
+    def elem_load_expr(self, n: Node, index: str) -> str:
+        t = self.ctype_of(n.attrs["field"])
+        raw = f"((const {t}*)A.{n.attrs['field']}.data)[{index}]"
+        return f"(acc_t)sg::to_acc({raw})" if n.dtype == "float" else f"({self.ctype_var(n)})({raw})"
+
+    def vec_loads(self, roots: list[Node] | None = None) -> list[Node]:
+        """Elem loads in the working dtype (those `roots` read, when given): read VEC at a time
+        on the vector paths."""
+        used = None if roots is None else {n.id for n in self.closure(roots, "elem")}
+        return [ns[0] for ns in self.elem_loads.values()
+                if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None
+                and (used is None or any(n.id in used for n in ns))]
+
+    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node], vec_index: str = "v") -> list[str]:
+        """Each elem load's value for the current element (from the vector read of `roots`' loads)."""
+        lines = []
+        vecs = {n.id for n in self.vec_loads(roots)}
+        for key, ns in self.elem_loads.items():
+            first = ns[0]
+            name = f"ld_{first.attrs['field']}"
+            expr = f"{name}[{vec_index}]" if first.id in vecs else self.elem_load_expr(first, index)
+            for n in ns:
+                ctx.loads[n.id] = expr
+        return lines
+
+    def row_nodes(self, roots: list[Node], earlier: set | None = None) -> list[Node]:
+        """Row-level nodes `roots` need, through elem nodes too (a per-element expression's
+        per-row factors), reductions being boundaries (those in `earlier`, results of earlier
+        phases, are included: read once); in topological order."""
+        want: set[int] = set()
+        stack = list(roots)
+        seen: set[int] = set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.level == "row" and (n.op != "rowreduce" or n.id in (earlier or ())):
+                want.add(n.id)
+            if n.op in ("rowreduce", "globalreduce"):
+                continue
+            stack.extend(n.args)
+        return [n for n in self.nodes if n.id in want]
+
+    def row_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        """Each row-level value once per kept element, named (not inlined per element)."""
+        lines = []
+        for n in self.row_nodes(roots):
+            if n.id in ctx.names:
+                continue
+            name = self.var(n)
+            lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+            ctx.names[n.id] = name
+        return lines
+
+    def store_value(self, field: str, value: str, node: Node) -> str:
+        t = self.ctype_of(field)
+        if node.dtype == "float" and t not in ("int64_t", "int32_t", "int16_t", "int8_t", "uint8_t", "bool"):
+            return f"sg::from_acc<{t}>((acc_t)({value}))"
+        return f"({t})({value})"
+
+    # ------------------------------------------------------------ kernels
+    def sizes(self) -> list[str]:
+        prod = lambda ds: " * ".join(dim_expr(d) for d in ds) or "(int64_t)1"
+        lay = self.lay
+        if lay.ends:  # [RA, O, RB] reduced over RA and RB
+            return [f"  const int64_t O = {prod(lay.block)};", f"  const int64_t RB = {prod(lay.inner)};",
+                    f"  const int64_t R = {prod(lay.lead)} * RB;", "  const int64_t I = 1;"]
+        return [f"  const int64_t O = {prod(lay.lead)};", f"  const int64_t R = {prod(lay.block)};",
+                f"  const int64_t I = {prod(lay.inner)};"]
+
+    def rb_line(self, indent: str) -> list[str]:
+        """RB (the reduced trailing extent) inside a kernel of an `ends` layout."""
+        if not self.lay.ends:
+            return []
+        prod = " * ".join(dim_expr(d) for d in self.lay.inner) or "(int64_t)1"
+        return [f"{indent}const int64_t RB = {prod};"]
+
+    def kept_name(self, n: Node, row: str = "row") -> str:
+        """A reduction's result read back from its kept slot."""
+        q = self.kept.index(n)
+        return f"{self.ws_ptr(q, 'int64_t' if self.is_arg(n) else self.acc_type(n), False)}[{row}]"
+
+    def earlier(self, p: int, ctx: Ctx) -> None:
+        """Results of the phases before `p`, read from the workspace."""
+        for phase in self.phases[:p]:
+            for n in phase:
+                ctx.names[n.id] = self.kept_name(n)
+
+    def emit_finish(self, p: int) -> list[str]:
+        """The epilogue of one kept element `row` from its reductions' values (phase p)."""
+        last = p == len(self.phases) - 1
+        params = []
+        for n in self.phases[p]:
+            params.append(f"{self.acc_type(n).replace('acc_t', 'typename sg::Acc<T>::type')} {self.var(n)}")
+            if self.is_arg(n):
+                params.append(f"int64_t {self.var(n)}_i")
+        lines = ["template <typename T>",
+                 f"__device__ __forceinline__ void {self.kname}_finish{p}(const {self.args_t}& A, void* ws, int64_t row, "
+                 f"int64_t K, int64_t G, int64_t GP{''.join(', ' + p for p in params)})", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", "  (void)ws; (void)K; (void)G; (void)GP;"]
+        ctx = Ctx()
+        self.earlier(p, ctx)
+        for n in self.phases[p]:
+            ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
+        roots = [s.value for s in self.row_stores + self.global_stores] + [t.args[0] for t in self.totals]
+        if not last:
+            roots = []
+        lines += self.row_statements(roots, ctx, "  ")
+        for t, n in enumerate(self.totals if last else []):
+            lines.append(f"  {self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
+        for s in self.row_stores if last else []:
+            lines.append(f"  (({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
+                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+        if self.global_stores and last:
+            lines.append("  if (row == 0) {")
+            for s in self.global_stores:
+                lines.append(f"    *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                             f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+            lines.append("  }")
+        for n in self.phases[p]:
+            if n in self.kept:
+                lines.append(f"  {self.kept_name(n)} = {ctx.names[n.id]};")
+        lines.append("}")
+        return lines
+
+    def vi_allowed(self, p: int) -> bool:
+        """VI > 1 (16-byte reads along I) where the tree's shared memory stays small: at most
+        8 KB of values (16-bit storage: VI = 8 fp32 values a thread) and 16 KB of indices per
+        reduction of the phase, 48 KB in all."""
+        need = sum(8 + (16 if self.is_arg(n) else 0) for n in self.phases[p])
+        return not self.lay.ends and need <= 48
+
+    def row_arrays(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+        """Row-level values once per kept element of the thread (VI of them), as arrays."""
+        earlier = {n.id for phase in self.phases for n in phase if n.id in ctx.names}
+        nodes = [n for n in self.row_nodes(roots, earlier) if n.id not in ctx.names or n.id in earlier]
+        if not nodes:
+            return []
+        lines = [f"{indent}{self.ctype_var(n)} {self.var(n)}[VI];" for n in nodes]
+        lines += ["#pragma unroll", f"{indent}for (int u = 0; u < VI; ++u) {{",
+                  f"{indent}  const int64_t row = row0 + u; (void)row;"]
+        for n in nodes:
+            lines.append(f"{indent}  {self.var(n)}[u] = {self.expr(n, ctx)};")
+            ctx.names[n.id] = f"{self.var(n)}[u]"
+        lines.append(f"{indent}}}")
+        return lines
+
+    def emit_reduce(self, p: int) -> list[str]:
+        """One phase's sweep. A thread holds VI consecutive kept elements along I (VI > 1:
+        16-byte reads along I) or, when I == 1, reads VEC consecutive elements of R."""
+        reduces = self.phases[p]
+        lines = [f"// Reduce (phase {p}): TX threads along I (VI elements each), {BLOCK} / TX along a chunk of R",
+                 "// (VEC > 1: I == 1, 16-byte reads along R).",
+                 "template <typename T, int VEC, int TX, int VI>",
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce{p}(const {self.args_t} A, void* ws, "
+                 "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
+                 "  constexpr int TW = TX * VI;  // kept elements of a tile",
+                 "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
+                 "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
+                 *self.rb_line("  "),
+                 "  const int64_t tiles = (I + TW - 1) / TW;", "  const int64_t g = blockIdx.y;",
+                 "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
+        for n in reduces:
+            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TW];")
+            if self.is_arg(n):
+                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TW];")
+        lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
+                  "    const int64_t o = b / tiles, i = (b % tiles) * TW + (int64_t)tx * VI;",
+                  "    const bool live = i < I;  // VI > 1: I % VI == 0, all VI live",
+                  "    const int64_t row0 = o * I + i; (void)row0;"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"    {self.acc_type(n)} {v}[VI];")
+            if self.is_arg(n):
+                lines.append(f"    int64_t {v}_i[VI];")
+            lines.append("#pragma unroll")
+            lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
+                         + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
+        lines.append("    if (live) {")
+        ctx = Ctx()
+        self.earlier(p, ctx)
+        lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
+        if self.lay.ends:  # j = a * RB + b, tracked without a division per step
+            lines.append("      int64_t ja = (r0 + (int64_t)ty * VEC) / RB, jb = (r0 + (int64_t)ty * VEC) % RB;")
+        lines += ["#pragma unroll 4",
+                  "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
+                  ("        const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
+                   else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
+        for n in self.vec_loads([n.args[0] for n in reduces]):
+            t = self.ctype_of(n.attrs["field"])
+            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC * VI];")
+            lines.append(f"        sg::load_vec<VEC * VI>((const {t}*)A.{n.attrs['field']}.data + base, "
+                         f"ld_{n.attrs['field']});")
+        lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
+                  "          const int64_t j = j0 + v; (void)j;",
+                  "#pragma unroll", "          for (int u = 0; u < VI; ++u) {",
+                  "            const int64_t row = row0 + u; (void)row;"]
+        self.bind_loads(ctx, "base + v * I + u", [n.args[0] for n in reduces], vec_index="v * VI + u")
+        args = [n.args[0] for n in reduces]
+        lines += self.elem_statements(args, ctx, "            ")
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
+        lines += ["          }", "        }"]
+        if self.lay.ends:
+            lines.append("        jb += (int64_t)TY * VEC;")
+            lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
+        lines += ["      }", "    }"]
+        lines.append("#pragma unroll")
+        lines.append("    for (int u = 0; u < VI; ++u) {")
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"      sm_{v}[ty][tx * VI + u] = {v}[u];")
+            if self.is_arg(n):
+                lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
+        lines.append("    }")
+        lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
+                  "      if (ty < s) {", "#pragma unroll", "        for (int u = 0; u < VI; ++u) {",
+                  "          const int c = tx * VI + u;"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"          {self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
+            if self.is_arg(n):
+                lines.append(f"          int64_t {v}_m_i = sm_{v}_i[ty][c];")
+            lines.append(f"          {self.merge(n, f'{v}_m', f'sm_{v}[ty + s][c]', f'sm_{v}_i[ty + s][c]', f'{v}_m_i')}")
+            lines.append(f"          sm_{v}[ty][c] = {v}_m;")
+            if self.is_arg(n):
+                lines.append(f"          sm_{v}_i[ty][c] = {v}_m_i;")
+        lines += ["        }", "      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {",
+                  "#pragma unroll", "      for (int u = 0; u < VI; ++u) {",
+                  "        const int c = tx * VI + u;", "        const int64_t row = row0 + u;"]
+        finals = []
+        for n in reduces:
+            v = self.var(n)
+            finals.append(f"sm_{v}[0][c]")
+            if self.is_arg(n):
+                finals.append(f"sm_{v}_i[0][c]")
+        lines.append(f"        if (G == 1) {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines.append("        else {")
+        for n in reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            lines.append(f"          {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][c];")
+            if self.is_arg(n):
+                lines.append(f"          {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][c];")
+        lines += ["        }", "      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
+                  "  }", "}"]
+        return lines
+
+    def emit_combine(self, p: int) -> list[str]:
+        reduces = self.phases[p]
+        lines = ["// Combine: a thread per kept element merges its G chunk partials in chunk order.",
+                 "template <typename T>",
+                 f"__global__ void {self.kname}_combine{p}(const {self.args_t} A, void* ws, int64_t K, int64_t G)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;", "  const int64_t GP = G;",
+                 "  for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < K; "
+                 "row += (int64_t)gridDim.x * blockDim.x) {"]
+        finals = []
+        for n in reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            lines.append(f"    {self.acc_type(n)} {v} = {self.ws_ptr(slot, self.acc_type(n), True)}[row];")
+            finals.append(v)
+            if self.is_arg(n):
+                lines.append(f"    int64_t {v}_i = {self.ws_ptr(slot + 1, 'int64_t', True)}[row];")
+                finals.append(f"{v}_i")
+        lines.append("    for (int64_t g = 1; g < G; ++g) {")
+        for n in reduces:
+            v, slot = self.var(n), self.pslots[n.id]
+            other = f"{self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row]"
+            other_i = f"{self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row]" if self.is_arg(n) else ""
+            lines.append(f"      {self.merge(n, v, other, other_i)}")
+        lines.append("    }")
+        lines.append(f"    {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
+        lines += ["  }", "}"]
+        return lines
+
+    def emit_total(self) -> list[str]:
+        """One block sums each total's per-kept-element values in a fixed order, then the epilogue."""
+        lines = ["// Total: one block sums the kept elements' values of each total (a fixed tree), then the",
+                 "// epilogue of the scalar outputs.", "template <typename T>",
+                 f"__global__ void __launch_bounds__(1024) {self.kname}_total(const {self.args_t} A, void* ws, "
+                 "int64_t K, int64_t GP)", "{", "  using acc_t = typename sg::Acc<T>::type;",
+                 "  __shared__ acc_t tree[1024];"]
+        ctx = Ctx()
+        for t, n in enumerate(self.totals):
+            lines += ["  {", "    acc_t part = 0;",
+                      f"    for (int64_t r = threadIdx.x; r < K; r += blockDim.x) part += "
+                      f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[r];",
+                      "    tree[threadIdx.x] = part;", "    __syncthreads();",
+                      "    for (int w = 512; w > 0; w >>= 1) {",
+                      "      if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];",
+                      "      __syncthreads();", "    }", "  }",
+                      f"  const acc_t {self.var(n)} = tree[0];", "  __syncthreads();"]
+            ctx.names[n.id] = self.var(n)
+        lines.append("  if (threadIdx.x != 0) return;")
+        for n in self.closure([s.value for s in self.total_stores], "post"):
+            if n.id not in ctx.names:
+                lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr(n, ctx)};")
+                ctx.names[n.id] = self.var(n)
+        for s in self.total_stores:
+            lines.append(f"  *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+        lines.append("}")
+        return lines
+
+    def emit_elem(self) -> list[str]:
+        lines = ["// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC",
+                 "// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.",
+                 "// NARROW (N < 2^31): the index math in 32 bits through FastDiv.",
+                 "template <typename T, int VEC, int MODE, bool NARROW>",
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_elem(const {self.args_t} A, void* ws, "
+                 "int64_t O, int64_t R, int64_t I, int64_t GP, sgx::FastDiv f1, sgx::FastDiv f2)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;",
+                 "  const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;",
+                 "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
+                 "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
+                 *self.rb_line("  "),
+                 f"    const int64_t D1 = {'RB' if self.lay.ends else 'I'}, D2 = {'O' if self.lay.ends else 'R'};",
+                 "    int64_t q, q2;",
+                 "    if constexpr (NARROW) { q = f1.div((uint32_t)n0); q2 = f2.div((uint32_t)q); }",
+                 "    else { q = n0 / D1; q2 = q / D2; }",
+                 "    const int64_t r1 = n0 - q * D1, r2 = q - q2 * D2;",
+                 ("    const int64_t o = r2, j0 = q2 * RB + r1, i0 = 0; (void)j0;  // n0 = (a * O + o) * RB + b"
+                  if self.lay.ends else
+                  "    const int64_t o = q2, j0 = r2, i0 = r1; (void)j0;  // n0 = (o * R + j) * I + i")]
+        for n in self.vec_loads([s.value for s in self.elem_stores]):
+            t = self.ctype_of(n.attrs["field"])
+            lines.append(f"    acc_t ld_{n.attrs['field']}[VEC];")
+            lines.append(f"    sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + n0, ld_{n.attrs['field']});")
+        outs = {}
+        for s in self.elem_stores:
+            outs.setdefault(s.field, f"st_{s.field}")
+        for f, name in outs.items():
+            lines.append(f"    acc_t {name}[VEC];" if self.store_is_vec(f) else f"    // {f}: stored one at a time")
+        lines += ["#pragma unroll", "    for (int v = 0; v < VEC; ++v) {",
+                  "      const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;",
+                  "      const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;"]
+        ctx = Ctx()
+        self.bind_loads(ctx, "n0 + v", [s.value for s in self.elem_stores])
+        for n in self.kept:
+            ctx.names[n.id] = self.kept_name(n)
+        roots = [s.value for s in self.elem_stores]
+        lines += self.row_statements(roots, ctx, "      ")
+        lines += self.elem_statements(roots, ctx, "      ")
+        for s in self.elem_stores:
+            value = self.expr(s.value, ctx)
+            if self.store_is_vec(s.field):
+                lines.append(f"      st_{s.field}[v] = (acc_t)({value});")
+            else:
+                lines.append(f"      (({self.ctype_of(s.field)}*)A.{s.field}.data)[n0 + v] = "
+                             f"{self.store_value(s.field, value, s.value)};")
+        lines.append("    }")
+        for f in outs:
+            if self.store_is_vec(f):
+                lines.append(f"    sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});")
+        if self.global_stores and not self.reduces:
+            ctx0 = Ctx()
+            lines.append("    if (n0 == 0) {")
+            for s in self.global_stores:
+                lines.append(f"      *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                             f"{self.store_value(s.field, self.expr(s.value, ctx0), s.value)};")
+            lines.append("    }")
+        lines += ["  }", "}"]
+        return lines
+
+    def store_is_vec(self, field: str) -> bool:
+        return self.types[field].dtype is None and all(s.value.dtype == "float" for s in self.elem_stores
+                                                       if s.field == field)
+
+    # ------------------------------------------------------------ host
+    def emit_launch(self, dtypes: list[str]) -> list[str]:
+        entry = abi.entry_point(self.spec, self.direction)
+        lines = ["template <typename T>",
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{"]
+        lines += self.sizes()
+        lines += ["  const int64_t K = O * I, N = O * R * I;", "  if (N == 0 && K == 0) return cudaSuccess;",
+                  "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;"]
+        aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
+        lines.append(f"  const bool loads_aligned = {aligned};")
+        lines += ["  int64_t G = 1, chunk = R > 0 ? R : 1;", "  int TX = 1, VI = 1;", "  bool vec_r = false;"]
+        if self.reduces:
+            vi_ok = all(self.vi_allowed(p) for p in range(len(self.phases)))
+            lines += [
+                "  // a wide kept axis: 32 threads along I, each reading 16 bytes (VI elements) per step",
+                f"  if ({'true' if vi_ok else 'false'} && VEC > 1 && I % VEC == 0 && I >= 32 * VEC && loads_aligned) "
+                "VI = VEC;",
+                "  const int64_t IV = I / VI;",
+                "  TX = IV >= 32 ? 32 : IV >= 16 ? 16 : IV >= 8 ? 8 : IV >= 4 ? 4 : IV >= 2 ? 2 : 1;",
+                "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned"
+                + (" && RB % VEC == 0;" if self.lay.ends else ";"),
+                f"  const int64_t tiles = (I + TX * VI - 1) / (TX * VI), blocks = O * tiles, "
+                f"step = (int64_t)({BLOCK} / TX) * (vec_r ? VEC : 1);",
+                f"  // few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at",
+                f"  // least {MIN_STEPS} steps); G depends on the shape only, so results are reproducible",
+                f"  if (blocks < {TARGET_BLOCKS}) {{",
+                f"    G = ({TARGET_BLOCKS} + blocks - 1) / blocks;",
+                f"    const int64_t most = (R + step * {MIN_STEPS} - 1) / (step * {MIN_STEPS});",
+                "    if (G > most) G = most;", "    if (G > 65535) G = 65535;", "    if (G < 1) G = 1;", "  }",
+                "  chunk = (R + G - 1) / G;", "  chunk = (chunk + step - 1) / step * step;",
+                "  if (chunk < 1) chunk = 1;", "  G = (R + chunk - 1) / chunk;", "  if (G < 1) G = 1;"]
+        lines += ["  const int64_t GP = G > 1 ? G : 0;",
+                  f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + {len(self.kept) + len(self.totals)}) "
+                  "* (size_t)K;",
+                  "  void* ws = nullptr;",
+                  "  if (ws_bytes) { const cudaError_t e = cudaMallocAsync(&ws, ws_bytes, stream); "
+                  "if (e != cudaSuccess) return e; }",
+                  f"  const {self.args_t} args = A;"]
+        if self.reduces:
+            lines += ["  if (K > 0) {",
+                      "    const int64_t tiles = (I + TX * VI - 1) / (TX * VI);",
+                      "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
+            for p in range(len(self.phases)):
+                lines.append(f"    // phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
+                for tx in (1, 2, 4, 8, 16, 32):
+                    lines.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
+                    if tx == 1:
+                        lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    elif tx == 32 and vi_ok:
+                        lines.append(f"      if (VI > 1) {self.kname}_reduce{p}<T, 1, 32, VEC><<<grid, dim3(32, "
+                                     f"{BLOCK // 32}), 0, stream>>>(args, ws, O, R, I, G, chunk);")
+                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 32, 1><<<grid, dim3(32, {BLOCK // 32}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    else:
+                        lines.append(f"      {self.kname}_reduce{p}<T, 1, {tx}, 1><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
+                                     "stream>>>(args, ws, O, R, I, G, chunk);")
+                    lines.append("    }")
+                lines += ["    if (G > 1) {",
+                          "      const int64_t cb = (K + 255) / 256;",
+                          f"      {self.kname}_combine{p}<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>"
+                          "(args, ws, K, G);",
+                          "    }"]
+            if self.totals:
+                lines.append(f"    {self.kname}_total<T><<<1, 1024, 0, stream>>>(args, ws, K, GP);")
+            lines.append("  }")
+        if self.elem_stores or (self.global_stores and not self.reduces):
+            stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
+                                         dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
+            lines += [f"  const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};",
+                      ("  const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
+                       "  const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;"),
+                      "  const int64_t per = mode ? VEC : 1;",
+                      "  int64_t eb = (N / per + 255) / 256;", "  if (eb > (1 << 20)) eb = 1 << 20;",
+                      "  if (eb < 1) eb = 1;",
+                      f"  const sgx::FastDiv f1({'RB' if self.lay.ends else 'I'}), f2({'O' if self.lay.ends else 'R'});",
+                      "  const bool narrow = N < ((int64_t)1 << 31);",
+                      "#define SG_ELEM(V, M) do { if (narrow) " + f"{self.kname}_elem<T, V, M, true>" +
+                      "<<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP, f1, f2); else " +
+                      f"{self.kname}_elem<T, V, M, false>" +
+                      "<<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP, f1, f2); } while (0)",
+                      "  if (mode == 1) SG_ELEM(VEC, 1);",
+                      "  else if (mode == 2) SG_ELEM(VEC, 2);",
+                      "  else SG_ELEM(1, 0);",
+                      "#undef SG_ELEM"]
+        lines += ["  if (ws) cudaFreeAsync(ws, stream);", "  return cudaGetLastError();", "}", ""]
+        dispatch = self.dispatch_field()
+        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
+        lines.append("{")
+        if dispatch is None:
+            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
+        else:
+            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
+            for d in dtypes:
+                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
+            lines.append("    default: return cudaErrorInvalidValue;")
+            lines.append("  }")
+        lines.append("}")
+        return lines
+
+    def emit(self, dtypes: list[str]) -> str:
+        lines = []
+        if self.reduces:
+            for p in range(len(self.phases)):
+                lines += self.emit_finish(p) + [""] + self.emit_reduce(p) + [""] + self.emit_combine(p) + [""]
+        if self.totals:
+            lines += self.emit_total() + [""]
+        if self.elem_stores or (self.global_stores and not self.reduces):
+            lines += self.emit_elem() + [""]
+        lines += self.emit_launch(dtypes)
+        return "\n".join(lines)
+
+
+def emit_axis_source(spec, programs: dict[str, AxisProgram]) -> str:
+    first = next(iter(programs.values()))
+    parts = [f"// {spec.name}.cu: generated by specgen's builtin generator from {Path(str(spec.path)).name}.",
+             f"//   {spec.signature}",
+             "// The reference was traced to primitive ops and lowered to an axis program: the tensor is",
+             f"// viewed as [O, R, I] ({first.layout.describe()}) and reduced over R; math runs in fp32",
+             "// (fp64 for float64), storage keeps the spec's dtype. Deterministic: fixed reduction",
+             "// trees and chunk orders (split reductions go through a workspace), no atomics.",
+             f'#include "{abi.header_filename(spec)}"', PRELUDE, HELPERS]
+    for direction, program in programs.items():
+        parts.append(f"// ======================= {direction} =======================")
+        parts.append(AxisEmitter(spec, program, direction).emit(list(spec.dtypes)))
+    return "\n\n".join(parts) + "\n"

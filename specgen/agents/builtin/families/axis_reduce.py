@@ -1,0 +1,546 @@
+"""Family: reductions over any contiguous block of axes (and their backward), arg-reductions.
+
+The tensor space is the primary input's shape S = [lead..., block..., inner...], viewed as
+[O, R, I]: O = prod(lead), R = prod(block) (the reduced axes), I = prod(inner). A kept value
+(one per (o, i): a reduction's result, or an input of the kept shape [lead..., inner...] with
+or without the block's size-1 dims) is a `row` of the row-program IR, an element of S is an
+`elem`, and the row's columns are the reduced axis, strided by I in memory. So the IR, its
+optimizations and the CPU interpreter (on a transposed view, `run_axis_program`) are shared
+with the row family; only the layout and the emitter (axis_emit.py) are this family's.
+
+    sum / mean / amax / amin over dim 1 of [B, C, H, W]      O = B, R = C, I = H*W
+    x.sum() or F.mse_loss(a, b) (all axes to a scalar)       O = 1, R = numel, I = 1
+    torch.max(x, dim=-1) (values, indices), argmax, argmin   O = rows, R = D, I = 1
+
+Backward: the reduced values' gradients broadcast back over the block (sum, mean, losses),
+amax's ties (a count over the block, then a pass), max/min's scatter at the index. Outside
+this (two different blocks in one program, a reshape across the block, var): AgentRefused.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ...base import AgentRefused
+from ..ir import Node, Program, Store, const
+from ..lower import Cat, Lowering, TensorRef, Val, _shape
+from ..trace import trace
+
+REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
+ARG_ATEN = {"argmax": "argmax", "argmin": "argmin"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """S split as lead | block | inner (each a tuple of signature Dims), S[start:stop] the block.
+
+    ends False: the block is reduced: [O, R, I] = [lead, block, inner].
+    ends True: the block is kept and lead and inner are reduced (a sum over dims 0 and 2 of
+    [B, C, L]): [O, R, I] = [block, lead x inner, 1], the reduced index j = a * RB + b
+    (RB = prod(inner)) at offset (a * O + o) * RB + b."""
+
+    shape: tuple[int, ...]  # S at the trace's example sizes
+    start: int
+    stop: int
+    lead: tuple = ()
+    block: tuple = ()
+    inner: tuple = ()
+    ends: bool = False
+
+    @property
+    def red_axes(self) -> list[int]:
+        if self.ends:
+            return list(range(self.start)) + list(range(self.stop, len(self.shape)))
+        return list(range(self.start, self.stop))
+
+    @property
+    def kept_dims(self) -> tuple:
+        return self.block if self.ends else self.lead + self.inner
+
+    @property
+    def red_dims(self) -> tuple:
+        return self.lead + self.inner if self.ends else self.block
+
+    @property
+    def kept_shape(self) -> tuple[int, ...]:
+        return tuple(s for a, s in enumerate(self.shape) if a not in self.red_axes)
+
+    @property
+    def kept_keepdim(self) -> tuple[int, ...]:
+        return tuple(1 if a in self.red_axes else s for a, s in enumerate(self.shape))
+
+    @property
+    def red_size(self) -> int:
+        return math.prod(self.shape[a] for a in self.red_axes)
+
+    def sizes(self, dims: dict[str, int]) -> tuple[int, int, int]:
+        prod = lambda ds: math.prod(d.resolve(dims) for d in ds)
+        if self.ends:
+            return prod(self.block), prod(self.lead) * prod(self.inner), 1
+        return prod(self.lead), prod(self.block), prod(self.inner)
+
+    def describe(self) -> str:
+        name = lambda ds: " * ".join(map(str, ds)) or "1"
+        if self.ends:
+            return f"O = {name(self.block)}, R = {name(self.lead)} x {name(self.inner)} (both ends), I = 1"
+        return f"O = {name(self.lead)}, R = {name(self.block)}, I = {name(self.inner)}"
+
+
+@dataclass
+class AxisProgram(Program):
+    """A row program whose rows are the (o, i) pairs and whose columns are the block."""
+
+    layout: Layout | None = None
+
+    def describe(self) -> str:
+        return super().describe().replace("program ", f"axis program ({self.layout.describe()}) ", 1)
+
+
+def with_layout(program: Program, layout: Layout) -> AxisProgram:
+    """An optimized copy of an AxisProgram (the passes build plain Programs) with its layout."""
+    return AxisProgram(program.op, program.direction, program.row_dims, program.width, program.width_example,
+                       program.stores, program.group_div, program.dims_example, layout=layout)
+
+
+def _nonunit(shape) -> tuple:
+    return tuple(s for s in shape if s != 1)
+
+
+def find_layout(spec, traced) -> Layout:
+    """The block of the forward's reductions: every reduction of the forward must reduce the
+    same contiguous block of S (size-1 dims aside)."""
+    sig = spec.signature
+    primary = max(sig.inputs, key=lambda p: p.type.ndim)
+    dims = traced.dims
+    shape = tuple(d.resolve(dims) for d in primary.type.dims)
+    if not shape:
+        raise AgentRefused(f"{spec.path}: no tensor input of rank >= 1")
+    blocks, totals = set(), []
+    for n in traced.graph.graph.nodes:
+        if n.op != "call_function" or not hasattr(n.target, "_schema"):
+            continue
+        name = n.target._schema.name.split("::")[1]
+        src = n.args[0] if n.args else None
+        if name in REDUCE_PRIMS or name in ("var",):
+            axes = list(n.args[1]) if len(n.args) > 1 and n.args[1] is not None else None
+        elif name in ARG_ATEN or (name in ("max", "min") and len(n.args) > 1):
+            dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+            axes = None if dim is None else [dim]
+        else:
+            continue
+        if not isinstance(src, torch.fx.Node):
+            raise AgentRefused(f"{spec.path}: a reduction of a constant")
+        if _shape(src) != shape:  # a total of kept values (a loss's mean over rows): checked by the lowering
+            totals.append(_shape(src))
+            continue
+        axes = list(range(len(shape))) if axes is None else sorted({a % len(shape) for a in axes})
+        axes = [a for a in axes if shape[a] != 1] or axes
+        if axes == list(range(axes[0], axes[-1] + 1)):
+            blocks.add((axes[0], axes[-1] + 1, False))
+            continue
+        kept = [a for a in range(len(shape)) if a not in axes]
+        if kept != list(range(kept[0], kept[-1] + 1)) or kept[0] == 0 or kept[-1] == len(shape) - 1:
+            raise AgentRefused(f"{spec.path}: a reduction over axes {axes}: neither contiguous nor both ends")
+        blocks.add((kept[0], kept[-1] + 1, True))
+    if len(blocks) != 1:
+        raise AgentRefused(f"{spec.path}: {'no reduction' if not blocks else 'reductions over different axes'}")
+    start, stop, ends = blocks.pop()
+    d = list(primary.type.dims)
+    return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]), ends)
+
+
+class AxisLowering(Lowering):
+    """The row lowering with the [O, R, I] layout's shape classification."""
+
+    def __init__(self, traced, layout: Layout):
+        super().__init__(traced)
+        self.layout = layout
+        self.row_dims = list(layout.kept_dims)
+        self.rows = (math.prod(layout.kept_shape),)
+
+    def refuse(self, fx_node, what: str) -> AgentRefused:
+        from ..trace import where
+        return AgentRefused(f"{where(self.spec, fx_node) if fx_node is not None else self.spec.path}: {what}: "
+                            f"outside the builtin generator's axis-reduction family")
+
+    # ------------------------------------------------ sizes and calls
+    def dim_node(self, size: int, fx_node) -> Node:
+        """A size: one signature dim, or a product of consecutive dims of S (a numel)."""
+        if size in self.size_dims or size in (0, 1):
+            return super().dim_node(size, fx_node)
+        dims = self.layout.lead + self.layout.block + self.layout.inner
+        shape = self.layout.shape
+        for a in range(len(shape)):
+            for b in range(a + 2, len(shape) + 1):
+                if math.prod(shape[a:b]) == size:
+                    total = None
+                    for d in dims[a:b]:
+                        node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
+                        total = node if total is None else Node("mul", (total, node), level="global", dtype="int",
+                                                                name=f"size_{size}")
+                    return total
+        return super().dim_node(size, fx_node)
+
+    def call(self, fx_node):
+        if fx_node.target is torch.sym_max:
+            return self.pointwise("maximum", [self.sym(a, fx_node) for a in fx_node.args], fx_node, dtype="int")
+        return super().call(fx_node)
+
+    def op_empty_strided(self, fx_node, *args, **kwargs):  # only ever filled (full_like) by the traces
+        return Val(const(0.0), _shape(fx_node))
+
+    # ------------------------------------------------ shape classes
+    def shape_class(self, shape) -> str | None:
+        lay = self.layout
+        shape = tuple(shape)
+        if shape == lay.shape:
+            return "elem"
+        if not shape or all(s == 1 for s in shape):
+            return "row" if math.prod(lay.kept_shape) == 1 else "global"
+        if shape in (lay.kept_shape, lay.kept_keepdim) or _nonunit(shape) == _nonunit(lay.kept_shape) \
+                and len(shape) <= len(lay.shape):
+            return "row"
+        return None
+
+    def load(self, ref: TensorRef, fx_node, *, width=None, offset=None) -> Val:
+        if offset is not None or width is not None:
+            raise self.refuse(fx_node, "a slice of an input")
+        cls = self.shape_class(ref.shape)
+        dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+        if cls is None:
+            raise self.refuse(fx_node, f"input {ref.field} of shape {ref.shape} that is neither S {self.layout.shape} "
+                                       f"nor its kept shape {self.layout.kept_shape}")
+        if cls == "global" or not ref.shape:
+            return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
+                            name=ref.field), ref.shape)
+        if cls == "row":
+            return Val(Node("load", level="row", dtype=dtype, attrs={"field": ref.field, "kind": "row", "row_div": []},
+                            name=ref.field), ref.shape)
+        return Val(Node("load", level="elem", dtype=dtype,
+                        attrs={"field": ref.field, "kind": "elem", "row_div": [], "offset": None},
+                        name=ref.field), ref.shape)
+
+    def view(self, src, fx_node):
+        got = self.env[src]
+        new_shape = _shape(fx_node)
+        if isinstance(got, Cat):
+            raise self.refuse(fx_node, "a concatenation")
+        if isinstance(got, Node):
+            return got
+        if isinstance(got, TensorRef):
+            got = self.load(got, fx_node)
+        old_level, new_cls = got.node.level, self.shape_class(new_shape)
+        if new_cls is None:
+            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+        if old_level == "elem" and new_cls != "elem":
+            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+        return Val(got.node, new_shape)
+
+    # ------------------------------------------------ reductions
+    def block_of(self, shape, dims) -> bool:
+        if tuple(shape) != self.layout.shape:
+            return False
+        axes = sorted({d % len(shape) for d in dims})
+        want = self.layout.red_axes
+        return [a for a in axes if shape[a] != 1] == [a for a in want if shape[a] != 1]
+
+    def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction=None) -> Val:
+        out_shape = _shape(fx_node)
+        node = val.node
+        if kind == "var":  # two sweeps: the mean, then the squared deviations from it
+            if node.level != "elem" or node.dtype != "float" or not self.block_of(val.shape, dims):
+                raise self.refuse(fx_node, f"a variance over dims {list(dims)} of a value of shape {val.shape}")
+            wf = self.cast(self.width_node(fx_node), torch.float32, fx_node)
+            total = Node("rowreduce", (node,), level="row", attrs={"kind": "sum"}, name=f"{fx_node.name}_sum")
+            mean = self.pointwise("div", [total, wf], fx_node)
+            dev = self.pointwise("sub", [node, mean], fx_node)
+            ssq = Node("rowreduce", (self.pointwise("mul", [dev, dev], fx_node),), level="row",
+                       attrs={"kind": "sum"}, name=f"{fx_node.name}_ssq")
+            denom = self.pointwise("sub", [wf, const(float(correction or 0.0))], fx_node)
+            return Val(self.pointwise("div", [ssq, denom], fx_node), out_shape)
+        if kind not in ("sum", "prod") and node.dtype != "float":
+            raise self.refuse(fx_node, f"a {kind} of {node.dtype} values")
+        if node.level == "row" and val.shape and self.shape_class(val.shape) == "row" \
+                and tuple(val.shape) != self.layout.shape and math.prod(self.layout.kept_shape) > 1:
+            # a total over every kept element (the mean over rows of a per-row loss): post level
+            if {d % len(val.shape) for d in dims} | {i for i, n in enumerate(val.shape) if n == 1} \
+                    != set(range(len(val.shape))):
+                raise self.refuse(fx_node, f"a reduction over part of the kept dims {val.shape}")
+            if kind != "sum":
+                raise self.refuse(fx_node, f"a {kind} over every kept element")
+            return Val(Node("globalreduce", (node,), level="post", dtype="float", attrs={"kind": "sum"},
+                            name=fx_node.name), out_shape)
+        if node.level in ("const", "global", "row") and (not val.shape or self.block_of(val.shape, dims)):
+            if kind == "prod":
+                raise self.refuse(fx_node, "a product of a value constant over the reduced axes")
+            if kind == "sum":
+                return Val(self.pointwise("mul", [node, self.width_node(fx_node)], fx_node), out_shape)
+            return Val(node, out_shape)
+        if not self.block_of(val.shape, dims):
+            raise self.refuse(fx_node, f"a reduction over dims {list(dims)} of a value of shape {val.shape} "
+                                       f"(the program reduces {self.layout.describe()})")
+        dtype = node.dtype if kind in ("max", "min") else ("float" if node.dtype == "float" else "int")
+        return Val(Node("rowreduce", (node,), level="row", dtype=dtype, attrs={"kind": kind}, name=fx_node.name),
+                   out_shape)
+
+    def width_node(self, fx_node) -> Node:
+        """R: the product of the block's dims (a global int)."""
+        total = None
+        for d in self.layout.red_dims:
+            node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name="dim_r") if d.symbol \
+                else const(d.add)
+            total = node if total is None else Node("mul", (total, node), level="global", dtype="int", name="r")
+        return total or const(1)
+
+    def arg_reduce(self, kind: str, fx_node, src, dim, keepdim=False):
+        val = self.value(src, fx_node)
+        dims = list(range(len(val.shape))) if dim is None else [dim]
+        if val.node.level != "elem" or val.node.dtype != "float" or not self.block_of(val.shape, dims) or \
+                (dim is None and len(self.layout.red_axes) != len(val.shape)):
+            raise self.refuse(fx_node, f"an {kind} over dim {dim} of a value of shape {val.shape}")
+        return Node("rowreduce", (val.node,), level="row", dtype="int", attrs={"kind": kind}, name=fx_node.name)
+
+    def op_prod(self, fx_node, src, dims, **kw):
+        return self.reduce("prod", self.value(src, fx_node), list(dims), fx_node)
+
+    def op_argmax(self, fx_node, src, dim=None, keepdim=False):
+        return Val(self.arg_reduce("argmax", fx_node, src, dim), _shape(fx_node))
+
+    def op_argmin(self, fx_node, src, dim=None, keepdim=False):
+        return Val(self.arg_reduce("argmin", fx_node, src, dim), _shape(fx_node))
+
+    def _values_indices(self, kind, fx_node, src, dim, keepdim=False):
+        index = self.arg_reduce(f"arg{kind}", fx_node, src, dim)
+        values = Node("rowreduce", index.args, level="row", dtype=index.args[0].dtype, attrs={"kind": kind},
+                      name=f"{fx_node.name}_values")
+        shape = tuple(_hint_shape(fx_node))
+        return (Val(values, shape), Val(index, shape))
+
+    def op_max(self, fx_node, src, dim=None, keepdim=False):
+        if dim is None:
+            raise self.refuse(fx_node, "torch.max of a whole tensor (use amax)")
+        return self._values_indices("max", fx_node, src, dim, keepdim)
+
+    def op_min(self, fx_node, src, dim=None, keepdim=False):
+        if dim is None:
+            raise self.refuse(fx_node, "torch.min of a whole tensor (use amin)")
+        return self._values_indices("min", fx_node, src, dim, keepdim)
+
+    def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
+        """A scatter along the (single) block axis at one index per kept element (the backward
+        of max/min over a dim): where(r == index, value, base)."""
+        b, idx = self.value(base, fx_node), self.value(index, fx_node)
+        if self.layout.red_axes != [dim % len(b.shape)] \
+                or idx.node.level not in ("row", "const", "global"):
+            raise self.refuse(fx_node, "a scatter other than one value per kept element along the reduced axis")
+        src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else const(value)
+        if src.level == "elem":
+            raise self.refuse(fx_node, "a scatter of a full tensor")
+        iota = Node("iota", level="elem", dtype="int", name="col")
+        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        return Val(self.where(hit, src, b.node, fx_node), _shape(fx_node))
+
+    def op_cat(self, fx_node, tensors, dim=0):
+        raise self.refuse(fx_node, "a concatenation")
+
+    def op_gather(self, fx_node, *args, **kw):
+        raise self.refuse(fx_node, "a gather")
+
+    def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        got = self.env[src]
+        if isinstance(got, TensorRef) and tuple(_shape(fx_node)) == got.shape and not storage_offset:
+            return got
+        raise self.refuse(fx_node, "a strided view")
+
+    # ------------------------------------------------ outputs
+    def store(self, field: str, result, fx_node) -> list[Store]:
+        got = self.env[result] if isinstance(result, torch.fx.Node) else Val(const(result), ())
+        if isinstance(got, Cat):
+            raise self.refuse(fx_node, "a concatenated output")
+        val = self.value(result, fx_node) if isinstance(result, torch.fx.Node) else got
+        shape = tuple(d.resolve(self.t.dims) for d in self.types[field].dims)
+        cls = self.shape_class(shape)
+        node = val.node
+        if cls == "elem":
+            return [Store(field, node, "elem")]
+        if cls == "row" and node.level != "elem":
+            return [Store(field, node, "row")]
+        if cls == "global" and node.level in ("const", "global", "post"):
+            return [Store(field, node, "global")]
+        raise self.refuse(fx_node, f"output {field} of shape {shape} holding a {node.level} value")
+
+    def run(self) -> AxisProgram:
+        p = super().run()
+        lay = self.layout
+        return AxisProgram(p.op, p.direction, list(lay.kept_dims), self.width_node(None),
+                           lay.red_size, p.stores, None, p.dims_example, layout=lay)
+
+    def set_width(self, width, fx_node):  # the width is the block's size, fixed by the layout
+        return None
+
+
+def _hint_shape(fx_node):
+    val = fx_node.meta.get("val")
+    first = val[0] if isinstance(val, (tuple, list)) else val
+    return tuple(int(s.node.hint) if isinstance(s, torch.SymInt) else int(s) for s in first.shape)
+
+
+def validate(program: AxisProgram) -> None:
+    """Structural checks of an axis program after the passes (AssertionError on a bug):
+    levels are monotone along the edges, reductions take elem values to rows, stores match
+    the layout's classes, and only the ops the emitter knows appear."""
+    from .. import ir
+
+    known = ir.UNARY | ir.BINARY | {"const", "scalar", "dim", "load", "iota", "where", "cast", "rowreduce",
+                                    "globalreduce"}
+    for n in program.nodes():
+        assert n.op in known, f"axis program: op {n.op} outside the family"
+        assert n.level in ("const", "global", "row", "elem", "post"), f"axis program: level {n.level} of {n!r}"
+        if n.op == "globalreduce":
+            assert n.args[0].level in ("row", "global", "const") and n.level == "post", f"axis program: {n!r}"
+        if n.op == "rowreduce":
+            assert n.args[0].level == "elem" and n.level == "row", f"axis program: {n!r}"
+            assert n.attrs["kind"] in ("sum", "prod", "max", "min", "argmax", "argmin"), n
+        elif n.args:
+            want = max((a.level for a in n.args), key=ir.LEVEL_RANK.__getitem__)
+            assert ir.LEVEL_RANK[n.level] >= ir.LEVEL_RANK[want], f"axis program: {n!r} below its operands"
+        if n.op == "load":
+            assert n.attrs["kind"] in ("elem", "row", "global") and not n.attrs.get("row_div"), n
+    for s in program.stores:
+        assert s.kind in ("elem", "row", "global") and s.offset is None, s
+        if s.kind == "row":
+            assert s.value.level not in ("elem", "post"), s
+        if s.kind == "global":
+            assert s.value.level in ("const", "global", "post"), s
+        if s.kind == "elem":
+            assert s.value.level != "post", s
+
+
+def reuse_forward_extremes(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
+    """The backward of max/min/argmax over the block recomputes the extreme (a sweep over S);
+    the forward stored it (exactly: an extreme or an index is a value of its input dtype), and
+    the backward receives the forward's outputs: read it per kept element instead."""
+    from ..optimize import _Canon, _rebuild, _same
+
+    canon = _Canon()
+    stored: dict[tuple, tuple[str, str]] = {}
+    fields = {o.name: o.type for o in spec.signature.outputs}
+    for s in forward.stores:
+        v = s.value
+        if s.kind == "row" and v.op == "rowreduce" and v.attrs["kind"] in ("max", "min", "argmax", "argmin") \
+                and s.field in fields and (v.dtype == "int") == (not fields[s.field].is_floating) \
+                and (v.dtype == "int" or fields[s.field].dtype is None):
+            stored.setdefault(canon.key(v), (s.field, v.dtype))
+    if not stored:
+        return backward
+    loads: dict[str, Node] = {}
+
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        got = stored.get(canon.key(built)) if built.op == "rowreduce" else None
+        if got is None:
+            return built
+        field, dtype = got
+        if field not in loads:
+            loads[field] = Node("load", level="row", dtype=dtype, attrs={"field": field, "kind": "row", "row_div": []},
+                                name=field)
+        return loads[field]
+
+    return with_layout(_rebuild(backward, replace), backward.layout)
+
+
+def lower_axis(spec) -> dict[str, AxisProgram]:
+    """The programs of every direction the spec asks for, or AgentRefused."""
+    from ..optimize import cse
+
+    forward = trace(spec, "forward")
+    layout = find_layout(spec, forward)
+    directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+    programs = {}
+    for d in directions:
+        traced = forward if d == "forward" else trace(spec, d)
+        program = with_layout(cse(AxisLowering(traced, layout).run()), layout)
+        validate(program)
+        if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
+                                                                              for n in program.nodes()):
+            raise AgentRefused(f"{spec.path}: the {d} totals kept values without a reduction over the block")
+        if sweeps(program) > MAX_SWEEPS:
+            raise AgentRefused(f"{spec.path}: the {d} needs {sweeps(program)} dependent sweeps over the reduced "
+                               f"axes (at most {MAX_SWEEPS}), outside the axis-reduction family")
+        programs[d] = program
+    if "backward" in programs:
+        from ..optimize import reuse_forward_outputs
+
+        forward, backward = programs["forward"], programs["backward"]
+        backward = with_layout(cse(reuse_forward_extremes(forward, backward, spec)), layout)
+        # a forward elem output (softmax over channels) read back instead of recomputed, kept
+        # when it streams no more tensors and needs no more sweeps (as the row family does)
+        outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
+        reused = with_layout(cse(reuse_forward_outputs(forward, backward, outputs)), layout)
+        if len(_streamed(reused)) <= len(_streamed(backward)) and sweeps(reused) <= sweeps(backward):
+            backward = reused
+        validate(backward)
+        programs["backward"] = backward
+    return programs
+
+
+# ---------------------------------------------------------------- CPU interpreter
+
+def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
+    """run_program on the transposed view: S tensors as [O*I, R], kept tensors as [O*I]."""
+    from ..interp import run_program
+
+    lay = program.layout
+    O, R, I = lay.sizes(dims)
+    S = O * R * I
+    full = tuple(d.resolve(dims) for d in lay.lead + lay.block + lay.inner)
+    # [O, R, I] (or for `ends`, [RA, O, RB]) as rows x columns and back
+    ra = math.prod(d.resolve(dims) for d in lay.lead)
+    view = (ra, O, R // max(ra, 1)) if lay.ends else (O, R, I)
+
+    def to_rows(t):
+        if t.dim() == 0:
+            return t
+        if t.numel() == S and tuple(t.shape) == full:
+            return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
+                t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
+        return t.reshape(O * I)
+
+    def from_rows(t, shape):
+        if lay.ends:
+            return t.reshape(O, view[0], view[2]).permute(1, 0, 2).reshape(shape)
+        return t.reshape(O, I, R).permute(0, 2, 1).reshape(shape)
+
+    ins = {k: to_rows(v) for k, v in tensors.items()}
+    outs = {}
+    for k, v in outputs.items():
+        kind = next((s.kind for s in program.stores if s.field == k), None)
+        outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
+            torch.empty(O * I, dtype=v.dtype) if kind == "row" else torch.empty((), dtype=v.dtype)
+    run_program(program, ins, scalars, dims, outs)
+    for k, v in outputs.items():
+        kind = next((s.kind for s in program.stores if s.field == k), None)
+        if kind == "elem":
+            v.copy_(from_rows(outs[k], v.shape))
+        elif kind == "row":
+            v.copy_(outs[k].reshape(v.shape))
+        elif kind == "global":
+            v.copy_(outs[k].reshape(v.shape))
+
+
+MAX_SWEEPS = 3
+
+
+def _streamed(program) -> set[str]:
+    return {n.attrs["field"] for n in program.nodes() if n.op == "load" and n.attrs.get("kind") == "elem"}
+
+
+def sweeps(program: AxisProgram) -> int:
+    """Dependent sweeps over S the reductions need (a variance from its mean: 2)."""
+    depth: dict[int, int] = {}
+    for n in program.nodes():
+        d = max((depth[a.id] for a in n.args), default=0)
+        depth[n.id] = d + 1 if n.op == "rowreduce" else d
+    return max(depth.values(), default=0)

@@ -1,0 +1,279 @@
+"""The axis-reduction family (builtin/families/axis_reduce.py, axis_emit.py): reductions over a
+middle axis, several axes, all axes to a scalar, arg-reductions, the scalar losses.
+
+CPU: the lowered programs run on the IR interpreter (a transposed view of the row
+interpreter) against the reference and its autograd in float64, at shapes that differ from
+the trace's; the layout and the kernel plan are asserted on the program, not on C text;
+refusals keep the row lowering's message. nvcc: every family spec's .cu compiles. GPU: each
+kernel passes specgen's verifier and repeats bit for bit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin.families import family_of
+from specgen.agents.builtin.families.axis_emit import AxisEmitter
+from specgen.agents.builtin.families.axis_reduce import AxisProgram, lower_axis, run_axis_program, validate
+from specgen.agents.builtin.generator import build_source, lower_spec
+from specgen.inputs import make_inputs
+from specgen.spec import load_spec
+
+SPECS = Path(__file__).resolve().parent / "reduce_specs"
+FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last", "min_mid", "argmin_last",
+          "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
+          "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
+          "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
+          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid"]
+REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
+SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2}
+
+
+def _spec(op):
+    return load_spec(SPECS / f"{op}.yaml")
+
+
+def _dims(spec):
+    return {s: SHAPES[s] for s in spec.signature.symbols()}
+
+
+def _alloc(ttype, dims):
+    dtype = torch.float64 if ttype.is_floating else torch.int64
+    return torch.full(ttype.shape(dims), -7 if dtype == torch.int64 else float("nan"), dtype=dtype)
+
+
+def _forward(spec, program, args, dims):
+    tensors = {p.name: args[p.name] for p in spec.signature.inputs}
+    outs = {o.name: _alloc(o.type, dims) for o in spec.signature.outputs}
+    run_axis_program(program, tensors, {}, dims, outs)
+    return outs
+
+
+def _expected(spec, args):
+    got = spec.reference_fn()(**args)
+    return got if isinstance(got, (tuple, list)) else (got,)
+
+
+@pytest.mark.parametrize("op", FAMILY)
+def test_forward_matches_reference(op):
+    spec = _spec(op)
+    programs = lower_spec(spec)
+    assert family_of(programs) is not None and all(isinstance(p, AxisProgram) for p in programs.values())
+    dims = _dims(spec)
+    args = make_inputs(spec.signature, dims, "float64", seed=3)
+    outs = _forward(spec, programs["forward"], args, dims)
+    for o, want in zip(spec.signature.outputs, _expected(spec, args)):
+        if want.dtype == torch.int64:
+            assert torch.equal(outs[o.name], want.reshape(outs[o.name].shape))
+        else:
+            torch.testing.assert_close(outs[o.name], want.double().reshape(outs[o.name].shape), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("op", [op for op in FAMILY if load_spec(SPECS / f"{op}.yaml").backward == "kernel"])
+def test_backward_matches_autograd(op):
+    spec = _spec(op)
+    sig = spec.signature
+    dims = _dims(spec)
+    args = make_inputs(sig, dims, "float64", seed=4)
+    leaves = {k: (v.clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+              for k, v in args.items()}
+    result = _expected(spec, leaves)
+    gen = torch.Generator().manual_seed(5)
+    grads = {f"grad_{o.name}": torch.randn(r.shape, generator=gen, dtype=torch.float64)
+             for o, r in zip(sig.outputs, result) if o.type.is_floating}
+    floating = [p.name for p in sig.inputs if p.type.is_floating]
+    diff = [(r, grads[f"grad_{o.name}"]) for o, r in zip(sig.outputs, result) if o.type.is_floating]
+    expected = torch.autograd.grad([r for r, _ in diff], [leaves[n] for n in floating], [g for _, g in diff],
+                                   allow_unused=True)
+    program = lower_spec(spec)["backward"]
+    tensors = {p.name: args[p.name] for p in sig.inputs} | {o.name: r.detach() for o, r in zip(sig.outputs, result)} \
+        | grads
+    outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
+    run_axis_program(program, tensors, {}, dims, outs)
+    for n, want in zip(floating, expected):
+        want = torch.zeros_like(args[n]) if want is None else want
+        torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("op", ["argmax_dim1", "max_dim_last", "min_mid", "argmin_last", "argmax_all"])
+def test_arg_reductions_break_ties_and_nans_as_torch(op):
+    spec = _spec(op)
+    dims = _dims(spec)
+    x = torch.randint(-2, 3, spec.signature.inputs[0].type.shape(dims), generator=torch.Generator().manual_seed(1)
+                      ).double()  # many ties
+    flat = x.view(-1)
+    flat[5] = float("nan")
+    flat[17] = float("nan")
+    flat[30] = float("inf")
+    outs = _forward(spec, lower_spec(spec)["forward"], {"x": x}, dims)
+    for o, want in zip(spec.signature.outputs, _expected(spec, {"x": x})):
+        torch.testing.assert_close(outs[o.name], want.to(outs[o.name].dtype).reshape(outs[o.name].shape),
+                                   rtol=0, atol=0, equal_nan=True)
+
+
+def test_layouts_and_plans():
+    def plan(op, direction="forward"):
+        spec = _spec(op)
+        program = lower_spec(spec)[direction]
+        return program.layout.describe(), AxisEmitter(spec, program, direction).plan()
+
+    assert plan("mean_dim1_4d")[0] == "O = B, R = C, I = H * W"
+    assert plan("mean_hw_keepdim")[0] == "O = B * C, R = H * W, I = 1"
+    assert plan("sum_all")[0] == "O = 1, R = B * C * L, I = 1"
+    assert plan("sum_dims02")[0] == "O = C, R = B x L (both ends), I = 1"
+    layout, p = plan("max_dim_last")
+    assert layout == "O = N, R = D, I = 1" and sorted(p["kinds"]) == ["argmax", "max"] and not p["elem"]
+    # backward of a mean over channels: no reduction, a pass over S reading grad_out per kept element
+    _, p = plan("mean_dim1_4d", "backward")
+    assert not p["reduce"] and p["elem"] and p["kept_slots"] == 0
+    # backward of torch.max: the forward's indices read back (no second sweep), the scatter pass
+    spec = _spec("max_dim_last")
+    _, p = plan("max_dim_last", "backward")
+    assert not p["reduce"] and p["elem"]
+    loads = {n.attrs["field"]: n.level for n in lower_spec(spec)["backward"].nodes() if n.op == "load"}
+    assert loads == {"out1": "row", "grad_out0": "row"}
+    _, p = plan("mse_loss")
+    assert p["kinds"] == ["sum"] and p["partial_slots"] == 1 and not p["totals"]
+    # triplet margin loss: two row norms per kept row, then the mean over rows (a total)
+    layout, p = plan("triplet_loss")
+    assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["sum", "sum"] and p["totals"] == 1
+    # dependent sweeps: a variance (the mean, then the squared deviations), a softmax over channels
+    assert plan("var_mid")[1]["phases"] == [["sum"], ["sum"]]
+    layout, p = plan("softmax_mid")
+    assert layout == "O = B, R = C, I = L" and p["phases"] == [["max"], ["sum"]] and p["elem"]
+    assert p["kept_slots"] == 2  # the max and the sum, read by the elem pass
+    # softmax's backward reads its forward output: out * (g - sum(g * out)), one sweep, no exp
+    program = lower_spec(_spec("softmax_mid"))["backward"]
+    assert [n.attrs["kind"] for n in program.nodes() if n.op == "rowreduce"] == ["sum"]
+    assert not any(n.op == "exp" for n in program.nodes())
+    # the backward of amax: the forward's max read back, one sweep counting its ties, then the pass
+    assert plan("amax_mid_bwd", "backward")[1]["phases"] == [["sum"]]
+
+
+def test_programs_validate_and_the_row_family_keeps_its_ops():
+    for op in FAMILY:
+        for program in lower_axis(_spec(op)).values():
+            validate(program)
+    # ops the row lowering takes stay there (sum over the leading dims: a column reduction)
+    assert family_of(lower_spec(_spec("sum_lead2"))) is None
+
+
+@pytest.mark.parametrize("op", sorted(REFUSED))
+def test_outside_the_families_keeps_the_row_refusal(op):
+    spec = _spec(op)
+    with pytest.raises(AgentRefused) as info:
+        build_source(spec)
+    message = str(info.value)
+    assert f"{op}.yaml:" in message and "LLM agent" in message and "--agent" in message
+    assert REFUSED[op] in message
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss",
+                                "softmax_mid", "amax_dims02"])
+def test_family_sources_compile(op):
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = _spec(op)
+    compile_source(spec, build_source(spec))
+
+
+# one of each kind of kernel (middle axis, keepdim, arg, values + indices, scalar, loss with a
+# total, phases, both ends, backward through ties); the rest run with -m slow
+GPU_CORE = ["sum_dim1", "mean_dim1_4d", "argmax_dim1", "max_dim_last", "min_mid", "sum_all", "mse_loss",
+            "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd"]
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", [op if op in GPU_CORE else pytest.param(op, marks=pytest.mark.slow) for op in FAMILY])
+def test_family_kernels_verify_on_the_gpu(op):
+    from specgen.verify import verify_kernel
+
+    spec = _spec(op)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op,dims", [("sum_all", {"B": 64, "C": 1024, "L": 4099}),
+                                     ("sum_dim1", {"B": 3, "C": 4096, "L": 5}),
+                                     ("mse_loss", {"N": 4097, "D": 1031})])
+def test_split_reductions_are_bit_reproducible(op, dims):
+    """Split over many blocks (a workspace and a combine pass): the same bits every run."""
+    from specgen import abi
+    from specgen.agents.builtin.generator import compile_source
+    import ctypes
+
+    spec = _spec(op)
+    compiled = compile_source(spec, build_source(spec))
+    lib = ctypes.CDLL(str(compiled.library))
+    fn = getattr(lib, abi.entry_point(spec, "forward"))
+    args = make_inputs(spec.signature, dims, "float32", seed=0, device="cuda")
+    results = []
+    for _ in range(3):
+        outs = {o.name: torch.empty(o.type.shape(dims), device="cuda",
+                                    dtype=torch.float32 if o.type.is_floating else torch.int64)
+                for o in spec.signature.outputs}
+        struct = abi.pack_args(spec, "forward", {**args, **outs}, {}, dims)
+        assert fn(ctypes.byref(struct), None) == 0
+        torch.cuda.synchronize()
+        results.append([outs[o.name].cpu() for o in spec.signature.outputs])
+    for other in results[1:]:
+        assert all(torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                               b.view(torch.int32) if b.is_floating_point() else b) for a, b in zip(results[0], other))
+
+
+def test_family_source_is_the_same_in_any_process_state():
+    """Kernels are committed: lowering other ops first (process-wide node ids) must not change
+    a family kernel's text."""
+    from specgen.agents.builtin import generator
+
+    spec = _spec("softmax_mid")
+    first = build_source(spec)
+    generator._programs.clear()
+    build_source(_spec("cosine_loss"))
+    generator._programs.clear()
+    assert build_source(spec) == first
+
+
+def test_launch_plan_spreads_every_shape_over_the_sms():
+    """The host's geometry (mirrored by launch_plan): a scalar reduction is split into many
+    chunks, a middle axis with a wide kept axis reads 16 bytes a thread along it, a narrow one
+    splits R, a last-axis reduction reads 16 bytes along R."""
+    from specgen.agents.builtin.families.axis_emit import launch_plan
+
+    total = launch_plan(1, 4096 * 4096, 1, 4)  # x.sum() of 16M floats
+    assert total["TX"] == 1 and total["vec_r"] and total["G"] == 2048
+    assert total["chunk"] % (256 * 4) == 0 and total["G"] * total["chunk"] >= 4096 * 4096
+    mid = launch_plan(16, 256, 4096, 2)  # sum over C of [16, 256, 4096] bf16
+    assert (mid["TX"], mid["VI"], mid["G"], mid["chunk"]) == (32, 8, 8, 32)  # 2048 blocks, 4 steps a thread
+    narrow = launch_plan(3, 4096, 5, 4)  # few kept elements: R split
+    assert narrow["TX"] == 4 and narrow["VI"] == 1 and narrow["G"] > 1
+    rows = launch_plan(4096, 4096, 1, 4)  # torch.max over the last dim: a block per row
+    assert rows["vec_r"] and rows["G"] == 1
+    odd = launch_plan(5, 1001, 7, 4, aligned=False)
+    assert odd["VI"] == 1 and not odd["vec_r"] and odd["G"] * odd["chunk"] >= 1001
+
+
+def test_a_functional_copy_keeps_normalize_in_the_row_family():
+    """F.normalize's backward copies into a fresh tensor (aten.copy_): the row lowering takes
+    it as the source's value, so the op stays a row program (one read of a row in registers)."""
+    from specgen.agents.builtin.interp import run_program
+
+    spec = _spec("l2normalize_last")
+    programs = lower_spec(spec)
+    assert family_of(programs) is None
+    dims = {"N": 6, "D": 40}
+    x = torch.randn(6, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    out = torch.nn.functional.normalize(x, dim=-1)
+    g = torch.randn(6, 40, dtype=torch.float64)
+    (want,) = torch.autograd.grad(out, x, g)
+    got = {"grad_x": torch.full((6, 40), float("nan"), dtype=torch.float64)}
+    run_program(programs["backward"], {"x": x.detach(), "out": out.detach(), "grad_out": g}, {}, dims, got)
+    torch.testing.assert_close(got["grad_x"], want, rtol=1e-9, atol=1e-9)
