@@ -25,7 +25,9 @@ def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9):
     scalars = {p.name: args[p.name] for p in spec.signature.scalars}
     outs = {o.name: torch.full(o.type.shape(dims), float("nan"), dtype=torch.float64)
             for o in spec.signature.outputs}
-    run_program(program, tensors, scalars, dims, outs)
+    from specgen.agents.builtin.families.axis_reduce import AxisProgram, run_axis_program
+
+    (run_axis_program if isinstance(program, AxisProgram) else run_program)(program, tensors, scalars, dims, outs)
     expected = spec.reference_fn()(**args)
     expected = expected if isinstance(expected, tuple) else (expected,)
     for o, want in zip(spec.signature.outputs, expected):

@@ -27,7 +27,6 @@ def test_batchnorm_in_eval_mode_is_a_flat_pointwise_kernel():
 
 
 @pytest.mark.parametrize("name, why", [("module_linear", "not one value throughout"),
-                                       ("module_batchnorm_train", "aten.copy_"),
                                        ("module_layernorm_symbolic", "cannot trace")])
 def test_varying_or_updated_module_tensors_are_refused(name, why):
     with pytest.raises(AgentRefused) as info:
@@ -62,3 +61,23 @@ def test_module_kernels_verify_on_the_gpu(name):
     spec = own_spec(name)
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+def test_batchnorm_in_training_mode_lowers_to_the_axis_family_with_batch_statistics():
+    """Its running-statistics update (an in-place copy into the module's buffer) reaches no
+    output: the module is built anew on every call. The output normalizes with the batch's own
+    statistics, a reduction over N per channel: the axis family's kernel, checked here against
+    the reference on the CPU interpreter (float32 inputs, as the module is float32)."""
+    import torch
+
+    from specgen.agents.builtin.families.axis_reduce import AxisProgram, run_axis_program
+    from specgen.inputs import make_inputs
+
+    spec = own_spec("module_batchnorm_train")
+    program = lower_spec(spec)["forward"]
+    assert isinstance(program, AxisProgram)
+    for n in (3, 17):
+        args = make_inputs(spec.signature, {"N": n}, "float32", seed=3)
+        outs = {"out": torch.full((n, 32), float("nan"), dtype=torch.float64)}
+        run_axis_program(program, {"x": args["x"].double()}, {}, {"N": n}, outs)
+        torch.testing.assert_close(outs["out"], spec.reference_fn()(**args).double(), rtol=1e-5, atol=1e-5)

@@ -220,3 +220,15 @@ def test_messages_and_descriptors_cross_the_channel():
     os.write(write_fd, b"x")
     assert os.read(fds[0], 1) == b"x"
     assert right.receive(timeout=0.05) is None
+
+
+def test_a_memo_keyed_on_a_sampled_fingerprint_is_caught_by_the_model_loop_check(gelu):
+    """Skips when the sampled input looks unchanged and the output looks computed: the stale
+    output loop changes 3 input elements (a sample of 32 words misses them) and checks."""
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.memo_by_sampled_fingerprint),
+                         Options(examples=0, budget=1 << 13, full_size=False))
+    assert verdict.reason == "post-timing-mismatch", verdict.summary()
+    assert "input changed in place" in verdict.detail or "changed in place" in verdict.detail
+    honest = verdict_of(gelu, fakes.PyKernel(gelu, fakes.gelu_forward), Options(examples=0, budget=1 << 13,
+                                                                                full_size=False))
+    assert honest.passed, honest.summary()

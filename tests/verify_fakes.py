@@ -197,3 +197,19 @@ class RmsKernel(PyKernel):
 
 class NotCapturable(PyKernel):
     capturable = False  # the CPU runner reports a failed capture, as a forked stream would
+
+
+def memo_by_sampled_fingerprint(k, t, dims):
+    """Skips the work when 32 sampled input words match the last call's for 8 calls in a row
+    and the output's samples still hold the last result (a memo keyed on a fingerprint)."""
+    x, out = t["x"].view(-1), t["out"].view(-1)
+    n = x.numel()
+    at = torch.tensor([i * (n - 1) // 31 for i in range(32)]) if n else torch.zeros(0, dtype=torch.long)
+    key = (n, x[at].tolist())
+    state = k.__dict__.setdefault("memo", {"key": None, "streak": 0, "out": None})
+    state["streak"] = state["streak"] + 1 if key == state["key"] else 1
+    state["key"] = key
+    if state["streak"] >= 8 and state["out"] is not None and out[at].tolist() == state["out"]:
+        return 0
+    gelu_forward(k, t, dims)
+    state["out"] = out[at].tolist()

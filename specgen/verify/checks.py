@@ -246,3 +246,42 @@ def check_repeated_calls(runner, data: CaseData, fresh: CaseData, *, calls: int 
     check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix,
                       fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
     check_close(data, runs[0], reason=POST_TIMING_MISMATCH, prefix=prefix)
+
+
+STALE_LOOP_CALLS = 10  # calls in a row on unchanged inputs, the output left holding its result
+STALE_LOOP_CHANGES = 3  # input elements changed afterwards: too few for a sampled fingerprint to see
+
+
+def check_stale_output_loop(runner, data: CaseData, *, rounds: int = 2, seed: int = 0) -> None:
+    """As a model's loop calls an op: the same input buffers, and the output buffer left holding
+    the last result between calls (the caching allocator hands the same block back); then a few
+    input elements change in place. The output must follow them. Catches a kernel that skips
+    the work when a sample of its input looks unchanged and its output looks computed already
+    (memoization by fingerprint). The case must be prepared with later=True (its truth is
+    derived from the inputs as they are at each check). In the backward only the output
+    gradients change: the forward outputs it reads must stay those of its inputs."""
+    from .verdict import POST_TIMING_MISMATCH
+
+    item = {"direction": data.direction, "tensors": data.refs(), "scalars": data.scalars, "dims": data.dims,
+            "poison": []}
+    gen = torch.Generator(device=data.device).manual_seed(seed)
+    changeable = {name: ref for name, ref in data.input_refs.items()
+                  if runner.tensor(ref).is_floating_point() and runner.tensor(ref).numel()
+                  and (data.direction == "forward" or name.startswith("grad_"))}
+    for round_ in range(rounds):
+        outcome = runner.timed([item] * STALE_LOOP_CALLS)
+        raise_outcome(runner.spec, data, outcome, what=f"{STALE_LOOP_CALLS} calls in a row on unchanged inputs")
+        changed = []
+        for name, ref in changeable.items():
+            flat = runner.tensor(ref).view(-1)
+            where = torch.randint(0, flat.numel(), (STALE_LOOP_CHANGES,), generator=gen, device=data.device)
+            flat[where] = (torch.randn(STALE_LOOP_CHANGES, generator=gen, device=data.device) * 3).to(flat.dtype)
+            changed.append(f"{name}[{', '.join(str(int(i)) for i in where.tolist())}]")
+        synchronize(data.device)
+        outcome = runner.timed([item])
+        raise_outcome(runner.spec, data, outcome, what="a call after a few input elements changed")
+        check_guards(runner, data)
+        check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()}, reason=POST_TIMING_MISMATCH,
+                    prefix=f"after {STALE_LOOP_CALLS} calls on unchanged inputs (the output left holding its "
+                           f"result, as a model's loop leaves it) and then {STALE_LOOP_CHANGES} elements of each "
+                           f"input changed in place (round {round_ + 1}: {'; '.join(changed)[:300]}), ")

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import check_capture, check_case, check_deterministic_repeats, check_repeated_calls
+from .checks import (check_capture, check_case, check_deterministic_repeats, check_repeated_calls,
+                     check_stale_output_loop)
 from .data import CaseData, prepare, stage
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
                          full_size_cases, large_case, make_case, smoke_case)
@@ -158,7 +159,12 @@ class Session:
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
         check_repeated_calls(self.runner, data, fresh)
-        self.cases += 1
+        del fresh
+        self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed")
+        loop = prepare(self.spec, dataclasses.replace(big, seed=big.seed + 2000), direction, self.device, later=True)
+        stage(self.runner, loop, snapshots=False)
+        check_stale_output_loop(self.runner, loop, seed=opts.seed)
+        self.cases += 2
         self.phase("repeated-calls", t)
         return False
 

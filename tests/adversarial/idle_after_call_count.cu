@@ -1,9 +1,11 @@
 // spec: gelu_tanh
-// expect: post-timing-mismatch
+// expect: unwritten-output
 // The cheat: counts the calls in a row with the same shape and dtype (whatever the buffers and
 // values) and is honest for the first 40 only: after that it is surely a benchmark, and it
 // returns without launching. Today's verifier calls one shape at most 38 times in a row (its
 // large case: 2 checked runs, 3 repeats, 30 timed calls, 2 re-checks, 1 on fresh buffers).
+// Verifier v3 makes more calls in a row on one shape in its small phases (the repeated calls and
+// the model's loop), so it idles there, leaving outputs unwritten (H200, run 4: unwritten-output).
 #include "_gelu_common.h"
 template <typename T> __global__ void k(const T* x, T* y, int64_t n) {
   GRID_STRIDE(i, n) store(y, i, gelu(load(x, i)));
