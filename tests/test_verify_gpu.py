@@ -71,3 +71,14 @@ def test_an_isolated_runner_gives_back_arenas_grown_for_a_large_case():
         assert torch.cuda.mem_get_info()[0] - held > 2 << 30  # both processes unmapped the old arenas
     finally:
         runner.close()
+
+
+def test_the_bytes_one_case_element_costs_are_measured_on_a_probe():
+    from specgen.spec import load_spec
+    from specgen.verify.engine import Options, Session
+
+    session = Session(load_spec(SPECS / "gelu_tanh.yaml"), None, Options(), lambda text: None, device="cuda")
+    forward = session.per_element("forward", "float32")
+    backward = session.per_element("backward", "float32")
+    record("timings", "full_size_bytes_per_element", {"forward": forward, "backward": backward})
+    assert 12 < forward < 2000 and 12 < backward < 4000  # float64 truths: more than the tensors' own bytes

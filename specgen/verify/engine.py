@@ -58,6 +58,8 @@ class Session:
         self.tolerances: dict[str, dict] = {}
         self.timed: dict[str, float] = {}
         self.phases: dict[str, float] = {}  # seconds per phase, both directions together
+        self._per_element: dict[tuple[str, str], float] = {}  # device bytes per case element (memory.py)
+        self.shrunk: list[str] = []  # full-size work scaled to the GPU memory free at the time
 
     def prepare(self, case: Case, direction: str) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
@@ -191,6 +193,8 @@ class Session:
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
             cases = [self.scaled(case) for case in cases]
         for index, case in enumerate(cases):
+            if on_gpu:  # the first case has a second set alive for the capture check
+                case = self.fit_memory(case, direction, copies=2 if index == 0 else 1)
             data = self.prepare(case, direction)
             stage(self.runner, data, snapshots=False)
             self.cases += 1
@@ -214,11 +218,12 @@ class Session:
             base = base if on_gpu else self.scaled(base)
             self.progress(f"{direction}: timed calls on {base.describe()}")
             calls = TIMED_REPS + TIMED_WARMUP
+            count = self.timed_sets(base, direction, calls) if on_gpu else calls
             sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
                                                            distribution=("normal", "uniform")[i % 2]),
-                            direction, self.device, later=True) for i in range(calls)]
+                            direction, self.device, later=True) for i in range(count)]
             run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
-                              flush_bytes=flush)
+                              flush_bytes=flush, keep_truths=count == calls)
             self.cases += run.checked_calls
             self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
             del sets
@@ -231,6 +236,51 @@ class Session:
                 self.cases += run.checked_calls
                 del sets
         self.phase("timed", started)
+
+    def per_element(self, direction: str, dtype: str) -> float:
+        """Device bytes one case element costs in this spec, direction and dtype (memory.py),
+        measured once on a probe case."""
+        from .memory import PROBE_ELEMENTS, bytes_per_element
+        from .strategies import case_elements
+
+        key = (direction, dtype)
+        if key not in self._per_element:
+            sig = self.spec.signature
+            top = {s: self.spec.dims[s][1] for s in sig.symbols()}
+            probe = make_case(fit_budget(sig, top, self.spec.dims, PROBE_ELEMENTS), dtype, seed=self.options.seed + 77)
+            self._per_element[key] = bytes_per_element(lambda: prepare(self.spec, probe, direction, self.device),
+                                                       case_elements(sig, probe.dim_map, direction), self.device)
+        return self._per_element[key]
+
+    def fit_memory(self, case: Case, direction: str, copies: int = 1) -> Case:
+        """The case, or the case shrunk until `copies` of it fit the GPU memory free now."""
+        from .memory import available_bytes, elements_that_fit
+        from .strategies import case_elements
+
+        sig = self.spec.signature
+        fit = elements_that_fit(self.per_element(direction, case.dtype) * copies, available_bytes(self.device))
+        if case_elements(sig, case.dim_map, direction) <= fit:
+            return case
+        per_call = fit // (2 if direction == "backward" else 1)  # fit_budget counts a forward call
+        smaller = dataclasses.replace(case, dims=tuple(fit_budget(sig, case.dim_map, self.spec.dims, per_call).items()))
+        self.shrunk.append(f"{direction} {case.describe()} -> {smaller.describe()}")
+        self.progress(f"{direction}: {case.describe()} does not fit the GPU memory free now; {smaller.describe()}")
+        return smaller
+
+    def timed_sets(self, base: Case, direction: str, wanted: int) -> int:
+        """How many input sets of a benchmark shape fit beside each other (memory.py)."""
+        from .memory import available_bytes, timed_sets_that_fit
+        from .strategies import call_bytes, case_elements
+
+        sig = self.spec.signature
+        nbytes = call_bytes(sig, base.dim_map, base.dtype) * (2 if direction == "backward" else 1)
+        count = timed_sets_that_fit(wanted, set_input_bytes=nbytes, output_bytes=nbytes,
+                                    per_element=self.per_element(direction, base.dtype),
+                                    elements=case_elements(sig, base.dim_map, direction),
+                                    available=available_bytes(self.device))
+        if count < wanted:
+            self.shrunk.append(f"{direction} timed {base.describe()}: {count} input sets, not {wanted}")
+        return count
 
     def hypothesis(self, direction: str) -> None:
         """Hypothesis cases; a failure is shrunk (within SHRINK_SECONDS) to a small counterexample."""
@@ -338,5 +388,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         verdict.tolerances = session.tolerances
         verdict.timings.update({f"timed_us {k}": v for k, v in session.timed.items()})
         verdict.timings.update({f"phase_s {k}": v for k, v in session.phases.items()})
+        if session.shrunk:
+            verdict.timings["scaled to GPU memory"] = "; ".join(session.shrunk)
     verdict.timings["verify_s"] = round(time.perf_counter() - started, 3)
     return verdict

@@ -39,15 +39,17 @@ class TimedRun:
 
 
 def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, flush_bytes: int,
-                device_index: int = 0) -> TimedRun:
-    """Time `reps` calls (after `warmup`), rotating over `sets` (same dims, dtype, direction)."""
+                device_index: int = 0, keep_truths: bool = True) -> TimedRun:
+    """Time `reps` calls (after `warmup`), rotating over `sets` (same dims, dtype, direction).
+    `keep_truths=False`: a set checked more than once derives its truth again each time (sets
+    cut to fit the GPU's memory must not hold their truths)."""
     first = sets[0]
     out_bytes = sum(TensorRef("outputs", 0, slot.shape, _name(slot.dtype)).nbytes for slot in first.outputs)
     total = warmup + reps
     batch = max(MIN_BATCH, min(total, TIMED_OUTPUT_BYTES // max(out_bytes, 1)))
     outputs = stage(runner, sets, snapshots=False, output_copies=batch)
     for data in sets:  # a set checked after several calls computes its tolerance once
-        data.keep_tolerance = total > len(sets)
+        data.keep_tolerance = keep_truths and total > len(sets)
     times: list[float] = []
     done = 0
     while done < total:

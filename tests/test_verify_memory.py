@@ -1,0 +1,37 @@
+"""Full-size work planned to the GPU memory at hand (specgen/verify/memory.py): the arithmetic,
+and the session's shrinking of a case that would not fit (numbers injected: no GPU here)."""
+from conftest import SPECS
+from specgen.spec import load_spec
+from specgen.verify import memory
+from specgen.verify.engine import Options, Session
+from specgen.verify.strategies import case_elements, make_case
+
+
+def test_elements_that_fit_leave_the_allocators_slack():
+    assert memory.elements_that_fit(100.0, 10**9) == int(memory.MEMORY_SHARE * 10**9 / 100)
+
+
+def test_timed_sets_are_cut_to_what_fits_but_never_below_two():
+    roomy = memory.timed_sets_that_fit(6, set_input_bytes=10**9, output_bytes=10**9, per_element=50.0,
+                                       elements=10**8, available=140 * 10**9)
+    assert roomy == 6
+    tight = memory.timed_sets_that_fit(6, set_input_bytes=10**10, output_bytes=10**10, per_element=50.0,
+                                       elements=10**9, available=140 * 10**9)
+    assert 2 <= tight < 6
+    assert memory.timed_sets_that_fit(6, set_input_bytes=10**11, output_bytes=10**11, per_element=50.0,
+                                      elements=10**10, available=10**9) == memory.MIN_TIMED_SETS
+
+
+def test_a_case_too_large_for_the_free_memory_is_shrunk_and_named(monkeypatch):
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    session = Session(spec, None, Options(), lambda text: None, device="cpu")
+    monkeypatch.setattr(session, "per_element", lambda direction, dtype: 100.0)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    top = make_case({"N": 65536, "D": 16384}, "float32", seed=1)
+    fitted = session.fit_memory(top, "forward")
+    assert case_elements(spec.signature, fitted.dim_map) <= memory.elements_that_fit(100.0, 10**9)
+    assert fitted.dim_map != top.dim_map and session.shrunk and "65536" in session.shrunk[0]
+    small = make_case({"N": 64, "D": 4096}, "float32", seed=1)
+    assert session.fit_memory(small, "forward") is small and len(session.shrunk) == 1
+    twice = session.fit_memory(make_case({"N": 2048, "D": 4096}, "float32", seed=1), "backward", copies=2)
+    assert case_elements(spec.signature, twice.dim_map, "backward") * 2 <= memory.elements_that_fit(100.0, 10**9)
