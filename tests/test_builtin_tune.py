@@ -17,9 +17,9 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
 @pytest.fixture
-def gelu(tmp_path):
-    shutil.copy(SPECS / "gelu_tanh.yaml", tmp_path / "gelu_tanh.yaml")
-    return tmp_path / "gelu_tanh.yaml"
+def op_path(tmp_path):
+    shutil.copy(SPECS / "swiglu.yaml", tmp_path / "swiglu.yaml")
+    return tmp_path / "swiglu.yaml"
 
 
 def _rows(spec) -> int:
@@ -28,8 +28,8 @@ def _rows(spec) -> int:
 
 # ---------------------------------------------------------------------------- the tuner alone
 
-def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(gelu):
-    spec = load_spec(gelu)
+def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(op_path):
+    spec = load_spec(op_path)
     times = {"default": 100.0, "regs16": 90.0, "wave": 50.0, "cl256": 95.0}
     backend = FakeBackend(kernel_us=lambda v, row: times[v], failing={"wave"})
     result = tune.tune(spec, backend, budget_s=1000, clock=backend.clock)
@@ -52,8 +52,8 @@ def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(g
     assert result.benchmark["rows"] and result.verification["passed"]
 
 
-def test_the_budget_stops_tuning_after_the_first_verified_variant(gelu):
-    spec = load_spec(gelu)
+def test_the_budget_stops_tuning_after_the_first_verified_variant(op_path):
+    spec = load_spec(op_path)
     backend = FakeBackend(cost=10.0)  # each variant: 10 s of the fake clock
     result = tune.tune(spec, backend, budget_s=25, clock=backend.clock)
     tried = [n for n, v in result.record["variants"].items() if "skipped" not in v]
@@ -64,22 +64,22 @@ def test_the_budget_stops_tuning_after_the_first_verified_variant(gelu):
     assert any("time budget" in note for note in result.notes)
 
 
-def test_the_first_verified_variant_is_finished_whatever_the_budget(gelu):
-    spec = load_spec(gelu)
+def test_the_first_verified_variant_is_finished_whatever_the_budget(op_path):
+    spec = load_spec(op_path)
     backend = FakeBackend(failing={"default"}, cost=10.0)
     result = tune.tune(spec, backend, budget_s=1, clock=backend.clock)
     assert result.variant == "regs16"  # default failed; one more was tried past the budget
 
 
-def test_no_verified_variant_is_rejected(gelu):
-    spec = load_spec(gelu)
+def test_no_verified_variant_is_rejected(op_path):
+    spec = load_spec(op_path)
     backend = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
     with pytest.raises(lock.Rejected, match="no builtin kernel variant passed verification"):
         tune.tune(spec, backend, clock=backend.clock)
 
 
-def test_slower_than_eager_on_a_row_keeps_the_reference(gelu):
-    spec = load_spec(gelu)
+def test_slower_than_eager_on_a_row_keeps_the_reference(op_path):
+    spec = load_spec(op_path)
     decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
     # every variant: twice eager's speed on the big shape, 0.8x eager at decode size
     backend = FakeBackend(kernel_us=lambda v, row: 10.0 if decode(row) else 100.0,
@@ -93,8 +93,8 @@ def test_slower_than_eager_on_a_row_keeps_the_reference(gelu):
     assert [kind for kind, _ in backend.calls].count("eager") == 2  # confirmed by a second timing
 
 
-def test_a_row_slower_by_noise_in_the_first_timing_is_confirmed_by_a_second(gelu):
-    spec = load_spec(gelu)
+def test_a_row_slower_by_noise_in_the_first_timing_is_confirmed_by_a_second(op_path):
+    spec = load_spec(op_path)
     backend = FakeBackend()
 
     def kernel_us(variant, row):  # a variant's first timing at decode size was an unlucky run
@@ -109,14 +109,14 @@ def test_a_row_slower_by_noise_in_the_first_timing_is_confirmed_by_a_second(gelu
     assert all(r["kernel_us"] == 9.0 for r in result.record["rows"] if "N=64" in r["id"])
 
 
-def test_within_noise_of_eager_ships_the_kernel(gelu):
-    spec = load_spec(gelu)
+def test_within_noise_of_eager_ships_the_kernel(op_path):
+    spec = load_spec(op_path)
     backend = FakeBackend(kernel_us=lambda v, row: 100.0, eager_us=lambda row: 98.0)  # 0.98x: noise
     assert tune.tune(spec, backend, clock=backend.clock).decision == tune.KERNEL
 
 
-def test_a_variant_not_slower_than_eager_wins_over_a_faster_one_that_is(gelu):
-    spec = load_spec(gelu)
+def test_a_variant_not_slower_than_eager_wins_over_a_faster_one_that_is(op_path):
+    spec = load_spec(op_path)
     decode = lambda row: row["dims"]["N"] == 64  # noqa: E731
 
     def kernel_us(variant, row):  # regs16: fastest overall, but slower than eager at decode size
@@ -131,16 +131,16 @@ def test_a_variant_not_slower_than_eager_wins_over_a_faster_one_that_is(gelu):
 
 
 def test_candidates_skip_variants_that_change_no_class_of_the_benchmark_rows():
-    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    spec = load_spec(SPECS / "swiglu.yaml")
     pairs, notes = tune.candidates(spec)
     names = [v.name for v, _ in pairs]
-    assert names[0] == "default" and "loop1024" not in names  # no wide rows at gelu's shapes
+    assert names[0] == "default" and "loop1024" not in names  # no wide rows at op_path's shapes
     assert any("loop1024" in n for n in notes)
     assert len({tune._same(s) for _, s in pairs}) == len(pairs)  # each kernel text once
 
 
-def test_the_key_changes_with_each_of_its_parts(monkeypatch, gelu):
-    spec = load_spec(gelu)
+def test_the_key_changes_with_each_of_its_parts(monkeypatch, op_path):
+    spec = load_spec(op_path)
     key = tune.tuning_key(spec, "sm_90")
     assert set(key) == {"spec_hash", "generator", "gpu_arch", "verifier_version"}
     assert tune.tuning_key(spec, "sm_100") != key
@@ -167,36 +167,36 @@ def _generate(path, *extra) -> int:
     return cli.main(["generate", str(path), *extra])
 
 
-def test_generate_tunes_records_the_variant_and_timings_then_reuses_them(gpu, gelu, capsys):
+def test_generate_tunes_records_the_variant_and_timings_then_reuses_them(gpu, op_path, capsys):
     gpu["backend"] = FakeBackend(kernel_us=lambda v, row: {"cl256": 80.0}.get(v, 100.0))
-    assert _generate(gelu, "--tune-budget", "500") == 0
+    assert _generate(op_path, "--tune-budget", "500") == 0
     out = capsys.readouterr().out
     assert "autotuning on sm_90 within 500 s" in out and "chosen: variant cl256" in out
     assert "decision: ship the kernel" in out
-    spec = load_spec(gelu)
-    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    spec = load_spec(op_path)
+    entry = lock.Lock.for_spec(spec).entry("swiglu")
     assert entry.tuning["variant"] == "cl256" and entry.tuning["decision"] == "kernel"
     assert entry.tuning["key"] == tune.tuning_key(spec, "sm_90")
     assert len(entry.tuning["rows"]) == _rows(spec)
     assert entry.tuning["variants"]["default"]["rows"][0]["kernel_us"] == 100.0
     assert entry.records[0].verification["variant"] == "cl256" and entry.records[0].benchmark["rows"]
-    assert "// Schedule variant: cl256." in (gelu.parent / "kernels" / "gelu_tanh.cu").read_text()
+    assert "// Schedule variant: cl256." in (op_path.parent / "kernels" / "swiglu.cu").read_text()
 
     gpu["backend"] = NoGpuCalls()  # nothing changed: no verification, no timing
-    assert _generate(gelu, "--json", str(gelu.parent / "out.json")) == 0
+    assert _generate(op_path, "--json", str(op_path.parent / "out.json")) == 0
     out = capsys.readouterr().out
     import json
 
-    outcome = json.loads((gelu.parent / "out.json").read_text())["specs"][0]
+    outcome = json.loads((op_path.parent / "out.json").read_text())["specs"][0]
     assert outcome["tuning"]["variant"] == "cl256" and outcome["tuning"]["decision"] == "kernel"
     assert "tuning reused from the lock" in out and "chosen: variant cl256" in out
-    assert lock.Lock.for_spec(spec).entry("gelu_tanh").created == entry.created
+    assert lock.Lock.for_spec(spec).entry("swiglu").created == entry.created
 
 
 @pytest.mark.parametrize("change", ["arch", "generator", "verifier", "spec", "retune"])
-def test_generate_retunes_when_the_key_changes(gpu, gelu, monkeypatch, capsys, change):
+def test_generate_retunes_when_the_key_changes(gpu, op_path, monkeypatch, capsys, change):
     gpu["backend"] = FakeBackend()
-    assert _generate(gelu) == 0
+    assert _generate(op_path) == 0
     backend = gpu["backend"] = FakeBackend(arch="sm_100" if change == "arch" else "sm_90")
     extra = []
     if change == "generator":
@@ -204,63 +204,63 @@ def test_generate_retunes_when_the_key_changes(gpu, gelu, monkeypatch, capsys, c
     elif change == "verifier":
         monkeypatch.setattr("specgen.verify.VERIFIER_VERSION", "99")
     elif change == "spec":
-        gelu.write_text(gelu.read_text().replace("{N: 64, D: 4096}", "{N: 64, D: 2048}"))
+        op_path.write_text(op_path.read_text().replace("{N: 64, H: 4096}", "{N: 64, H: 2048}"))
     elif change == "retune":
         extra = ["--retune"]
-    assert _generate(gelu, *extra) == 0
+    assert _generate(op_path, *extra) == 0
     assert any(kind == "verify" for kind, _ in backend.calls)
     out = capsys.readouterr().out
     assert "autotuning on" in out and "tuning reused" not in out
-    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
-    assert entry.tuning["key"] == tune.tuning_key(load_spec(gelu), backend.arch)
+    entry = lock.Lock.for_spec(load_spec(op_path)).entry("swiglu")
+    assert entry.tuning["key"] == tune.tuning_key(load_spec(op_path), backend.arch)
 
 
-def test_generate_keeps_the_reference_when_slower_than_eager_and_reuses_that(gpu, gelu, capsys):
+def test_generate_keeps_the_reference_when_slower_than_eager_and_reuses_that(gpu, op_path, capsys):
     gpu["backend"] = FakeBackend()
-    assert _generate(gelu) == 0
-    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    assert _generate(op_path) == 0
+    kernel = op_path.parent / "kernels" / "swiglu.cu"
     assert kernel.exists()
     gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # eager now twice as fast
-    assert _generate(gelu, "--retune") == 1  # no kernel for this op: as when an agent finds none
+    assert _generate(op_path, "--retune") == 1  # no kernel for this op: as when an agent finds none
     out = capsys.readouterr().out
     assert "decision: keep the reference path" in out and "reference path" in out
     assert "SLOWER than eager" in out
-    entry = lock.Lock.for_spec(load_spec(gelu)).entry("gelu_tanh")
+    entry = lock.Lock.for_spec(load_spec(op_path)).entry("swiglu")
     assert not entry.kernel and "slower than eager" in entry.reference
     assert entry.tuning["decision"] == "reference" and entry.tuning["rows"][0]["eager_us"] == 50.0
     assert not kernel.exists()  # the lock's own (slower) kernel is removed
 
     gpu["backend"] = NoGpuCalls()
-    assert _generate(gelu) == 1
+    assert _generate(op_path) == 1
     assert "tuning reused" in capsys.readouterr().out
 
 
-def test_generate_never_replaces_a_hand_edited_kernel_when_keeping_eager(gpu, gelu, capsys):
+def test_generate_never_replaces_a_hand_edited_kernel_when_keeping_eager(gpu, op_path, capsys):
     gpu["backend"] = FakeBackend()
-    assert _generate(gelu) == 0
-    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    assert _generate(op_path) == 0
+    kernel = op_path.parent / "kernels" / "swiglu.cu"
     kernel.write_text(kernel.read_text() + "// tuned by hand\n")
     gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
-    assert _generate(gelu) != 0  # refused before any GPU time: a hand-edited kernel
+    assert _generate(op_path) != 0  # refused before any GPU time: a hand-edited kernel
     assert not any(kind == "verify" for kind, _ in gpu["backend"].calls)
     assert kernel.read_text().endswith("// tuned by hand\n")
 
 
-def test_no_tune_and_no_gpu_take_the_untuned_path(monkeypatch, gelu):
+def test_no_tune_and_no_gpu_take_the_untuned_path(monkeypatch, op_path):
     import specgen.commands.generate as generate
 
     called = []
     monkeypatch.setattr(tune, "make_backend", lambda *a, **k: called.append(1) or None)
     monkeypatch.setattr(generate, "tune_one", lambda *a, **k: pytest.fail("tuned without a backend"))
-    spec = load_spec(gelu)
-    args = cli.build_parser().parse_args(["generate", str(gelu), "--no-tune"])
+    spec = load_spec(op_path)
+    args = cli.build_parser().parse_args(["generate", str(op_path), "--no-tune"])
     monkeypatch.setattr("specgen.agents.loop.run_loop", lambda *a, **k: pytest.fail("stop here"))
     from specgen.agents.builtin import BuiltinAgent
 
     with pytest.raises(pytest.fail.Exception, match="stop here"):
         generate.generate_one(spec, BuiltinAgent(), args, _console())
     assert called == []  # --no-tune: the backend is not even asked for
-    args = cli.build_parser().parse_args(["generate", str(gelu)])
+    args = cli.build_parser().parse_args(["generate", str(op_path)])
     with pytest.raises(pytest.fail.Exception, match="stop here"):
         generate.generate_one(spec, BuiltinAgent(), args, _console())
     assert called == [1]  # asked, none (no GPU): the loop's default variant
@@ -281,43 +281,43 @@ def _resolve(path, *extra):
     return build._resolve(load_specs([str(path)]), args, _console())
 
 
-def test_build_tunes_then_reuses_and_retunes_a_legacy_builtin_kernel(gpu, gelu, monkeypatch):
+def test_build_tunes_then_reuses_and_retunes_a_legacy_builtin_kernel(gpu, op_path, monkeypatch):
     monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
     gpu["backend"] = FakeBackend()
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert result.kernel is not None and result.action == "generated"
     gpu["backend"] = NoGpuCalls()
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert result.action == "reused" and result.kernel is not None
     # a builtin kernel locked before tuning existed (no tuning record): tuned on this GPU
-    spec = load_spec(gelu)
-    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    spec = load_spec(op_path)
+    entry = lock.Lock.for_spec(spec).entry("swiglu")
     the_lock = lock.Lock.for_spec(spec)
-    the_lock.entries["gelu_tanh"].tuning = None
+    the_lock.entries["swiglu"].tuning = None
     the_lock._write_lock()
     gpu["backend"] = FakeBackend()
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert any(kind == "verify" for kind, _ in gpu["backend"].calls) and result.kernel is not None
-    assert lock.Lock.for_spec(spec).entry("gelu_tanh").tuning["key"] == entry.tuning["key"]
+    assert lock.Lock.for_spec(spec).entry("swiglu").tuning["key"] == entry.tuning["key"]
     gpu["backend"] = NoGpuCalls()
-    [result] = _resolve(gelu, "--no-tune")  # --no-tune: a fresh kernel is reused, whatever its record
+    [result] = _resolve(op_path, "--no-tune")  # --no-tune: a fresh kernel is reused, whatever its record
     assert result.action == "reused"
 
 
-def test_build_packages_the_reference_when_the_tuner_keeps_eager(gpu, gelu, monkeypatch):
+def test_build_packages_the_reference_when_the_tuner_keeps_eager(gpu, op_path, monkeypatch):
     monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
     gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert result.kernel is None and result.action == "kept eager"
     assert "slower than eager" in result.provenance["note"]
     gpu["backend"] = NoGpuCalls()
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert result.kernel is None and result.action == "reused"
 
 
-def test_a_tuning_record_needs_a_gpu(gelu, monkeypatch):
+def test_a_tuning_record_needs_a_gpu(op_path, monkeypatch):
     monkeypatch.setattr(lock, "gpu_available", lambda: False)
-    spec = load_spec(gelu)
+    spec = load_spec(op_path)
     with pytest.raises(lock.LockError, match="tuning record"):
         lock.write_reference(spec, "builtin", "slower", tuning={"key": {}})
 
@@ -360,9 +360,9 @@ def standins(monkeypatch):
     return calls
 
 
-def test_gpu_backend_wires_the_verifier_and_the_bench(standins, gelu):
+def test_gpu_backend_wires_the_verifier_and_the_bench(standins, op_path):
     calls = standins
-    spec = load_spec(gelu)
+    spec = load_spec(op_path)
     backend = tune.GpuBackend(sanitize=True)
     assert backend.arch == "sm_90"
     backend.prepare(spec, ["a", "b"])
@@ -381,28 +381,28 @@ def test_gpu_backend_wires_the_verifier_and_the_bench(standins, gelu):
     assert calls[0] == ("compile", 2)
 
 
-def test_generate_builtin_runs_the_same_tuner_without_a_budget(standins, gelu, monkeypatch):
+def test_generate_builtin_runs_the_same_tuner_without_a_budget(standins, op_path, monkeypatch):
     """benchmarks/builtin_bench.py's entry point: every variant asked for, the verdicts and
     timings per variant, the lock written with the tuning record."""
     from specgen.agents.builtin import generate_builtin
     from specgen.agents.builtin.schedule import variants_named
 
     monkeypatch.setattr(lock, "gpu_available", lambda: True)
-    spec = load_spec(gelu)
+    spec = load_spec(op_path)
     result = generate_builtin(spec, gpu=True, variants=variants_named("default,cl256"))
     assert set(result.verdicts) == {"default", "cl256"} and set(result.timings) == {"default", "cl256"}
     assert result.variant in ("default", "cl256") and result.record.verification["variant"] == result.variant
-    entry = lock.Lock.for_spec(spec).entry("gelu_tanh")
+    entry = lock.Lock.for_spec(spec).entry("swiglu")
     assert entry.tuning["variant"] == result.variant and entry.tuning["key"]["gpu_arch"] == "sm_90"
-    assert entry.tuning["budget_s"] is None and "Infinity" not in (gelu.parent / "specgen.lock").read_text()
+    assert entry.tuning["budget_s"] is None and "Infinity" not in (op_path.parent / "specgen.lock").read_text()
     assert "(no budget)" in tune.summary_lines(entry.tuning)[0]
     assert entry.records[0].benchmark["rows"]
 
 
-def test_last_times_variants_are_tried_right_after_the_default(gelu):
+def test_last_times_variants_are_tried_right_after_the_default(op_path):
     from types import SimpleNamespace
 
-    spec = load_spec(gelu)
+    spec = load_spec(op_path)
     entry = SimpleNamespace(tuning=None, records=[SimpleNamespace(verification={"variant": "medium:cl256+wide:x"})])
     assert tune.previous_variants(entry) == ["cl256", "x"]
     pairs, _ = tune.candidates(spec, prefer=tune.previous_variants(entry))
@@ -449,10 +449,10 @@ def test_a_combination_slower_than_the_best_single_variant_is_not_kept(tmp_path)
     assert any("slower than" in note and "over all rows" in note for note in result.notes)
 
 
-def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(gelu):
-    text = gelu.read_text()
-    gelu.write_text(text[:text.index("benchmark:")])
-    spec = load_spec(gelu)
+def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(op_path):
+    text = op_path.read_text()
+    op_path.write_text(text[:text.index("benchmark:")])
+    spec = load_spec(op_path)
     backend = FakeBackend()
     result = tune.tune(spec, backend, clock=backend.clock)
     assert result.variant == "default" and result.decision == tune.KERNEL and result.record["rows"] == []
@@ -461,43 +461,43 @@ def test_a_spec_without_benchmark_shapes_gets_the_default_variant_verified(gelu)
 
 
 def test_another_agents_locked_kernel_is_kept_when_faster_or_when_the_builtin_is_slower_than_eager(
-        gpu, gelu, capsys):
-    spec = load_spec(gelu)
+        gpu, op_path, capsys):
+    spec = load_spec(op_path)
     llm = "// by an LLM\n" + tune.candidates(spec)[0][0][1]  # a distinct source (the fake times it as default)
     gpu["backend"] = FakeBackend()
     lock.write_kernel(spec, llm.replace("// by an LLM", "// Schedule variant: llm."), agent="openai",
                       model="gpt")
-    kernel = gelu.parent / "kernels" / "gelu_tanh.cu"
+    kernel = op_path.parent / "kernels" / "swiglu.cu"
     before = kernel.read_text()
     gpu["backend"] = FakeBackend(kernel_us=lambda v, row: 50.0 if v == "llm" else 100.0)
-    _generate(gelu)  # exit 1 all the same: that kernel has no verification record
+    _generate(op_path)  # exit 1 all the same: that kernel has no verification record
     assert "kept the locked kernel by openai: it is faster" in capsys.readouterr().out
     assert kernel.read_text() == before
     gpu["backend"] = FakeBackend(eager_us=lambda row: 50.0)  # the builtin kernels lose to eager
-    _generate(gelu)
+    _generate(op_path)
     assert "kept the locked kernel by openai" in capsys.readouterr().out
-    assert kernel.read_text() == before and lock.Lock.for_spec(spec).entry("gelu_tanh").agent == "openai"
+    assert kernel.read_text() == before and lock.Lock.for_spec(spec).entry("swiglu").agent == "openai"
 
 
 def test_build_retries_a_reference_entry_from_before_tuning_only_when_the_generator_lowers_it(
-        gpu, gelu, monkeypatch):
+        gpu, op_path, monkeypatch):
     monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
-    shutil.copy(SPECS / "linear_bias_relu.yaml", gelu.parent / "linear_bias_relu.yaml")
-    for name in ("gelu_tanh", "linear_bias_relu"):
-        lock.write_reference(load_spec(gelu.parent / f"{name}.yaml"), "builtin", "the builtin agent refused: ...")
+    shutil.copy(SPECS / "linear_bias_relu.yaml", op_path.parent / "linear_bias_relu.yaml")
+    for name in ("swiglu", "linear_bias_relu"):
+        lock.write_reference(load_spec(op_path.parent / f"{name}.yaml"), "builtin", "the builtin agent refused: ...")
     gpu["backend"] = FakeBackend()
-    results = {r.spec.name: r for r in _resolve(gelu.parent)}
-    assert results["gelu_tanh"].kernel is not None and results["gelu_tanh"].action == "generated"
+    results = {r.spec.name: r for r in _resolve(op_path.parent)}
+    assert results["swiglu"].kernel is not None and results["swiglu"].action == "generated"
     assert results["linear_bias_relu"].kernel is None and results["linear_bias_relu"].action == "reused"
     assert {name for kind, name in gpu["backend"].calls if kind == "verify"} >= {"default"}
 
 
-def test_no_verified_variant_is_a_spec_without_a_kernel_not_a_crash(gpu, gelu, capsys, monkeypatch):
+def test_no_verified_variant_is_a_spec_without_a_kernel_not_a_crash(gpu, op_path, capsys, monkeypatch):
     gpu["backend"] = FakeBackend(failing={"default", "regs16", "wave", "cl256"})
-    assert _generate(gelu) == 1
-    assert "no kernel for gelu_tanh" in capsys.readouterr().out
+    assert _generate(op_path) == 1
+    assert "no kernel for swiglu" in capsys.readouterr().out
     monkeypatch.setattr("specgen.commands.build._gpu_arch", lambda: "sm_90")
-    [result] = _resolve(gelu)
+    [result] = _resolve(op_path)
     assert result.kernel is None and result.action == "no kernel"
 
 
