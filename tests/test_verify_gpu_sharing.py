@@ -158,3 +158,15 @@ def test_a_timed_set_derives_its_truth_at_the_check_and_drops_it_after():
         with pytest.raises(Failure):
             check_close(lazy, wrong)
     assert torch.equal(eager.truth[first], prepare(spec, case, "backward", "cpu").truth[first])
+
+
+def test_work_left_on_another_stream_shows_as_device_time_beyond_the_streams():
+    from specgen.verify.timed import off_stream_work
+
+    honest = off_stream_work([0.20, 0.21, 0.20], [0.23, 0.90, 0.24])  # one call descheduled: not a finding
+    assert honest is None
+    tiny = off_stream_work([0.004, 0.004], [0.030, 0.025])  # launch overhead of a tiny kernel
+    assert tiny is None
+    forked = off_stream_work([0.01, 0.012, 0.011], [0.25, 0.26, 0.24])  # the work ran elsewhere
+    assert forked and "another stream" in forked
+    assert off_stream_work([0.2], []) is None  # a runner that does not report walls

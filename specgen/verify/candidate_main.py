@@ -127,13 +127,14 @@ def _capture(torch, state, message: dict, call) -> dict:
 
 
 def _timed(torch, state, message: dict, call, stream, tensors) -> dict:
-    """Back-to-back calls as a benchmark makes them: before each (outside the timed events)
-    its outputs are poisoned and the L2 is flushed; CUDA events around each call."""
+    """Calls as a benchmark makes them: before each (outside the timed events) its outputs are
+    poisoned and the L2 is flushed; CUDA events around each call on `stream`, and the host's time
+    from an idle device to idle again (work left on another stream shows as the difference)."""
     flush_bytes = int(message.get("flush_bytes", 0))
     if flush_bytes and (state["flush"] is None or state["flush"].numel() < flush_bytes):
         state["flush"] = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
     calls = message["calls"]
-    events = []
+    events, walls = [], []
     torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         for index, item in enumerate(calls):
@@ -142,15 +143,20 @@ def _timed(torch, state, message: dict, call, stream, tensors) -> dict:
             if state["flush"] is not None:
                 state["flush"][:flush_bytes].zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            began = time.perf_counter()
             start.record(stream)
             code = call(item, stream)
             end.record(stream)
+            torch.cuda.synchronize()  # every stream: the call's work wherever it was launched
+            walls.append((time.perf_counter() - began) * 1e3)
             events.append((start, end))
             if code:
                 return _after(torch, state, {"type": "timed", "code": code, "failed_call": index, "times_ms": []})
     reply = _after(torch, state, {"type": "timed", "code": 0, "times_ms": []})
     if reply["type"] == "timed":
         reply["times_ms"] = [s.elapsed_time(e) for s, e in events]
+        reply["walls_ms"] = walls
     return reply
 
 

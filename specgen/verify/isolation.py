@@ -43,6 +43,7 @@ class Outcome:
     ok: bool = True  # capture: the graph captured and replayed
     problem: str | None = None  # capture: what broke it
     times_ms: list[float] = field(default_factory=list)
+    walls_ms: list[float] = field(default_factory=list)  # timed: host time from an idle device to idle again
     failed_call: int | None = None
 
 
@@ -301,7 +302,8 @@ class IsolatedRunner(RunnerBase):
                                f"{reply.get('message')}\n{reply.get('trace', '')}")
         return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
                        ok=reply.get("ok", True), problem=reply.get("problem"),
-                       times_ms=reply.get("times_ms", []), failed_call=reply.get("failed_call"))
+                       times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
+                       failed_call=reply.get("failed_call"))
 
     def _receive(self, timeout: float) -> dict:
         from .channel import ChannelClosed

@@ -17,7 +17,7 @@ from .data import CaseData, stage
 from .layout import TensorRef
 from .physics import floor, violation
 from .runner import check_guards, raise_outcome
-from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, Failure
+from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, STREAM_VIOLATION, Failure
 
 TIMED_OUTPUT_BYTES = 4 << 30  # output copies of one batch
 MIN_BATCH = 2
@@ -51,6 +51,7 @@ def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, f
     for data in sets:  # a set checked after several calls computes its tolerance once
         data.keep_tolerance = keep_truths and total > len(sets)
     times: list[float] = []
+    walls: list[float] = []
     done = 0
     while done < total:
         size = min(batch, total - done)
@@ -72,6 +73,10 @@ def timed_calls(runner, spec, sets: list[CaseData], *, reps: int, warmup: int, f
                                f"each call, input values changing from call to call), ")
         times += outcome.times_ms
         done += size
+        walls += outcome.walls_ms
+    problem = off_stream_work(times, walls)
+    if problem:
+        raise Failure(STREAM_VIOLATION, f"timed on {first.case.describe()} ({first.direction}): {problem}")
     timed = times[warmup:]
     bound = floor(spec, first.dims, first.case.dtype, first.direction, device_index)
     run = TimedRun(timed, bound.us, total)
@@ -85,3 +90,23 @@ def _name(dtype) -> str:
     from ..inputs import DTYPE_NAMES
 
     return DTYPE_NAMES[dtype]
+
+
+OFF_STREAM_MS = 0.2  # host launch and synchronization overhead stays below this
+OFF_STREAM_SHARE = 0.5
+
+
+def off_stream_work(times_ms: list[float], walls_ms: list[float]) -> str | None:
+    """Work the call left on another stream: its device time (idle to idle, timed on the host)
+    exceeds the time on `stream` (CUDA events) by more than launch overhead in every call, and
+    by half of it. The best call decides, so one descheduled host thread is not a finding."""
+    if not walls_ms or len(walls_ms) != len(times_ms):
+        return None  # a runner that does not report it (the CPU stand-ins)
+    gaps = [w - t for w, t in zip(walls_ms, times_ms)]
+    best = min(range(len(gaps)), key=lambda i: gaps[i])
+    if gaps[best] > OFF_STREAM_MS and gaps[best] > OFF_STREAM_SHARE * walls_ms[best]:
+        return (f"in every timed call the device stayed busy after the call's work on `stream` had finished "
+                f"(best call: {times_ms[best] * 1e3:.1f} us on `stream`, {walls_ms[best] * 1e3:.1f} us until the "
+                f"device was idle): work was launched on another stream and not joined back, so `stream`'s "
+                f"time leaves it out. Launch all work on `stream` (or join every other stream back into it)")
+    return None
