@@ -1,0 +1,61 @@
+"""The committed builtin kernels rebuild byte for byte from their recorded variant (the lock's
+verification record names it; a combined variant is `cls:variant+cls:variant`), so a change to
+the generator that changes a committed kernel shows here and the kernel gets regenerated (and
+verified and timed again) on a GPU.
+
+OUT_OF_DATE lists the kernels the generator no longer produces as committed, each with why; a
+kernel listed here must really differ (regenerating it removes it from the list)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.schedule import DEFAULT_VARIANT, VARIANTS, combine
+from specgen.lock import Lock
+from specgen.spec import load_spec
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+# Generator changes of 2026-12-01, to be regenerated with `specgen build specs/` on the H200:
+OUT_OF_DATE = {
+    "gelu_tanh": "pointwise programs are one flat vectorized grid now (families/flat.py)",
+    "bias_gelu": "its forward is a flat pointwise grid now (families/flat.py)",
+    "swiglu": "the backward's sigmoid is computed once (dead values dropped after tracing)",
+}
+
+
+def variant_of(name: str):
+    by_name = {v.name: v for v in VARIANTS}
+    if name in by_name:
+        return by_name[name]
+    winners = {}
+    for part in name.split("+"):
+        cls, _, variant = part.partition(":")
+        winners[cls] = by_name[variant]
+    return combine(winners)
+
+
+def builtin_kernels():
+    lock = Lock.load(SPECS)
+    for op, entry in sorted(lock.entries.items()):
+        if entry.kernel and entry.agent == "builtin":
+            records = [r for r in entry.records if r.verification and r.verification.get("variant")]
+            yield op, records[-1].verification["variant"] if records else DEFAULT_VARIANT.name
+
+
+@pytest.mark.parametrize("op, variant", list(builtin_kernels()), ids=lambda v: str(v))
+def test_a_committed_builtin_kernel_rebuilds_from_its_recorded_variant(op, variant):
+    source = build_source(load_spec(SPECS / f"{op}.yaml"), variant_of(variant))
+    committed = (SPECS / "kernels" / f"{op}.cu").read_text()
+    if op in OUT_OF_DATE:
+        assert source != committed, f"{op} rebuilds byte for byte now: remove it from OUT_OF_DATE"
+    else:
+        assert source == committed, (f"{op}: the generator no longer produces the committed kernel from variant "
+                                     f"{variant}; regenerate it on a GPU (specgen build specs/) or list it in "
+                                     f"OUT_OF_DATE with why")
+
+
+def test_the_golden_set_is_the_committed_builtin_kernels():
+    ops = {op for op, _ in builtin_kernels()}
+    assert len(ops) >= 9 and set(OUT_OF_DATE) <= ops
