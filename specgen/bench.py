@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from . import abi
-from .inputs import TORCH_DTYPES, as_tuple, expected_outputs, make_tensor
+from .inputs import TORCH_DTYPES, as_tuple, make_tensor
 
 DEFAULT_WARMUP = 5
 DEFAULT_REPS = 40
@@ -99,7 +99,7 @@ def copy_bandwidth_gbs(nbytes: int = COPY_BYTES) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
     dst = torch.empty_like(src)
     stats = time_callable(lambda: dst.copy_(src), warmup=3, reps=20, flush=False)
-    del src, dst
+    src = dst = None  # freed before the next measurement
     return 2 * nbytes / (stats.median_ms * 1e-3) / 1e9
 
 
@@ -406,7 +406,7 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
             del steps
         except Exception as error:  # no triton, an unsupported op...: report, keep going
             row.notes.append(f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}")
-    del sets, operands
+    sets = operands = None  # the baselines' inputs: freed before the kernel's own sets
     for name, kernel in kernels.items():
         us, floor_us, rejected = kernel.time(dims, dtype, direction, input_sets=input_sets, warmup=warmup, reps=reps)
         setattr(row, f"{name}_us", us)

@@ -63,7 +63,7 @@ def check_reference(spec: KernelSpec, *, samples: int = 2, seed: int = 0, sandbo
 def _sandbox_failure(spec: KernelSpec, reply: dict, limits) -> SpecError:
     where = Location(spec.path or spec.name, spec.reference_line)
     output = (reply.get("output") or "").strip()
-    shown = f"\n  its last output:\n    " + "\n    ".join(output.splitlines()[-8:]) if output else ""
+    shown = "\n  its last output:\n    " + "\n    ".join(output.splitlines()[-8:]) if output else ""
     status = reply.get("status")
     if status == "error":
         e = reply.get("error") or {}

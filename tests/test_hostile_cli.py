@@ -181,7 +181,7 @@ def test_written_files_get_the_umask_mode_and_keep_their_mode(tmp_path, umask_02
 def test_lock_kernels_and_init_specs_are_readable_by_others(tmp_path, umask_022, monkeypatch):
     assert main(["init", "my_op", "--dir", str(tmp_path / "specs")]) == 0
     assert mode(tmp_path / "specs" / "my_op.yaml") == 0o644
-    folder = tmp_path / "lockdir"
+    folder = tmp_path / "lockdir"  # noqa: F811 - a local folder, not the fixture
     folder.mkdir()
     shutil.copy(SPECS / "swiglu.yaml", folder)
     spec = load_spec(folder / "swiglu.yaml")

@@ -45,7 +45,8 @@ NASTY = [
 ]
 
 
-def spec_file(folder: Path, name: str = "scale", description: str = "Multiply.", backward: str = "none") -> Path:
+def spec_file(folder: Path, name: str = "scale", description: str = "Multiply.",  # noqa: F811 - a path argument
+              backward: str = "none") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
     path.write_text(SPEC.format(name=name, description=description, backward=backward))

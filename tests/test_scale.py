@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import wait
 
 import pytest
 

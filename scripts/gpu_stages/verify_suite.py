@@ -57,7 +57,7 @@ def verify_one(spec_name: str, path: Path, sanitize: bool, worker=None) -> dict:
                 "timings": verdict.timings, "tolerances": verdict.tolerances,
                 "seconds": round(time.perf_counter() - started, 2)}
     except Exception as error:  # noqa: BLE001 - a harness error is a result too
-        return {"got": f"harness-error", "detail": f"{type(error).__name__}: {error}"[:1500],
+        return {"got": "harness-error", "detail": f"{type(error).__name__}: {error}"[:1500],
                 "trace": traceback.format_exc()[-3000:], "seconds": round(time.perf_counter() - started, 2)}
 
 

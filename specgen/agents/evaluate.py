@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EnvironmentMissing, Rejected
-from .base import Candidate, KernelTask
+from .base import Candidate, GpuFacts, KernelTask
 
 MAX_DIAGNOSTIC_CHARS = 4000  # what the next prompt carries of nvcc's output
 
@@ -225,10 +225,9 @@ def _record(verdict: Any) -> dict[str, Any] | None:
     return {"passed": True}
 
 
-def gpu_facts() -> "GpuFacts | None":
+def gpu_facts() -> GpuFacts | None:
     """Facts about the visible GPU for the prompt; None without one. Bandwidth from the bench."""
     from ..lock import gpu_available
-    from .base import GpuFacts
 
     if not gpu_available():
         return None

@@ -1,7 +1,6 @@
 """`specgen init NAME`: write a commented starter spec that passes `specgen check`."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..errors import UsageError
 

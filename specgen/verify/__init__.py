@@ -10,8 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .verdict import (COMPILE_ERROR, ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, PASSED, REASONS, Counterexample, Failure,
-                      Verdict)
+from .verdict import COMPILE_ERROR, PASSED, REASONS, Counterexample, Failure, Verdict
 
 DEFAULT_EXAMPLES = 30
 VERIFIER_VERSION = "3"  # bump when a check changes meaning: lock records are keyed by it

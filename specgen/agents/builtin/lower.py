@@ -401,9 +401,6 @@ class Lowering:
     def op_empty_strided(self, fx_node, *_, **__):
         return Uninit(_shape(fx_node))
 
-    def op_copy_(self, fx_node, dst, src, *_, **__):
-        return lower_copy(self, fx_node, dst, src)
-
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)
         value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
@@ -582,8 +579,12 @@ class Lowering:
         return Val(const(value), ())
 
     def op_copy_(self, fx_node, dst, src, *args, **kwargs):
-        """A functional copy (decompositions copy a value into a fresh tensor): the source's
-        value, at the destination's shape when that is only a view of it."""
+        """aten.copy_ into a fresh torch.empty: a module's parameter initialized with a fill
+        (modules.lower_copy). Any other copy is functional (decompositions copy a value into a
+        fresh tensor; a module's buffer update in training mode, which no output reads): the
+        source's value, at the destination's shape when that is only a view of it."""
+        if isinstance(self.env.get(dst) if hasattr(dst, "op") else None, Uninit):
+            return lower_copy(self, fx_node, dst, src)
         v = self.value(src, fx_node)
         shape = _shape(fx_node)
         if tuple(v.shape) != shape and v.node.level == "elem":

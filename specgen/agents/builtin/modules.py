@@ -106,7 +106,7 @@ class Uninit:
 
 def lower_copy(lw, fx_node, dst, src):
     """aten.copy_ into a fresh torch.empty tensor: the copied value (a module's parameter
-    initialized with a fill). Any other in-place copy is refused."""
+    initialized with a fill), a constant or global value only."""
     from .lower import Val
 
     got = lw.env.get(dst) if hasattr(dst, "op") else None

@@ -370,7 +370,7 @@ class ScanEmitter(_base()):
             excl = bool(n.attrs.get("exclusive"))
             lines += [f"      // scan {k}: the chunk in registers, then the block over the chunks' totals",
                       f"      acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk",
-                      f"      #pragma unroll",
+                      "      #pragma unroll",
                       f"      for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
                       f"loc_{k}[v] = {'pre_' + str(k) if excl else 't_'}; pre_{k} = t_; }}",
                       f"      acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp",
