@@ -11,6 +11,16 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
               "float64": "SPECGEN_FLOAT64"}
 
 
+def entry_dispatch(kname: str, dispatch: str | None, dtypes) -> list[str]:
+    """The body of an extern "C" entry point: `<kname>_launch<T>` for the working dtype of the
+    tensor field `dispatch` (float when the spec has no floating tensor to dispatch on)."""
+    if dispatch is None:
+        return [f"  return {kname}_launch<float>(*a, stream);", "}"]
+    return ([f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype"]
+            + [f"    case {DTYPE_ENUM[d]}: return {kname}_launch<{C_TYPES[d]}>(*a, stream);" for d in dtypes]
+            + ["    default: return cudaErrorInvalidValue;", "  }", "}"])
+
+
 def dim_expr(d, prefix: str = "A.") -> str:
     if d.symbol is None:
         return f"(int64_t){d.add}"

@@ -5,7 +5,7 @@ A mixin of emit.DirectionEmitter."""
 from __future__ import annotations
 
 from ... import abi
-from .ctext import C_TYPES, DTYPE_ENUM, Ctx, dim_expr
+from .ctext import Ctx, dim_expr, entry_dispatch
 from .schedule import MAX_CLUSTER, Variant
 
 
@@ -247,15 +247,7 @@ class HostEmitter:
         lines.append("")
         lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
         lines.append("{")
-        if dispatch is None:
-            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
-        else:
-            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
-            for d in dtypes:
-                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
-            lines.append("    default: return cudaErrorInvalidValue;")
-            lines.append("  }")
-        lines.append("}")
+        lines += entry_dispatch(self.kname, dispatch, dtypes)
         return "\n".join(lines)
 
     def dispatch_field(self) -> str | None:

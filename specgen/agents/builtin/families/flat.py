@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ctext import Ctx, dim_expr
+from ..ctext import Ctx, dim_expr, entry_dispatch
 from ..ir import Program
 
 BLOCK = 256
@@ -208,7 +208,6 @@ class FlatEmitter(_emitter_base()):
 
     def emit_host(self, dtypes: list[str]) -> str:
         from .... import abi
-        from ..ctext import C_TYPES, DTYPE_ENUM
 
         p, plan = self.p, self.plan
         entry = abi.entry_point(self.spec, self.direction)
@@ -243,13 +242,5 @@ class FlatEmitter(_emitter_base()):
                  "  return cudaGetLastError();", "}", "",
                  f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
         dispatch = self.dispatch_field()
-        if dispatch is None:
-            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
-        else:
-            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
-            for d in dtypes:
-                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
-            lines.append("    default: return cudaErrorInvalidValue;")
-            lines.append("  }")
-        lines.append("}")
+        lines += entry_dispatch(self.kname, dispatch, dtypes)
         return "\n".join(lines)

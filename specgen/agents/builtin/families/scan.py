@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ...base import AgentRefused
-from ..ctext import Ctx
+from ..ctext import Ctx, entry_dispatch
 from ..ir import Node, Program
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
@@ -428,7 +428,6 @@ class ScanEmitter(_base()):
 
     def emit_host(self, dtypes: list[str]) -> str:
         from .... import abi
-        from ..ctext import C_TYPES, DTYPE_ENUM
 
         plan = self.plan
         shape = self.scans[0].attrs["shape"]
@@ -459,15 +458,7 @@ class ScanEmitter(_base()):
                   "  return cudaGetLastError();", "}", "",
                   f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
         dispatch = self.dispatch_field()
-        if dispatch is None:
-            lines.append(f"  return {self.kname}_launch<float>(*a, stream);")
-        else:
-            lines.append(f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype")
-            for d in dtypes:
-                lines.append(f"    case {DTYPE_ENUM[d]}: return {self.kname}_launch<{C_TYPES[d]}>(*a, stream);")
-            lines.append("    default: return cudaErrorInvalidValue;")
-            lines.append("  }")
-        lines.append("}")
+        lines += entry_dispatch(self.kname, dispatch, dtypes)
         return "\n".join(lines)
 
 
