@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.schedule import DEFAULT_VARIANT, VARIANTS, combine
+from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named
 from specgen.lock import Lock
 from specgen.spec import load_spec
 
@@ -25,17 +25,6 @@ OUT_OF_DATE = {
 }
 
 
-def variant_of(name: str):
-    by_name = {v.name: v for v in VARIANTS}
-    if name in by_name:
-        return by_name[name]
-    winners = {}
-    for part in name.split("+"):
-        cls, _, variant = part.partition(":")
-        winners[cls] = by_name[variant]
-    return combine(winners)
-
-
 def builtin_kernels():
     lock = Lock.load(SPECS)
     for op, entry in sorted(lock.entries.items()):
@@ -46,7 +35,7 @@ def builtin_kernels():
 
 @pytest.mark.parametrize("op, variant", list(builtin_kernels()), ids=lambda v: str(v))
 def test_a_committed_builtin_kernel_rebuilds_from_its_recorded_variant(op, variant):
-    source = build_source(load_spec(SPECS / f"{op}.yaml"), variant_of(variant))
+    source = build_source(load_spec(SPECS / f"{op}.yaml"), variant_named(variant))
     committed = (SPECS / "kernels" / f"{op}.cu").read_text()
     if op in OUT_OF_DATE:
         assert source != committed, f"{op} rebuilds byte for byte now: remove it from OUT_OF_DATE"

@@ -134,6 +134,21 @@ def combine(winners: dict[str, Variant]) -> Variant:
     return Variant(name, **fields)
 
 
+def combined_parts(name: str) -> dict[str, str]:
+    """The inverse of combine's name: shape class -> variant name ({} for a plain name)."""
+    if ":" not in name:
+        return {}
+    return dict(part.split(":", 1) for part in name.split("+"))
+
+
+def variant_named(name: str) -> Variant:
+    """A variant by its name: one of VARIANTS, or a combination of them (`cls:name+cls:name`)."""
+    parts = combined_parts(name)
+    if not parts:
+        return variants_named(name)[0]
+    return combine({cls: variants_named(variant)[0] for cls, variant in parts.items()})
+
+
 def items_max(variant: Variant, words_per_item: int) -> int:
     """ITEMS_MAX of the kernel (mirrors sg::items_max): a power of two."""
     fit = max(1, min(variant.items_cap, variant.data_regs // max(1, words_per_item)))

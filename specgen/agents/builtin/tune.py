@@ -32,7 +32,7 @@ from typing import Callable
 
 from ...errors import Rejected
 from ..base import EAGER_NOISE_RATIO
-from .schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine
+from .schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, combined_parts
 
 DEFAULT_BUDGET_S = 240.0  # per spec: verification and timing of the variants (compiles included)
 TIMING_REPS = 20  # timed calls per row and variant (the bench's median)
@@ -261,9 +261,8 @@ def previous_variants(entry) -> list[str]:
     names += [(r.verification or {}).get("variant") for r in getattr(entry, "records", [])]
     found = []
     for name in filter(None, names):
-        for part in str(name).split("+"):
-            base = part.rpartition(":")[2]
-            if base and base not in found:
+        for base in combined_parts(str(name)).values() or [str(name)]:
+            if base not in found:
                 found.append(base)
     return found
 
