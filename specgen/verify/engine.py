@@ -261,8 +261,8 @@ class Session:
         fit = elements_that_fit(self.per_element(direction, case.dtype) * copies, available_bytes(self.device))
         if case_elements(sig, case.dim_map, direction) <= fit:
             return case
-        per_call = fit // (2 if direction == "backward" else 1)  # fit_budget counts a forward call
-        smaller = dataclasses.replace(case, dims=tuple(fit_budget(sig, case.dim_map, self.spec.dims, per_call).items()))
+        dims = fit_budget(sig, case.dim_map, self.spec.dims, fit, direction=direction)
+        smaller = dataclasses.replace(case, dims=tuple(dims.items()))
         self.shrunk.append(f"{direction} {case.describe()} -> {smaller.describe()}")
         self.progress(f"{direction}: {case.describe()} does not fit the GPU memory free now; {smaller.describe()}")
         return smaller
@@ -273,7 +273,7 @@ class Session:
         from .strategies import call_bytes, case_elements
 
         sig = self.spec.signature
-        nbytes = call_bytes(sig, base.dim_map, base.dtype) * (2 if direction == "backward" else 1)
+        nbytes = call_bytes(sig, base.dim_map, base.dtype, direction)
         count = timed_sets_that_fit(wanted, set_input_bytes=nbytes, output_bytes=nbytes,
                                     per_element=self.per_element(direction, base.dtype),
                                     elements=case_elements(sig, base.dim_map, direction),

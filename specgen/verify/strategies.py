@@ -88,12 +88,13 @@ def case_elements(sig, dims: dict[str, int], direction: str = "forward") -> int:
 
 
 def fit_budget(sig, dims: dict[str, int], ranges: dict[str, tuple[int, int]], budget: int,
-               keep: str | None = None) -> dict[str, int]:
-    """Shrink the largest dims (never `keep`, unless nothing else is left) until the case fits."""
+               keep: str | None = None, direction: str = "forward") -> dict[str, int]:
+    """Shrink the largest dims (never `keep`, unless nothing else is left) until the case's
+    elements (case_elements, in `direction`) fit `budget`."""
     dims = dict(dims)
     steps = sig.symbol_divisors()
     for _ in range(200):
-        if case_elements(sig, dims) <= budget:
+        if case_elements(sig, dims, direction) <= budget:
             break
         order = sorted(dims, key=lambda s: (s == keep, -dims[s]))
         for symbol in order:
@@ -242,7 +243,7 @@ def scalar_ends(spec, end: int) -> tuple:
 FULL_SIZE_BYTES = 10 << 30  # all tensors of one call, in the working dtype (tensors past 2 GiB: 32-bit offsets)
 
 
-def call_bytes(sig, dims: dict[str, int], dtype: str) -> int:
+def call_bytes(sig, dims: dict[str, int], dtype: str, direction: str = "forward") -> int:
     from ..inputs import TORCH_DTYPES
 
     import torch
@@ -251,7 +252,7 @@ def call_bytes(sig, dims: dict[str, int], dtype: str) -> int:
     for t in [p.type for p in sig.inputs] + [o.type for o in sig.outputs]:
         itemsize = torch.empty((), dtype=TORCH_DTYPES[t.dtype_for(dtype)]).element_size()
         total += math.prod(t.shape(dims)) * itemsize
-    return total
+    return total * (2 if direction == "backward" else 1)  # as case_elements counts a backward
 
 
 def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> list[Case]:

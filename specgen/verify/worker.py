@@ -153,7 +153,7 @@ class VerifyWorker:
                 deadline += max(0.0, float(message["seconds"]) - waited)
                 waited = max(waited, float(message["seconds"]))
             elif kind == "progress":
-                waited = 0.0 if message["text"].startswith("waiting for the GPU") else waited
+                waited = 0.0  # a wait's heartbeats count from its start; any progress begins another
                 last = message["text"]
                 if on_progress:
                     on_progress(last)
