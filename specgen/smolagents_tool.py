@@ -71,7 +71,6 @@ def kernel_feedback(spec: str, kernel: str, action: str = "verify", *, arch: str
                               "diagnostics": None, "counterexample": None, "timings": None, "exit_code": EXIT_OK}
     if action not in ACTIONS:
         return {**answer, "reason": f"unknown action {action!r}; use one of {', '.join(ACTIONS)}", "exit_code": 2}
-    from . import abi
     from .agents.base import Candidate, KernelTask
     from .agents.evaluate import KernelEvaluator
 
@@ -81,7 +80,7 @@ def kernel_feedback(spec: str, kernel: str, action: str = "verify", *, arch: str
             answer["op"] = loaded.name
             answer["stage"] = "compile"
             source, _ = _text_or_file(kernel, (".cu", ".cuh"))
-            task = KernelTask(spec=loaded, header=abi.header_text(loaded), header_name=abi.header_filename(loaded))
+            task = KernelTask.for_spec(loaded)
             evaluator = KernelEvaluator(task, arch=arch)
             candidate = Candidate(source, "tool")
             compiled = evaluator.compile(candidate)

@@ -47,6 +47,14 @@ class KernelTask:
     baseline: "Candidate | None" = None  # e.g. the built-in generator's kernel
     baseline_timings: dict | None = None
 
+    @classmethod
+    def for_spec(cls, spec, gpu: GpuFacts | None = None, baseline: "Candidate | None" = None) -> "KernelTask":
+        """The task of `spec`, its ABI header written from the spec."""
+        from .. import abi
+
+        return cls(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec), gpu=gpu,
+                   baseline=baseline)
+
     def entry_points(self) -> list[str]:
         """The C functions a kernel file for this task must define (ABI: one per direction)."""
         names = [f"{self.spec.name}_forward"]

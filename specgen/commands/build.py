@@ -352,12 +352,10 @@ def _reverify(spec, lock, status, args, console: Console, gpu_arch: str | None) 
         provenance = {"status": UNVERIFIED, "agent": "hand-edited", "model": None, "note": note,
                       "verified_on": None, "verification": None, "benchmark": None}
         return OpResult(spec, source, provenance, action="hand-edited")
-    from .. import abi
     from ..agents.base import Candidate, KernelTask
     from ..agents.evaluate import KernelEvaluator, gpu_facts
 
-    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
-                      gpu=gpu_facts(), baseline=None)
+    task = KernelTask.for_spec(spec, gpu=gpu_facts())
     evaluator = KernelEvaluator(task, arch=args.arch)
     candidate = Candidate(source, "hand-edited", None)
     with _step(console, f"{spec.name}: re-verifying the hand-edited kernel on {gpu_arch}"):

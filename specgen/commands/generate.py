@@ -163,7 +163,7 @@ def check_agent_arguments(args) -> None:
 
 
 def generate_one(spec, agent, args, console: Console) -> int:
-    from .. import abi, lock
+    from .. import lock
     from ..agents.base import Candidate, KernelTask
     from ..agents.evaluate import KernelEvaluator, gpu_facts
     from ..agents.loop import Budget, run_loop
@@ -179,8 +179,7 @@ def generate_one(spec, agent, args, console: Console) -> int:
     baseline = None
     if status.entry is not None and status.kernel_path and Path(status.kernel_path).is_file():
         baseline = Candidate(lock.read_kernel(Path(status.kernel_path)), status.entry.agent, status.entry.model)
-    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
-                      gpu=gpu_facts(), baseline=baseline)
+    task = KernelTask.for_spec(spec, gpu=gpu_facts(), baseline=baseline)
     evaluator = KernelEvaluator(task, arch=args.arch, verify_options=verify_options(args))
     if baseline is not None and evaluator.can_verify:
         task.baseline_timings = _baseline_timings(evaluator, baseline)

@@ -132,15 +132,13 @@ def run_locked(args) -> int:
 def _verify_and_record(spec, lock, status, options: dict, arch) -> tuple[bool, str, str, str | None]:
     """Verify a fresh locked kernel and, when it passes, time it (checked calls) and add the
     record to the lock: (passed, reason, its first line, what was recorded or None)."""
-    from .. import abi
     from ..agents.base import Candidate, KernelTask
     from ..agents.evaluate import KernelEvaluator, gpu_facts
     from ..errors import Rejected
     from ..lock import read_kernel
 
     source = read_kernel(status.kernel_path)
-    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec),
-                      gpu=gpu_facts(), baseline=None)
+    task = KernelTask.for_spec(spec, gpu=gpu_facts())
     evaluator = KernelEvaluator(task, arch=arch, verify_options=options)
     candidate = Candidate(source, status.entry.agent if status.entry else "locked", None)
     compiled = evaluator.compile(candidate)
