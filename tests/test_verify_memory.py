@@ -7,8 +7,12 @@ from specgen.verify.engine import Options, Session
 from specgen.verify.strategies import case_elements, make_case
 
 
-def test_elements_that_fit_leave_the_allocators_slack():
-    assert memory.elements_that_fit(100.0, 10**9) == int(memory.MEMORY_SHARE * 10**9 / 100)
+def test_elements_that_fit_leave_the_allocators_slack_and_the_comparisons_reserve():
+    free = 140 * 10**9
+    planned = memory.elements_that_fit(100.0, free) * 100
+    assert planned + memory.COMPARE_RESERVE <= free * 0.9
+    assert planned >= 0.5 * (free - memory.COMPARE_RESERVE)
+    assert memory.elements_that_fit(100.0, memory.COMPARE_RESERVE // 2) == 0  # less than the reserve: nothing
 
 
 def test_timed_sets_are_cut_to_what_fits_but_never_below_two():
@@ -26,12 +30,12 @@ def test_a_case_too_large_for_the_free_memory_is_shrunk_and_named(monkeypatch):
     spec = load_spec(SPECS / "gelu_tanh.yaml")
     session = Session(spec, None, Options(), lambda text: None, device="cpu")
     monkeypatch.setattr(session, "per_element", lambda direction, dtype: 100.0)
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**9)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**10)
     top = make_case({"N": 65536, "D": 16384}, "float32", seed=1)
     fitted = session.fit_memory(top, "forward")
-    assert case_elements(spec.signature, fitted.dim_map) <= memory.elements_that_fit(100.0, 10**9)
+    assert case_elements(spec.signature, fitted.dim_map) <= memory.elements_that_fit(100.0, 10**10)
     assert fitted.dim_map != top.dim_map and session.shrunk and "65536" in session.shrunk[0]
     small = make_case({"N": 64, "D": 4096}, "float32", seed=1)
     assert session.fit_memory(small, "forward") is small and len(session.shrunk) == 1
     twice = session.fit_memory(make_case({"N": 2048, "D": 4096}, "float32", seed=1), "backward", copies=2)
-    assert case_elements(spec.signature, twice.dim_map, "backward") * 2 <= memory.elements_that_fit(100.0, 10**9)
+    assert case_elements(spec.signature, twice.dim_map, "backward") * 2 <= memory.elements_that_fit(100.0, 10**10)

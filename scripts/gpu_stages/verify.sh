@@ -3,7 +3,7 @@
 # side (their full-size cases and timed calls take turns through the GPU lock): the good kernels,
 # the project's adversarial kernels, the committed kernels re-verified into the lock
 # (`specgen verify --locked --record`: the updated lock is copied to $STAGE_OUT), the held-out
-# attack suites (v1 with VERIFY_HELDOUT_V1=1). Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
+# attack suites (VERIFY_HELDOUT="v2 v3", v1 with VERIFY_HELDOUT_V1=1). Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
 # what ran. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
 set -uo pipefail
 S="${VERIFY_SUITE_S:-540}"
@@ -24,15 +24,17 @@ pids+=($!)
   echo "exit $?" >> "$STAGE_OUT/committed.log"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock" ) &
 pids+=($!)
-# held-out attacks, new suite first (two streams), each kernel in its own process
-if [ -d heldout/attacks-v2 ]; then
-  for part in "gelu_tanh swiglu rmsnorm" "softmax cross_entropy"; do
+# held-out attacks: the suites named in VERIFY_HELDOUT (default v3, the newest: v2 was run in
+# session 5 and the verifier changed after it), each in two streams, each kernel in its own process
+for suite in ${VERIFY_HELDOUT:-v3}; do
+  [ -d "heldout/attacks-$suite" ] || continue
+  for part in "gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu"; do
     tag=${part%% *}
-    timeout "$(left)" python3 heldout/run_attacks_v2.py heldout/attacks-v2 --only $part \
-      --out "$STAGE_OUT/heldout-v2-$tag.json" > "$STAGE_OUT/heldout-v2-$tag.log" 2>&1 &
+    timeout "$(left)" python3 heldout/run_attacks_v2.py "heldout/attacks-$suite" --only $part \
+      --out "$STAGE_OUT/heldout-$suite-$tag.json" > "$STAGE_OUT/heldout-$suite-$tag.log" 2>&1 &
     pids+=($!)
   done
-fi
+done
 if [ -d heldout/attacks ] && [ "${VERIFY_HELDOUT_V1:-0}" = 1 ]; then  # the first suite: measured in run 2
   timeout "$(left)" python3 heldout/run_heldout.py --json "$STAGE_OUT/heldout-v1.json" \
     > "$STAGE_OUT/heldout-v1.log" 2>&1 &

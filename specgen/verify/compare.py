@@ -47,42 +47,93 @@ FLOOR_FACTOR = 4.0
 ROUNDING_EPS = 8.0  # a reference whose errors all stay under 8 eps x |value| only rounds
 
 
-def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
-    """Per element: the slack the reference's own error buys (0 where either is not finite;
-    those elements have their own rule). Two parts, the larger wins:
+CHUNK_ELEMENTS = 1 << 26  # compared a slice at a time: a 1e9-element output's float64 temporaries
+# would take tens of GB (the H200's full-size cases ran out of memory in the comparison)
+
+
+def chunks(*tensors, size: int | None = None):
+    """Matching flat slices of same-shaped tensors (None stays None)."""
+    size = size or CHUNK_ELEMENTS
+    flat = [t.reshape(-1) if isinstance(t, torch.Tensor) else None for t in tensors]
+    total = next(t.numel() for t in flat if t is not None)
+    for start in range(0, max(total, 1), size):
+        yield start, [t[start:start + size] if t is not None else None for t in flat]
+
+
+@dataclass(frozen=True)
+class Widening:
+    """The slack the reference's own error buys, as a rule with its global scalars, so that it
+    can be applied a slice at a time (see `widening_rule`)."""
+    mode: str = "none"  # none | relative (the reference only rounds) | scaled
+    factor: float = 0.0
+    scale: float = 0.0
+
+    def at(self, reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
+        if self.mode == "none" or reference is None:
+            return 0.0
+        t = truth.double()
+        err = (reference.to(truth.device).double() - t).abs()
+        err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
+        if self.mode == "relative":
+            return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * self.factor * t.abs())
+        return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * self.factor * (t.abs() + self.scale))
+
+
+def widening_rule(reference: torch.Tensor | None, truth: torch.Tensor) -> Widening:
+    """Two parts, the larger wins (0 where either is not finite; those elements have their own rule):
     - 2 x the reference's error at that very element;
     - a floor: where every error of the reference stays under 8 eps x |value| (it only rounds),
       4 x that largest relative error x |truth| (small outputs keep a small tolerance, and
       large values elsewhere buy nothing); otherwise (errors that do not scale with the value:
       a long sum's rounding depends on its terms, not on the result) 4 x R x (|truth| + S),
-      with S the RMS of the truth and R the largest error relative to (|truth| + S)."""
+      with S the RMS of the truth and R the largest error relative to (|truth| + S).
+    The scalars are gathered a slice at a time."""
     if reference is None or not reference.is_floating_point():
-        return 0.0
-    ref = reference.to(truth.device).double()
-    t = truth.double()
-    err = (ref - t).abs()
-    finite = torch.isfinite(err)
-    err = torch.where(finite, err, torch.zeros_like(err))
-    if not bool(finite.any()):
-        return err
-    values = t[finite].abs()
+        return Widening()
     info = torch.finfo(reference.dtype)
-    normal = values > 1e3 * info.smallest_normal
-    if bool(normal.any()):
-        relative_to_value = float((err[finite][normal] / values[normal]).max())
-        if relative_to_value <= ROUNDING_EPS * info.eps:  # the reference only rounds: slack relative to each value
-            return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * relative_to_value * t.abs())
-    scale = float(values.pow(2).mean().sqrt()) or 1e-300
-    relative = float((err[finite] / (values + scale)).max())
-    return torch.maximum(REFERENCE_ERROR_FACTOR * err, FLOOR_FACTOR * relative * (t.abs() + scale))
+    relative_to_value, any_normal, squares, count = 0.0, False, 0.0, 0
+
+    def finite_parts(r, t):
+        err = (r.to(t.device).double() - t.double()).abs()
+        finite = torch.isfinite(err)
+        return err[finite], t.double()[finite].abs()
+
+    for _, (r, t) in chunks(reference, truth):
+        err, values = finite_parts(r, t)
+        if not values.numel():
+            continue
+        normal = values > 1e3 * info.smallest_normal
+        if bool(normal.any()):
+            any_normal = True
+            relative_to_value = max(relative_to_value, float((err[normal] / values[normal]).max()))
+        squares += float(values.pow(2).sum())
+        count += values.numel()
+    if not count:
+        return Widening()
+    if any_normal and relative_to_value <= ROUNDING_EPS * info.eps:  # the reference only rounds
+        return Widening("relative", relative_to_value)
+    scale = (squares / count) ** 0.5 or 1e-300
+    relative = 0.0
+    for _, (r, t) in chunks(reference, truth):
+        err, values = finite_parts(r, t)
+        if values.numel():
+            relative = max(relative, float((err / (values + scale)).max()))
+    return Widening("scaled", relative, scale)
+
+
+def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
+    """Per element: the slack the reference's own error buys (widening_rule, applied)."""
+    return widening_rule(reference, truth).at(reference, truth)
 
 
 def element_tolerance(got_dtype: torch.dtype, truth: torch.Tensor, atol: float, rtol: float,
                       reference: torch.Tensor | None = None, widen=None) -> torch.Tensor:
-    """The tolerance of every element (`widen`: widening(reference, truth) when already known)."""
+    """The tolerance of every element (`widen`: a Widening rule, or its values when already known)."""
     eps = torch.finfo(got_dtype).eps if got_dtype.is_floating_point else 0.0
     t = truth.double()
-    widen = widening(reference, truth) if widen is None else widen
+    widen = widening_rule(reference, truth) if widen is None else widen
+    if isinstance(widen, Widening):
+        widen = widen.at(reference, truth)
     if isinstance(widen, torch.Tensor):
         widen = torch.where(torch.isfinite(widen), widen, torch.zeros_like(widen))
     return atol + (rtol + eps) * t.abs() + widen
@@ -101,12 +152,24 @@ class Mismatch:
 
 
 def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
-            reference: torch.Tensor | None = None, tolerance: torch.Tensor | None = None) -> torch.Tensor:
+            reference: torch.Tensor | None = None, tolerance=None) -> torch.Tensor:
     """Per element: does a floating output match the float64 truth (see the module's doc)?
-    `tolerance`: element_tolerance(...) of these very arguments, when already computed."""
-    g, t = got.double(), truth.double()
+    `tolerance`: element_tolerance(...) of these very arguments when already computed, or the
+    Widening rule. Large outputs are compared a slice at a time."""
     if tolerance is None:
-        tolerance = element_tolerance(got.dtype, truth, atol, rtol, reference)
+        tolerance = widening_rule(reference, truth)
+    out = torch.empty(got.shape, dtype=torch.bool, device=got.device)
+    flat = out.view(-1)
+    tol = tolerance if isinstance(tolerance, torch.Tensor) else None
+    for start, (g, t, ref, tol_part) in chunks(got, truth, reference, tol):
+        if tol_part is None:
+            tol_part = element_tolerance(got.dtype, t, atol, rtol, ref, widen=tolerance.at(ref, t))
+        flat[start:start + g.numel()] = _matches(g, t, atol, rtol, ref, tol_part)
+    return out
+
+
+def _matches(got, truth, atol, rtol, reference, tolerance) -> torch.Tensor:
+    g, t = got.double(), truth.double()
     within = torch.isfinite(g) & ((g - t).abs() <= tolerance)
     # The truth rounded to the working dtype: a correct kernel's result, ±inf past the range.
     as_rounded = g == t.to(got.dtype).double()
@@ -126,42 +189,50 @@ def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
 
 
 def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
-            reference: torch.Tensor | None = None, tolerance: torch.Tensor | None = None) -> Mismatch | None:
+            reference: torch.Tensor | None = None, tolerance=None) -> Mismatch | None:
     """None when every element matches: within tolerance, or (overflow) the infinity a correct
     kernel returns; NaN/Inf must match a non-finite truth exactly. `reference`: the reference's
     outputs in the working dtype, whose own overflows are accepted element by element."""
     if not got.is_floating_point():
         bad = got.to(truth.dtype) != truth
-        err = (got.double() - truth.double()).abs()
     else:
-        err = (got.double() - truth.double()).abs()
         bad = matches(got, truth, atol, rtol, reference, tolerance).logical_not()
     count = int(bad.sum())
     if count == 0:
         return None
-    finite_err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
-    max_abs = float(finite_err.max()) if finite_err.numel() else 0.0
-    rel = finite_err / truth.double().abs().clamp_min(1e-30)
-    max_rel = float(torch.where(bad, rel, torch.zeros_like(rel)).max())
-    # The worst element: the largest error, or the first non-finite one.
-    score = torch.where(bad, torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf"))),
-                        torch.full_like(err, -1.0))
-    flat = int(score.flatten().argmax())
+    # The worst element (the largest error, or the first non-finite one) and the largest
+    # errors, a slice at a time.
+    max_abs = max_rel = 0.0
+    best, flat, nans, infs = -2.0, 0, 0, 0
+    for start, (g, t, b) in chunks(got, truth, bad):
+        g, t = g.double(), t.double()
+        err = (g - t).abs()
+        finite_err = torch.where(torch.isfinite(err), err, torch.zeros_like(err))
+        if finite_err.numel():
+            max_abs = max(max_abs, float(finite_err.max()))
+            rel = torch.nan_to_num(finite_err / t.abs().clamp_min(1e-30), nan=0.0)  # a NaN truth: no relative error
+            max_rel = max(max_rel, float(torch.where(b, rel, torch.zeros_like(rel)).max()))
+        score = torch.where(b, torch.where(torch.isfinite(err), err, torch.full_like(err, float("inf"))),
+                            torch.full_like(err, -1.0))
+        at = int(score.argmax()) if score.numel() else 0
+        if score.numel() and float(score[at]) > best:
+            best, flat = float(score[at]), start + at
+        if got.is_floating_point():
+            nonfinite = b & ~torch.isfinite(g) & torch.isfinite(t)
+            chunk_nans = int((nonfinite & torch.isnan(g)).sum())
+            nans += chunk_nans
+            infs += int(nonfinite.sum()) - chunk_nans
     index = list(unravel(flat, tuple(got.shape)))
-    expected = float(truth.flatten()[flat])
-    value = float(got.flatten()[flat].double())
+    expected = float(truth.reshape(-1)[flat])
+    value = float(got.reshape(-1)[flat].double())
     where = locate(bad)
-    if got.is_floating_point():
-        nonfinite = bad & ~torch.isfinite(got.double()) & torch.isfinite(truth.double())
-        nans = int((nonfinite & torch.isnan(got.double())).sum())
-        infs = int(nonfinite.sum()) - nans
-        if nans:
-            where.append(f"NaN in {nans} element(s) where the reference is finite")
-        if infs:
-            limit = torch.finfo(got.dtype).max
-            where.append(f"Inf in {infs} element(s) where the reference is finite and within "
-                         f"{str(got.dtype).replace('torch.', '')}'s range (max {limit:.6g}): compute in "
-                         f"float32 and round once at the store")
+    if nans:
+        where.append(f"NaN in {nans} element(s) where the reference is finite")
+    if infs:
+        limit = torch.finfo(got.dtype).max
+        where.append(f"Inf in {infs} element(s) where the reference is finite and within "
+                     f"{str(got.dtype).replace('torch.', '')}'s range (max {limit:.6g}): compute in "
+                     f"float32 and round once at the store")
     return Mismatch(count, bad.numel(), max_abs, max_rel, index, expected, value, where)
 
 

@@ -3,7 +3,8 @@
 A full-size case costs far more than its tensors: the reference in the working dtype, the
 float64 truth with the reference's own temporaries (autograd's saved tensors in a backward),
 the comparison's float64 temporaries and the arenas. On the H200 a gelu case of 10 GB of
-tensors peaked at 108-124 GB in the judge, and two such judges cannot share a GPU. So the
+tensors peaked at 108-124 GB in the judge (most of it the comparison's float64 temporaries,
+now bounded by comparing a slice at a time), and two such judges cannot share a GPU. So the
 verifier measures what one case element costs (a probe case of PROBE_ELEMENTS, prepared and
 its peak read from torch's allocator) and plans each full-size case and each timed phase to
 fit MEMORY_SHARE of the memory free when it holds the GPU (gpulock). A case it had to shrink is
@@ -14,8 +15,11 @@ from __future__ import annotations
 from typing import Callable
 
 PROBE_ELEMENTS = 1 << 22
-MEMORY_SHARE = 0.8  # of the memory free at the time: the rest is the allocator's slack
-CHECK_OVERHEAD = 1.5  # the comparison's float64 temporaries on top of what preparing a case peaks at
+MEMORY_SHARE = 0.75  # of the memory free at the time: the rest is the allocator's slack
+CHECK_OVERHEAD = 1.5  # the two runs' outputs and the checks' masks on top of what preparing a case peaks at
+# The comparison works a slice at a time (compare.CHUNK_ELEMENTS): about a dozen float64
+# temporaries of one slice, whatever the case's size.
+COMPARE_RESERVE = 12 * 8 * (1 << 26)
 ARENA_BYTES_PER_ELEMENT = 10  # the staged copy (up to 8-byte elements) with the arena's 25% headroom
 MIN_TIMED_SETS = 2
 
@@ -43,7 +47,7 @@ def bytes_per_element(prepare_probe: Callable[[], object], elements: int, device
 
 
 def elements_that_fit(per_element: float, available: int) -> int:
-    return int(MEMORY_SHARE * available / max(per_element, 1e-9))
+    return int(MEMORY_SHARE * max(available - COMPARE_RESERVE, 0) / max(per_element, 1e-9))
 
 
 def timed_sets_that_fit(wanted: int, *, set_input_bytes: int, output_bytes: int, per_element: float,
@@ -51,6 +55,6 @@ def timed_sets_that_fit(wanted: int, *, set_input_bytes: int, output_bytes: int,
     """How many input sets of one benchmark shape the timed phase can hold at once: each set's
     inputs stay staged, the outputs are copied per call, and one set's truth is derived at a
     time (prepare(later=True)). At least MIN_TIMED_SETS (then calls revisit a set)."""
-    budget = MEMORY_SHARE * available - per_element * elements - 2 * output_bytes
+    budget = MEMORY_SHARE * max(available - COMPARE_RESERVE, 0) - per_element * elements - 2 * output_bytes
     fit = int(budget // max(set_input_bytes * 1.25, 1))
     return max(MIN_TIMED_SETS, min(wanted, fit))

@@ -242,7 +242,21 @@ def _serve(fd: int) -> int:
             kind = type(error).__name__
             message = str(error) if kind in _ERRORS else "verifier internal error:\n" + traceback.format_exc()
             send(type="error", kind=kind if kind in _ERRORS else "internal", message=message)
+        finally:
+            _give_back_memory(device)
     return 0
+
+
+def _give_back_memory(device: str) -> None:
+    """Between jobs the worker holds no tensors: its allocator's cache goes back to the GPU, where
+    other verifications plan their full-size cases to the memory free (memory.py)."""
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _profiled(function, *args, **kwargs):
