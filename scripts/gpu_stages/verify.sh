@@ -5,31 +5,48 @@
 # (`specgen verify --locked --record`: the updated lock is copied to $STAGE_OUT), the held-out
 # attack suites (VERIFY_HELDOUT="v2 v3", v1 with VERIFY_HELDOUT_V1=1). Everything stops at VERIFY_SUITE_S seconds (default 540); the JSON files list
 # what ran. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
+# VERIFY_PARTS picks the parts (default: all of "timing adversarial committed heldout"; the good
+# kernels run with timing); VERIFY_HELDOUT_ONLY: held-out file names (substrings), to finish a
+# suite that an earlier call did not reach.
 set -uo pipefail
+PARTS=" ${VERIFY_PARTS:-timing adversarial committed heldout} "
+has() { [[ "$PARTS" == *" $1 "* ]]; }
 S="${VERIFY_SUITE_S:-540}"
 end=$(( $(date +%s) + S ))
 left() { echo $(( end - $(date +%s) > 5 ? end - $(date +%s) : 5 )); }
 suite() { timeout "$(left)" python3 scripts/gpu_stages/verify_suite.py "$@"; }
 done_file="$STAGE_OUT/timing.done"
-SPECGEN_WORKER_PROFILE="${VERIFY_PROFILE_DIR:-}" suite --json "$STAGE_OUT/main.json" --groups good --timing --timing-done "$done_file" > "$STAGE_OUT/main.log" 2>&1 &
-pids=($!)
-while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
-suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
-pids+=($!)
+pids=()
+if has timing; then
+  SPECGEN_WORKER_PROFILE="${VERIFY_PROFILE_DIR:-}" suite --json "$STAGE_OUT/main.json" --groups good --timing --timing-done "$done_file" > "$STAGE_OUT/main.log" 2>&1 &
+  pids=($!)
+  while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
+fi
+if has adversarial; then
+  suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
+  pids+=($!)
+fi
 # the committed kernels: --record only when VERIFY_RECORD=1 (it also times each one: minutes)
-( record=""; [ "${VERIFY_RECORD:-0}" = 1 ] && record="--record"
+if has committed; then
+  ( record=""; [ "${VERIFY_RECORD:-0}" = 1 ] && record="--record"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock.before"
   timeout "$(left)" python3 -m specgen verify --locked $record specs --json "$STAGE_OUT/committed.json" \
     > "$STAGE_OUT/committed.log" 2>&1
   echo "exit $?" >> "$STAGE_OUT/committed.log"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock" ) &
-pids+=($!)
+  pids+=($!)
+fi
 # held-out attacks: the suites named in VERIFY_HELDOUT (default v3, the newest: v2 was run in
 # session 5 and the verifier changed after it), each in two streams, each kernel in its own process
-for suite in ${VERIFY_HELDOUT:-v3}; do
+has heldout && for suite in ${VERIFY_HELDOUT:-v3}; do
   [ -d "heldout/attacks-$suite" ] || continue
-  for part in "gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu"; do
-    tag=${part%% *}
+  # shellcheck disable=SC2206
+  only=(${VERIFY_HELDOUT_ONLY:-})
+  [ ${#only[@]} -gt 0 ] && parts=("${only[*]:0:$(( (${#only[@]} + 1) / 2 ))}" "${only[*]:$(( (${#only[@]} + 1) / 2 ))}") \
+    || parts=("gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu")
+  for part in "${parts[@]}"; do
+    [ -n "$part" ] || continue
+    tag=${part%% *}; tag=${tag%.cu}
     timeout "$(left)" python3 heldout/run_attacks_v2.py "heldout/attacks-$suite" --only $part \
       --out "$STAGE_OUT/heldout-$suite-$tag.json" > "$STAGE_OUT/heldout-$suite-$tag.log" 2>&1 &
     pids+=($!)
