@@ -5,6 +5,7 @@ no children behind (case 11); `specgen verify --locked` re-verifies every locked
 (case 12)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -307,6 +308,10 @@ def test_verify_locked_reverifies_every_locked_kernel_and_fails_on_any(locked_fo
     out = capsys.readouterr().out
     assert sorted(calls) == [("cross_entropy", "cross_entropy.cu"), ("swiglu", "swiglu.cu")]
     assert "FAILED cross_entropy: wrong-result" in out and "ok swiglu" in out and "1 of 2" in out
+    assert "max abs error 3.2 at x[0, 7]" in out  # why it failed, not only that it did
+    json_out = locked_folder / "verdicts.json"
+    assert main(["verify", "--locked", str(locked_folder), "--json", str(json_out)]) == 1
+    assert "max abs error 3.2" in json.loads(json_out.read_text())["cross_entropy"]["detail"]
 
     monkeypatch.setattr("specgen.verify.verify_kernel", lambda spec, kernel, **o: FakeVerdict(True, "passed"))
     assert main(["verify", "--locked", str(locked_folder)]) == 0

@@ -108,19 +108,19 @@ def run_locked(args) -> int:
             out.print(f"[yellow]note[/] {escape(spec.name)}: {notes[status.state]}")
         options = dict(examples=args.examples, seed=args.seed, sanitize=args.sanitize, idle_timeout=args.timeout)
         if args.record and status.state not in notes:
-            passed, reason, first, recorded = _verify_and_record(spec, lock, status, options, args.arch)
+            passed, reason, first, recorded, why = _verify_and_record(spec, lock, status, options, args.arch)
         else:
             verdict, recorded = verifier.verify_kernel(spec, status.kernel_path, arch=args.arch, **options), None
-            passed, reason = bool(verdict.passed), str(verdict.reason)
-            first = (verdict.summary().splitlines() or [""])[0]
-        report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded}
+            passed, reason, why = bool(verdict.passed), str(verdict.reason), verdict.summary()
+            first = (why.splitlines() or [""])[0]
+        report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded,
+                             "detail": why}
         if passed:
             out.print(f"[bold green]ok[/] {escape(spec.name)}: {escape(first)}"
                       + (f" [dim](recorded: {escape(recorded)})[/]" if recorded else ""), soft_wrap=True)
-        else:
+        else:  # the whole verdict: what differed, where, the counterexample, the tolerance
             failed.append(spec.name)
-            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(reason)}: {escape(first)}",
-                      soft_wrap=True)
+            out.print(f"[bold red]FAILED[/] {escape(spec.name)}: {escape(reason)}:\n{escape(why)}", soft_wrap=True)
     emit_json(args.json, report)
     if failed:
         out.print(f"{len(failed)} of {len(locked)} locked kernel(s) failed verification: {', '.join(failed)}")
@@ -129,9 +129,9 @@ def run_locked(args) -> int:
     return EXIT_OK
 
 
-def _verify_and_record(spec, lock, status, options: dict, arch) -> tuple[bool, str, str, str | None]:
+def _verify_and_record(spec, lock, status, options: dict, arch) -> tuple[bool, str, str, str | None, str]:
     """Verify a fresh locked kernel and, when it passes, time it (checked calls) and add the
-    record to the lock: (passed, reason, its first line, what was recorded or None)."""
+    record to the lock: (passed, reason, its first line, what was recorded or None, the whole report)."""
     from ..agents.base import Candidate, KernelTask
     from ..agents.evaluate import KernelEvaluator, gpu_facts
     from ..errors import Rejected
@@ -143,16 +143,17 @@ def _verify_and_record(spec, lock, status, options: dict, arch) -> tuple[bool, s
     candidate = Candidate(source, status.entry.agent if status.entry else "locked", None)
     compiled = evaluator.compile(candidate)
     if not compiled.ok:
-        return False, "compile-error", (compiled.diagnostics.splitlines() or [""])[0], None
+        return False, "compile-error", (compiled.diagnostics.splitlines() or [""])[0], None, compiled.diagnostics
     verdict = evaluator.verify(candidate, compiled.library)
     if not verdict.passed:
-        return False, verdict.reason, (verdict.report.splitlines() or [verdict.reason])[0], None
+        return False, verdict.reason, (verdict.report.splitlines() or [verdict.reason])[0], None, verdict.report
     try:
         timings = evaluator.measure(candidate, compiled.library)
     except Rejected as error:  # a timed output was wrong, or a time beat physics
-        return False, "rejected-by-benchmark", str(error).splitlines()[0][:300], None
+        return False, "rejected-by-benchmark", str(error).splitlines()[0][:300], None, str(error)
     records = evaluator.lock_records(candidate, {"verdict_record": verdict.record, "timings": timings})
     for record in records:
         lock.add_record(spec, record)
     first = (verdict.report.splitlines() or ["passed"])[0]
-    return True, "passed", first, ", ".join(f"verifier {r.verifier_version} on {r.gpu_arch}" for r in records) or None
+    return (True, "passed", first, ", ".join(f"verifier {r.verifier_version} on {r.gpu_arch}" for r in records) or None,
+            verdict.report)

@@ -12,7 +12,7 @@ from ..checking import run_reference_checked
 from ..inputs import as_tuple, expected_outputs, make_inputs, upcast
 from ..reference import reference_failure
 from .layout import Layout, TensorRef
-from .strategies import Case
+from .strategies import Case, input_offset
 
 
 
@@ -60,8 +60,8 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
     sets = data if isinstance(data, list) else [data]
     layout = Layout()
     for item in sets:
-        item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, item.case.offset)
-                           for name, t in item.inputs.items()}
+        item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(item.case.offset, i))
+                           for i, (name, t) in enumerate(item.inputs.items())}
     copies = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in sets[0].outputs}
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})

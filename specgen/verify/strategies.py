@@ -26,7 +26,16 @@ _EDGES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 
           511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049, 4095, 4096, 4097, 8191, 8192, 8193)
 # Odd sizes with no power-of-two structure at all.
 _ODD = (37, 97, 331, 1531, 3001, 7919)
-ELEMENT_OFFSETS = (0, 1, 3)  # input views start this many elements into their storage
+# Input views start this many elements into their storage: with 2-, 4- and 8-byte elements
+# these make pointers aligned to 16, 8, 4 and 2 bytes (a kernel that checks 8-byte alignment and
+# then loads 16 bytes meets an 8-byte aligned pointer). Each further input starts one element
+# later than the one before (input_offset), so inputs of one case differ in alignment too.
+ELEMENT_OFFSETS = (0, 1, 2, 3, 4)
+
+
+def input_offset(offset: int, index: int) -> int:
+    """The element offset of the case's `index`-th input view (0: every input aligned)."""
+    return offset + index if offset else 0
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class Case:
     dtype: str
     distribution: str = "normal"
     seed: int = 0
-    offset: int = 0  # elements; 1 and 3 make every input view unaligned for 16-byte vectors
+    offset: int = 0  # elements, of the first input (input_offset: the others one more each)
     scalars: tuple[tuple[str, float | int | bool], ...] = ()  # drawn scalar values; absent: defaults
 
     @property
@@ -44,7 +53,8 @@ class Case:
 
     def describe(self) -> str:
         shape = " ".join(f"{k}={v}" for k, v in self.dims)
-        view = f", inputs offset by {self.offset} element(s)" if self.offset else ""
+        view = (f", inputs offset by {self.offset}, {self.offset + 1}, ... element(s) (one more each)"
+                if self.offset else "")
         scalars = "".join(f", {k}={v:.4g}" if isinstance(v, float) else f", {k}={v}" for k, v in self.scalars)
         return f"{shape} {self.dtype}, {self.distribution} values, seed {self.seed}{view}{scalars}"
 
@@ -346,6 +356,6 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS) -> Case:
     return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars)
 
 
-__all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "boundary_cases", "boundary_sizes", "case_strategy",
+__all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
            "case_elements", "fit_budget", "full_size_cases", "large_case", "legal_sizes", "make_case",
            "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]
