@@ -27,8 +27,10 @@ SPECS = {p.stem: p for p in (ROOT / "tests" / "reduce_specs").glob("*.yaml")} | 
     {p.stem: p for p in (ROOT / "benchmarks" / "level1" / "specs").glob("*.yaml")}
 NORMS = ["layernorm_module", "groupnorm_module", "instance_norm", "batchnorm_train_module"]
 VIEWS = NORMS + ["layernorm_last2", "groupnorm_3d", "batchnorm_train_3d", "instance_norm_1d", "group_mean_view",
-                 "var_dims12", "l2_norm_dims12", "l1_norm_flat", "rms_norm_dims23", "frobenius_dims"]
-SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10}
+                 "var_dims12", "l2_norm_dims12", "l1_norm_flat", "rms_norm_dims23", "frobenius_dims",
+                 "instance_norm_module", "batchnorm1d_2d", "groupnorm_literal", "layernorm_affine_module",
+                 "var_flat_view"]
+SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10, "S": 4, "D": 7}
 
 
 def _spec(op):
