@@ -29,7 +29,7 @@ NORMS = ["layernorm_module", "groupnorm_module", "instance_norm", "batchnorm_tra
 VIEWS = NORMS + ["layernorm_last2", "groupnorm_3d", "batchnorm_train_3d", "instance_norm_1d", "group_mean_view",
                  "var_dims12", "l2_norm_dims12", "l1_norm_flat", "rms_norm_dims23", "frobenius_dims",
                  "instance_norm_module", "batchnorm1d_2d", "groupnorm_literal", "layernorm_affine_module",
-                 "var_flat_view"]
+                 "var_flat_view", "bn_manual", "gn_manual"]
 SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10, "S": 4, "D": 7}
 
 
