@@ -117,7 +117,7 @@ def test_views_that_mix_axes_are_refused(tmp_path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("op", NORMS + ["groupnorm_3d"])
+@pytest.mark.parametrize("op", NORMS + ["groupnorm_3d", "group_mean_view", "var_dims12", "gn_manual"])
 def test_normalization_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 
