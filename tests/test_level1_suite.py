@@ -329,6 +329,17 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
                                               floor_us=0.1, as_dict=lambda: {})
                     on_row(r)
 
+    import specgen.agents.builtin as builtin
+    from specgen.agents.base import AgentRefused
+
+    real_build = builtin.build_source
+
+    def fake_build(spec, *a, **kw):  # every development spec lowers now: one refused (fake)
+        if spec.name == "instance_norm":
+            raise AgentRefused(f"{spec.path}: refused (fake); use an LLM agent (--agent openai)")
+        return real_build(spec, *a, **kw)
+
+    monkeypatch.setattr(builtin, "build_source", fake_build)
     monkeypatch.setattr(bench, "generate", fake_generate)
     monkeypatch.setattr(sb, "bench_spec", fake_bench_spec)
     code = bench.main(["--only", "relu,instance_norm,sigmoid,tanh", "--out", str(tmp_path), "--tune", "off"])
@@ -358,4 +369,5 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
 def test_plan_runs_on_the_cpu(capsys):
     assert bench.main(["--plan", "--only", "relu,instance_norm"]) == 0
     out = capsys.readouterr().out
-    assert "1 of 2 lowered; 12 rows to time" in out and "146 GB" in out  # relu's float32 backward at 8.6 GB
+    # instance_norm lowers too (axis_views.py): its 2 shapes x 2 dtypes x 2 directions are rows
+    assert "2 of 2 lowered; 20 rows to time" in out and "146 GB" in out  # relu's float32 backward at 8.6 GB

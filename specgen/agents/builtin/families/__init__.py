@@ -17,7 +17,9 @@
    `lower(spec) -> dict[direction, Program subclass]` and `emit(spec, programs) -> str`,
    appended to FAMILIES.
     axis_reduce axis_reduce.py / axis_emit.py: reductions over any axes (middle, several, all
-                to a scalar), arg-reductions, losses reduced to a scalar.
+                to a scalar), arg-reductions, losses reduced to a scalar; axis_views.py:
+                the same through views that merge or split contiguous dims (Layer/Group/
+                Instance/BatchNorm over several axes).
 """
 from __future__ import annotations
 

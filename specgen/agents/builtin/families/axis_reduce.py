@@ -12,9 +12,19 @@ with the row family; only the layout and the emitter (axis_emit.py) are this fam
     x.sum() or F.mse_loss(a, b) (all axes to a scalar)       O = 1, R = numel, I = 1
     torch.max(x, dim=-1) (values, indices), argmax, argmin   O = rows, R = D, I = 1
 
-Backward: the reduced values' gradients broadcast back over the block (sum, mean, losses),
-amax's ties (a count over the block, then a pass), max/min's scatter at the index. Outside
-this (two different blocks in one program, a reshape across the block, var): AgentRefused.
+S's dims are first split where a view of the whole tensor splits them (axis_views.py: the
+*atoms*), and the block is a run of atoms, so reductions after views that merge or split
+contiguous dims are reductions over a block too:
+
+    F.instance_norm: var over (0, 2, 3) of [1, B*C, H, W]         O = B*C, R = H*W, I = 1
+    nn.GroupNorm(8, 8*G): var over (2, 3) of [B, 8, G, H*W]       O = B*8, R = G*H*W, I = 1
+    nn.BatchNorm2d in training: over (0, 2, 3)                    O = C, R = B x H*W (both ends)
+
+Backward: the reduced values' gradients broadcast back over the block (sum, mean, losses,
+normalizations), amax's ties (a count over the block, then a pass), max/min's scatter at the
+index, a sum over part of the block scaled per row and summed over the rest (PartialSum).
+Outside this (two different blocks in one program, a view that mixes axes, a parameter that
+varies along the block): AgentRefused.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ import torch
 from ...base import AgentRefused
 from ..ir import Node, Program, Store, const
 from ..lower import Cat, Lowering, TensorRef, Val, _shape
+from ..modules import Uninit
 from ..trace import trace
 
 REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
@@ -108,15 +119,20 @@ def _nonunit(shape) -> tuple:
     return tuple(s for s in shape if s != 1)
 
 
-def find_layout(spec, traced) -> Layout:
+def find_layout(spec, traced, others=()) -> Layout:
     """The block of the forward's reductions: every reduction of the forward must reduce the
-    same contiguous block of S (size-1 dims aside)."""
+    same contiguous block of S's atoms (S's dims split where a view of the forward or of
+    `others`, the other directions' traces, splits them: axis_views.py; size-1 dims aside)."""
+    from .axis_views import covered, graph_shapes, match, refine
+
     sig = spec.signature
     primary = max(sig.inputs, key=lambda p: p.type.ndim)
     dims = traced.dims
-    shape = tuple(d.resolve(dims) for d in primary.type.dims)
-    if not shape:
+    sig_shape = tuple(d.resolve(dims) for d in primary.type.dims)
+    if not sig_shape:
         raise AgentRefused(f"{spec.path}: no tensor input of rank >= 1")
+    atoms, shape = refine(tuple(primary.type.dims), sig_shape, graph_shapes([traced] + list(others)))
+    numel = math.prod(shape)
     blocks, totals = set(), []
     for n in traced.graph.graph.nodes:
         if n.op != "call_function" or not hasattr(n.target, "_schema"):
@@ -132,11 +148,18 @@ def find_layout(spec, traced) -> Layout:
             continue
         if not isinstance(src, torch.fx.Node):
             raise AgentRefused(f"{spec.path}: a reduction of a constant")
-        if _shape(src) != shape:  # a total of kept values (a loss's mean over rows): checked by the lowering
-            totals.append(_shape(src))
+        src_shape = _shape(src)
+        spans = match(shape, src_shape) if math.prod(src_shape) == numel else None
+        if spans is None or covered(shape, spans) != {a for a, s in enumerate(shape) if s != 1}:
+            # a total of kept values (a loss's mean over rows): checked by the lowering
+            totals.append(src_shape)
             continue
-        axes = list(range(len(shape))) if axes is None else sorted({a % len(shape) for a in axes})
+        # the reduced dims of the view, as atoms of S
+        view_axes = range(len(src_shape)) if axes is None else {a % len(src_shape) for a in axes}
+        axes = sorted({a for q in view_axes for a in spans[q]})
         axes = [a for a in axes if shape[a] != 1] or axes
+        if not axes:
+            raise AgentRefused(f"{spec.path}: a reduction over size-1 dims only")
         if axes == list(range(axes[0], axes[-1] + 1)):
             blocks.add((axes[0], axes[-1] + 1, False))
             continue
@@ -147,8 +170,20 @@ def find_layout(spec, traced) -> Layout:
     if len(blocks) != 1:
         raise AgentRefused(f"{spec.path}: {'no reduction' if not blocks else 'reductions over different axes'}")
     start, stop, ends = blocks.pop()
-    d = list(primary.type.dims)
+    d = list(atoms)
     return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]), ends)
+
+
+@dataclass(frozen=True)
+class PartialSum:
+    """A sum of an elem value over part of the block (GroupNorm's backward sums over H*W per
+    channel, scales by a per-row value, then sums the channels of each group): kept lazy, it
+    is only scaled by values constant over the block and summed over the rest of the block,
+    which is then one rowreduce of the scaled summand. No `.node`: any other use refuses."""
+
+    summand: Node
+    shape: tuple
+    atoms: frozenset
 
 
 class AxisLowering(Lowering):
@@ -173,7 +208,7 @@ class AxisLowering(Lowering):
         dims = self.layout.lead + self.layout.block + self.layout.inner
         shape = self.layout.shape
         for a in range(len(shape)):
-            for b in range(a + 2, len(shape) + 1):
+            for b in range(a + 1, len(shape) + 1):
                 if math.prod(shape[a:b]) == size:
                     total = None
                     for d in dims[a:b]:
@@ -192,24 +227,39 @@ class AxisLowering(Lowering):
         return Val(const(0.0), _shape(fx_node))
 
     # ------------------------------------------------ shape classes
+    def spans(self, shape):
+        from .axis_views import match
+        return match(self.layout.shape, shape)
+
     def shape_class(self, shape) -> str | None:
+        """elem: a view of S (every atom); row: of the kept atoms exactly, in order; part: a
+        broadcast value's shape (some atoms absent: only a value constant over the absent
+        ones, per row or global, may have it); None: not a grouping of S's atoms."""
+        from .axis_views import covered
+
         lay = self.layout
         shape = tuple(shape)
         if shape == lay.shape:
             return "elem"
         if not shape or all(s == 1 for s in shape):
             return "row" if math.prod(lay.kept_shape) == 1 else "global"
-        if shape in (lay.kept_shape, lay.kept_keepdim) or _nonunit(shape) == _nonunit(lay.kept_shape) \
-                and len(shape) <= len(lay.shape):
+        spans = self.spans(shape)
+        if spans is None:
+            return None
+        got = covered(lay.shape, spans)
+        nonunit = {a for a, s in enumerate(lay.shape) if s != 1}
+        if got == nonunit:
+            return "elem"
+        if got == nonunit - set(lay.red_axes):
             return "row"
-        return None
+        return "part"
 
     def load(self, ref: TensorRef, fx_node, *, width=None, offset=None) -> Val:
         if offset is not None or width is not None:
             raise self.refuse(fx_node, "a slice of an input")
         cls = self.shape_class(ref.shape)
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
-        if cls is None:
+        if cls in (None, "part"):
             raise self.refuse(fx_node, f"input {ref.field} of shape {ref.shape} that is neither S {self.layout.shape} "
                                        f"nor its kept shape {self.layout.kept_shape}")
         if cls == "global" or not ref.shape:
@@ -222,33 +272,87 @@ class AxisLowering(Lowering):
                         attrs={"field": ref.field, "kind": "elem", "row_div": [], "offset": None},
                         name=ref.field), ref.shape)
 
+    def value(self, arg, fx_node, defer: bool = False):
+        got = super().value(arg, fx_node, defer)
+        if isinstance(got, PartialSum):
+            raise self.refuse(fx_node, "a sum over part of the reduced axes used other than scaled and summed on")
+        return got
+
+    def partial_or_value(self, arg, fx_node):
+        got = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+        return got if isinstance(got, PartialSum) else self.value(arg, fx_node)
+
+    def elementwise(self, op: str, args, fx_node):
+        vals = [self.partial_or_value(a, fx_node) for a in args]
+        partial = [v for v in vals if isinstance(v, PartialSum)]
+        if not partial:
+            return super().elementwise(op, args, fx_node)
+        # sum(e) * v == sum(e * v) when v is constant over the block (per row or global)
+        others = [v for v in vals if not isinstance(v, PartialSum)]
+        if len(partial) != 1 or op not in ("mul", "div", "neg") or (op == "div" and vals[0] is not partial[0]) \
+                or any(v.node.level not in ("const", "global", "row") for v in others):
+            raise self.refuse(fx_node, f"a {op} of a sum over part of the reduced axes")
+        part = partial[0]
+        node = self.pointwise(op, [part.summand if isinstance(v, PartialSum) else v.node for v in vals], fx_node)
+        return PartialSum(node, _shape(fx_node), part.atoms)
+
+    def op_sum(self, fx_node, src, dims, **kw):
+        return self.reduce("sum", self.partial_or_value(src, fx_node), list(dims), fx_node)
+
     def view(self, src, fx_node):
         got = self.env[src]
         new_shape = _shape(fx_node)
+        if isinstance(got, PartialSum):
+            if self.shape_class(new_shape) is None:
+                raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+            return PartialSum(got.summand, new_shape, got.atoms)
         if isinstance(got, Cat):
             raise self.refuse(fx_node, "a concatenation")
         if isinstance(got, Node):
             return got
+        if isinstance(got, Uninit):  # a module's parameter before its fill (modules.py)
+            return Uninit(new_shape)
         if isinstance(got, TensorRef):
             got = self.load(got, fx_node)
         old_level, new_cls = got.node.level, self.shape_class(new_shape)
-        if new_cls is None:
+        # a value per row (or constant) may take any grouping of the atoms (a broadcast over
+        # the absent ones); a value per element only another view of all of S
+        if new_cls is None and old_level not in ("const", "global"):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
         if old_level == "elem" and new_cls != "elem":
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
         return Val(got.node, new_shape)
 
     # ------------------------------------------------ reductions
+    def reduced_atoms(self, shape, dims) -> set[int] | None:
+        """The non-1 atoms that reducing `dims` of a value of `shape` reduces (None: not a view)."""
+        spans = self.spans(shape)
+        if spans is None:
+            return None
+        return {a for d in dims for a in spans[d % len(shape)] if self.layout.shape[a] != 1} if shape else set()
+
     def block_of(self, shape, dims) -> bool:
-        if tuple(shape) != self.layout.shape:
+        """Reducing `dims` of a view of all of S reduces exactly the layout's block."""
+        if self.shape_class(shape) != "elem":
             return False
-        axes = sorted({d % len(shape) for d in dims})
-        want = self.layout.red_axes
-        return [a for a in axes if shape[a] != 1] == [a for a in want if shape[a] != 1]
+        want = {a for a in self.layout.red_axes if self.layout.shape[a] != 1}
+        return self.reduced_atoms(shape, dims) == want
 
     def reduce(self, kind: str, val: Val, dims: list[int], fx_node, correction=None) -> Val:
         out_shape = _shape(fx_node)
+        block = frozenset(a for a in self.layout.red_axes if self.layout.shape[a] != 1)
+        if isinstance(val, PartialSum):  # the rest of the block: one reduction of the summand
+            rest = self.reduced_atoms(val.shape, dims)
+            if kind != "sum" or rest is None or rest & val.atoms or rest | val.atoms != block:
+                raise self.refuse(fx_node, f"a {kind} of a partial sum that is not the rest of the block")
+            return Val(Node("rowreduce", (val.summand,), level="row", attrs={"kind": "sum"}, name=fx_node.name),
+                       out_shape)
         node = val.node
+        if kind == "sum" and node.level == "elem" and node.dtype == "float" \
+                and self.shape_class(val.shape) == "elem":
+            some = self.reduced_atoms(val.shape, dims)
+            if some and some < block:
+                return PartialSum(node, out_shape, frozenset(some))
         if kind == "var":  # two sweeps: the mean, then the squared deviations from it
             if node.level != "elem" or node.dtype != "float" or not self.block_of(val.shape, dims):
                 raise self.refuse(fx_node, f"a variance over dims {list(dims)} of a value of shape {val.shape}")
@@ -277,6 +381,19 @@ class AxisLowering(Lowering):
                 raise self.refuse(fx_node, "a product of a value constant over the reduced axes")
             if kind == "sum":
                 return Val(self.pointwise("mul", [node, self.width_node(fx_node)], fx_node), out_shape)
+            return Val(node, out_shape)
+        part = self.reduced_atoms(val.shape, dims) if val.shape and node.level in ("const", "global", "row") \
+            else None
+        if part and part < {a for a in self.layout.red_axes if self.layout.shape[a] != 1} and kind != "prod":
+            # constant along the reduced atoms it spans: a sum is a product with their sizes
+            if kind != "sum":
+                return Val(node, out_shape)
+            atoms = self.layout.lead + self.layout.block + self.layout.inner
+            for a in sorted(part):
+                d = atoms[a]
+                size = Node("dim", level="global", dtype="int", attrs={"dim": d}, name="dim_part") if d.symbol \
+                    else const(d.add)
+                node = self.pointwise("mul", [node, size], fx_node)
             return Val(node, out_shape)
         if not self.block_of(val.shape, dims):
             raise self.refuse(fx_node, f"a reduction over dims {list(dims)} of a value of shape {val.shape} "
@@ -352,6 +469,18 @@ class AxisLowering(Lowering):
         got = self.env[src]
         if isinstance(got, TensorRef) and tuple(_shape(fx_node)) == got.shape and not storage_offset:
             return got
+        # contiguous strides over the whole source (GroupNorm's [B, g, C/g, 1] back to [B, C]): a view
+        new_shape = _shape(fx_node)
+        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else int(s) for s in stride]
+        old_shape = _shape(src) if isinstance(src, torch.fx.Node) and hasattr(src.meta.get("val"), "shape") else None
+        contiguous, acc = [], 1
+        for n in reversed(new_shape):
+            contiguous.append(acc)
+            acc *= max(n, 1)
+        if not storage_offset and old_shape is not None and math.prod(old_shape) == math.prod(new_shape) \
+                and all(s == c for s, c, n in zip(strides, reversed(contiguous), new_shape) if n != 1) \
+                and (not isinstance(got, Val) or got.node.level != "elem" or _contiguous_source(src)):
+            return self.view(src, fx_node)
         raise self.refuse(fx_node, "a strided view")
 
     # ------------------------------------------------ outputs
@@ -379,6 +508,16 @@ class AxisLowering(Lowering):
 
     def set_width(self, width, fx_node):  # the width is the block's size, fixed by the layout
         return None
+
+
+def _hint(size) -> int:
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+def _contiguous_source(src) -> bool:
+    """The fx value is laid out contiguously (an as_strided of it regroups its row-major axes)."""
+    val = src.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_contiguous()
 
 
 def _hint_shape(fx_node):
@@ -456,11 +595,13 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
     from ..optimize import cse
 
     forward = trace(spec, "forward")
-    layout = find_layout(spec, forward)
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+    traces = {"forward": forward} | {d: trace(spec, d) for d in directions if d != "forward"}
+    # the atoms come from every direction's views (a backward may split what the forward merged)
+    layout = find_layout(spec, forward, [t for d, t in traces.items() if d != "forward"])
     programs = {}
     for d in directions:
-        traced = forward if d == "forward" else trace(spec, d)
+        traced = traces[d]
         program = with_layout(cse(AxisLowering(traced, layout).run()), layout)
         validate(program)
         if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
@@ -503,7 +644,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     def to_rows(t):
         if t.dim() == 0:
             return t
-        if t.numel() == S and tuple(t.shape) == full:
+        if t.numel() == S and (tuple(t.shape) == full or t.numel() != O * I):
             return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
                 t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
         return t.reshape(O * I)
