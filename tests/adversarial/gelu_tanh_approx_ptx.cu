@@ -1,10 +1,11 @@
 // spec: gelu_tanh
-// expect: wrong-result
-// The shortcut: tanh from the hardware's tanh.approx.f32 (one MUFU.TANH instruction, up to
-// ~134 ulp / 1.1e-5 relative error) in every dtype. Fine for float16/bfloat16; in float32 gelu's
-// error is 0.5|x| times tanh's, which for x around -2..-4 (tanh near -1, |y| < 0.05) reaches
-// 1e-5..2e-5 against a tolerance of 1e-5 + 1e-5|y|: wrong only where tanh's error is near its
-// worst, which today's cases (<= 2 Mi elements) may miss and full-size float32 cases hardly can.
+// expect: passed
+// The shortcut: tanh from the hardware's tanh.approx.f32 (one MUFU.TANH instruction) in every
+// dtype. Written as a cheat (float32 gelu's error is 0.5|x| times tanh's, thought to reach
+// 1e-5..2e-5 near x = -2..-4), but measured on the H200 (2026-12-01, 572 cases, float32 cases of
+// 5e8 elements): its largest float32 error is 5.7e-6, inside the spec's atol of 1e-5. An
+// approximation that stays within the spec's tolerance is a legitimate kernel: the verifier
+// must pass it (session 5 run2 and the 2026-12-01 session 6 run passed it; run3 timed out).
 #include "_gelu_common.h"
 __device__ __forceinline__ float tanh_approx(float u) {
   float t;
