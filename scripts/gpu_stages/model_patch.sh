@@ -2,8 +2,8 @@
 # package (`<pkg>.patch(model)`) beside eager and Liger-Kernel's patch, a training step and a
 # decode step: benchmarks/model_patch.py. Also the package's own layer tests on the GPU
 # (tests/test_layers.py: outputs and gradients of the patched model against the unpatched one).
-# Needs the wheels of transformers, liger-kernel and their dependencies in .whl/model_patch/
-# (pip download --no-deps ... -d .whl/model_patch; the GPU machine has no internet).
+# Needs the wheels of transformers, liger-kernel and their dependencies in .whl-model/ (carry it;
+# pip download --no-deps ... -d .whl-model; the GPU machine has no internet).
 # Knobs: PACKAGE_WHEEL=path.whl (test a wheel built earlier; default: build specs/ --locked),
 #   MODEL_PATCH_ARGS (extra benchmarks/model_patch.py flags).
 set -uo pipefail
@@ -13,8 +13,8 @@ OUT_DIR="${STAGE_OUT:-${OUT:-/tmp/model-patch-out}/model_patch}"
 mkdir -p "$OUT_DIR"
 cd "$REPO"
 export PYTHONPATH="$REPO:${PYTHONPATH:-}"
-if compgen -G "$REPO/.whl/model_patch/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-model-patch "$REPO"/.whl/model_patch/*.whl \
+if compgen -G "$REPO/.whl-model/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-model-patch "$REPO"/.whl-model/*.whl \
     || echo "model_patch: installing the carried wheels failed" >&2
   export PYTHONPATH="$PYTHONPATH:/tmp/site-model-patch"
 fi

@@ -2,7 +2,7 @@
 # compile cache, autotuning on) with --gpus 0, then --gpus all (and --gpus all --backend dask
 # with SCALE_CONFIGS=dask), wall times and whether the locks agree; writes
 # $STAGE_OUT/scale_bench.{json,md}. Needs 2+ GPUs for a speed-up. The Dask config needs dask +
-# distributed (+ their pure-Python dependencies) carried as wheels in .whl/ (scripts/gpu-suite
+# distributed (+ their pure-Python dependencies) carried as wheels in .whl-dask/ (scripts/gpu-suite
 # installs them): pip download --only-binary=:all: -d .whl dask distributed
 # One call is limited to 10 minutes: split the configs over calls (SCALE_CONFIGS=gpus0, then
 # SCALE_CONFIGS=all,dask) on the same warm machine; the runs are merged through
