@@ -115,3 +115,17 @@ def test_errors_and_a_missing_matplotlib(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr("specgen.report.charts._pyplot", no_matplotlib)
     assert main(["report", str(SPECS), "-o", str(tmp_path / "r.html"), "--no-history"]) == 3
     assert "specgen[report]" in capsys.readouterr().err
+
+
+def test_an_op_kept_on_the_reference_shows_the_timings_behind_the_decision(tmp_path):
+    """The lock of `specgen import` + `specgen build` of examples/import/residual_silu_model.py on
+    the H200 (session 6): the built-in kernel was verified but slower than eager on every row,
+    so the package kept the reference; the report shows that kernel's time beside eager's."""
+    folder = tmp_path / "specs"
+    shutil.copytree(SPECS.parent / "tests" / "report_reference_kept", folder)
+    out = tmp_path / "report.html"
+    assert main(["report", str(folder), "-o", str(out), "--no-history"]) == 0
+    html = out.read_text()
+    assert "No kernel: CUDA runs the reference" in html and "slower than eager" in html
+    assert "backward bfloat16 N=4096,D=4096" in html and "290.2" in html and "68.1" in html
+    assert "0.23×" in html and "variant <code>default</code>, verified, on sm_90" in html

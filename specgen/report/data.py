@@ -118,7 +118,20 @@ def op_data(spec_dir: Path, entry) -> dict:
             "verified": record is not None,
             "verification": verification_data(used),
             "benchmark": {"device": bench.get("device"), "copy_gbs": bench.get("copy_gbs"), "rows": rows},
-            "summary": summarize_rows(rows), **facts}
+            "summary": summarize_rows(rows), "tuning": tuning_data(entry.tuning), **facts}
+
+
+def tuning_data(tuning) -> dict | None:
+    """The built-in tuner's record, as the report shows it: the chosen variant, whether it was
+    verified, and its time beside eager per benchmark row (why a verified kernel was not kept)."""
+    if not isinstance(tuning, dict):
+        return None
+    variant = tuning.get("variant")
+    tried = (tuning.get("variants") or {}).get(variant) or {}
+    rows = [{"id": r.get("id"), "kernel_us": r.get("kernel_us"), "eager_us": r.get("eager_us"),
+             "speedup_vs_eager": r.get("speedup_vs_eager")} for r in tuning.get("rows") or [] if isinstance(r, dict)]
+    return {"variant": variant, "decision": tuning.get("decision"), "verified": bool(tried.get("verified")),
+            "gpu_arch": (tuning.get("key") or {}).get("gpu_arch"), "rows": rows, "notes": tuning.get("notes") or []}
 
 
 def spec_folders(paths: list[str | Path]) -> list[Path]:
