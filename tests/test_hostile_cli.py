@@ -261,7 +261,12 @@ def test_an_interrupted_compile_leaves_no_folders_and_no_children(tmp_path, sign
     nvcc, child = int(pid_file.read_text()), int(Path(f"{pid_file}.child").read_text())
     assert list(scratch.glob("specgen-build-*")) and list(scratch.glob("specgen-abi-*"))
     process.send_signal(signum)
-    out, err = process.communicate(timeout=60)
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # say where it hung (py-spy is not here: its output so far)
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"still running 60 s after signal {signum}; its output:\n{out}\n{err}")
     assert process.returncode == code, err
     assert "Traceback" not in err
     assert wait_until(lambda: not alive(nvcc) and not alive(child), 20)
