@@ -236,6 +236,16 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
     return condition()
 
 
+def as_a_shell_starts_it() -> None:
+    """The child starts as a user's shell starts a command: the stop signals unblocked and at
+    their defaults. Something earlier in the full test run leaves SIGINT ignored or blocked in
+    pytest's process, which its children inherit (a command started that way ignores Ctrl-C:
+    the test timed out in CI runs, never alone)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start_compile(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -247,7 +257,7 @@ def start_compile(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     process = subprocess.Popen([sys.executable, "-m", "specgen.cli", "compile", str(SPECS / "swiglu.yaml"),
                                 "--kernel", str(kernel), "--arch", "sm_90"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)
     child_file = Path(f"{pid_file}.child")
     assert wait_until(lambda: pid_file.exists() and child_file.exists() and child_file.read_text().strip()
                       and pid_file.read_text().strip(), 120), process.poll()
