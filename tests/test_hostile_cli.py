@@ -238,9 +238,9 @@ def wait_until(condition, timeout: float = 30.0) -> bool:
 
 def as_a_shell_starts_it() -> None:
     """The child starts as a user's shell starts a command: the stop signals unblocked and at
-    their defaults. Something earlier in the full test run leaves SIGINT ignored or blocked in
-    pytest's process, which its children inherit (a command started that way ignores Ctrl-C:
-    the test timed out in CI runs, never alone)."""
+    their defaults. A test run started in the background by a non-interactive shell
+    (`.ci/run &`) has SIGINT ignored (SigIgn 0x1001007 in /proc), and its children inherit
+    that: such a command rightly ignores Ctrl-C, and the test timed out."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
