@@ -6,7 +6,7 @@ The rule, element by element (docs/VERIFIER.md "Tolerance"):
 
 `atol`/`rtol` are the spec's, `eps` is the working dtype's machine epsilon (the output's own
 rounding), and the widening comes from the spec's reference run in the working dtype (see
-`widening`): twice its error at that element, and a floor proportional to |truth| + RMS(truth)
+`widening_rule`): twice its error at that element, and a floor proportional to |truth| + RMS(truth)
 sized by its largest error relative to that scale. A large error at a large value buys no
 slack at a small one; an error that does not scale with the value (a long sum's) does.
 
@@ -119,11 +119,6 @@ def widening_rule(reference: torch.Tensor | None, truth: torch.Tensor) -> Wideni
         if values.numel():
             relative = max(relative, float((err / (values + scale)).max()))
     return Widening("scaled", relative, scale)
-
-
-def widening(reference: torch.Tensor | None, truth: torch.Tensor) -> torch.Tensor | float:
-    """Per element: the slack the reference's own error buys (widening_rule, applied)."""
-    return widening_rule(reference, truth).at(reference, truth)
 
 
 def element_tolerance(got_dtype: torch.dtype, truth: torch.Tensor, atol: float, rtol: float,

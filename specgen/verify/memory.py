@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .compare import CHUNK_ELEMENTS
+
 PROBE_ELEMENTS = 1 << 22
 MEMORY_SHARE = 0.75  # of the memory free at the time: the rest is the allocator's slack
 CHECK_OVERHEAD = 1.5  # the two runs' outputs and the checks' masks on top of what preparing a case peaks at
 # The comparison works a slice at a time (compare.CHUNK_ELEMENTS): about a dozen float64
 # temporaries of one slice, whatever the case's size.
-COMPARE_RESERVE = 12 * 8 * (1 << 26)
+COMPARE_RESERVE = 12 * 8 * CHUNK_ELEMENTS
 ARENA_BYTES_PER_ELEMENT = 10  # the staged copy (up to 8-byte elements) with the arena's 25% headroom
 MIN_TIMED_SETS = 2
 
