@@ -7,7 +7,8 @@
 # what ran. Runs under scripts/gpu-suite: $STAGE_OUT is its result folder.
 # VERIFY_PARTS picks the parts (default: all of "timing adversarial committed heldout"; the good
 # kernels run with timing); VERIFY_HELDOUT_ONLY: held-out file names (substrings), to finish a
-# suite that an earlier call did not reach.
+# suite that an earlier call did not reach; VERIFY_ONLY_<suite> (e.g. VERIFY_ONLY_v3): the same for one
+# suite only.
 set -uo pipefail
 PARTS=" ${VERIFY_PARTS:-timing adversarial committed heldout} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -41,7 +42,9 @@ fi
 has heldout && for suite in ${VERIFY_HELDOUT:-v3}; do
   [ -d "heldout/attacks-$suite" ] || continue
   # shellcheck disable=SC2206
-  only=(${VERIFY_HELDOUT_ONLY:-})
+  only_var="VERIFY_ONLY_${suite//-/_}"  # a per-suite filter (VERIFY_ONLY_v3=...) before the common one
+  # shellcheck disable=SC2206
+  only=(${!only_var:-${VERIFY_HELDOUT_ONLY:-}})
   [ ${#only[@]} -gt 0 ] && parts=("${only[*]:0:$(( (${#only[@]} + 1) / 2 ))}" "${only[*]:$(( (${#only[@]} + 1) / 2 ))}") \
     || parts=("gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu")
   for part in "${parts[@]}"; do
