@@ -121,6 +121,13 @@ def fit_budget(sig, dims: dict[str, int], ranges: dict[str, tuple[int, int]], bu
 
 # ------------------------------------------------------------------ always-run cases
 
+def dtype_turn(k: int, count: int) -> int:
+    """The dtype of the walk's k-th case: the k-th in turn, shifted by one every full turn.
+    Edge sizes come in threes (2^n - 1, 2^n, 2^n + 1): a plain `k % 3` would give each of
+    three dtypes the same member of every three, e.g. float32 only ever the odd 2^n - 1."""
+    return (k + k // count) % count if count else 0
+
+
 def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -> list[Case]:
     """Each dim walks its boundary sizes while the others take small edge sizes; every dtype
     is covered, and some cases use offset input views and other value distributions."""
@@ -137,7 +144,7 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
             dims = {s: size if s == walking else small[s][(i + j) % len(small[s])]
                     for j, s in enumerate(symbols)}
             dims = fit_budget(sig, dims, spec.dims, budget, keep=walking)
-            dtype = spec.dtypes[k % len(spec.dtypes)]
+            dtype = spec.dtypes[dtype_turn(k, len(spec.dtypes))]
             key = (tuple(dims.items()), dtype)
             if key in seen:
                 continue
@@ -173,6 +180,15 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
     for i, distribution in enumerate(VALUE_CLASSES):
         for dtype in spec.dtypes:
             cases.append(make_case(mid, dtype, distribution=distribution, seed=seed + k, offset=i % 2))
+            k += 1
+    # Every dtype at an aligned shape (every dim a multiple of 16) read through every offset:
+    # a kernel that vectorizes on the size alone, not the pointer, meets a misaligned pointer in
+    # its vector path (the walk above pairs offsets with odd sizes as often as with even ones).
+    aligned = fit_budget(sig, {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [256, 64, 16])[0]
+                               for s in symbols}, spec.dims, budget)
+    for dtype in spec.dtypes:
+        for offset in ELEMENT_OFFSETS[1:]:
+            cases.append(make_case(aligned, dtype, seed=seed + k, offset=offset))
             k += 1
     for end in (0, 1):
         values = scalar_ends(spec, end)
