@@ -1,0 +1,111 @@
+"""Why is a flat pointwise kernel slow? Times the built-in generator's flat kernel of a spec
+under several launch shapes (chunks in flight per thread x waves of resident blocks), two
+ways: plainly (torch tensors, CUDA events around each call, L2 flushed) and through the
+verifier's timed harness (`specgen.bench.bench_spec`, the kernel in its own process), beside
+eager PyTorch on the same inputs. GPU only.
+
+    python benchmarks/flat_study.py SPEC.yaml [--shape N=4096,D=4096] [--out study.json]
+
+Measured on the H200 (session 7): the imported residual SiLU ran at 13-27% of the copy
+bandwidth in `specgen bench`, while eager's three kernels together reached more.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specgen import abi  # noqa: E402
+from specgen.agents.builtin.generator import build_source, compile_source  # noqa: E402
+from specgen.agents.builtin.schedule import Variant  # noqa: E402
+from specgen.bench import bench_inputs, bench_spec, copy_bandwidth_gbs, flush_l2, moved_bytes  # noqa: E402
+from specgen.spec import load_spec  # noqa: E402
+from specgen.verify.library import KernelLibrary  # noqa: E402
+
+LAUNCH_SHAPES = [(4, 1), (2, 1), (4, 4), (4, 16), (2, 32), (1, 64), (8, 1)]  # (flat_unroll, flat_waves)
+
+
+def plain_time_us(fn, reps: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def plain_kernel_call(spec, library: KernelLibrary, dims: dict, dtype: str):
+    args = bench_inputs(spec, dims, dtype, seed=0)
+    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    scalars = {k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}
+    for field in abi.fields(spec, "forward"):
+        if field.role == "output":
+            tensors[field.name] = torch.empty(field.tensor.shape(dims), device="cuda",
+                                              dtype=next(iter(tensors.values())).dtype)
+    stream = torch.cuda.current_stream()
+
+    def call():
+        code = library.call("forward", tensors, scalars, dims, stream)
+        if code:
+            raise RuntimeError(f"kernel error {code}")
+    return call, args
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec")
+    parser.add_argument("--shape", default="")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("flat_study: needs a CUDA GPU")
+        return 3
+    spec = load_spec(args.spec)
+    dims = ({k: int(v) for k, v in (p.split("=") for p in args.shape.split(","))} if args.shape
+            else dict(spec.benchmark[0]))
+    copy = copy_bandwidth_gbs()
+    rows = []
+    for unroll, waves in LAUNCH_SHAPES:
+        variant = Variant(f"u{unroll}w{waves}", flat_unroll=unroll, flat_waves=waves)
+        compiled = compile_source(spec, build_source(spec, variant))
+        path = Path(getattr(compiled, "library", compiled))
+        library = KernelLibrary(spec, path)
+        for dtype in args.dtypes.split(","):
+            call, inputs = plain_kernel_call(spec, library, dims, dtype)
+            plain = plain_time_us(call)
+            reference = spec.reference_fn()
+            with torch.no_grad():
+                eager = plain_time_us(functools.partial(reference, **inputs))
+            harness = bench_spec(spec, path, shapes=[dims], dtypes=[dtype], compiled=False, eager=False)
+            harness_us = harness.rows[0].kernel_us if harness.rows else None
+            nbytes = moved_bytes(spec, dims, dtype)
+            row = {"variant": variant.name, "dtype": dtype, "dims": dims, "MB": nbytes / 1e6,
+                   "plain_us": plain, "harness_us": harness_us, "eager_us": eager,
+                   "plain_of_copy": nbytes / (plain * 1e-6) / (copy * 1e9)}
+            rows.append(row)
+            print(f"{variant.name:8} {dtype:9} plain {plain:8.1f} us ({row['plain_of_copy']:5.0%} of copy)  "
+                  f"harness {harness_us or float('nan'):8.1f} us  eager {eager:8.1f} us", flush=True)
+            del inputs
+            torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps({"spec": spec.name, "copy_gbs": copy, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
