@@ -523,3 +523,18 @@ def test_variants_that_give_the_same_kernel_are_tried_once():
     # csmem only changes programs with column partials: for softmax it is the default kernel
     pairs, _ = tune.candidates(load_spec(SPECS / "softmax.yaml"), variants_named("default,csmem"))
     assert [v.name for v, _ in pairs] == ["default"]
+
+
+def test_generate_builtin_finds_the_verdict_of_a_source_without_the_variant_line(standins, op_path, monkeypatch):
+    """Families outside the row emitter (arg-reductions, losses, channel norms) write no
+    `// Schedule variant:` line: on the H200 every such problem ended in KeyError: 'default'."""
+    from specgen.agents.builtin import generate_builtin, generator
+
+    real = generator.build_source
+    monkeypatch.setattr(generator, "build_source",
+                        lambda spec, variant=generator.DEFAULT_VARIANT: tune._same(real(spec, variant)))
+    monkeypatch.setattr(lock, "gpu_available", lambda: True)
+    spec = load_spec(op_path)
+    result = generate_builtin(spec, gpu=True, tune=False)
+    assert "Schedule variant" not in result.source
+    assert result.record.verification["variant"] == "default" and result.record.verification["passed"]

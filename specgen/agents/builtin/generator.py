@@ -185,7 +185,7 @@ def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regen
 
             benchmark = bench_spec(spec, compiled.library)
             result.benchmark = benchmark
-        verdict = backend.verdicts[tuned.variant]
+        verdict = backend.verdicts_by_source[tuned.source]
         record = lock.Record(kernel_hash=lock.kernel_hash(result.source), verifier_version=VERIFIER_VERSION,
                              gpu_arch=compiled.arch, verification=_verification(spec, verdict, tuned.variant),
                              benchmark=benchmark.as_record() if benchmark else None)

@@ -134,6 +134,7 @@ class GpuBackend(TuneBackend):
         self.arch = arch or detect_gpu_arch() or "unknown"
         self.sanitize, self.examples, self.reps, self.final_benchmark = sanitize, examples, reps, final_benchmark
         self.verdicts: dict[str, object] = {}  # variant name -> the verifier's Verdict (builtin_bench reports them)
+        self.verdicts_by_source: dict[str, object] = {}  # kernel source -> its Verdict
 
     def _library(self, spec, source: str):
         from .generator import compile_source
@@ -154,6 +155,7 @@ class GpuBackend(TuneBackend):
         verdict = verify_kernel(spec, source, arch=self.arch_option, sanitize=self.sanitize, **options)
         name = re.search(r"// Schedule variant: (\S+)\.", source)
         self.verdicts[name.group(1) if name else "?"] = verdict
+        self.verdicts_by_source[source] = verdict  # families without the marker line (arg-reductions, losses...)
         if not verdict.passed:
             return Check(False, _reason(verdict) or "failed verification")
         return Check(True, "", {**(_record(verdict) or {"passed": True}), "sanitized": self.sanitize})
