@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgen import abi  # noqa: E402
-from specgen.agents.builtin.generator import build_source, compile_source  # noqa: E402
+from specgen.agents.builtin.generator import build_source, compile_many  # noqa: E402
 from specgen.agents.builtin.schedule import Variant  # noqa: E402
 from specgen.bench import bench_inputs, bench_spec, copy_bandwidth_gbs, flush_l2, moved_bytes  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--out", default="")
+    parser.add_argument("--harness", default="u4w1,u2w32", help="variants also timed through the verifier's harness")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("flat_study: needs a CUDA GPU")
@@ -80,10 +81,13 @@ def main(argv=None) -> int:
             else dict(spec.benchmark[0]))
     copy = copy_bandwidth_gbs()
     rows = []
-    for unroll, waves in LAUNCH_SHAPES:
-        variant = Variant(f"u{unroll}w{waves}", flat_unroll=unroll, flat_waves=waves)
-        compiled = compile_source(spec, build_source(spec, variant))
-        path = Path(getattr(compiled, "library", compiled))
+    variants = [Variant(f"u{unroll}w{waves}", flat_unroll=unroll, flat_waves=waves) for unroll, waves in LAUNCH_SHAPES]
+    libraries = compile_many([(spec, build_source(spec, v)) for v in variants])  # nvcc in parallel
+    for variant, compiled in zip(variants, libraries):
+        if isinstance(compiled, Exception):
+            print(f"{variant.name}: did not compile: {compiled}")
+            continue
+        path = Path(compiled.library)
         library = KernelLibrary(spec, path)
         for dtype in args.dtypes.split(","):
             call, inputs = plain_kernel_call(spec, library, dims, dtype)
@@ -91,8 +95,10 @@ def main(argv=None) -> int:
             reference = spec.reference_fn()
             with torch.no_grad():
                 eager = plain_time_us(functools.partial(reference, **inputs))
-            harness = bench_spec(spec, path, shapes=[dims], dtypes=[dtype], compiled=False, eager=False)
-            harness_us = harness.rows[0].kernel_us if harness.rows else None
+            harness_us = None
+            if variant.name in args.harness.split(","):  # each is a kernel process of its own: seconds
+                harness = bench_spec(spec, path, shapes=[dims], dtypes=[dtype], compiled=False, eager=False)
+                harness_us = harness.rows[0].kernel_us if harness.rows else None
             nbytes = moved_bytes(spec, dims, dtype)
             row = {"variant": variant.name, "dtype": dtype, "dims": dims, "MB": nbytes / 1e6,
                    "plain_us": plain, "harness_us": harness_us, "eager_us": eager,
