@@ -8,7 +8,7 @@
 # VERIFY_PARTS picks the parts (default: all of "timing adversarial committed heldout"; the good
 # kernels run with timing); VERIFY_HELDOUT_ONLY: held-out file names (substrings), to finish a
 # suite that an earlier call did not reach; VERIFY_ONLY_<suite> (e.g. VERIFY_ONLY_v3): the same for one
-# suite only.
+# suite only. VERIFY_COMMITTED: the spec files or folders re-verified from the lock (default specs).
 set -uo pipefail
 PARTS=" ${VERIFY_PARTS:-timing adversarial committed heldout} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -31,7 +31,7 @@ fi
 if has committed; then
   ( record=""; [ "${VERIFY_RECORD:-0}" = 1 ] && record="--record"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock.before"
-  timeout "$(left)" python3 -m specgen verify --locked $record specs --json "$STAGE_OUT/committed.json" \
+  timeout "$(left)" python3 -m specgen verify --locked $record ${VERIFY_COMMITTED:-specs} --json "$STAGE_OUT/committed.json" \
     > "$STAGE_OUT/committed.log" 2>&1
   echo "exit $?" >> "$STAGE_OUT/committed.log"
   cp specs/specgen.lock "$STAGE_OUT/specgen.lock" ) &
