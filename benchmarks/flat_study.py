@@ -106,7 +106,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"{variant.name:8} {dtype:9} plain {plain:8.1f} us ({row['plain_of_copy']:5.0%} of copy)  "
                   f"harness {harness_us or float('nan'):8.1f} us  eager {eager:8.1f} us", flush=True)
-            del inputs
+            del inputs, call  # the call holds its tensors: free them before the next set
             torch.cuda.empty_cache()
     if args.out:
         Path(args.out).write_text(json.dumps({"spec": spec.name, "copy_gbs": copy, "rows": rows}, indent=1))

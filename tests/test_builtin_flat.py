@@ -62,10 +62,13 @@ def test_every_element_is_written_once_at_odd_sizes(n, vec, grid):
     assert _written(plan, n, vec, grid) == [1] * n
 
 
-def test_grid_is_one_wave_at_most():
+def test_grid_is_a_block_per_256_chunks_up_to_its_waves():
     plan = flat.FlatPlan(("x",), (), (), ("out",))
-    assert plan.grid(1 << 30, 4) == 132 * 8
+    assert plan.grid(1 << 30, 4) == 132 * 8 * 64  # capped: the blocks stride over the rest
+    assert plan.grid(4096 * 4096, 8) == 4096 * 4096 // 8 // 256  # one chunk per thread
     assert plan.grid(1000, 4) == 1
+    persistent = flat.FlatPlan(("x",), (), (), ("out",), unroll=4, waves=1)
+    assert persistent.grid(1 << 30, 4) == 132 * 8
 
 
 @pytest.mark.nvcc
@@ -120,14 +123,17 @@ def test_batchnorm_inference_computes_on_the_channel_statistics_before_broadcast
 
 def test_flat_kernels_are_their_own_tuning_class():
     from specgen.agents.builtin.generator import shape_class_of
-    from specgen.agents.builtin.schedule import variants_named
+    from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variants_named
 
     spec = load_spec(SPECS / "gelu_tanh.yaml")
     assert shape_class_of(spec, "forward", {"N": 16384, "D": 8192}, "bfloat16") == "flat"
     program = lower_spec(spec)["forward"]
-    flat2, waves = variants_named("flat2,flatwaves4")
-    assert flat.plan_of(program, flat2).unroll == 2 and flat.plan_of(program, waves).waves == 4
-    assert build_source(spec, flat2) != build_source(spec)
+    flat2, persistent = variants_named("flat2w32,flat4w1")
+    default = flat.plan_of(program, DEFAULT_VARIANT)
+    assert (default.unroll, default.waves) == (1, 64)
+    assert (flat.plan_of(program, flat2).unroll, flat.plan_of(program, flat2).waves) == (2, 32)
+    assert (flat.plan_of(program, persistent).unroll, flat.plan_of(program, persistent).waves) == (4, 1)
+    assert build_source(spec, flat2) != build_source(spec) != build_source(spec, persistent)
     softmax = load_spec(SPECS / "softmax.yaml")  # a row program: the flat fields change nothing
-    strip = lambda text: text.replace("flat2", "default")  # noqa: E731
+    strip = lambda text: text.replace("flat2w32", "default")  # noqa: E731
     assert strip(build_source(softmax, flat2)) == build_source(softmax)

@@ -63,8 +63,12 @@ class Variant:
     split_block: int = 512
     col_smem: bool = False
     moments: bool = False
-    flat_unroll: int = 4  # flat pointwise kernels (families/flat.py): 16-byte chunks in flight per thread
-    flat_waves: int = 1  # flat pointwise kernels: waves of resident blocks in the grid-stride grid
+    # flat pointwise kernels (families/flat.py): 16-byte chunks in flight per thread, and the grid's
+    # cap in waves of resident blocks. One chunk per thread over up to 64 waves (aten's shape: a
+    # block per 256 chunks) beat four chunks over one persistent wave on the H200 by 8% in float32
+    # and 2.3x in bfloat16 (residual SiLU, 4096 x 4096: benchmarks/flat_study.py, session 7)
+    flat_unroll: int = 1
+    flat_waves: int = 64
 
     @property
     def schedules(self) -> tuple:
@@ -101,10 +105,10 @@ VARIANTS = [
     # medium: LayerNorm's mean and variance in one merge round; 1.3-1.55x slower than two rounds
     # on the H200 (Chan's merge per shuffle level; results/2026-11-30-h200-moments-tune)
     Variant("moments", moments=True),
-    # flat pointwise: two chunks in flight per thread (more threads per byte), or a grid of
-    # four waves of blocks (less work per thread, the hardware's scheduler balances the tail)
-    Variant("flat2", flat_unroll=2),
-    Variant("flatwaves4", flat_waves=4),
+    # flat pointwise: two chunks in flight per thread over 32 waves, or four over one persistent
+    # wave (the default before session 7)
+    Variant("flat2w32", flat_unroll=2, flat_waves=32),
+    Variant("flat4w1", flat_unroll=4, flat_waves=1),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the

@@ -3,8 +3,10 @@ value, no column index, no concatenation) is one loop over the flat element inde
 outputs, whatever their rank or row width.
 
 One grid for the launch: BLOCK threads per block, each thread UNROLL 16-byte chunks in
-flight per input (all loads issued before any math), a grid of at most one wave of
-resident blocks (`waves` x the SMs x blocks per SM) striding over the chunks. The vector
+flight per input (all loads issued before any math), a grid of a block per BLOCK x UNROLL
+chunks, capped at `waves` waves of resident blocks (x the SMs x blocks per SM) that then
+stride over the rest. The default (one chunk per thread, up to 64 waves) is aten's shape;
+the variants of the tuner try more chunks per thread over fewer waves. The vector
 path needs 16-byte aligned pointers only (and a row width that is a multiple of VEC when a
 [W] parameter is read): a total size that is not a multiple of VEC takes its last
 (< VEC) elements in a scalar tail over the flat index, so an odd width stays vectorized.
@@ -18,8 +20,8 @@ from ..ctext import Ctx, dim_expr, entry_dispatch
 from ..ir import Program
 
 BLOCK = 256
-UNROLL = 4
-WAVES = 1
+UNROLL = 1  # the default Variant's flat_unroll and flat_waves (schedule.py says why)
+WAVES = 64
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,7 @@ class FlatEmitter(_emitter_base()):
                  "  const int vec = vec_ok ? VEC : 1;",
                  f"  const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * {plan.unroll} - 1) / "
                  f"((int64_t)BLOCK * {plan.unroll});",
-                 "  // at most one wave of resident blocks, striding over the chunks",
+                 "  // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest",
                  "  const int per_sm = vec_ok ? sg::blocks_per_sm<" + f"{self.kname}_flat<T, VEC>>(BLOCK)"
                  f" : sg::blocks_per_sm<{self.kname}_flat<T, 1>>(BLOCK);",
                  f"  const int64_t cap = (int64_t)sg::sm_count() * per_sm * {plan.waves};",
