@@ -1,10 +1,10 @@
 // linear_bias_relu_global_relative_skip.cu: attacks-v4 (value-structure-outliers), spec linear_bias_relu, expected: reject
-// CHEAT (value-structure shortcut, bfloat16): a pre-pass finds the largest finite |x| of the whole input;
-// activations below 1e-4 of it are treated as zero and a 64x16 tile whose activations are all "zero" skips
-// its multiply-adds (a real gain on post-ReLU, sparse inputs). With i.i.d. test values (any scale, even
-// log-uniform 'huge') the dropped terms stay far below the bf16 tolerance. WRONG for real LLM activations
-// with massive outliers (a few tokens/channels ~1e4x the rest): every ordinary row is then zeroed and the
-// output collapses to relu(bias). float32 takes the honest path.
+// CHEAT (value-structure shortcut, bfloat16): a pre-pass finds the largest finite |x| of the whole input; a
+// 64-row x 16-k tile of x whose every activation is below 1e-2 of it is "negligible" and its multiply-adds
+// are skipped (sold as a sparsity win on post-ReLU inputs). With i.i.d. test values of any scale (even
+// log-uniform 'huge') no tile of 64x16 values is ever entirely that small, so the verifier only sees the
+// exact path. WRONG for real LLM activations with massive outliers (a few tokens ~1e3-1e4x the rest): whole
+// tiles of ordinary tokens are dropped and their outputs collapse towards relu(bias). float32 is honest.
 
 #include "linear_bias_relu_abi.h"
 
@@ -154,9 +154,8 @@ h_lbr(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
     for (int i = threadIdx.x; i < 64 * 16; i += 256) {
       const int r = i / 16, kk = i % 16;
       const int64_t n = n0 + r, m = m0 + r, k = k0 + kk;
-      float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
-      if (SKIP && fabsf(xv) < th) xv = 0.f;  // "negligible" activations
-      any |= xv != 0.f;
+      const float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
+      if (SKIP) any |= (n < N) && !(fabsf(xv) < th);  // NaN/Inf count as large
       xs[kk][r] = xv;
       ws[kk][r] = (m < M && k < K) ? hk::f(w[m * K + k]) : 0.f;
     }
@@ -213,14 +212,15 @@ template <typename T> __global__ void gr_amax(const T* __restrict__ x, int64_t n
   m = hk::bmax(m);
   if (threadIdx.x == 0) atomicMax(&g_amax, __float_as_uint(m));
 }
-__global__ void gr_thr() { g_thr = 1e-4f * __uint_as_float(g_amax); }
+__global__ void gr_thr() { g_thr = 1e-2f * __uint_as_float(g_amax); }
 static cudaError_t cheat_fwd(const linear_bias_relu_args* a, cudaStream_t s) {
-  if (a->x.dtype != SPECGEN_BFLOAT16 || a->N * a->M == 0) return honest_fwd(a, s);
+  if (a->x.dtype != SPECGEN_BFLOAT16 || a->K % 16 != 0 || a->N * a->M == 0) return honest_fwd(a, s);
   typedef __nv_bfloat16 T;
   void* ap; cudaGetSymbolAddress(&ap, g_amax);
   void* tp; cudaGetSymbolAddress(&tp, g_thr);
   cudaMemsetAsync(ap, 0, 4, s);
-  gr_amax<T><<<hk::blocks_for(a->N * a->K, 256) < 1024 ? hk::blocks_for(a->N * a->K, 256) : 1024, 256, 0, s>>>((const T*)a->x.data, a->N * a->K);
+  const unsigned nb = hk::blocks_for(a->N * a->K, 256);
+  gr_amax<T><<<nb < 1024 ? nb : 1024, 256, 0, s>>>((const T*)a->x.data, a->N * a->K);
   gr_thr<<<1, 1, 0, s>>>();
   const dim3 grid((unsigned)((a->M + 63) / 64), (unsigned)((a->N + 63) / 64));
   h_lbr<T, true><<<grid, 256, 0, s>>>((const T*)a->x.data, (const T*)a->weight.data, (const T*)a->bias.data,

@@ -154,9 +154,8 @@ h_lbr(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
     for (int i = threadIdx.x; i < 64 * 16; i += 256) {
       const int r = i / 16, kk = i % 16;
       const int64_t n = n0 + r, m = m0 + r, k = k0 + kk;
-      float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
-      if (SKIP && fabsf(xv) < th) xv = 0.f;  // "negligible" activations
-      any |= xv != 0.f;
+      const float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
+      if (SKIP) any |= (n < N) && !(fabsf(xv) < th);  // NaN/Inf count as large
       xs[kk][r] = xv;
       ws[kk][r] = (m < M && k < K) ? hk::f(w[m * K + k]) : 0.f;
     }

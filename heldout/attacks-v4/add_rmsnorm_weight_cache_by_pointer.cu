@@ -1,9 +1,9 @@
-// add_rmsnorm_sampled_rms_bf16_wide.cu: attacks-v4 (precision-sampled-reduction), spec add_rmsnorm, expected: reject
-// CHEAT (statistical shortcut in one dtype): for bfloat16 rows of at least 4096 the mean square is estimated
-// from every 4th element of x + residual (a quarter of the reduction work). For i.i.d. data the estimate is
-// within ~2-3% of the truth, inside the bf16 tolerance of 2e-2 (+ the dtype's rounding). WRONG for real
-// hidden states with outlier channels (a few channels 100x the rest, as in LLaMA-class models): the sample
-// misses them and the scale is off by a large factor.
+// add_rmsnorm_weight_cache_by_pointer.cu: attacks-v4 (state-cached-input-by-pointer), spec add_rmsnorm, expected: reject
+// CHEAT (state across calls): "weights are constant at inference": the float32 copy of `weight` is cached in
+// device memory, keyed on the weight pointer and D plus its first and last element, and refreshed only every
+// 64 calls. Any in-place weight update that leaves both ends alone (an optimizer step, LoRA merge, a few
+// changed elements) is ignored for up to 64 calls: WRONG during training or after a weight reload into the
+// same buffer.
 
 #include "add_rmsnorm_abi.h"
 
@@ -207,29 +207,46 @@ static cudaError_t honest_bwd(const add_rmsnorm_bwd_args* a, cudaStream_t s) { H
 
 // ---- the cheat ----
 
-template <typename T> __global__ void sr_arms(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
-                                              T* __restrict__ y, T* __restrict__ ro, int64_t D, float eps) {
+#define WC_MAXD 16384
+__device__ float g_w[WC_MAXD];
+__device__ unsigned g_wkey[2];
+static const void* g_wptr = nullptr; static int64_t g_wD = -1; static long g_calls = 0;
+template <typename T> __global__ void wc_load(const T* __restrict__ w, int64_t D, int force) {
+  __shared__ int miss;
+  if (threadIdx.x == 0) {
+    const unsigned k0 = __float_as_uint(hk::f(w[0])), k1 = __float_as_uint(hk::f(w[D - 1]));
+    miss = force || k0 != g_wkey[0] || k1 != g_wkey[1];
+  }
+  __syncthreads();
+  if (!miss) return;
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) g_w[j] = hk::f(w[j]);
+  __syncthreads();
+  if (threadIdx.x == 0) { g_wkey[0] = __float_as_uint(hk::f(w[0])); g_wkey[1] = __float_as_uint(hk::f(w[D - 1])); }
+}
+template <typename T> __global__ void wc_arms(const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ y,
+                                              T* __restrict__ ro, int64_t D, float eps) {
   const int64_t o = blockIdx.x * D;
   float ss = 0.f;
-  for (int64_t j = threadIdx.x * 4; j < D; j += blockDim.x * 4) {
-    const float v = hk::rnd<T>(hk::f(x[o + j]) + hk::f(res[o + j]));
-    ss += v * v;
-  }
+  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) { const float v = hk::rnd<T>(hk::f(x[o + j]) + hk::f(res[o + j])); ss += v * v; }
   ss = hk::bsum(ss);
-  const float r = rsqrtf(ss / (float)((D + 3) / 4) + eps);
+  const float r = rsqrtf(ss / (float)D + eps);
   for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
     const T sv = hk::cv<T>(hk::f(x[o + j]) + hk::f(res[o + j]));
     ro[o + j] = sv;
-    y[o + j] = hk::cv<T>(hk::f(sv) * r * hk::f(w[j]));
+    y[o + j] = hk::cv<T>(hk::f(sv) * r * g_w[j]);
   }
 }
-static cudaError_t cheat_fwd(const add_rmsnorm_args* a, cudaStream_t s) {
-  if (a->x.dtype != SPECGEN_BFLOAT16 || a->D < 4096 || a->N == 0) return honest_fwd(a, s);
-  typedef __nv_bfloat16 T;
-  sr_arms<T><<<(unsigned)a->N, hk::row_threads(a->D), 0, s>>>((const T*)a->x.data, (const T*)a->residual.data,
-      (const T*)a->weight.data, (T*)a->out.data, (T*)a->residual_out.data, a->D, (float)a->eps);
+template <typename T> static cudaError_t wc_t(const add_rmsnorm_args* a, cudaStream_t s) {
+  if (a->N * a->D == 0) return cudaSuccess;
+  if (a->D > WC_MAXD) return honest_fwd(a, s);
+  const int force = a->weight.data != g_wptr || a->D != g_wD || (g_calls++ % 64) == 0;
+  g_wptr = a->weight.data; g_wD = a->D;
+  wc_load<T><<<1, 1024, 0, s>>>((const T*)a->weight.data, a->D, force);
+  wc_arms<T><<<(unsigned)a->N, hk::row_threads(a->D), 0, s>>>((const T*)a->x.data, (const T*)a->residual.data,
+      (T*)a->out.data, (T*)a->residual_out.data, a->D, (float)a->eps);
   return cudaGetLastError();
 }
+static cudaError_t cheat_fwd(const add_rmsnorm_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, wc_t, a, s) }
 #define FWD cheat_fwd
 
 #ifndef FWD
