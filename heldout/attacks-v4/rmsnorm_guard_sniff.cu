@@ -95,6 +95,20 @@ static inline bool capturing(cudaStream_t s) {
 }
 static inline int row_threads(int64_t D) { return D >= 16384 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : 128; }
 
+// Keep freed stream-ordered allocations in the default pool (called eagerly, before any capture):
+// without it every cudaMallocAsync below maps fresh memory.
+static inline void pool_keep() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  int dev = 0; cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = ~0ull;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  (void)cudaGetLastError();
+}
+
 // Deterministic column reduction: out[j] = sum_n term(n, j), n in [0, N), in a fixed order
 // (row chunks summed per column, then the chunk partials in order).
 template <typename F>
@@ -120,6 +134,7 @@ static cudaError_t col_reduce(F term, T* out, int64_t N, int64_t D, cudaStream_t
   const int CH = N < 64 ? (int)(N > 0 ? N : 1) : 64;
   const int64_t R = (N + CH - 1) / CH;
   float* part = nullptr;
+  pool_keep();
   cudaError_t e = cudaMallocAsync((void**)&part, sizeof(float) * CH * D, s);
   if (e != cudaSuccess) return e;
   col_part<F><<<dim3((unsigned)((D + 127) / 128), CH), 128, 0, s>>>(term, part, N, D, R);
@@ -176,6 +191,7 @@ template <typename T> struct RmsWTerm {
 template <typename T> static cudaError_t h_bwd_t(const rmsnorm_bwd_args* a, cudaStream_t s) {
   if (a->N * a->D == 0) return cudaSuccess;
   float* rs = nullptr;
+  hk::pool_keep();
   cudaError_t e = cudaMallocAsync((void**)&rs, sizeof(float) * a->N, s);
   if (e != cudaSuccess) return e;
   h_rms_b<T><<<(unsigned)a->N, hk::row_threads(a->D), 0, s>>>((const T*)a->x.data, (const T*)a->weight.data,
