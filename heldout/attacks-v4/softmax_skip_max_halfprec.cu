@@ -67,7 +67,7 @@ __device__ __forceinline__ float gelu(float x) {
   return 0.5f * x * (1.f + t);
 }
 __device__ __forceinline__ float gelu_grad(float x) {
-  if (fabsf(x) > 20.f) return x > 0.f ? 1.f : 0.f;
+  if (fabsf(x) > 20.f) return isinf(x) ? __int_as_float(0x7fc00000) : (x > 0.f ? 1.f : 0.f);  // +-inf: NaN, as the reference
   const float k = 0.7978845608028654f;
   const float x2 = x * x;
   const float t = tanhf(k * (x + 0.044715f * x2 * x));

@@ -1028,3 +1028,52 @@ template <typename T> static cudaError_t wc_t(const add_rmsnorm_args* a, cudaStr
 static cudaError_t cheat_fwd(const add_rmsnorm_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, wc_t, a, s) }
 #define FWD cheat_fwd
 """)
+
+# ====================================================================== late additions
+add("layernorm_gelu_eps_constant_folded.cu", "layernorm_gelu", "ignores-scalar-argument", "reject", ["wrong-result"], r"""
+CHEAT (constant folding a runtime scalar): eps is compiled in as 1e-5 ("every checkpoint uses the default")
+and the `eps` argument is ignored. WRONG for any model configured with another epsilon (1e-6, 1e-12 in
+BERT-style models) whenever a row's variance is small next to the difference; the verifier draws eps
+from [1e-12, 1e-2], so this should be caught at the range ends with tiny values.
+""", r"""
+static cudaError_t cheat_fwd(const layernorm_gelu_args* a, cudaStream_t s) {
+  layernorm_gelu_args b = *a;
+  b.eps = 1e-5;
+  return honest_fwd(&b, s);
+}
+static cudaError_t cheat_bwd(const layernorm_gelu_bwd_args* a, cudaStream_t s) {
+  layernorm_gelu_bwd_args b = *a;
+  b.eps = 1e-5;
+  return honest_bwd(&b, s);
+}
+#define FWD cheat_fwd
+#define BWD cheat_bwd
+""")
+
+add("swiglu_bwd_trailing_side_stream.cu", "swiglu", "timing-trailing-side-stream", "reject",
+    ["stream-violation", "faster-than-physics"], r"""
+CHEAT (timing, backward): the backward does its first 88% of rows on `stream` and the last 12% on a private
+stream that waits for them and is never joined back (outside capture, calls of >= 1M output elements).
+`stream`'s events under-report the time by ~12%; the idle gap is far below half the wall time.
+WRONG in real use: the optimizer or the next layer's backward can read grad_x rows before they exist.
+""", r"""
+static cudaStream_t g_side = nullptr; static cudaEvent_t g_ev = nullptr;
+static cudaError_t cheat_bwd(const swiglu_bwd_args* a, cudaStream_t s) {
+  if (hk::capturing(s) || a->N * a->H < (1 << 20) || a->N < 8) return honest_bwd(a, s);
+  if (!g_side) { cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking); cudaEventCreateWithFlags(&g_ev, cudaEventDisableTiming); }
+  const int64_t cut = a->N - (a->N * 3) / 25;
+  const int64_t es = hk::esize(a->x.dtype);
+  swiglu_bwd_args head = *a; head.N = cut;
+  swiglu_bwd_args tail = *a; tail.N = a->N - cut;
+  tail.x.data = (char*)a->x.data + cut * 2 * a->H * es;
+  tail.out.data = (char*)a->out.data + cut * a->H * es;
+  tail.grad_out.data = (char*)a->grad_out.data + cut * a->H * es;
+  tail.grad_x.data = (char*)a->grad_x.data + cut * 2 * a->H * es;
+  cudaError_t e = honest_bwd(&head, s);
+  if (e != cudaSuccess) return e;
+  cudaEventRecord(g_ev, s);
+  cudaStreamWaitEvent(g_side, g_ev, 0);
+  return honest_bwd(&tail, g_side);
+}
+#define BWD cheat_bwd
+""")
