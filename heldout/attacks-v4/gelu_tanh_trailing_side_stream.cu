@@ -1,0 +1,222 @@
+// gelu_tanh_trailing_side_stream.cu: attacks-v4 (timing-trailing-side-stream), spec gelu_tanh, expected: reject
+// CHEAT (timing): for calls of >= 1M elements that are not being captured, the last 12% of the rows are
+// computed on a private stream that waits for `stream`'s part and is never joined back. The CUDA events on
+// `stream` miss that tail, so the reported time is ~12% below the real one; the device-idle gap stays well
+// under half the call's wall time, so the stream-violation heuristic (gap > 0.2 ms AND > 50% of wall) does
+// not fire. WRONG in real use: the next op on `stream` reads the last rows before they are written.
+
+#include "gelu_tanh_abi.h"
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+namespace hk {
+__device__ __forceinline__ float f(float v) { return v; }
+__device__ __forceinline__ float f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T cv(float v);
+template <> __device__ __forceinline__ float cv<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cv<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ float rnd(float v) { return f(cv<T>(v)); }
+__device__ __forceinline__ float mx(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN wins
+__device__ __forceinline__ float wsum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float wmax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = mx(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+__device__ __forceinline__ float bsum(float v) {
+  __shared__ float sm[33];
+  v = wsum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : 0.f;
+    t = wsum(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float bmax(float v) {
+  __shared__ float sm[33];
+  v = wmax(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : -INFINITY;
+    t = wmax(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  if (fabsf(x) > 20.f) return isinf(x) ? __int_as_float(0x7fc00000) : (x > 0.f ? 1.f : 0.f);  // +-inf: NaN, as the reference
+  const float k = 0.7978845608028654f;
+  const float x2 = x * x;
+  const float t = tanhf(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 0.134145f * x2);
+}
+__device__ __forceinline__ float sigm(float g) { return 1.f / (1.f + expf(-g)); }
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static inline unsigned blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+static inline bool al16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+static inline int esize(int32_t dt) { return dt == SPECGEN_FLOAT32 ? 4 : 2; }
+static inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &st);
+  return st != cudaStreamCaptureStatusNone;
+}
+static inline int row_threads(int64_t D) { return D >= 16384 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : 128; }
+
+// Keep freed stream-ordered allocations in the default pool (called eagerly, before any capture):
+// without it every cudaMallocAsync below maps fresh memory.
+static inline void pool_keep() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  int dev = 0; cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = ~0ull;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  (void)cudaGetLastError();
+}
+
+// Deterministic column reduction: out[j] = sum_n term(n, j), n in [0, N), in a fixed order
+// (row chunks summed per column, then the chunk partials in order).
+template <typename F>
+__global__ void col_part(F term, float* __restrict__ part, int64_t N, int64_t D, int64_t R) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  const int64_t n0 = blockIdx.y * R, n1 = n0 + R < N ? n0 + R : N;
+  float s = 0.f;
+  for (int64_t n = n0; n < n1; ++n) s += term(n, j);
+  part[blockIdx.y * D + j] = s;
+}
+template <typename T>
+__global__ void col_final(const float* __restrict__ part, T* __restrict__ out, int64_t D, int CH) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  float s = 0.f;
+  for (int c = 0; c < CH; ++c) s += part[c * D + j];
+  out[j] = cv<T>(s);
+}
+template <typename T, typename F>
+static cudaError_t col_reduce(F term, T* out, int64_t N, int64_t D, cudaStream_t s) {
+  if (D == 0) return cudaSuccess;
+  const int CH = N < 64 ? (int)(N > 0 ? N : 1) : 64;
+  const int64_t R = (N + CH - 1) / CH;
+  float* part = nullptr;
+  pool_keep();
+  cudaError_t e = cudaMallocAsync((void**)&part, sizeof(float) * CH * D, s);
+  if (e != cudaSuccess) return e;
+  col_part<F><<<dim3((unsigned)((D + 127) / 128), CH), 128, 0, s>>>(term, part, N, D, R);
+  col_final<T><<<(unsigned)((D + 127) / 128), 128, 0, s>>>(part, out, D, CH);
+  cudaFreeAsync(part, s);
+  return cudaGetLastError();
+}
+}  // namespace hk
+
+#define HK_DISPATCH(dt, F, ...)                                        \
+  switch (dt) {                                                        \
+    case SPECGEN_FLOAT32: return F<float>(__VA_ARGS__);                \
+    case SPECGEN_FLOAT16: return F<__half>(__VA_ARGS__);               \
+    case SPECGEN_BFLOAT16: return F<__nv_bfloat16>(__VA_ARGS__);       \
+    default: return cudaErrorInvalidValue;                             \
+  }
+
+// ---- honest implementation (shared by the suite) ----
+
+template <typename T> __global__ void h_gelu_s(const T* __restrict__ x, T* __restrict__ y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = hk::cv<T>(hk::gelu(hk::f(x[i])));
+}
+template <typename T> __global__ void h_gelu_v(const T* __restrict__ x, T* __restrict__ y, int64_t nv) {
+  constexpr int V = 16 / sizeof(T);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {
+    uint4 r = __ldg(reinterpret_cast<const uint4*>(x) + i), o;
+    const T* e = reinterpret_cast<const T*>(&r);
+    T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+    for (int v = 0; v < V; ++v) oe[v] = hk::cv<T>(hk::gelu(hk::f(e[v])));
+    reinterpret_cast<uint4*>(y)[i] = o;
+  }
+}
+template <typename T> static cudaError_t h_fwd_t(const gelu_tanh_args* a, cudaStream_t s) {
+  const int64_t n = a->N * a->D;
+  if (n == 0) return cudaSuccess;
+  constexpr int V = 16 / sizeof(T);
+  const T* x = (const T*)a->x.data; T* y = (T*)a->out.data;
+  if (hk::al16(x) && hk::al16(y) && n % V == 0) h_gelu_v<T><<<hk::blocks_for(n / V, 256), 256, 0, s>>>(x, y, n / V);
+  else h_gelu_s<T><<<hk::blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+  return cudaGetLastError();
+}
+static cudaError_t honest_fwd(const gelu_tanh_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, h_fwd_t, a, s) }
+
+template <typename T> __global__ void h_gelu_b(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ gx, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    gx[i] = hk::cv<T>(hk::f(g[i]) * hk::gelu_grad(hk::f(x[i])));
+}
+template <typename T> static cudaError_t h_bwd_t(const gelu_tanh_bwd_args* a, cudaStream_t s) {
+  const int64_t n = a->N * a->D;
+  if (n == 0) return cudaSuccess;
+  h_gelu_b<T><<<hk::blocks_for(n, 256), 256, 0, s>>>((const T*)a->x.data, (const T*)a->grad_out.data, (T*)a->grad_x.data, n);
+  return cudaGetLastError();
+}
+static cudaError_t honest_bwd(const gelu_tanh_bwd_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, h_bwd_t, a, s) }
+
+// ---- the cheat ----
+
+static cudaStream_t g_side = nullptr; static cudaEvent_t g_ev = nullptr;
+static cudaError_t cheat_fwd(const gelu_tanh_args* a, cudaStream_t s) {
+  const int64_t n = a->N * a->D;
+  if (hk::capturing(s) || n < (1 << 20) || a->N < 8) return honest_fwd(a, s);
+  if (!g_side) { cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking); cudaEventCreateWithFlags(&g_ev, cudaEventDisableTiming); }
+  const int64_t cut = a->N - (a->N * 3) / 25;
+  const int es = hk::esize(a->x.dtype);
+  gelu_tanh_args head = *a; head.N = cut;
+  gelu_tanh_args tail = *a; tail.N = a->N - cut;
+  tail.x.data = (char*)a->x.data + cut * a->D * es; tail.out.data = (char*)a->out.data + cut * a->D * es;
+  cudaError_t e = honest_fwd(&head, s);
+  if (e != cudaSuccess) return e;
+  cudaEventRecord(g_ev, s);
+  cudaStreamWaitEvent(g_side, g_ev, 0);
+  return honest_fwd(&tail, g_side);  // never joined back into `stream`
+}
+#define FWD cheat_fwd
+
+#ifndef FWD
+#define FWD honest_fwd
+#endif
+#ifndef BWD
+#define BWD honest_bwd
+#endif
+extern "C" cudaError_t gelu_tanh_forward(const gelu_tanh_args* a, cudaStream_t stream) { return FWD(a, stream); }
+extern "C" cudaError_t gelu_tanh_backward(const gelu_tanh_bwd_args* a, cudaStream_t stream) { return BWD(a, stream); }

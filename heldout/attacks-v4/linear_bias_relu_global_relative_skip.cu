@@ -1,0 +1,253 @@
+// linear_bias_relu_global_relative_skip.cu: attacks-v4 (value-structure-outliers), spec linear_bias_relu, expected: reject
+// CHEAT (value-structure shortcut, bfloat16): a pre-pass finds the largest finite |x| of the whole input; a
+// 64-row x 16-k tile of x whose every activation is below 1e-2 of it is "negligible" and its multiply-adds
+// are skipped (sold as a sparsity win on post-ReLU inputs). With i.i.d. test values of any scale (even
+// log-uniform 'huge') no tile of 64x16 values is ever entirely that small, so the verifier only sees the
+// exact path. WRONG for real LLM activations with massive outliers (a few tokens ~1e3-1e4x the rest): whole
+// tiles of ordinary tokens are dropped and their outputs collapse towards relu(bias). float32 is honest.
+
+#include "linear_bias_relu_abi.h"
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+namespace hk {
+__device__ __forceinline__ float f(float v) { return v; }
+__device__ __forceinline__ float f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T cv(float v);
+template <> __device__ __forceinline__ float cv<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cv<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ float rnd(float v) { return f(cv<T>(v)); }
+__device__ __forceinline__ float mx(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN wins
+__device__ __forceinline__ float wsum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float wmax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = mx(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+__device__ __forceinline__ float bsum(float v) {
+  __shared__ float sm[33];
+  v = wsum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : 0.f;
+    t = wsum(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float bmax(float v) {
+  __shared__ float sm[33];
+  v = wmax(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : -INFINITY;
+    t = wmax(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  if (fabsf(x) > 20.f) return isinf(x) ? __int_as_float(0x7fc00000) : (x > 0.f ? 1.f : 0.f);  // +-inf: NaN, as the reference
+  const float k = 0.7978845608028654f;
+  const float x2 = x * x;
+  const float t = tanhf(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 0.134145f * x2);
+}
+__device__ __forceinline__ float sigm(float g) { return 1.f / (1.f + expf(-g)); }
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static inline unsigned blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+static inline bool al16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+static inline int esize(int32_t dt) { return dt == SPECGEN_FLOAT32 ? 4 : 2; }
+static inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &st);
+  return st != cudaStreamCaptureStatusNone;
+}
+static inline int row_threads(int64_t D) { return D >= 16384 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : 128; }
+
+// Keep freed stream-ordered allocations in the default pool (called eagerly, before any capture):
+// without it every cudaMallocAsync below maps fresh memory.
+static inline void pool_keep() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  int dev = 0; cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = ~0ull;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  (void)cudaGetLastError();
+}
+
+// Deterministic column reduction: out[j] = sum_n term(n, j), n in [0, N), in a fixed order
+// (row chunks summed per column, then the chunk partials in order).
+template <typename F>
+__global__ void col_part(F term, float* __restrict__ part, int64_t N, int64_t D, int64_t R) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  const int64_t n0 = blockIdx.y * R, n1 = n0 + R < N ? n0 + R : N;
+  float s = 0.f;
+  for (int64_t n = n0; n < n1; ++n) s += term(n, j);
+  part[blockIdx.y * D + j] = s;
+}
+template <typename T>
+__global__ void col_final(const float* __restrict__ part, T* __restrict__ out, int64_t D, int CH) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  float s = 0.f;
+  for (int c = 0; c < CH; ++c) s += part[c * D + j];
+  out[j] = cv<T>(s);
+}
+template <typename T, typename F>
+static cudaError_t col_reduce(F term, T* out, int64_t N, int64_t D, cudaStream_t s) {
+  if (D == 0) return cudaSuccess;
+  const int CH = N < 64 ? (int)(N > 0 ? N : 1) : 64;
+  const int64_t R = (N + CH - 1) / CH;
+  float* part = nullptr;
+  pool_keep();
+  cudaError_t e = cudaMallocAsync((void**)&part, sizeof(float) * CH * D, s);
+  if (e != cudaSuccess) return e;
+  col_part<F><<<dim3((unsigned)((D + 127) / 128), CH), 128, 0, s>>>(term, part, N, D, R);
+  col_final<T><<<(unsigned)((D + 127) / 128), 128, 0, s>>>(part, out, D, CH);
+  cudaFreeAsync(part, s);
+  return cudaGetLastError();
+}
+}  // namespace hk
+
+#define HK_DISPATCH(dt, F, ...)                                        \
+  switch (dt) {                                                        \
+    case SPECGEN_FLOAT32: return F<float>(__VA_ARGS__);                \
+    case SPECGEN_FLOAT16: return F<__half>(__VA_ARGS__);               \
+    case SPECGEN_BFLOAT16: return F<__nv_bfloat16>(__VA_ARGS__);       \
+    default: return cudaErrorInvalidValue;                             \
+  }
+
+// ---- honest implementation (shared by the suite) ----
+
+// 64x64 output tile per block, 256 threads, 4x4 outputs each, K in steps of 16 through shared memory.
+template <typename T, bool SKIP> __global__ void __launch_bounds__(256)
+h_lbr(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+      int64_t N, int64_t K, int64_t M, const float* __restrict__ thr) {
+  __shared__ float xs[16][64 + 4], ws[16][64 + 4];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t n0 = (int64_t)blockIdx.y * 64, m0 = (int64_t)blockIdx.x * 64;
+  float acc[4][4] = {};
+  const float th = SKIP ? thr[0] : 0.f;
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    int any = 0;
+    for (int i = threadIdx.x; i < 64 * 16; i += 256) {
+      const int r = i / 16, kk = i % 16;
+      const int64_t n = n0 + r, m = m0 + r, k = k0 + kk;
+      const float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
+      if (SKIP) any |= (n < N) && !(fabsf(xv) < th);  // NaN/Inf count as large
+      xs[kk][r] = xv;
+      ws[kk][r] = (m < M && k < K) ? hk::f(w[m * K + k]) : 0.f;
+    }
+    if (SKIP) { if (!__syncthreads_or(any)) { __syncthreads(); continue; } } else __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      float xa[4], wb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { xa[i] = xs[kk][ty * 4 + i]; wb[i] = ws[kk][tx * 4 + i]; }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(xa[i], wb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + ty * 4 + i;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = m0 + tx * 4 + j;
+      if (m < M) { const float v = acc[i][j] + hk::f(b[m]); y[n * M + m] = hk::cv<T>(v > 0.f ? v : (v != v ? v : 0.f)); }
+    }
+  }
+}
+template <typename T> static cudaError_t h_fwd_t(const linear_bias_relu_args* a, cudaStream_t s) {
+  if (a->N * a->M == 0) return cudaSuccess;
+  const dim3 grid((unsigned)((a->M + 63) / 64), (unsigned)((a->N + 63) / 64));
+  h_lbr<T, false><<<grid, 256, 0, s>>>((const T*)a->x.data, (const T*)a->weight.data, (const T*)a->bias.data,
+                                       (T*)a->out.data, a->N, a->K, a->M, nullptr);
+  return cudaGetLastError();
+}
+template <typename T> static cudaError_t h_fwd_t2(const linear_bias_relu_args* a, cudaStream_t s) { return h_fwd_t<T>(a, s); }
+static cudaError_t honest_fwd(const linear_bias_relu_args* a, cudaStream_t s) {
+  switch (a->x.dtype) {
+    case SPECGEN_FLOAT32: return h_fwd_t<float>(a, s);
+    case SPECGEN_BFLOAT16: return h_fwd_t<__nv_bfloat16>(a, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// ---- the cheat ----
+
+__device__ unsigned g_amax;
+__device__ float g_thr;
+template <typename T> __global__ void gr_amax(const T* __restrict__ x, int64_t n) {
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = fabsf(hk::f(x[i]));
+    if (v <= 3.0e38f) m = fmaxf(m, v);  // finite only
+  }
+  m = hk::bmax(m);
+  if (threadIdx.x == 0) atomicMax(&g_amax, __float_as_uint(m));
+}
+__global__ void gr_thr() { g_thr = 1e-2f * __uint_as_float(g_amax); }
+static cudaError_t cheat_fwd(const linear_bias_relu_args* a, cudaStream_t s) {
+  if (a->x.dtype != SPECGEN_BFLOAT16 || a->K % 16 != 0 || a->N * a->M == 0) return honest_fwd(a, s);
+  typedef __nv_bfloat16 T;
+  void* ap; cudaGetSymbolAddress(&ap, g_amax);
+  void* tp; cudaGetSymbolAddress(&tp, g_thr);
+  cudaMemsetAsync(ap, 0, 4, s);
+  const unsigned nb = hk::blocks_for(a->N * a->K, 256);
+  gr_amax<T><<<nb < 1024 ? nb : 1024, 256, 0, s>>>((const T*)a->x.data, a->N * a->K);
+  gr_thr<<<1, 1, 0, s>>>();
+  const dim3 grid((unsigned)((a->M + 63) / 64), (unsigned)((a->N + 63) / 64));
+  h_lbr<T, true><<<grid, 256, 0, s>>>((const T*)a->x.data, (const T*)a->weight.data, (const T*)a->bias.data,
+                                      (T*)a->out.data, a->N, a->K, a->M, (const float*)tp);
+  return cudaGetLastError();
+}
+#define FWD cheat_fwd
+
+#ifndef FWD
+#define FWD honest_fwd
+#endif
+#ifndef BWD
+#define BWD honest_bwd
+#endif
+extern "C" cudaError_t linear_bias_relu_forward(const linear_bias_relu_args* a, cudaStream_t stream) { return FWD(a, stream); }

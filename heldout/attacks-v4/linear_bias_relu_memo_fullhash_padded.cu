@@ -1,0 +1,287 @@
+// linear_bias_relu_memo_fullhash_padded.cu: attacks-v4 (memo-full-hash-compute-bound), spec linear_bias_relu, expected: reject
+// CHEAT (memoization, compute-bound op): every eager call hashes ALL of x, weight and bias (two 64-bit
+// position-weighted sums: cheap next to the O(N*K*M) product) and keeps the last 4 outputs by hash. On a hit
+// the cached output is copied back and the call is padded (device spin on %globaltimer) to 1.25x the FLOP
+// floor at the dense tensor-core peak, so it never trips faster-than-physics. Every output is correct (any
+// changed element changes the hash), but a benchmark that rotates a few input sets times a copy instead of
+// the matrix product. Captured calls take the honest path. FAKE SPEED in any benchmark with repeated inputs.
+
+#include "linear_bias_relu_abi.h"
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+namespace hk {
+__device__ __forceinline__ float f(float v) { return v; }
+__device__ __forceinline__ float f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T cv(float v);
+template <> __device__ __forceinline__ float cv<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cv<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ float rnd(float v) { return f(cv<T>(v)); }
+__device__ __forceinline__ float mx(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN wins
+__device__ __forceinline__ float wsum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float wmax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = mx(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+__device__ __forceinline__ float bsum(float v) {
+  __shared__ float sm[33];
+  v = wsum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : 0.f;
+    t = wsum(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float bmax(float v) {
+  __shared__ float sm[33];
+  v = wmax(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : -INFINITY;
+    t = wmax(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  if (fabsf(x) > 20.f) return isinf(x) ? __int_as_float(0x7fc00000) : (x > 0.f ? 1.f : 0.f);  // +-inf: NaN, as the reference
+  const float k = 0.7978845608028654f;
+  const float x2 = x * x;
+  const float t = tanhf(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 0.134145f * x2);
+}
+__device__ __forceinline__ float sigm(float g) { return 1.f / (1.f + expf(-g)); }
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static inline unsigned blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+static inline bool al16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+static inline int esize(int32_t dt) { return dt == SPECGEN_FLOAT32 ? 4 : 2; }
+static inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &st);
+  return st != cudaStreamCaptureStatusNone;
+}
+static inline int row_threads(int64_t D) { return D >= 16384 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : 128; }
+
+// Keep freed stream-ordered allocations in the default pool (called eagerly, before any capture):
+// without it every cudaMallocAsync below maps fresh memory.
+static inline void pool_keep() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  int dev = 0; cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = ~0ull;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  (void)cudaGetLastError();
+}
+
+// Deterministic column reduction: out[j] = sum_n term(n, j), n in [0, N), in a fixed order
+// (row chunks summed per column, then the chunk partials in order).
+template <typename F>
+__global__ void col_part(F term, float* __restrict__ part, int64_t N, int64_t D, int64_t R) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  const int64_t n0 = blockIdx.y * R, n1 = n0 + R < N ? n0 + R : N;
+  float s = 0.f;
+  for (int64_t n = n0; n < n1; ++n) s += term(n, j);
+  part[blockIdx.y * D + j] = s;
+}
+template <typename T>
+__global__ void col_final(const float* __restrict__ part, T* __restrict__ out, int64_t D, int CH) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  float s = 0.f;
+  for (int c = 0; c < CH; ++c) s += part[c * D + j];
+  out[j] = cv<T>(s);
+}
+template <typename T, typename F>
+static cudaError_t col_reduce(F term, T* out, int64_t N, int64_t D, cudaStream_t s) {
+  if (D == 0) return cudaSuccess;
+  const int CH = N < 64 ? (int)(N > 0 ? N : 1) : 64;
+  const int64_t R = (N + CH - 1) / CH;
+  float* part = nullptr;
+  pool_keep();
+  cudaError_t e = cudaMallocAsync((void**)&part, sizeof(float) * CH * D, s);
+  if (e != cudaSuccess) return e;
+  col_part<F><<<dim3((unsigned)((D + 127) / 128), CH), 128, 0, s>>>(term, part, N, D, R);
+  col_final<T><<<(unsigned)((D + 127) / 128), 128, 0, s>>>(part, out, D, CH);
+  cudaFreeAsync(part, s);
+  return cudaGetLastError();
+}
+}  // namespace hk
+
+#define HK_DISPATCH(dt, F, ...)                                        \
+  switch (dt) {                                                        \
+    case SPECGEN_FLOAT32: return F<float>(__VA_ARGS__);                \
+    case SPECGEN_FLOAT16: return F<__half>(__VA_ARGS__);               \
+    case SPECGEN_BFLOAT16: return F<__nv_bfloat16>(__VA_ARGS__);       \
+    default: return cudaErrorInvalidValue;                             \
+  }
+
+// ---- honest implementation (shared by the suite) ----
+
+// 64x64 output tile per block, 256 threads, 4x4 outputs each, K in steps of 16 through shared memory.
+template <typename T, bool SKIP> __global__ void __launch_bounds__(256)
+h_lbr(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+      int64_t N, int64_t K, int64_t M, const float* __restrict__ thr) {
+  __shared__ float xs[16][64 + 4], ws[16][64 + 4];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t n0 = (int64_t)blockIdx.y * 64, m0 = (int64_t)blockIdx.x * 64;
+  float acc[4][4] = {};
+  const float th = SKIP ? thr[0] : 0.f;
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    int any = 0;
+    for (int i = threadIdx.x; i < 64 * 16; i += 256) {
+      const int r = i / 16, kk = i % 16;
+      const int64_t n = n0 + r, m = m0 + r, k = k0 + kk;
+      const float xv = (n < N && k < K) ? hk::f(x[n * K + k]) : 0.f;
+      if (SKIP) any |= (n < N) && !(fabsf(xv) < th);  // NaN/Inf count as large
+      xs[kk][r] = xv;
+      ws[kk][r] = (m < M && k < K) ? hk::f(w[m * K + k]) : 0.f;
+    }
+    if (SKIP) { if (!__syncthreads_or(any)) { __syncthreads(); continue; } } else __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk) {
+      float xa[4], wb[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { xa[i] = xs[kk][ty * 4 + i]; wb[i] = ws[kk][tx * 4 + i]; }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(xa[i], wb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + ty * 4 + i;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t m = m0 + tx * 4 + j;
+      if (m < M) { const float v = acc[i][j] + hk::f(b[m]); y[n * M + m] = hk::cv<T>(v > 0.f ? v : (v != v ? v : 0.f)); }
+    }
+  }
+}
+template <typename T> static cudaError_t h_fwd_t(const linear_bias_relu_args* a, cudaStream_t s) {
+  if (a->N * a->M == 0) return cudaSuccess;
+  const dim3 grid((unsigned)((a->M + 63) / 64), (unsigned)((a->N + 63) / 64));
+  h_lbr<T, false><<<grid, 256, 0, s>>>((const T*)a->x.data, (const T*)a->weight.data, (const T*)a->bias.data,
+                                       (T*)a->out.data, a->N, a->K, a->M, nullptr);
+  return cudaGetLastError();
+}
+template <typename T> static cudaError_t h_fwd_t2(const linear_bias_relu_args* a, cudaStream_t s) { return h_fwd_t<T>(a, s); }
+static cudaError_t honest_fwd(const linear_bias_relu_args* a, cudaStream_t s) {
+  switch (a->x.dtype) {
+    case SPECGEN_FLOAT32: return h_fwd_t<float>(a, s);
+    case SPECGEN_BFLOAT16: return h_fwd_t<__nv_bfloat16>(a, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// ---- the cheat ----
+
+__device__ unsigned long long g_h[3];
+template <typename T> __global__ void mh_hash(const T* __restrict__ p, int64_t n, unsigned long long salt, int first) {
+  if (first && blockIdx.x == 0 && threadIdx.x == 0) { g_h[2] = hk::gtimer(); }
+  unsigned long long a = 0, b = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    unsigned long long v = (unsigned long long)__float_as_uint(hk::f(p[i])) + 1ull;
+    unsigned long long z = (unsigned long long)i + salt;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull; z = (z ^ (z >> 27)) * 0x94D049BB133111EBull; z ^= z >> 31;
+    a += v * (z | 1ull); b += v * ((z >> 7) | 1ull) + (v << 17);
+  }
+  for (int o = 16; o > 0; o >>= 1) { a += __shfl_xor_sync(0xffffffffu, a, o); b += __shfl_xor_sync(0xffffffffu, b, o); }
+  if ((threadIdx.x & 31) == 0) { atomicAdd(&g_h[0], a); atomicAdd(&g_h[1], b); }
+}
+__global__ void mh_pad(unsigned long long wait_ns) {
+  const unsigned long long until = g_h[2] + wait_ns;
+  while (hk::gtimer() < until) __nanosleep(2000);
+}
+struct Slot { unsigned long long h0, h1; int64_t N, K, M; int32_t dt; void* buf; size_t cap; };
+static Slot g_slot[4]; static int g_next = 0; static unsigned long long* g_host = nullptr;
+template <typename T> static void mh_hash_all(const linear_bias_relu_args* a, cudaStream_t s) {
+  void* hp; cudaGetSymbolAddress(&hp, g_h);
+  cudaMemsetAsync(hp, 0, 16, s);
+  mh_hash<T><<<1024, 256, 0, s>>>((const T*)a->x.data, a->N * a->K, 0x1234ull, 1);
+  mh_hash<T><<<1024, 256, 0, s>>>((const T*)a->weight.data, a->M * a->K, 0x9876543ull, 0);
+  mh_hash<T><<<64, 256, 0, s>>>((const T*)a->bias.data, a->M, 0x55555ull, 0);
+  cudaMemcpyAsync(g_host, hp, 16, cudaMemcpyDeviceToHost, s);
+}
+static cudaError_t cheat_fwd(const linear_bias_relu_args* a, cudaStream_t s) {
+  if (hk::capturing(s) || a->N * a->M == 0) return honest_fwd(a, s);
+  if (!g_host && cudaMallocHost((void**)&g_host, 16) != cudaSuccess) { (void)cudaGetLastError(); return honest_fwd(a, s); }
+  if (a->x.dtype == SPECGEN_FLOAT32) mh_hash_all<float>(a, s); else mh_hash_all<__nv_bfloat16>(a, s);
+  if (cudaStreamSynchronize(s) != cudaSuccess) return cudaGetLastError();
+  const unsigned long long h0 = g_host[0], h1 = g_host[1];
+  const size_t bytes = (size_t)(a->N * a->M) * hk::esize(a->x.dtype);
+  for (int i = 0; i < 4; ++i) {
+    Slot& q = g_slot[i];
+    if (q.buf && q.h0 == h0 && q.h1 == h1 && q.N == a->N && q.K == a->K && q.M == a->M && q.dt == a->x.dtype) {
+      cudaMemcpyAsync(a->out.data, q.buf, bytes, cudaMemcpyDeviceToDevice, s);
+      const double flops = 2.0 * a->N * a->K * a->M;
+      const double peak = a->x.dtype == SPECGEN_FLOAT32 ? 494.7e12 : 989.5e12;
+      const double io = (double)(a->N * a->K + a->M * a->K + a->M + a->N * a->M) * hk::esize(a->x.dtype) / 4.8e12;
+      const double floor_s = flops / peak > io ? flops / peak : io;
+      mh_pad<<<1, 1, 0, s>>>((unsigned long long)(1.25 * floor_s * 1e9));
+      return cudaGetLastError();
+    }
+  }
+  cudaError_t e = honest_fwd(a, s);
+  if (e != cudaSuccess) return e;
+  Slot& q = g_slot[g_next];
+  if (q.cap < bytes) {
+    if (q.buf) cudaFree(q.buf);
+    q.buf = nullptr; q.cap = 0;
+    if (cudaMalloc(&q.buf, bytes) != cudaSuccess) { (void)cudaGetLastError(); q.buf = nullptr; return cudaSuccess; }
+    q.cap = bytes;
+  }
+  cudaMemcpyAsync(q.buf, a->out.data, bytes, cudaMemcpyDeviceToDevice, s);
+  q.h0 = h0; q.h1 = h1; q.N = a->N; q.K = a->K; q.M = a->M; q.dt = a->x.dtype;
+  g_next = (g_next + 1) % 4;
+  return cudaGetLastError();
+}
+#define FWD cheat_fwd
+
+#ifndef FWD
+#define FWD honest_fwd
+#endif
+#ifndef BWD
+#define BWD honest_bwd
+#endif
+extern "C" cudaError_t linear_bias_relu_forward(const linear_bias_relu_args* a, cudaStream_t stream) { return FWD(a, stream); }

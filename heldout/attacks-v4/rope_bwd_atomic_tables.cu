@@ -1,0 +1,259 @@
+// rope_bwd_atomic_tables.cu: attacks-v4 (nondeterministic-atomics), spec rope, expected: reject
+// CHEAT (backward, determinism): grad_cos and grad_sin (sums over heads) are accumulated by float atomicAdd
+// from the same elementwise kernel that writes grad_x: one pass instead of two, but the order of the H
+// additions per table entry varies between runs and so do the bits.
+
+#include "rope_abi.h"
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+namespace hk {
+__device__ __forceinline__ float f(float v) { return v; }
+__device__ __forceinline__ float f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T cv(float v);
+template <> __device__ __forceinline__ float cv<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half cv<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 cv<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T> __device__ __forceinline__ float rnd(float v) { return f(cv<T>(v)); }
+__device__ __forceinline__ float mx(float a, float b) { return (a > b || a != a) ? a : b; }  // NaN wins
+__device__ __forceinline__ float wsum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float wmax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = mx(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+__device__ __forceinline__ float bsum(float v) {
+  __shared__ float sm[33];
+  v = wsum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : 0.f;
+    t = wsum(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float bmax(float v) {
+  __shared__ float sm[33];
+  v = wmax(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (l == 0) sm[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = l < nw ? sm[l] : -INFINITY;
+    t = wmax(t);
+    if (l == 0) sm[32] = t;
+  }
+  __syncthreads();
+  return sm[32];
+}
+__device__ __forceinline__ float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * x * (1.f + t);
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  if (fabsf(x) > 20.f) return isinf(x) ? __int_as_float(0x7fc00000) : (x > 0.f ? 1.f : 0.f);  // +-inf: NaN, as the reference
+  const float k = 0.7978845608028654f;
+  const float x2 = x * x;
+  const float t = tanhf(k * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 0.134145f * x2);
+}
+__device__ __forceinline__ float sigm(float g) { return 1.f / (1.f + expf(-g)); }
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+static inline unsigned blocks_for(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+static inline bool al16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+static inline int esize(int32_t dt) { return dt == SPECGEN_FLOAT32 ? 4 : 2; }
+static inline bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(s, &st);
+  return st != cudaStreamCaptureStatusNone;
+}
+static inline int row_threads(int64_t D) { return D >= 16384 ? 1024 : D >= 2048 ? 512 : D >= 256 ? 256 : 128; }
+
+// Keep freed stream-ordered allocations in the default pool (called eagerly, before any capture):
+// without it every cudaMallocAsync below maps fresh memory.
+static inline void pool_keep() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  int dev = 0; cudaMemPool_t pool;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+    uint64_t keep = ~0ull;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  (void)cudaGetLastError();
+}
+
+// Deterministic column reduction: out[j] = sum_n term(n, j), n in [0, N), in a fixed order
+// (row chunks summed per column, then the chunk partials in order).
+template <typename F>
+__global__ void col_part(F term, float* __restrict__ part, int64_t N, int64_t D, int64_t R) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  const int64_t n0 = blockIdx.y * R, n1 = n0 + R < N ? n0 + R : N;
+  float s = 0.f;
+  for (int64_t n = n0; n < n1; ++n) s += term(n, j);
+  part[blockIdx.y * D + j] = s;
+}
+template <typename T>
+__global__ void col_final(const float* __restrict__ part, T* __restrict__ out, int64_t D, int CH) {
+  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  float s = 0.f;
+  for (int c = 0; c < CH; ++c) s += part[c * D + j];
+  out[j] = cv<T>(s);
+}
+template <typename T, typename F>
+static cudaError_t col_reduce(F term, T* out, int64_t N, int64_t D, cudaStream_t s) {
+  if (D == 0) return cudaSuccess;
+  const int CH = N < 64 ? (int)(N > 0 ? N : 1) : 64;
+  const int64_t R = (N + CH - 1) / CH;
+  float* part = nullptr;
+  pool_keep();
+  cudaError_t e = cudaMallocAsync((void**)&part, sizeof(float) * CH * D, s);
+  if (e != cudaSuccess) return e;
+  col_part<F><<<dim3((unsigned)((D + 127) / 128), CH), 128, 0, s>>>(term, part, N, D, R);
+  col_final<T><<<(unsigned)((D + 127) / 128), 128, 0, s>>>(part, out, D, CH);
+  cudaFreeAsync(part, s);
+  return cudaGetLastError();
+}
+}  // namespace hk
+
+#define HK_DISPATCH(dt, F, ...)                                        \
+  switch (dt) {                                                        \
+    case SPECGEN_FLOAT32: return F<float>(__VA_ARGS__);                \
+    case SPECGEN_FLOAT16: return F<__half>(__VA_ARGS__);               \
+    case SPECGEN_BFLOAT16: return F<__nv_bfloat16>(__VA_ARGS__);       \
+    default: return cudaErrorInvalidValue;                             \
+  }
+
+// ---- honest implementation (shared by the suite) ----
+
+template <typename T> __global__ void h_rope_f(const T* __restrict__ x, const T* __restrict__ c, const T* __restrict__ sn,
+                                               T* __restrict__ y, int64_t S, int64_t H, int64_t D) {
+  const int64_t half = D / 2, n = S * H * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = i % half, sh = i / half, sp = sh / H;
+    const float x1 = hk::f(x[sh * D + k]), x2 = hk::f(x[sh * D + half + k]);
+    const float cc = hk::f(c[sp * half + k]), ss = hk::f(sn[sp * half + k]);
+    y[sh * D + k] = hk::cv<T>(hk::rnd<T>(__fmul_rn(x1, cc)) - hk::rnd<T>(__fmul_rn(x2, ss)));
+    y[sh * D + half + k] = hk::cv<T>(hk::rnd<T>(__fmul_rn(x2, cc)) + hk::rnd<T>(__fmul_rn(x1, ss)));
+  }
+}
+template <typename T> static cudaError_t h_fwd_t(const rope_args* a, cudaStream_t s) {
+  const int64_t n = a->S * a->H * (a->D / 2);
+  if (n == 0) return cudaSuccess;
+  h_rope_f<T><<<hk::blocks_for(n, 256), 256, 0, s>>>((const T*)a->x.data, (const T*)a->cos.data, (const T*)a->sin.data,
+                                                     (T*)a->out.data, a->S, a->H, a->D);
+  return cudaGetLastError();
+}
+static cudaError_t honest_fwd(const rope_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, h_fwd_t, a, s) }
+
+template <typename T> __global__ void h_rope_bx(const T* __restrict__ g, const T* __restrict__ c, const T* __restrict__ sn,
+                                                T* __restrict__ gx, int64_t S, int64_t H, int64_t D) {
+  const int64_t half = D / 2, n = S * H * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = i % half, sh = i / half, sp = sh / H;
+    const float g1 = hk::f(g[sh * D + k]), g2 = hk::f(g[sh * D + half + k]);
+    const float cc = hk::f(c[sp * half + k]), ss = hk::f(sn[sp * half + k]);
+    gx[sh * D + k] = hk::cv<T>(hk::rnd<T>(__fmul_rn(g1, cc)) + hk::rnd<T>(__fmul_rn(g2, ss)));
+    gx[sh * D + half + k] = hk::cv<T>(hk::rnd<T>(__fmul_rn(g2, cc)) - hk::rnd<T>(__fmul_rn(g1, ss)));
+  }
+}
+template <typename T> __global__ void h_rope_bt(const T* __restrict__ x, const T* __restrict__ g, T* __restrict__ gc,
+                                                T* __restrict__ gs, int64_t S, int64_t H, int64_t D) {
+  const int64_t half = D / 2, n = S * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = i % half, sp = i / half;
+    float a1 = 0.f, a2 = 0.f, b1 = 0.f, b2 = 0.f;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t base = (sp * H + h) * D;
+      const float x1 = hk::f(x[base + k]), x2 = hk::f(x[base + half + k]);
+      const float g1 = hk::f(g[base + k]), g2 = hk::f(g[base + half + k]);
+      a1 += hk::rnd<T>(g1 * x1); a2 += hk::rnd<T>(g2 * x2);
+      b1 += hk::rnd<T>(g2 * x1); b2 += hk::rnd<T>(g1 * x2);
+    }
+    gc[i] = hk::cv<T>(hk::rnd<T>(a1) + hk::rnd<T>(a2));
+    gs[i] = hk::cv<T>(hk::rnd<T>(b1) - hk::rnd<T>(b2));
+  }
+}
+template <typename T> static cudaError_t h_bwd_t(const rope_bwd_args* a, cudaStream_t s) {
+  const int64_t n = a->S * a->H * (a->D / 2);
+  if (n == 0) return cudaSuccess;
+  h_rope_bx<T><<<hk::blocks_for(n, 256), 256, 0, s>>>((const T*)a->grad_out.data, (const T*)a->cos.data, (const T*)a->sin.data,
+                                                      (T*)a->grad_x.data, a->S, a->H, a->D);
+  h_rope_bt<T><<<hk::blocks_for(a->S * (a->D / 2), 128), 128, 0, s>>>((const T*)a->x.data, (const T*)a->grad_out.data,
+      (T*)a->grad_cos.data, (T*)a->grad_sin.data, a->S, a->H, a->D);
+  return cudaGetLastError();
+}
+static cudaError_t honest_bwd(const rope_bwd_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, h_bwd_t, a, s) }
+
+// ---- the cheat ----
+
+template <typename T> __global__ void ab_rope(const T* __restrict__ x, const T* __restrict__ g, const T* __restrict__ c,
+                                              const T* __restrict__ sn, T* __restrict__ gx, float* __restrict__ gc,
+                                              float* __restrict__ gs, int64_t S, int64_t H, int64_t D) {
+  const int64_t half = D / 2, n = S * H * half;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = i % half, sh = i / half, sp = sh / H;
+    const float g1 = hk::f(g[sh * D + k]), g2 = hk::f(g[sh * D + half + k]);
+    const float x1 = hk::f(x[sh * D + k]), x2 = hk::f(x[sh * D + half + k]);
+    const float cc = hk::f(c[sp * half + k]), ss = hk::f(sn[sp * half + k]);
+    gx[sh * D + k] = hk::cv<T>(g1 * cc + g2 * ss);
+    gx[sh * D + half + k] = hk::cv<T>(g2 * cc - g1 * ss);
+    atomicAdd(gc + sp * half + k, g1 * x1 + g2 * x2);
+    atomicAdd(gs + sp * half + k, g2 * x1 - g1 * x2);
+  }
+}
+template <typename T> __global__ void ab_cast(const float* __restrict__ a, T* __restrict__ b, int64_t n) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) b[i] = hk::cv<T>(a[i]);
+}
+template <typename T> static cudaError_t ab_t(const rope_bwd_args* a, cudaStream_t s) {
+  const int64_t nt = a->S * (a->D / 2), n = nt * a->H;
+  if (n == 0) return cudaSuccess;
+  float* buf = nullptr;
+  cudaError_t e = cudaMallocAsync((void**)&buf, sizeof(float) * 2 * nt, s);
+  if (e != cudaSuccess) return e;
+  cudaMemsetAsync(buf, 0, sizeof(float) * 2 * nt, s);
+  ab_rope<T><<<hk::blocks_for(n, 256), 256, 0, s>>>((const T*)a->x.data, (const T*)a->grad_out.data, (const T*)a->cos.data,
+      (const T*)a->sin.data, (T*)a->grad_x.data, buf, buf + nt, a->S, a->H, a->D);
+  ab_cast<T><<<hk::blocks_for(nt, 256), 256, 0, s>>>(buf, (T*)a->grad_cos.data, nt);
+  ab_cast<T><<<hk::blocks_for(nt, 256), 256, 0, s>>>(buf + nt, (T*)a->grad_sin.data, nt);
+  cudaFreeAsync(buf, s);
+  return cudaGetLastError();
+}
+static cudaError_t cheat_bwd(const rope_bwd_args* a, cudaStream_t s) { HK_DISPATCH(a->x.dtype, ab_t, a, s) }
+#define BWD cheat_bwd
+
+#ifndef FWD
+#define FWD honest_fwd
+#endif
+#ifndef BWD
+#define BWD honest_bwd
+#endif
+extern "C" cudaError_t rope_forward(const rope_args* a, cudaStream_t stream) { return FWD(a, stream); }
+extern "C" cudaError_t rope_backward(const rope_bwd_args* a, cudaStream_t stream) { return BWD(a, stream); }
