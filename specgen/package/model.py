@@ -121,15 +121,15 @@ class ScalarArgModel:
         return text if self.default is None else f"{text} = {self.default}"
 
 
-# Parameter names of the private kernel ops: a role prefix keeps them apart from each other
-# and from the binding's locals (a symbol may be called `device`).
+# The binding's local variable of each ABI struct field: a role prefix keeps them apart from
+# each other and from the binding's other names (a symbol may be called `device`).
 KERNEL_PARAM_PREFIXES = {"input": "in_", "scalar": "sc_", "dim": "dim_", "output": "out_",
                          "fwd_output": "fwd_", "grad_output": "gout_", "grad_input": "gin_"}
 
 
 @dataclass(frozen=True)
 class KernelParam:
-    """One argument of a private kernel op, in ABI struct order: the struct `field` it fills."""
+    """One field of the kernel's ABI struct, in ABI order, and the binding's local that fills it."""
 
     field: str
     role: str  # abi.AbiField roles
@@ -197,22 +197,6 @@ class OpModel:
 
     def kernel_params(self, direction: str = "forward") -> tuple[KernelParam, ...]:
         return self.kernel_params_by_direction[direction]
-
-    def _kernel_schema(self, direction: str) -> str:
-        args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
-        for p in self.kernel_params(direction):
-            kind = f"Tensor({next(alias)}!)" if p.written else p.schema_type
-            args.append(f"{kind} {p.name}")
-        return f"({', '.join(args)}) -> int"
-
-    @property
-    def kernel_schema(self) -> str:
-        """The private `_<op>_kernel` op: ABI order, outputs passed in (mutated), returns the error code."""
-        return self._kernel_schema("forward")
-
-    @property
-    def backward_kernel_schema(self) -> str:
-        return self._kernel_schema("backward")
 
     @property
     def verified_on(self) -> str | None:
@@ -365,9 +349,6 @@ class OpModel:
             "backward": self.backward, "has_backward": self.has_backward,
             "has_kernel": self.has_kernel, "has_backward_kernel": self.has_backward_kernel and self.has_backward,
             "symbols": list(self.symbols),
-            "kernel_schema": self.kernel_schema if self.has_kernel else None,
-            "backward_kernel_schema": (self.backward_kernel_schema
-                                       if self.has_backward_kernel and self.has_backward else None),
             "verified_on": self.verified_on if self.has_kernel else None,
             "note": (self.provenance or {}).get("note"),
         }
