@@ -288,12 +288,12 @@ def origin(op, key):
 for op, key in (("swiglu", "CUDA"), ("swiglu", "Autograd"), ("swiglu_backward", "CUDA"),
                 ("cross_entropy", "CUDA"), ("cross_entropy", "Autograd")):
     print(f"{op}:{key}={origin(op, key)}")
-x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+x = torch.randn(3, 8, requires_grad=True)
 y = sgtest.swiglu(x)
 print("cpu=" + ("reference" if torch.allclose(y, torch.nn.functional.silu(x[:, :4]) * x[:, 4:]) else "wrong"))
 (g,) = torch.autograd.grad(y.sum(), x)
 ref = torch.func.grad(lambda t: (torch.nn.functional.silu(t[:, :4]) * t[:, 4:]).sum())(x.detach())
-print("grad=" + ("ok" if torch.allclose(g, ref) and "OpFunction" in y.grad_fn.name() else "wrong " + y.grad_fn.name()))
+print("grad=" + ("ok" if torch.allclose(g, ref, atol=1e-5) and "OpFunction" in y.grad_fn.name() else "wrong " + y.grad_fn.name()))
 """
 
 
@@ -307,7 +307,6 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     wheel = build_wheel(root, tmp_path / "dist")
     built = time.monotonic() - start
     assert wheel.name.startswith("sgtest-0.1.0-cp39-abi3-") and wheel.name.endswith("_x86_64.whl")  # manylinux with auditwheel
-    import torch
     import zipfile
 
     metadata = zipfile.ZipFile(wheel).read("sgtest-0.1.0.dist-info/METADATA").decode()
