@@ -159,7 +159,8 @@ def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
     assert '{"x", kWorking, "[N, 2*H]", {{0, 1, 1, 0}, {1, 2, 1, 0}}},' in cpp
     assert "{1, 0, 1, 2, 1, 0},  // H from x axis 1" in cpp
     assert '{"out", kWorking, "[N, H]", {{0, 1, 1, 0}, {1, 1, 1, 0}}},' in cpp
-    for check in ('" must be ", spec.dims.size(), "-d "', '") gives no whole "', '" but the other arguments make it "',
+    for check in ('spec.dims.size(), "-d ", spec.shape_text, ", got shape "', '") gives no whole "',
+                  '" but the other arguments make it "',
                   '"; supported dtypes: "', '"; floating arguments share one dtype"',
                   '"; pass every tensor on one device (CUDA runs the kernel, the CPU the reference)"',
                   '": this wheel has no code for this GPU ("', "cudaGetErrorString(error)",
@@ -283,8 +284,9 @@ print(f"loaded={sgtest.CUDA_KERNELS_LOADED}")
 def origin(op, key):
     name = sgtest.NAMESPACE + "::" + op
     assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (op, key)
-    line = next(l for l in torch._C._dispatch_dump_table(name).splitlines() if l.startswith(key + ":"))
-    return "cpp" if "torch_binding.cpp" in line else "python" if "python" in line.lower() else line
+    row = "AutogradCPU:" if key == "Autograd" else key + ":"  # the alias key's rows name each backend
+    line = next(l for l in torch._C._dispatch_dump_table(name).splitlines() if l.startswith(row))
+    return "cpp" if "torch_binding.cpp" in line else "python" if "_ops.py" in line else line
 for op, key in (("swiglu", "CUDA"), ("swiglu", "Autograd"), ("swiglu_backward", "CUDA"),
                 ("cross_entropy", "CUDA"), ("cross_entropy", "Autograd")):
     print(f"{op}:{key}={origin(op, key)}")
