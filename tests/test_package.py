@@ -177,6 +177,7 @@ def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
     assert f"TORCH_VERSION = ({pkg.torch_version[0]}, {pkg.torch_version[1]})" in setup
 
 
+@pytest.mark.slow
 def test_the_binding_compiles_against_the_installed_torch(specs, tmp_path):
     """Every example spec's binding (the committed kernels' headers) compiles with this torch's
     headers: one translation unit, syntax and types only (the wheel test links and loads one)."""
