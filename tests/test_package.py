@@ -297,6 +297,18 @@ print("cpu=" + ("reference" if torch.allclose(y, torch.nn.functional.silu(x[:, :
 (g,) = torch.autograd.grad(y.sum(), x)
 ref = torch.func.grad(lambda t: (torch.nn.functional.silu(t[:, :4]) * t[:, 4:]).sum())(x.detach())
 print("grad=" + ("ok" if torch.allclose(g, ref, atol=1e-5) and "OpFunction" in y.grad_fn.name() else "wrong " + y.grad_fn.name()))
+# the C++ CUDA kernels' checks throw (a RuntimeError here, no crash): reached on the CPU by redispatching
+ns = getattr(torch.ops, sgtest.NAMESPACE)
+cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+for call, want in ((lambda: ns.swiglu.default.redispatch(cuda, torch.randn(2, 4)), "swiglu: the CUDA kernel got tensors on cpu"),
+                   (lambda: ns.swiglu_backward.default.redispatch(cuda, torch.randn(2, 4), torch.empty(2, 2, device="meta"),
+                                                                  torch.randn(2, 2)),
+                    "swiglu_backward: out is on meta but x is on cpu; pass every tensor on one device")):
+    try:
+        call()
+        print("error=none")
+    except RuntimeError as error:
+        print("error=" + ("clear" if want in str(error) else "unclear " + str(error)))
 """
 
 
@@ -331,7 +343,8 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     # the binding's C++, not Python; cross_entropy (no kernel) keeps the Python reference and autograd
     assert probe.stdout.split() == ["loaded=True", "swiglu:CUDA=cpp", "swiglu:Autograd=cpp",
                                     "swiglu_backward:CUDA=cpp", "cross_entropy:CUDA=python",
-                                    "cross_entropy:Autograd=python", "cpu=reference", "grad=ok"], probe.stdout
+                                    "cross_entropy:Autograd=python", "cpu=reference", "grad=ok", "error=clear",
+                                    "error=clear"], probe.stdout
 
     pytest.importorskip("kernels")
     write_hub_layout(pkg, wheel, tmp_path / "hub", "13.0")
