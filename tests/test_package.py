@@ -143,30 +143,96 @@ def test_rendered_tree(pkg, tmp_path):
     assert cuda_runtime_requirement(None if torch_cuda() else "") is None or torch_cuda()
 
 
-def test_binding_uses_only_the_stable_abi_and_never_throws(pkg):
+def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
+    """No Python per call: the public ops' CUDA and Autograd kernels are the binding's C++."""
     cpp = render_files(pkg)["torch-ext/torch_binding.cpp"]
-    assert "#include <torch/extension.h>" not in cpp and "ATen" not in cpp and "pybind11" not in cpp
-    assert f"STABLE_TORCH_LIBRARY_IMPL({pkg.namespace}, CUDA, m)" in cpp and pkg.namespace.startswith("sgtest_")
-    assert 'm.impl("_swiglu_kernel", TORCH_BOX(&swiglu_kernel));' in cpp
-    assert 'm.impl("_swiglu_backward_kernel", TORCH_BOX(&swiglu_backward_kernel));' in cpp
-    assert "cross_entropy" not in cpp.split("STABLE_TORCH_LIBRARY_IMPL")[1]
-    assert "aoti_torch_get_current_cuda_stream" in cpp
-    # a throw inside a stable-ABI kernel crashed torch 2.11: errors are return codes
-    code = "\n".join(line for line in cpp.splitlines() if not line.lstrip().startswith("//"))
-    for throwing in ("STD_TORCH_CHECK", "TORCH_CHECK", "throw ", "TORCH_ERROR_CODE_CHECK", "new_empty", "contiguous("):
-        assert throwing not in code, throwing
+    ns = pkg.namespace
+    assert ns.startswith("sgtest_") and "#include <torch/library.h>" in cpp and "pybind11" not in cpp
+    assert "torch/extension.h" not in cpp and "torch/csrc/stable" not in cpp
+    cuda = cpp.split(f"TORCH_LIBRARY_IMPL({ns}, CUDA, m) {{")[1].split("}")[0]
+    assert 'm.impl("swiglu", TORCH_FN(op_swiglu::cuda_forward));' in cuda
+    assert 'm.impl("swiglu_backward", TORCH_FN(op_swiglu::cuda_backward));' in cuda
+    assert "cross_entropy" not in cuda  # no kernel: Python registers the reference for CUDA
+    autograd = cpp.split(f"TORCH_LIBRARY_IMPL({ns}, Autograd, m) {{")[1].split("}")[0]
+    assert autograd.strip() == 'm.impl("swiglu", TORCH_FN(op_swiglu::autograd_forward));'
+    # x: Tensor[N, 2*H]: H is read from x's axis 1 as size / 2, and the axis is re-checked as 2*H
+    assert '{"x", kWorking, "[N, 2*H]", {{0, 1, 1, 0}, {1, 2, 1, 0}}},' in cpp
+    assert "{1, 0, 1, 2, 1, 0},  // H from x axis 1" in cpp
+    assert '{"out", kWorking, "[N, H]", {{0, 1, 1, 0}, {1, 1, 1, 0}}},' in cpp
+    for check in ('spec.dims.size(), "-d ", spec.shape_text, ", got shape "', '") gives no whole "',
+                  '" but the other arguments make it "',
+                  '"; supported dtypes: "', '"; floating arguments share one dtype"',
+                  '"; pass every tensor on one device (CUDA runs the kernel, the CPU the reference)"',
+                  '": this wheel has no code for this GPU ("', "cudaGetErrorString(error)",
+                  "c10::cuda::CUDAGuard guard(device)", "c10::cuda::getCurrentCUDAStream(device.index())",
+                  "at::empty(sizes, at::TensorOptions().dtype(dtype).device(device))",
+                  "const at::Tensor in_x = a_x.contiguous();", "if (out_out.numel() > 0) {",
+                  "check_launch(swiglu_forward(&args, stream_of(device)), kSpec.where);",
+                  "at::AutoDispatchBelowADInplaceOrView guard;", ": double backward is not supported"):
+        assert check in cpp, check
+    # the forward op is called through the dispatcher below autograd, the backward op through it too
+    assert f'findSchemaOrThrow("{ns}::swiglu", "")' in cpp and f'findSchemaOrThrow("{ns}::swiglu_backward", "")' in cpp
     setup = render_files(pkg)["setup.py"]
-    assert "py_limited_api=True" in setup and "TORCH_TARGET_VERSION=0x020a000000000000" in setup
+    assert "py_limited_api=True" in setup and "_GLIBCXX_USE_CXX11_ABI" in setup
+    assert f"TORCH_VERSION = ({pkg.torch_version[0]}, {pkg.torch_version[1]})" in setup
 
 
-def test_private_kernel_schemas_follow_the_abi_order(pkg):
+@pytest.mark.slow
+def test_the_binding_compiles_against_the_installed_torch(specs, tmp_path):
+    """Every example spec's binding (the committed kernels' headers) compiles with this torch's
+    headers: one translation unit, syntax and types only (the wheel test links and loads one)."""
+    import glob
+    import shutil
+
+    torch = pytest.importorskip("torch")
+    from torch.utils import cpp_extension
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    cuda = Path("/usr/local/cuda/include")
+    if cxx is None or not (cuda / "cuda_runtime.h").exists():
+        pytest.skip("needs a C++ compiler and the CUDA headers")
+    all_specs = [load_spec(p) for p in sorted(glob.glob(str(SPECS / "*.yaml")))]
+    kernels = {s.name: (SPECS / "kernels" / f"{s.name}.cu").read_text() for s in all_specs
+               if (SPECS / "kernels" / f"{s.name}.cu").exists()}
+    pkg = package_model("sgall", all_specs, kernels, arch_list="9.0")
+    root = emit_package(pkg, tmp_path / "sgall")
+    import sysconfig
+
+    command = [cxx, "-std=c++20", "-fsyntax-only", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               "-DPy_LIMITED_API=0x03090000", f"-I{sysconfig.get_paths()['include']}", f"-I{cuda}",
+               *[f"-I{p}" for p in cpp_extension.include_paths()],
+               *[f"-I{root / 'kernels' / name}" for name in kernels],
+               "-include", str(root / "torch-ext" / "glibc_compat.h"), str(root / "torch-ext" / "torch_binding.cpp")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_kernel_params_follow_the_abi_order(pkg):
     swiglu = pkg.ops[0]
-    assert swiglu.kernel_schema == "(Tensor in_x, int dim_N, int dim_H, Tensor(a!) out_out) -> int"
-    assert swiglu.backward_kernel_schema == ("(Tensor in_x, int dim_N, int dim_H, Tensor fwd_out, "
-                                             "Tensor gout_grad_out, Tensor(a!) gin_grad_x) -> int")
+    assert [(p.field, p.name) for p in swiglu.kernel_params("forward")] == [
+        ("x", "in_x"), ("N", "dim_N"), ("H", "dim_H"), ("out", "out_out")]
+    assert [p.name for p in swiglu.kernel_params("backward")] == ["in_x", "dim_N", "dim_H", "fwd_out",
+                                                                  "gout_grad_out", "gin_grad_x"]
+    assert swiglu.cpp_backward_params == "const at::Tensor& a_x, const at::Tensor& a_out, const at::Tensor& a_grad_out"
     data = swiglu.data()
-    assert data["symbols"] == ["N", "H"] and data["kernel_schema"] == swiglu.kernel_schema
+    assert data["symbols"] == ["N", "H"] and "kernel_schema" not in data
     assert pkg.arch_table == [(8, 0, "", False), (9, 0, "", True)]
+
+
+def test_the_wheel_requires_the_torch_it_was_built_against(pkg, specs):
+    torch = pytest.importorskip("torch")
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    assert pkg.torch_version == (major, minor)
+    assert pkg.requirements[0] == f"torch>={major}.{minor},<{major}.{minor + 1}"
+    project = tomllib.loads(render_files(pkg)["pyproject.toml"])
+    assert project["project"]["dependencies"][0] == pkg.requirements[0]
+    pure = package_model("sgpure", specs, {})  # no compiled code: no upper pin
+    assert pure.requirements[0] == "torch>=2.10"
+    from specgen.package.hub import variant_name
+
+    abi = "cxx11" if torch._C._GLIBCXX_USE_CXX11_ABI else "cxx98"
+    assert variant_name(pkg, "13.0").startswith(f"torch{major}{minor}-{abi}-cu130-")
+    assert variant_name(pure, "13.0").startswith("torch-stable-abi210-cu130-")
 
 
 def test_readme_and_docstrings_say_what_is_verified(pkg):
@@ -212,6 +278,40 @@ def test_generated_cpu_tests_pass_from_the_tree(specs, tmp_path):
     assert " passed" in result.stdout
 
 
+# Where each kernel of the installed wheel comes from, by the dispatcher's own table.
+PROBE = """
+import torch, sgtest
+print(f"loaded={sgtest.CUDA_KERNELS_LOADED}")
+def origin(op, key):
+    name = sgtest.NAMESPACE + "::" + op
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (op, key)
+    row = "AutogradCPU:" if key == "Autograd" else key + ":"  # the alias key's rows name each backend
+    line = next(l for l in torch._C._dispatch_dump_table(name).splitlines() if l.startswith(row))
+    return "cpp" if "torch_binding.cpp" in line else "python" if "_ops.py" in line else line
+for op, key in (("swiglu", "CUDA"), ("swiglu", "Autograd"), ("swiglu_backward", "CUDA"),
+                ("cross_entropy", "CUDA"), ("cross_entropy", "Autograd")):
+    print(f"{op}:{key}={origin(op, key)}")
+x = torch.randn(3, 8, requires_grad=True)
+y = sgtest.swiglu(x)
+print("cpu=" + ("reference" if torch.allclose(y, torch.nn.functional.silu(x[:, :4]) * x[:, 4:]) else "wrong"))
+(g,) = torch.autograd.grad(y.sum(), x)
+ref = torch.func.grad(lambda t: (torch.nn.functional.silu(t[:, :4]) * t[:, 4:]).sum())(x.detach())
+print("grad=" + ("ok" if torch.allclose(g, ref, atol=1e-5) and "OpFunction" in y.grad_fn.name() else "wrong " + y.grad_fn.name()))
+# the C++ CUDA kernels' checks throw (a RuntimeError here, no crash): reached on the CPU by redispatching
+ns = getattr(torch.ops, sgtest.NAMESPACE)
+cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+for call, want in ((lambda: ns.swiglu.default.redispatch(cuda, torch.randn(2, 4)), "swiglu: the CUDA kernel got tensors on cpu"),
+                   (lambda: ns.swiglu_backward.default.redispatch(cuda, torch.randn(2, 4), torch.empty(2, 2, device="meta"),
+                                                                  torch.randn(2, 2)),
+                    "swiglu_backward: out is on meta but x is on cpu; pass every tensor on one device")):
+    try:
+        call()
+        print("error=none")
+    except RuntimeError as error:
+        print("error=" + ("clear" if want in str(error) else "unclear " + str(error)))
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.nvcc
 def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
@@ -222,6 +322,12 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     wheel = build_wheel(root, tmp_path / "dist")
     built = time.monotonic() - start
     assert wheel.name.startswith("sgtest-0.1.0-cp39-abi3-") and wheel.name.endswith("_x86_64.whl")  # manylinux with auditwheel
+    import zipfile
+
+    metadata = zipfile.ZipFile(wheel).read("sgtest-0.1.0.dist-info/METADATA").decode()
+    major, minor = pkg.torch_version
+    assert f"Requires-Dist: torch<{major}.{minor + 1},>={major}.{minor}" in metadata \
+        or f"Requires-Dist: torch>={major}.{minor},<{major}.{minor + 1}" in metadata, metadata
 
     # a fresh install folder first on the path (works where python is itself a venv, unlike
     # `venv --system-site-packages`); run from tmp_path so no source tree shadows it
@@ -232,10 +338,13 @@ def test_wheel_builds_installs_and_passes_its_tests(pkg, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(site))
     result = _run_generated_tests(python, "sgtest", tmp_path, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    probe = subprocess.run([python, "-c", "import torch, sgtest; print(sgtest.CUDA_KERNELS_LOADED, "
-                            "torch._C._dispatch_has_kernel_for_dispatch_key(sgtest.NAMESPACE + '::swiglu', 'CUDA'))"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True, env=env)
-    assert probe.stdout.split() == ["True", "True"]  # the stable-ABI extension loaded and registered
+    probe = subprocess.run([python, "-c", PROBE], cwd=tmp_path, capture_output=True, text=True, check=True, env=env)
+    # the extension loaded; swiglu's CUDA and Autograd kernels (and its backward's CUDA kernel) are
+    # the binding's C++, not Python; cross_entropy (no kernel) keeps the Python reference and autograd
+    assert probe.stdout.split() == ["loaded=True", "swiglu:CUDA=cpp", "swiglu:Autograd=cpp",
+                                    "swiglu_backward:CUDA=cpp", "cross_entropy:CUDA=python",
+                                    "cross_entropy:Autograd=python", "cpu=reference", "grad=ok", "error=clear",
+                                    "error=clear"], probe.stdout
 
     pytest.importorskip("kernels")
     write_hub_layout(pkg, wheel, tmp_path / "hub", "13.0")

@@ -2,9 +2,11 @@
 
     python -m specgen.package.check_wheel dist/specgen_kernels-0.1.0-cp39-abi3-linux_x86_64.whl
 
-The proof that the stable ABI and the abi3 tag work: a wheel built on the GPU machine (one
-torch and Python) loads its compiled kernels here (another torch and Python), registers them,
-and passes its tests (on a machine without a GPU: the CPU ones; the GPU ones skip).
+The proof that the wheel works where it is installed: a wheel built on the GPU machine loads
+its compiled kernels here (another Python: the abi3 tag; the same torch minor version, which
+a wheel with kernels requires since its binding uses torch's C++ API; wheels of the earlier
+stable-ABI binding load under any newer torch), registers them, and passes its tests (on a
+machine without a GPU: the CPU ones; the GPU ones skip).
 Installs with `pip install --no-deps --target` and PYTHONPATH, which works whether or not
 this python is itself a virtual environment. Exit 0 when everything passed.
 """
@@ -24,8 +26,15 @@ pkg = importlib.import_module(sys.argv[1])
 from importlib import import_module
 ops = import_module(sys.argv[1] + "._spec_data").OPS
 kernels = [name for name, op in ops.items() if op["has_kernel"]]
-registered = [name for name in kernels
-              if torch._C._dispatch_has_kernel_for_dispatch_key(f"{sys.argv[1]}::_{name}_kernel", "CUDA")]
+ns = getattr(import_module(sys.argv[1] + "._spec_data"), "NAMESPACE", sys.argv[1])  # older wheels: the package name
+def compiled(name):
+    if torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::_{name}_kernel", "CUDA"):
+        return True  # a wheel of the earlier stable-ABI binding: private kernel ops
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::{name}", "CUDA"):
+        return False
+    table = torch._C._dispatch_dump_table(f"{ns}::{name}")
+    return any(l.startswith("CUDA:") and "torch_binding.cpp" in l for l in table.splitlines())
+registered = [name for name in kernels if compiled(name)]
 print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "file": pkg.__file__,
                   "kernels_loaded": pkg.CUDA_KERNELS_LOADED, "error": str(pkg.CUDA_KERNELS_ERROR or ""),
                   "kernel_ops": kernels, "registered": registered, "unverified": pkg.UNVERIFIED_OPS}))

@@ -33,6 +33,9 @@ def environment() -> jinja2.Environment:
     env.filters["pyrepr"] = lambda value: pprint.pformat(value, width=100, sort_dicts=False)
     env.filters["pydoc"] = docstring_text
     env.filters["tomlstr"] = json.dumps  # a TOML basic string (JSON escapes are TOML escapes)
+    env.filters["cstr"] = json.dumps  # a C++ string literal (ASCII; JSON escapes are C escapes)
+    env.filters["prefixed"] = lambda value, prefix: f"{prefix}{value}"
+    env.filters["cindex"] = lambda value: f"[{value}]"
     env.filters["num"] = lambda value, digits=1: "–" if value is None else f"{value:.{digits}f}"
     env.filters["times"] = lambda value: "–" if value is None else f"{value:.2f}x"
     env.filters["percent"] = lambda value: "–" if value is None else f"{value:.0%}"

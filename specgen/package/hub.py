@@ -1,9 +1,12 @@
 """`--hub-layout DIR`: the wheel's package as a Hugging Face kernel repository build variant.
 
 Writes DIR/build/<variant>/metadata.json and DIR/build/<variant>/<pkg>/ (the installed
-package, compiled extension included), loadable by `kernels.get_local_kernel(DIR)`. The
-variant is `torch-stable-abi<MAJ><MIN>-cu<XY>-<cpu>-linux`: the binding uses only the stable
-ABI of torch MAJ.MIN, so every newer torch accepts it.
+package, compiled extension included), loadable by `kernels.get_local_kernel(DIR)`. A package
+with kernels is the variant `torch<MAJ><MIN>-cxx11-cu<XY>-<cpu>-linux` (`cxx98` for a torch
+built with the old C++ ABI): its binding is compiled against torch MAJ.MIN's C++ API, so
+`kernels` picks it for that torch only, as for kernel-builder's own builds. A package without
+compiled code is `torch-stable-abi<MAJ><MIN>-cu<XY>-<cpu>-linux` with the oldest torch its
+Python supports: every newer torch accepts it.
 """
 from __future__ import annotations
 
@@ -19,8 +22,12 @@ from .model import PackageModel
 
 
 def variant_name(pkg: PackageModel, cuda_version: str) -> str:
-    major, minor = pkg.torch_target
     cuda = "cu" + "".join(cuda_version.split(".")[:2])
+    if pkg.has_kernels:
+        major, minor = pkg.torch_version
+        abi = "cxx11" if pkg.torch_cxx11_abi else "cxx98"
+        return f"torch{major}{minor}-{abi}-{cuda}-{platform.machine()}-linux"
+    major, minor = pkg.torch_target
     return f"torch-stable-abi{major}{minor}-{cuda}-{platform.machine()}-linux"
 
 

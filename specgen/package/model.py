@@ -17,7 +17,10 @@ from ..reference_import import reference_code
 from ..errors import UsageError
 from ..signature import Dim, Param, TensorType, format_scalar
 
-# Stable ABI floor: the wheel's binding only uses what torch 2.10 already had.
+# The oldest torch a package without compiled code supports (its Python uses torch.library
+# as of 2.10). A package with kernels requires the torch minor version it was built against
+# (PackageModel.torch_version): its binding uses the full torch C++ API, whose ABI changes
+# between minor versions (docs/ARCHITECTURE.md, "The package").
 TORCH_TARGET_VERSION = (2, 10)
 DEFAULT_ARCH_LIST = "8.0;9.0+PTX"  # Ampere, Hopper, and PTX so newer GPUs JIT the Hopper code
 # torch::headeronly::ScalarType names of the dtype names the signature language knows
@@ -118,20 +121,20 @@ class ScalarArgModel:
         return text if self.default is None else f"{text} = {self.default}"
 
 
-# Parameter names of the private kernel ops: a role prefix keeps them apart from each other
-# and from the binding's locals (a symbol may be called `device`).
+# The binding's local variable of each ABI struct field: a role prefix keeps them apart from
+# each other and from the binding's other names (a symbol may be called `device`).
 KERNEL_PARAM_PREFIXES = {"input": "in_", "scalar": "sc_", "dim": "dim_", "output": "out_",
                          "fwd_output": "fwd_", "grad_output": "gout_", "grad_input": "gin_"}
 
 
 @dataclass(frozen=True)
 class KernelParam:
-    """One argument of a private kernel op, in ABI struct order: the struct `field` it fills."""
+    """One field of the kernel's ABI struct, in ABI order, and the binding's local that fills it."""
 
     field: str
     role: str  # abi.AbiField roles
     ndim: int | None  # tensors only
-    cpp_type: str  # scalars and dims: the C++ type; tensors: "const Tensor&"
+    cpp_type: str  # scalars and dims: the C++ type; tensors: "const at::Tensor&"
     schema_type: str  # "Tensor", "float", "int", "bool"
 
     @property
@@ -195,22 +198,6 @@ class OpModel:
     def kernel_params(self, direction: str = "forward") -> tuple[KernelParam, ...]:
         return self.kernel_params_by_direction[direction]
 
-    def _kernel_schema(self, direction: str) -> str:
-        args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
-        for p in self.kernel_params(direction):
-            kind = f"Tensor({next(alias)}!)" if p.written else p.schema_type
-            args.append(f"{kind} {p.name}")
-        return f"({', '.join(args)}) -> int"
-
-    @property
-    def kernel_schema(self) -> str:
-        """The private `_<op>_kernel` op: ABI order, outputs passed in (mutated), returns the error code."""
-        return self._kernel_schema("forward")
-
-    @property
-    def backward_kernel_schema(self) -> str:
-        return self._kernel_schema("backward")
-
     @property
     def verified_on(self) -> str | None:
         return (self.provenance or {}).get("verified_on")
@@ -267,6 +254,61 @@ class OpModel:
         args += [f"Tensor grad_{o.name}" for o in self.floating_outputs]
         return f"({', '.join(args)}) -> {_schema_returns(len(self.floating_inputs))}"
 
+    # The C++ binding (torch_binding.cpp.j2): parameters as the schemas order them, prefixed
+    # `a_` so that no argument name collides with a C++ keyword or a local of the binding.
+    def _cpp_forward(self) -> list[tuple[str, str]]:
+        return [("const at::Tensor&" if isinstance(p, TensorArgModel) else p.cpp_type, f"a_{p.name}")
+                for p in self.params]
+
+    def _cpp_backward(self) -> list[tuple[str, str]]:
+        out = [("const at::Tensor&", f"a_{t.name}") for t in self.inputs]
+        out += [(s.cpp_type, f"a_{s.name}") for s in self.scalars]
+        out += [("const at::Tensor&", f"a_{o.name}") for o in self.outputs]
+        out += [("const at::Tensor&", f"a_grad_{o.name}") for o in self.floating_outputs]
+        return out
+
+    @property
+    def cpp_forward_params(self) -> str:
+        return ", ".join(f"{t} {n}" for t, n in self._cpp_forward())
+
+    @property
+    def cpp_forward_types(self) -> str:
+        return ", ".join(t for t, _ in self._cpp_forward())
+
+    @property
+    def cpp_forward_args(self) -> str:
+        return ", ".join(n for _, n in self._cpp_forward())
+
+    @property
+    def cpp_backward_params(self) -> str:
+        return ", ".join(f"{t} {n}" for t, n in self._cpp_backward())
+
+    @property
+    def cpp_backward_types(self) -> str:
+        return ", ".join(t for t, _ in self._cpp_backward())
+
+    @property
+    def cpp_backward_args(self) -> str:
+        return ", ".join(n for _, n in self._cpp_backward())
+
+    def cpp_grad_slots(self, found: str) -> str:
+        """What a C++ autograd backward returns, one entry per forward argument: `found[k]`
+        (the backward op's k-th result) for a floating input, an undefined tensor otherwise."""
+        slots, k = [], 0
+        for p in self.params:
+            if isinstance(p, TensorArgModel) and p.is_floating:
+                slots.append(f"{found}[{k}]")
+                k += 1
+            else:
+                slots.append("at::Tensor()")
+        return ", ".join(slots)
+
+    def input_index(self, name: str) -> int:
+        return [t.name for t in self.inputs].index(name)
+
+    def output_index(self, name: str) -> int:
+        return [o.name for o in self.outputs].index(name)
+
     @property
     def py_params(self) -> str:
         return ", ".join(f"{p.name}: torch.Tensor" if isinstance(p, TensorArgModel) else p.py_param
@@ -307,9 +349,6 @@ class OpModel:
             "backward": self.backward, "has_backward": self.has_backward,
             "has_kernel": self.has_kernel, "has_backward_kernel": self.has_backward_kernel and self.has_backward,
             "symbols": list(self.symbols),
-            "kernel_schema": self.kernel_schema if self.has_kernel else None,
-            "backward_kernel_schema": (self.backward_kernel_schema
-                                       if self.has_backward_kernel and self.has_backward else None),
             "verified_on": self.verified_on if self.has_kernel else None,
             "note": (self.provenance or {}).get("note"),
         }
@@ -325,6 +364,8 @@ class PackageModel:
     specgen_version: str = ""
     namespace: str = ""  # the torch.ops namespace: <name>_<content hash>, so two builds never collide
     cuda_runtime_requirement: str | None = None  # the CUDA runtime wheel the extension links
+    torch_version: tuple[int, int] = TORCH_TARGET_VERSION  # the torch the binding compiles against
+    torch_cxx11_abi: bool = True  # that torch's _GLIBCXX_USE_CXX11_ABI
 
     @property
     def hub_name(self) -> str:
@@ -369,12 +410,12 @@ class PackageModel:
         return [f"{major}.{minor}{suffix}" for major, minor, suffix, _ in self.arch_table]
 
     @property
-    def torch_target_hex(self) -> str:
-        major, minor = self.torch_target
-        return f"0x{major:02x}{minor:02x}000000000000"
-
-    @property
     def torch_requirement(self) -> str:
+        """A package with kernels: the build's torch minor version (the binding is compiled
+        against its C++ ABI); without: the oldest torch its Python supports."""
+        if self.has_kernels:
+            major, minor = self.torch_version
+            return f"torch>={major}.{minor},<{major}.{minor + 1}"
         return f"torch>={self.torch_target[0]}.{self.torch_target[1]}"
 
     @property
@@ -464,7 +505,7 @@ def _kernel_params(spec, direction: str) -> tuple[KernelParam, ...]:
     params = []
     for f in abi.fields(spec, direction):
         if f.is_tensor:
-            params.append(KernelParam(f.name, f.role, len(f.tensor.dims), "const Tensor&", "Tensor"))
+            params.append(KernelParam(f.name, f.role, len(f.tensor.dims), "const at::Tensor&", "Tensor"))
         elif f.role == "dim":
             params.append(KernelParam(f.name, f.role, None, "int64_t", "int"))
         else:
@@ -522,6 +563,17 @@ def cuda_runtime_requirement(cuda_version: str | None = None) -> str | None:
     major = int(str(cuda_version).split(".")[0])
     name = "nvidia-cuda-runtime" if major >= 13 else f"nvidia-cuda-runtime-cu{major}"
     return f'{name}>={major},<{major + 1}; platform_system == "Linux"'
+
+
+def installed_torch() -> tuple[tuple[int, int], bool] | None:
+    """((major, minor), cxx11 ABI) of the torch installed here (the one a wheel build compiles
+    against), or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(match[1]), int(match[2])), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
 def build_namespace(name: str, version: str, ops, specgen_version: str) -> str:
@@ -598,7 +650,9 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
                 raise UsageError(f"the specs of {layer_owner[r.layer]!r} and {op.name!r} both declare "
                                  f"replaces: layer: {r.layer}; layer names must be unique in a package")
             layer_owner[r.layer] = op.name
+    torch_build = installed_torch() if any(op.has_kernel for op in ops) else None
+    torch_version, cxx11_abi = torch_build or (TORCH_TARGET_VERSION, True)
     return PackageModel(name=name, version=version, ops=tuple(ops), arch_list=arch_list,
-                        specgen_version=__version__,
+                        specgen_version=__version__, torch_version=torch_version, torch_cxx11_abi=cxx11_abi,
                         namespace=build_namespace(name, version, ops, __version__),
                         cuda_runtime_requirement=cuda_runtime_requirement())

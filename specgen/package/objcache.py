@@ -14,7 +14,9 @@ the same, the object is copied out and the compiler never runs (ccache's "direct
 Anything else (linking, `-v`, a compile without a dependency file) runs the real compiler.
 
 Environment: SPECGEN_TREE (the build tree), SPECGEN_OBJECT_CACHE (the cache folder);
-without both the launcher only runs the compiler. SPECGEN_OBJECT_CACHE_LOG, when set, gets
+without both the launcher only runs the compiler. SPECGEN_OBJECT_CACHE_SALT (build_wheel
+sets it to the torch version and C++ ABI the binding compiles against) is part of every key:
+an object built for one torch is never reused for another, even where its headers hash alike. SPECGEN_OBJECT_CACHE_LOG, when set, gets
 one line per compile: "hit SRC" or "miss SRC".
 """
 from __future__ import annotations
@@ -87,7 +89,8 @@ def run(real: str, args: list[str]) -> int:
     real_stat = os.stat(real) if os.path.exists(real) else None
     compiler = [real, real_stat.st_size if real_stat else 0, int(real_stat.st_mtime) if real_stat else 0]
     normalized = [a.replace(tree, PLACEHOLDER) for a in args]
-    key = hashlib.sha256(json.dumps([compiler, normalized, source_hash]).encode()).hexdigest()
+    salt = os.environ.get("SPECGEN_OBJECT_CACHE_SALT", "")
+    key = hashlib.sha256(json.dumps([compiler, normalized, source_hash, salt]).encode()).hexdigest()
     entry = Path(cache) / key[:2] / key
     name = Path(source).name
     if entry.is_dir():

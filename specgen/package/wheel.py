@@ -44,7 +44,18 @@ def _object_cache_env(tree: Path, launchers: Path, env: dict) -> dict:
     extra = write_launchers(launchers, str(nvcc) if nvcc.exists() else None, cxx)
     extra["SPECGEN_TREE"] = os.path.abspath(tree)  # as torch writes the sources' paths
     extra["SPECGEN_OBJECT_CACHE"] = str(object_cache_dir(env))
+    extra["SPECGEN_OBJECT_CACHE_SALT"] = torch_build_id()
     return extra
+
+
+def torch_build_id() -> str:
+    """The torch the binding compiles against (version, C++ ABI, CUDA): part of every object
+    cache key, since the binding uses torch's C++ API (not stable across versions)."""
+    try:
+        import torch
+    except ImportError:
+        return "no torch"
+    return f"torch {torch.__version__} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)} cuda={torch.version.cuda}"
 
 
 # 1980-01-01, the earliest date a zip can hold: the wheel's and the sdist's entries carry it,
