@@ -154,7 +154,11 @@ def main(argv=None) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     rows = [int(r) for r in args.rows.split(",") if r]
-    results = measure(pkg, rows, dtype, args.calls, args.repeats, args.compile)
+    # the GPU alone while measuring (specgen's GPU lock): verifications sharing the machine wait
+    from specgen.verify.gpulock import exclusive_gpu
+
+    with exclusive_gpu(torch.cuda.current_device()):
+        results = measure(pkg, rows, dtype, args.calls, args.repeats, args.compile)
     print_table(results)
     summary = {"package": args.package, "kernels_loaded": getattr(pkg, "CUDA_KERNELS_LOADED", None),
                "torch": torch.__version__, "device": torch.cuda.get_device_name(), "python": platform.python_version(),

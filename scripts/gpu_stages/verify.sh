@@ -8,7 +8,7 @@
 # VERIFY_PARTS picks the parts (default: all of "timing adversarial committed heldout"; the good
 # kernels run with timing); VERIFY_HELDOUT_ONLY: held-out file names (substrings), to finish a
 # suite that an earlier call did not reach; VERIFY_ONLY_<suite> (e.g. VERIFY_ONLY_v3): the same for one
-# suite only. VERIFY_COMMITTED: the spec files or folders re-verified from the lock (default specs).
+# suite only; with '|' in a filter, each '|'-separated group runs as a stream of its own. VERIFY_COMMITTED: the spec files or folders re-verified from the lock (default specs).
 set -uo pipefail
 PARTS=" ${VERIFY_PARTS:-timing adversarial committed heldout} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -43,10 +43,16 @@ has heldout && for suite in ${VERIFY_HELDOUT:-v3}; do
   [ -d "heldout/attacks-$suite" ] || continue
   # shellcheck disable=SC2206
   only_var="VERIFY_ONLY_${suite//-/_}"  # a per-suite filter (VERIFY_ONLY_v3=...) before the common one
+  filter="${!only_var:-${VERIFY_HELDOUT_ONLY:-}}"
   # shellcheck disable=SC2206
-  only=(${!only_var:-${VERIFY_HELDOUT_ONLY:-}})
-  [ ${#only[@]} -gt 0 ] && parts=("${only[*]:0:$(( (${#only[@]} + 1) / 2 ))}" "${only[*]:$(( (${#only[@]} + 1) / 2 ))}") \
-    || parts=("gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu")
+  only=($filter)
+  if [[ "$filter" == *"|"* ]]; then  # groups separated by '|': one stream each
+    IFS='|' read -r -a parts <<< "$filter"
+  elif [ ${#only[@]} -gt 0 ]; then
+    parts=("${only[*]:0:$(( (${#only[@]} + 1) / 2 ))}" "${only[*]:$(( (${#only[@]} + 1) / 2 ))}")
+  else
+    parts=("gelu_tanh swiglu rmsnorm" "softmax cross_entropy bias_gelu")
+  fi
   for part in "${parts[@]}"; do
     [ -n "$part" ] || continue
     tag=${part%% *}; tag=${tag%.cu}
