@@ -52,7 +52,7 @@ if [ -n "$WHEEL" ]; then
     --junitxml "$OUT_DIR/generated_tests.xml" --pyargs "$PKG.tests"
   cd "$REPO"
   # shellcheck disable=SC2086
-  step benchmark 400 python3 benchmarks/host_overhead.py --package "$PKG" --compile \
+  step benchmark 420 python3 benchmarks/host_overhead.py --package "$PKG" --compile \
     --out "$OUT_DIR/host_overhead.json" ${HOST_OVERHEAD_ARGS:-}
 else
   RESULT[install]="no wheel"
