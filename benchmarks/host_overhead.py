@@ -3,9 +3,10 @@ at decode sizes: what a model pays per call when the GPU is not the bottleneck.
 
     python benchmarks/host_overhead.py --package specgen_kernels --out host_overhead.json
 
-Host time per call = the wall time of a loop of K calls (default 2000) with one
+Host time per call = the wall time of a loop of K calls (default 1000) with one
 torch.cuda.synchronize() at the end, divided by K, after a warm-up; the median of --repeats
-loops. Directions: forward (no autograd), and forward+backward (inputs that require grad, a
+loops; "torch.ops us" is the same call through torch.ops.<namespace>.<op> (no package wrapper).
+Directions: forward (no autograd), and forward+backward (inputs that require grad, a
 `.backward()` of the output's sum per call; the baseline does the same with its eager ops).
 Ops: softmax, gelu_tanh, rmsnorm, swiglu, cross_entropy (those in specs/), bf16, [1..8 x 4096].
 With --compile, also each call wrapped in torch.compile (forward only: the op as a graph).
@@ -76,7 +77,7 @@ def host_us(fn, args, backward: bool, calls: int, repeats: int) -> float:
             first = result[0] if isinstance(result, tuple) else result
             first.float().sum().backward()
 
-    for _ in range(min(200, calls)):  # warm-up: caching allocator, lazy init, compiled graphs
+    for _ in range(min(100, calls)):  # warm-up: caching allocator, lazy init, compiled graphs
         once()
     torch.cuda.synchronize()
     samples = []
@@ -96,8 +97,10 @@ def measure(pkg, rows_list, dtype, calls, repeats, compile_too) -> list[dict]:
             for direction in ("forward", "forward+backward"):
                 backward = direction == "forward+backward"
                 args = [make(backward) for make in case["inputs"]]
+                direct = getattr(getattr(pkg, "ops", None), case["op"], None)  # torch.ops, no Python wrapper
                 with torch.set_grad_enabled(backward):
                     ours = host_us(case["ours"], args, backward, calls, repeats)
+                    ours_ops = None if direct is None else host_us(lambda a: direct(*a), args, backward, calls, repeats)
                     eager = {name: host_us(fn, args, backward, calls, repeats) for name, fn in case["eager"]}
                     compiled = None
                     if compile_too and not backward:
@@ -106,7 +109,8 @@ def measure(pkg, rows_list, dtype, calls, repeats, compile_too) -> list[dict]:
                         compiled = host_us(fn, args, backward, calls, repeats)
                 closest = min(eager.values())
                 results.append({"op": case["op"], "direction": direction, "rows": rows, "hidden": HIDDEN,
-                                "dtype": str(dtype).replace("torch.", ""), "ours_us": ours, "eager_us": eager,
+                                "dtype": str(dtype).replace("torch.", ""), "ours_us": ours, "ours_torch_ops_us": ours_ops,
+                                "eager_us": eager,
                                 "closest_eager_us": closest, "ratio": ours / closest,
                                 "compiled_ours_us": compiled, "meets_target": ours / closest <= TARGET})
                 print(f"{case['op']:14} {direction:17} rows={rows}: ours {ours:7.1f} us, eager "
@@ -123,11 +127,14 @@ def print_table(results) -> None:
             print(r)
         return
     table = Table(title=f"host time per call (us), target ours <= {TARGET}x the closest eager op")
-    for column in ("op", "direction", "rows", "ours us", "eager us", "ratio", f"<= {TARGET}x", "compiled us"):
+    for column in ("op", "direction", "rows", "ours us", "torch.ops us", "eager us", "ratio", f"<= {TARGET}x",
+                   "compiled us"):
         table.add_column(column, justify="left" if column in ("op", "direction", "eager us") else "right")
     for r in results:
         eager = ", ".join(f"{name} {us:.1f}" for name, us in r["eager_us"].items())
-        table.add_row(r["op"], r["direction"], str(r["rows"]), f"{r['ours_us']:.1f}", eager, f"{r['ratio']:.2f}x",
+        direct = r.get("ours_torch_ops_us")
+        table.add_row(r["op"], r["direction"], str(r["rows"]), f"{r['ours_us']:.1f}",
+                      "-" if direct is None else f"{direct:.1f}", eager, f"{r['ratio']:.2f}x",
                       "yes" if r["meets_target"] else "NO",
                       "-" if r["compiled_ours_us"] is None else f"{r['compiled_ours_us']:.1f}")
     Console(width=160).print(table)
@@ -138,8 +145,8 @@ def main(argv=None) -> int:
     parser.add_argument("--package", default="specgen_kernels", help="an installed specgen package")
     parser.add_argument("--rows", default="1,8", help="comma-separated row counts (decode sizes)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--calls", type=int, default=2000, help="calls per timed loop (K)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the median is kept)")
+    parser.add_argument("--calls", type=int, default=1000, help="calls per timed loop (K)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed loops per row (the median is kept)")
     parser.add_argument("--compile", action="store_true", help="also time each op under torch.compile (forward)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
