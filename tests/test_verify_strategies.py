@@ -92,3 +92,13 @@ def test_the_walk_gives_each_dtype_every_member_of_the_edge_triples():
     for dtype in spec.dtypes:
         residues = {c.dim_map["D"] % 4 for c in walked if c.dtype == dtype and c.dim_map["D"] > 4}
         assert {0, 1, 3} <= residues, (dtype, residues)
+
+
+def test_the_sizes_models_use_are_always_tried():
+    """A kernel wrong only at a model's hidden size or head dim (768, 3072, 5120, 11008; 96, 160)
+    meets it in the boundary walk, not only by luck in the drawn cases."""
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    widths = {c.dim_map["D"] for c in boundary_cases(spec)}
+    assert {768, 3072, 5120, 11008, 96, 160} <= widths
+    assert 16384 + 1 not in boundary_sizes(1, 16384)  # within the range only
+    assert all(size % 3 == 0 for size in boundary_sizes(3, 14336, 3))  # and the divisibility

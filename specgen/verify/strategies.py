@@ -83,9 +83,18 @@ def legal_sizes(lo: int, hi: int, step: int, wanted) -> list[int]:
     return found
 
 
+# Sizes that models run with and no edge or sweep size hits: hidden sizes (768 ... 14336) and
+# head dims (80 ... 224). A kernel that is wrong only there (its own dispatch, or a cheat that
+# a user's model would meet first) fails in the boundary walk.
+_MODEL_SIZES = (80, 96, 112, 160, 192, 224, 384, 576, 768, 1280, 1536, 2560, 3072, 5120, 6144, 7168,
+                11008, 13824, 14336)
+
+
 def boundary_sizes(lo: int, hi: int, step: int = 1) -> list[int]:
-    """The sizes always tried for one dim: the edges first, then odd sizes, then the extremes."""
-    wanted = [lo, *(e * step for e in _EDGES), *(o * step for o in _ODD), hi - step, hi]
+    """The sizes always tried for one dim: the edges first, then odd sizes, then the sizes models
+    use, then the extremes."""
+    model = [m for m in _MODEL_SIZES if m % step == 0]
+    wanted = [lo, *(e * step for e in _EDGES), *(o * step for o in _ODD), *model, hi - step, hi]
     return legal_sizes(lo, hi, step, wanted)
 
 
