@@ -70,6 +70,26 @@ def test_bench_records_join_their_op(tmp_path, capsys):
     ops = {op["op"]: op for op in json.loads(capsys.readouterr().out)["ops"]}
     extra = [r for r in ops["softmax"]["benchmark"]["rows"] if r["source"].endswith("bench.json")]
     assert extra[0]["speedup_vs_eager"] == 5.0 and extra[0]["kernel_roofline_fraction"] == 0.125
+    assert extra[0]["baseline_us"] is None and extra[0]["speedup_vs_baseline"] is None
+
+
+def test_a_baseline_kernel_timed_beside_the_kernel_is_shown(tmp_path, capsys):
+    """`specgen bench --baseline OTHER.cu` times another kernel in the same run: the report keeps
+    it (a column, a speedup and a bar), it does not drop it."""
+    record = {"op": "softmax", "device": "NVIDIA H200", "copy_gbs": 4000.0,
+              "rows": [{"op": "softmax", "direction": "forward", "dims": {"N": 7, "D": 77}, "dtype": "float16",
+                        "bytes": 2156, "eager_us": 20.0, "compile_us": 10.0, "kernel_us": 4.0,
+                        "baseline_us": 6.0, "roofline_us": 0.5}]}
+    (tmp_path / "bench.json").write_text(json.dumps(record))
+    html = tmp_path / "r.html"
+    assert main(["report", str(SPECS), "-o", str(html), "--bench", str(tmp_path / "bench.json"),
+                 "--json", "-", "--no-history"]) == 0
+    ops = {op["op"]: op for op in json.loads(capsys.readouterr().out)["ops"]}
+    extra = [r for r in ops["softmax"]["benchmark"]["rows"] if r["source"].endswith("bench.json")]
+    assert extra[0]["baseline_us"] == 6.0 and extra[0]["speedup_vs_baseline"] == 1.5
+    text = html.read_text()
+    assert "<th>vs baseline</th>" in text and "1.50" in text
+    assert "#2f9e44" in text  # the baseline's bars in the op's chart
 
 
 def _git(folder, *args):

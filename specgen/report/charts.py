@@ -10,7 +10,7 @@ import statistics
 
 from ..errors import EnvironmentMissing
 
-COLORS = {"eager": "#9aa5b1", "compile": "#5b8def", "kernel": "#e8590c"}
+COLORS = {"eager": "#9aa5b1", "compile": "#5b8def", "baseline": "#2f9e44", "kernel": "#e8590c"}
 
 
 def _pyplot():
@@ -43,23 +43,25 @@ def _label(row: dict) -> str:
 
 
 def op_times(op: dict) -> str | None:
-    """Eager, torch.compile and the kernel, per benchmark row (microseconds, log scale)."""
+    """Eager, torch.compile, any baseline kernel and the kernel, per benchmark row (microseconds,
+    log scale)."""
     rows = op["benchmark"]["rows"]
     if not rows:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.42 * len(rows)))
-    height = 0.26
-    for k, name in enumerate(("eager", "compile", "kernel")):
+    names = ["eager", "compile"] + (["baseline"] if any(r.get("baseline_us") for r in rows) else []) + ["kernel"]
+    height = 0.78 / len(names)
+    for k, name in enumerate(names):
         values = [r.get(f"{name}_us") or 0 for r in rows]
-        positions = [i + (k - 1) * height for i in range(len(rows))]
+        positions = [i + (k - (len(names) - 1) / 2) * height for i in range(len(rows))]
         ax.barh(positions, values, height=height, color=COLORS[name], label=name if name != "compile"
                 else "torch.compile")
     ax.set_yticks(range(len(rows)), [_label(r) for r in rows])
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("time (µs, log scale; shorter is faster)")
-    ax.legend(loc="lower right", frameon=False, ncol=3)
+    ax.legend(loc="lower right", frameon=False, ncol=len(names))
     ax.set_title(f"{op['op']}: time per call", loc="left")
     return _svg(fig)
 

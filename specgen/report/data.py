@@ -29,8 +29,9 @@ def _mean(values) -> float | None:
 
 def row_data(row: dict, source: str) -> dict:
     """One benchmark row in the report's keys (those of specgen.bench.BenchRow.as_dict)."""
-    keep = ("direction", "dims", "dtype", "bytes", "eager_us", "compile_us", "kernel_us", "roofline_us",
-            "speedup_vs_eager", "speedup_vs_compile", "kernel_roofline_fraction", "compile_fallback", "notes")
+    keep = ("direction", "dims", "dtype", "bytes", "eager_us", "compile_us", "kernel_us", "baseline_us",
+            "roofline_us", "speedup_vs_eager", "speedup_vs_compile", "kernel_roofline_fraction", "compile_fallback",
+            "notes")
     data = {key: row.get(key) for key in keep}
     data["direction"] = data["direction"] or "forward"
     kernel, eager, compiled = data["kernel_us"], data["eager_us"], data["compile_us"]
@@ -38,9 +39,11 @@ def row_data(row: dict, source: str) -> dict:
         data["speedup_vs_eager"] = eager / kernel
     if data["speedup_vs_compile"] is None and kernel and compiled:
         data["speedup_vs_compile"] = compiled / kernel
+    # another kernel timed beside this one (`specgen bench --baseline`, an earlier agent's kernel)
+    data["speedup_vs_baseline"] = data["baseline_us"] / kernel if kernel and data["baseline_us"] else None
     if data["kernel_roofline_fraction"] is None and kernel and data["roofline_us"]:
         data["kernel_roofline_fraction"] = data["roofline_us"] / kernel
-    for name in ("eager", "compile"):
+    for name in ("eager", "compile", "baseline"):
         us = data[f"{name}_us"]
         data[f"{name}_roofline_fraction"] = data["roofline_us"] / us if us and data["roofline_us"] else None
     data["source"] = source
