@@ -40,6 +40,14 @@ MAX_REPLY_BYTES = 4 << 20
 _FRAME = struct.Struct(">I")
 
 
+def callers_import_path(*first: str) -> str:
+    """PYTHONPATH for a child process that must import what this process can: `first`, then
+    this process's sys.path (its working directory for ''), so a reference imported by path
+    (`reference: pkg.module:name`) resolves in the child as it does for the caller."""
+    caller = [os.path.abspath(p or os.getcwd()) for p in sys.path if os.path.isdir(p or os.getcwd())]
+    return os.pathsep.join(dict.fromkeys(p for p in (first[0] if first else "", *caller, *first[1:]) if p))
+
+
 def scrubbed_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment without API keys, tokens, secrets, passwords and credentials."""
     return {k: v for k, v in (os.environ if env is None else env).items() if not SECRET_NAME.search(k)}
@@ -105,9 +113,7 @@ class Sandbox:
         package_root = str(Path(__file__).resolve().parent.parent)
         # the caller's import path too (its working directory for ''): a reference imported by
         # path (`reference: pkg.module:name`) resolves in the sandbox as it does for the caller
-        caller = [os.path.abspath(p or os.getcwd()) for p in sys.path if os.path.isdir(p or os.getcwd())]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in (package_root, *caller,
-                                                                       env.get("PYTHONPATH", "")) if p))
+        env["PYTHONPATH"] = callers_import_path(package_root, env.get("PYTHONPATH", ""))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         for name in ("TMPDIR", "TEMP", "TMP"):
             env[name] = self._scratch

@@ -201,3 +201,25 @@ def test_bench_spec_times_the_backward_of_kernel_eager_and_compile(tmp_path):
         assert 0 < row.fraction(row.kernel_us) <= 1.05
     backward = result.rows[1]
     assert backward.bytes == 3 * 4096 * 4096 * 2
+
+
+def test_bench_json_on_stdout_is_the_record_alone(monkeypatch, capsys):
+    """`specgen bench SPEC --json -` (no kernel: eager and torch.compile only): the record alone
+    on stdout, the table on stderr. The timing itself is stood in for (no GPU here)."""
+    import specgen.bench as bench_module
+    import specgen.verify as verify_module
+
+    def fake_bench_spec(spec, library, shapes, dtypes, **kw):
+        row = bench_module.BenchRow(spec.name, dict(shapes[0]), "bfloat16", 1 << 20, 1.0, 4000.0,
+                                    eager_us=20.0, compile_us=10.0)
+        return bench_module.BenchResult(spec.name, "stand-in", 4000.0, [row])
+
+    monkeypatch.setattr(verify_module, "gpu_available", lambda: True)
+    monkeypatch.setattr(bench_module, "bench_spec", fake_bench_spec)
+    code = main(["bench", str(SPECS / "gelu_tanh.yaml"), "--shape", "N=64,D=4096", "--dtype", "bfloat16",
+                 "--json", "-"])
+    captured = capsys.readouterr()
+    assert code == 0
+    record = json.loads(captured.out)
+    assert record["op"] == "gelu_tanh" and record["rows"][0]["eager_us"] == 20.0
+    assert "gelu_tanh" in captured.err and "20" in captured.err  # the table, on stderr

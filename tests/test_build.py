@@ -111,6 +111,20 @@ def test_fresh_verified_kernel_is_reused_and_the_readme_shows_its_record(folder,
     assert "2.00x" in summary and "1.25x" in summary and "sm_90" in summary
 
 
+def test_build_json_on_stdout_says_what_each_op_ships(folder, tmp_path, monkeypatch, stub_wheel, capsys):
+    """`--json -`: the JSON alone on stdout (for CI), the human summary on stderr."""
+    import json
+
+    lock_swiglu(folder, monkeypatch)
+    assert build(folder / "swiglu.yaml", "--locked", "-o", tmp_path / "dist", "--json", "-") == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert Path(data["wheel"]).name == "stub-0.1.0-py3-none-any.whl"
+    (op,) = data["ops"]
+    assert op["op"] == "swiglu" and op["verified_on"] == "sm_90 (NVIDIA H200)" and op["vs_eager"] == 2.0
+    assert "swiglu" in captured.err  # the table went to stderr
+
+
 def test_an_unverified_kernel_needs_no_verify_and_the_package_says_so(folder, tmp_path, monkeypatch, stub_wheel,
                                                                       capsys):
     lock_swiglu(folder, monkeypatch, verified=False)

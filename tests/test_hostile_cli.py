@@ -328,6 +328,11 @@ def test_verify_locked_reverifies_every_locked_kernel_and_fails_on_any(locked_fo
     assert main(["verify", "--locked", str(locked_folder), "--json", str(json_out)]) == 1
     assert "max abs error 3.2" in json.loads(json_out.read_text())["cross_entropy"]["detail"]
 
+    capsys.readouterr()
+    assert main(["verify", "--locked", str(locked_folder), "--json", "-"]) == 1  # JSON alone on stdout
+    on_stdout = json.loads(capsys.readouterr().out)
+    assert on_stdout["cross_entropy"]["reason"] == "wrong-result" and on_stdout["swiglu"]["passed"]
+
     monkeypatch.setattr("specgen.verify.verify_kernel", lambda spec, kernel, **o: FakeVerdict(True, "passed"))
     assert main(["verify", "--locked", str(locked_folder)]) == 0
     assert "all 2 locked kernel(s) verified" in capsys.readouterr().out

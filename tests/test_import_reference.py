@@ -144,3 +144,19 @@ def test_the_packaged_reference_imports_the_module_and_its_tests_pass(package, t
                              "--pyargs", "sgimport.tests"], cwd=tmp_path, capture_output=True, text=True,
                             env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_judge_and_the_sandbox_import_what_the_caller_can(tmp_path, monkeypatch):
+    """`specgen verify` / `generate` / `build` start the judge (and `check` the sandbox) as child
+    processes: a reference module reachable only through the caller's sys.path must be found
+    there too."""
+    from specgen.sandbox import callers_import_path
+    from specgen.verify.worker import judge_environment
+
+    only_here = tmp_path / "only_on_my_path"
+    only_here.mkdir()
+    monkeypatch.syspath_prepend(str(only_here))
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    parts = judge_environment()["PYTHONPATH"].split(os.pathsep)
+    assert str(only_here) in parts and parts[-1] == "/somewhere/else"
+    assert callers_import_path("/pkg", "").split(os.pathsep)[:2] == ["/pkg", str(only_here)]

@@ -31,6 +31,17 @@ TOTAL_TIMEOUT_S = 600.0
 _ERRORS = {"SpecError": SpecError, "EnvironmentMissing": EnvironmentMissing, "UsageError": UsageError}
 
 
+def judge_environment() -> dict[str, str]:
+    """The judge's environment: ours, with our import path (the judge runs the spec's reference,
+    which may be imported by path from a module only the caller's sys.path reaches)."""
+    from ..sandbox import callers_import_path
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = callers_import_path("", env.get("PYTHONPATH", ""))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
 class WorkerDied(Exception):
     pass
 
@@ -56,8 +67,7 @@ class VerifyWorker:
         read_fd, write_fd = os.pipe()
         log = tempfile.NamedTemporaryFile(prefix="specgen-worker-", suffix=".log", delete=False)
         self._log_path = Path(log.name)
-        env = dict(os.environ)
-        env.setdefault("PYTHONUNBUFFERED", "1")
+        env = judge_environment()
         self.process = subprocess.Popen([sys.executable, "-m", "specgen.verify.worker", str(write_fd)],
                                         stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                         pass_fds=(write_fd,), env=env, start_new_session=True)
