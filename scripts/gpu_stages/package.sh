@@ -25,18 +25,8 @@ fi
 export SPECGEN_TEST_EXAMPLES="${SPECGEN_TEST_EXAMPLES:-10}"
 PKG=specgen_kernels
 WORK="$(mktemp -d /tmp/specgen-package.XXXXXX)"
-declare -A RESULT SECONDS_OF
-
-step() {  # step NAME TIMEOUT COMMAND...: run, log to $OUT_DIR/NAME.log, remember rc and time
-  local name=$1 limit=$2; shift 2
-  local started=$(date +%s)
-  timeout "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
-  local rc=$?
-  SECONDS_OF[$name]=$(( $(date +%s) - started ))
-  RESULT[$name]=$([ $rc -eq 0 ] && echo PASS || echo "FAIL (exit $rc)")
-  tail -25 "$OUT_DIR/$name.log"
-  return $rc
-}
+# shellcheck source=lib/steps.sh
+source "$HERE/lib/steps.sh"
 
 # ---- 1. build from a clean state
 if [ -n "${PACKAGE_WHEEL:-}" ]; then
