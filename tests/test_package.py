@@ -170,6 +170,13 @@ def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
                   "check_launch(swiglu_forward(&args, stream_of(device)), kSpec.where);",
                   "at::AutoDispatchBelowADInplaceOrView guard;", ": double backward is not supported"):
         assert check in cpp, check
+    # sizes outside the spec's dims: said once per op (swiglu: N in [1, 65536], H in [1, 16384])
+    import re
+    ranges = re.search(r'"float32, float16, bfloat16",\n    \{(\{[^\n]*\})\},\n\};', cpp.split("op_swiglu")[1])
+    spec_ranges = load_spec(SPECS / "swiglu.yaml").dims
+    assert ranges and ranges.group(1) == ", ".join(f"{{{lo}, {hi}}}" for lo, hi in
+                                                  (spec_ranges[s] for s in ("N", "H")))
+    assert "warn_outside_ranges(op, where, call.dims);" in cpp and "op.warned_outside.exchange(true)" in cpp
     # the forward op is called through the dispatcher below autograd, the backward op through it too
     assert f'findSchemaOrThrow("{ns}::swiglu", "")' in cpp and f'findSchemaOrThrow("{ns}::swiglu_backward", "")' in cpp
     setup = render_files(pkg)["setup.py"]
