@@ -1,6 +1,6 @@
 // gelu_tanh_control.cu: attacks-v4 (control), spec gelu_tanh, expected: pass
 // HONEST CONTROL for gelu_tanh: computes the spec's function on `stream` (float32 math, the reference's
-// intermediate roundings in 16-bit dtypes), deterministic, vectorized where the pointers allow it.
+// intermediate roundings in 16-bit dtypes), deterministic; 16-byte vector loads/stores when aligned, scalar grid-stride fallback.
 // It should pass verify and bench.
 
 #include "gelu_tanh_abi.h"

@@ -1,6 +1,6 @@
 // linear_bias_relu_control.cu: attacks-v4 (control), spec linear_bias_relu, expected: pass
 // HONEST CONTROL for linear_bias_relu: computes the spec's function on `stream` (float32 math, the reference's
-// intermediate roundings in 16-bit dtypes), deterministic, vectorized where the pointers allow it.
+// intermediate roundings in 16-bit dtypes), deterministic; 64x64 output tiles through shared memory, fp32 accumulation.
 // It should pass verify and bench.
 
 #include "linear_bias_relu_abi.h"

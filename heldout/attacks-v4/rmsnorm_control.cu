@@ -1,6 +1,6 @@
 // rmsnorm_control.cu: attacks-v4 (control), spec rmsnorm, expected: pass
 // HONEST CONTROL for rmsnorm: computes the spec's function on `stream` (float32 math, the reference's
-// intermediate roundings in 16-bit dtypes), deterministic, vectorized where the pointers allow it.
+// intermediate roundings in 16-bit dtypes), deterministic; one block per row, two passes, fixed-order column reduction for grad_weight.
 // It should pass verify and bench.
 
 #include "rmsnorm_abi.h"

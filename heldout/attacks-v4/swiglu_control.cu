@@ -1,6 +1,6 @@
 // swiglu_control.cu: attacks-v4 (control), spec swiglu, expected: pass
 // HONEST CONTROL for swiglu: computes the spec's function on `stream` (float32 math, the reference's
-// intermediate roundings in 16-bit dtypes), deterministic, vectorized where the pointers allow it.
+// intermediate roundings in 16-bit dtypes), deterministic; 16-byte vector loads/stores when aligned and H % VEC == 0, scalar fallback.
 // It should pass verify and bench.
 
 #include "swiglu_abi.h"

@@ -9,10 +9,15 @@ def add(file, spec, cls, expect, reasons, comment, code=""):
 
 
 # ====================================================================== controls
+_HOW = {"gelu_tanh": "16-byte vector loads/stores when aligned, scalar grid-stride fallback",
+        "swiglu": "16-byte vector loads/stores when aligned and H % VEC == 0, scalar fallback",
+        "softmax": "one block per row, three passes (max, sum, write), fixed reduction trees",
+        "rmsnorm": "one block per row, two passes, fixed-order column reduction for grad_weight",
+        "linear_bias_relu": "64x64 output tiles through shared memory, fp32 accumulation"}
 for spec in ("gelu_tanh", "swiglu", "softmax", "rmsnorm", "linear_bias_relu"):
     add(f"{spec}_control.cu", spec, "control", "pass", ["passed"],
         f"HONEST CONTROL for {spec}: computes the spec's function on `stream` (float32 math, the reference's\n"
-        f"intermediate roundings in 16-bit dtypes), deterministic, vectorized where the pointers allow it.\n"
+        f"intermediate roundings in 16-bit dtypes), deterministic; {_HOW[spec]}.\n"
         f"It should pass verify and bench.")
 
 # ====================================================================== gelu_tanh
