@@ -40,12 +40,12 @@ MAX_REPLY_BYTES = 4 << 20
 _FRAME = struct.Struct(">I")
 
 
-def callers_import_path(*first: str) -> str:
-    """PYTHONPATH for a child process that must import what this process can: `first`, then
-    this process's sys.path (its working directory for ''), so a reference imported by path
-    (`reference: pkg.module:name`) resolves in the child as it does for the caller."""
+def callers_import_path(before: str = "", after: str = "") -> str:
+    """PYTHONPATH for a child process that must import what this process can: `before`, this
+    process's sys.path (its working directory for ''), then `after`; so a reference imported by
+    path (`reference: pkg.module:name`) resolves in the child as it does for the caller."""
     caller = [os.path.abspath(p or os.getcwd()) for p in sys.path if os.path.isdir(p or os.getcwd())]
-    return os.pathsep.join(dict.fromkeys(p for p in (first[0] if first else "", *caller, *first[1:]) if p))
+    return os.pathsep.join(dict.fromkeys(p for p in (before, *caller, after) if p))
 
 
 def scrubbed_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -111,9 +111,7 @@ class Sandbox:
         self._scratch = tempfile.mkdtemp(prefix=f"specgen-sandbox-{os.getpid()}-")
         env = scrubbed_env()
         package_root = str(Path(__file__).resolve().parent.parent)
-        # the caller's import path too (its working directory for ''): a reference imported by
-        # path (`reference: pkg.module:name`) resolves in the sandbox as it does for the caller
-        env["PYTHONPATH"] = callers_import_path(package_root, env.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = callers_import_path(before=package_root, after=env.get("PYTHONPATH", ""))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         for name in ("TMPDIR", "TEMP", "TMP"):
             env[name] = self._scratch

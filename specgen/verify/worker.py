@@ -37,7 +37,7 @@ def judge_environment() -> dict[str, str]:
     from ..sandbox import callers_import_path
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = callers_import_path("", env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = callers_import_path(after=env.get("PYTHONPATH", ""))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from ..ctext import Ctx, dim_expr, entry_dispatch
 from ..ir import Program
+from ..schedule import DEFAULT_VARIANT
 
 BLOCK = 256
-UNROLL = 1  # the default Variant's flat_unroll and flat_waves (schedule.py says why)
-WAVES = 64
+UNROLL = DEFAULT_VARIANT.flat_unroll  # the default variant's launch shape (schedule.py says why)
+WAVES = DEFAULT_VARIANT.flat_waves
 
 
 @dataclass(frozen=True)
