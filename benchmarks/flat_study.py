@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,27 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specgen import abi  # noqa: E402
 from specgen.agents.builtin.generator import build_source, compile_many  # noqa: E402
 from specgen.agents.builtin.schedule import Variant  # noqa: E402
-from specgen.bench import bench_inputs, bench_spec, copy_bandwidth_gbs, flush_l2, moved_bytes  # noqa: E402
+from specgen.bench import bench_inputs, bench_spec, copy_bandwidth_gbs, moved_bytes, time_callable  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
 from specgen.verify.library import KernelLibrary  # noqa: E402
 
 LAUNCH_SHAPES = [(4, 1), (2, 1), (4, 4), (4, 16), (2, 32), (1, 64), (8, 1)]  # (flat_unroll, flat_waves)
 
 
-def plain_time_us(fn, reps: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        flush_l2()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+def plain_time_us(fn) -> float:
+    """Median device time of fn() by CUDA events, the L2 flushed before each (specgen.bench's
+    own timing of eager and torch.compile)."""
+    return time_callable(fn, warmup=3, reps=30).median_us
 
 
 def plain_kernel_call(spec, library: KernelLibrary, dims: dict, dtype: str):

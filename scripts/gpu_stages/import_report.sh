@@ -26,10 +26,10 @@ run() {  # run NAME COMMAND...: its output in $OUT_DIR/NAME.log, a line in the t
   return $rc
 }
 STEPS=" ${IMPORT_STEPS:-build report} "
-step() { [[ "$STEPS" == *" $1 "* ]]; }
+has() { [[ "$STEPS" == *" $1 "* ]]; }  # as verify.sh: is step $1 asked for
 run import python3 -m specgen import "$TARGET" -o "$WORK/specs/" --json "$OUT_DIR/import.json" \
   && run check python3 -m specgen check "$WORK/specs" || exit 1
-if step bench; then
+if has bench; then
   for spec in "$WORK"/specs/*.yaml; do
     name=$(basename "$spec" .yaml)
     python3 -c "import sys; from specgen.spec import load_spec; from specgen.agents.builtin.generator import build_source; sys.stdout.write(build_source(load_spec(sys.argv[1])))" \
@@ -38,9 +38,9 @@ if step bench; then
     tail -12 "$OUT_DIR/bench-$name.log"
   done
 fi
-step build && run build timeout 400 python3 -m specgen build "$WORK/specs" -o "$WORK/dist" \
+has build && run build timeout 400 python3 -m specgen build "$WORK/specs" -o "$WORK/dist" \
   --tune-budget "${IMPORT_TUNE_S:-40}" --json "$OUT_DIR/build.json"
-step report && python3 -c "import matplotlib" 2>/dev/null \
+has report && python3 -c "import matplotlib" 2>/dev/null \
   && run report python3 -m specgen report "$WORK/specs" -o "$OUT_DIR/report.html"
 mkdir -p "$OUT_DIR/specs" && cp -r "$WORK/specs/." "$OUT_DIR/specs/"
 ls "$WORK"/dist/*.whl >> "$OUT_DIR/steps.txt" 2>&1

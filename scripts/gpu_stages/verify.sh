@@ -38,10 +38,10 @@ if has committed; then
   pids+=($!)
 fi
 # held-out attacks: the suites named in VERIFY_HELDOUT (default v3, the newest: v2 was run in
-# session 5 and the verifier changed after it), each in two streams, each kernel in its own process
+# session 5 and the verifier changed after it), each in two streams (or one per '|' group of its
+# filter), each kernel in its own process
 has heldout && for suite in ${VERIFY_HELDOUT:-v3}; do
   [ -d "heldout/attacks-$suite" ] || continue
-  # shellcheck disable=SC2206
   only_var="VERIFY_ONLY_${suite//-/_}"  # a per-suite filter (VERIFY_ONLY_v3=...) before the common one
   filter="${!only_var:-${VERIFY_HELDOUT_ONLY:-}}"
   # shellcheck disable=SC2206
