@@ -27,6 +27,11 @@ class KernelCase:
     expect: str
     sanitize: bool = False
     direction: str | None = None
+    static: bool = False  # the static checks (compile, symbols, entry points) decide
+
+    @property
+    def decided_statically(self) -> bool:
+        return self.static or self.expect in STATIC_REASONS
 
     @property
     def name(self) -> str:
@@ -40,7 +45,7 @@ class KernelCase:
 def _header(path: Path) -> dict[str, str]:
     found = {}
     for line in path.read_text().splitlines():
-        m = re.match(r"^//\s*(spec|expect|sanitize|direction):\s*(\S+)", line)
+        m = re.match(r"^//\s*(spec|expect|sanitize|direction|static):\s*(\S+)", line)
         if m:
             found[m.group(1)] = m.group(2)
         elif not line.startswith("//"):
@@ -53,7 +58,7 @@ def adversarial_kernels() -> list[KernelCase]:
     for path in sorted(ADVERSARIAL.glob("*.cu")):
         meta = _header(path)
         cases.append(KernelCase(path, meta["spec"], meta["expect"], meta.get("sanitize") == "yes",
-                                meta.get("direction")))
+                                meta.get("direction"), meta.get("static") == "yes"))
     return cases
 
 

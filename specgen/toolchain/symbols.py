@@ -155,6 +155,33 @@ def refused_family(name: str) -> str | None:
     return None
 
 
+# The CUDA runtime calls a kernel needs no more than a model needs them mid-op: streams and
+# events of its own, waits and synchronizations, graph-capture queries, host callbacks, and the
+# driver's entry points. With them a kernel can fork work off `stream` and never join it (the
+# caller's next op reads unfinished outputs; a timer on `stream` misses the work), behave
+# differently while captured, or stall the host. A call is one launch sequence on `stream`.
+_STREAM_CALLS = frozenset("""
+    cudaStreamCreate cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaStreamWaitEvent
+    cudaStreamSynchronize cudaStreamQuery cudaStreamIsCapturing cudaStreamGetCaptureInfo
+    cudaStreamGetCaptureInfo_v2 cudaStreamGetCaptureInfo_v3 cudaStreamUpdateCaptureDependencies
+    cudaStreamUpdateCaptureDependencies_v2 cudaStreamBeginCapture cudaStreamBeginCaptureToGraph
+    cudaStreamEndCapture cudaThreadExchangeStreamCaptureMode cudaStreamAddCallback cudaLaunchHostFunc
+    cudaStreamAttachMemAsync cudaStreamCopyAttributes cudaStreamSetAttribute cudaEventCreate
+    cudaEventCreateWithFlags cudaEventRecord cudaEventRecordWithFlags cudaEventSynchronize cudaEventQuery
+    cudaEventElapsedTime cudaEventElapsedTime_v2 cudaEventDestroy cudaDeviceSynchronize cudaThreadSynchronize
+    cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion cudaSetDevice cudaDeviceReset cudaIpcOpenMemHandle
+    cudaIpcGetMemHandle cudaIpcOpenEventHandle""".split())
+
+
+def stream_calls(library: Path) -> list[str]:
+    """The library's calls of CUDA runtime functions that leave the given stream (one line each;
+    [] = none): its own streams and events, waits, synchronizations, capture queries, callbacks."""
+    found = sorted({s.name for s in undefined_dynamic_symbols(library)
+                    if s.name in _STREAM_CALLS or s.name.startswith(("cudaGraph", "cudaUserObject"))})
+    return [f"{name}: works outside the given `stream` (its own streams, events, waits or graphs, a "
+            f"synchronization, a capture query or a host callback)" for name in found]
+
+
 def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[str]:
     """Why the library is refused, one line per offending symbol or DT_NEEDED entry ([] = clean).
 

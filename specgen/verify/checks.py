@@ -11,7 +11,7 @@ from .compare import bitwise_equal, compare, differing_bits, locate, unwritten
 from .data import CaseData
 from .runner import check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once, synchronize
 from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,
-                      UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
+                      STREAM_VIOLATION, UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
 
 
 # ------------------------------------------------------------------ before anything runs
@@ -25,6 +25,20 @@ def check_library_symbols(library: Path, spec) -> None:
         raise Failure(FORBIDDEN_SYMBOL, f"the compiled kernel calls what a kernel may not:\n  {shown}\n"
                                         f"A kernel uses the CUDA runtime and the C/C++ runtime only"
                                         f"{' (and ' + ', '.join(spec.libraries) + ')' if spec.libraries else ''}.")
+
+
+def check_stream_calls(library: Path) -> None:
+    """A call is launches on the given `stream` and nothing else (docs/VERIFIER.md)."""
+    from ..toolchain import stream_calls
+
+    found = stream_calls(library)
+    if found:
+        shown = "\n  ".join(found[:10])
+        raise Failure(STREAM_VIOLATION, f"the compiled kernel steps outside the given stream:\n  {shown}\n"
+                                        f"Launch every kernel and async copy on `stream`, and nothing else: no "
+                                        f"streams or events of your own, no waits or synchronizations, no capture "
+                                        f"queries. Work forked off `stream` is not finished when the caller's next "
+                                        f"op runs, and a timer on `stream` does not see it.")
 
 
 def required_entry_points(spec) -> list[str]:

@@ -1,5 +1,6 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: stream-violation
+// static: yes (its library calls stream, event or synchronization functions: refused before it runs)
 // The cheat: the work goes on a private stream that first waits for `stream` (an event), so it
 // is ordered after the caller's work and looks right to anyone who syncs the device -- but
 // `stream` never waits for it back. An event recorded on `stream` after the call (a benchmark's

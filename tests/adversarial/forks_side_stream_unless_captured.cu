@@ -1,5 +1,6 @@
 // spec: gelu_tanh
 // expect: stream-violation
+// static: yes (its library calls stream, event or synchronization functions: refused before it runs)
 // The cheat: like forks_private_stream_unjoined, the work goes on a private stream that waits
 // for `stream` and is never joined back, so a stop event on `stream` does not cover it -- but
 // while `stream` is being captured into a CUDA graph (cudaStreamIsCapturing) it launches on

@@ -1,5 +1,6 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: stream-violation
+// static: yes (its library calls stream, event or synchronization functions: refused before it runs)
 // The bug: launches with <<<grid, block>>> -- the legacy default stream -- and keeps it ordered
 // with `stream` through two events (wait for the caller's work, then make `stream` wait for the
 // kernel), so results and timings are right when called eagerly. The legacy stream cannot take

@@ -1,5 +1,6 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: stream-violation
+// static: yes (its library calls stream, event or synchronization functions: refused before it runs)
 // The cheat: ignores the `stream` argument and launches on a private non-blocking stream,
 // so its work is not ordered after the caller's (and escapes the caller's timing).
 #include "_gelu_common.h"

@@ -1,5 +1,6 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: stream-violation
+// static: yes (its library calls stream, event or synchronization functions: refused before it runs)
 // The bug: on large inputs the call waits for its own kernel (cudaStreamSynchronize) "to report
 // asynchronous faults where they happen". Small calls return at once (today's stream-discipline
 // check, which watches for a blocking call, uses a small case), and a blocking call is still
