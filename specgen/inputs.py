@@ -19,14 +19,17 @@ TORCH_DTYPES = {
 }
 DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
-# What the verifier draws values from. The last three are the value classes kernels get
+# What the verifier draws values from. The last four are the value classes kernels get
 # wrong on purpose or by accident: NaN and +-Inf among normal values, magnitudes from 1e3 up
-# to 1e15 (a tenth of the range in float16), and subnormals among normal values.
-DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal")
+# to 1e15 (a tenth of the range in float16), subnormals among normal values, and a model's
+# activations: normal values with rare elements 1e3-1e4 times larger (massive activations), so
+# whole tiles of ordinary values are tiny next to the tensor's largest.
+DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "huge" stops at 1e15 in float32/bfloat16: a row's sum of squares stays finite in a float32
 # accumulator (overflow at the edge of the range is the "specials" class's business, not this one's)
 HUGE_TOP_LOG10 = 15.0
+OUTLIER_FRACTION = 1e-3  # of the elements, at least one per tensor ("outliers")
 
 
 def default_scalar(param: Param):
@@ -110,6 +113,8 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         # denormal: half the elements subnormal in the working dtype, the rest normal
         tiny = torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * info.smallest_normal
         return torch.where(u < 0.5, torch.sign(base) * tiny, base)
+    if distribution == "outliers":
+        return _with_outliers(base, gen, dtype_name)
     if distribution == "normal":
         return base
     if distribution == "large":
@@ -121,6 +126,21 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
     if distribution == "uniform":
         return torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * 2 - 1
     raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+
+
+def _with_outliers(base: torch.Tensor, gen: torch.Generator, dtype_name: str) -> torch.Tensor:
+    """Normal values with OUTLIER_FRACTION of them (at least one) scaled to 1e3-1e4 in magnitude
+    (1e2-1e3 in float16, whose products and sums of squares would overflow otherwise)."""
+    if base.numel() == 0:
+        return base
+    flat = base.reshape(-1).clone()
+    count = max(1, int(flat.numel() * OUTLIER_FRACTION))
+    where = torch.randint(0, flat.numel(), (count,), generator=gen, device=flat.device)
+    low = 2.0 if dtype_name == "float16" else 3.0
+    scale = torch.pow(10.0, low + torch.rand(count, generator=gen, dtype=torch.float64, device=flat.device))
+    sign = torch.where(flat[where] < 0, -1.0, 1.0).to(torch.float64)
+    flat[where] = sign * scale
+    return flat.view(base.shape)
 
 
 def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribution: str,

@@ -133,6 +133,14 @@ def test_value_classes_make_what_they_say():
     denormal = _values((20000,), "denormal", gen, "float32").float()
     tiny = (denormal != 0) & (denormal.abs() < torch.finfo(torch.float32).smallest_normal)
     assert int(tiny.sum()) > 5000
+    outliers = _values((64, 4096), "outliers", gen, "bfloat16")
+    big = outliers.abs() >= 999
+    assert 100 <= int(big.sum()) <= 600 and float(outliers.abs().max()) <= 1e4  # rare, 1e3-1e4
+    # whole 16 x 16 tiles hold only ordinary values: a kernel that skips 'negligible' tiles meets them
+    tiles = big.reshape(4, 16, 256, 16).any(dim=3).any(dim=1)
+    assert int((~tiles).sum()) > 0.5 * tiles.numel()
+    assert int((_values((3,), "outliers", gen, "float16").abs() >= 99).sum()) >= 1  # one even in 3 elements
+    assert float(_values((100000,), "outliers", gen, "float16").abs().max()) <= 1e3
 
 
 # ------------------------------------------------------------------ physics and the lock
@@ -181,6 +189,30 @@ def test_guard_bytes_catch_a_write_past_a_tensor():
     memory.arenas["outputs"][ref.offset + ref.nbytes] = 0  # one byte past the end
     assert memory.broken_guards() and "after" in memory.broken_guards()[0]
     assert ref.offset >= GUARD
+
+
+def test_a_write_megabytes_past_an_output_is_caught():
+    """Every byte of the arena no tensor uses is a guard: scratch written 1 MiB past a 4-byte
+    output (far beyond the GUARD bytes) is found; so is a byte in the gap alignment leaves."""
+    from specgen.verify.layout import GUARD, Layout, Memory
+
+    layout = Layout()
+    first = layout.place("outputs", (1,), torch.float32)
+    second = layout.place("outputs", (3,), torch.float16)
+    memory = Memory({"inputs": torch.zeros(0, dtype=torch.uint8), "outputs": torch.zeros(4 << 20, dtype=torch.uint8)})
+    memory.layout = layout
+    memory.arm_guards()
+    memory.tensor(first).fill_(2.0)
+    memory.tensor(second).fill_(3.0)
+    assert memory.broken_guards() == []
+    memory.arenas["outputs"][first.offset + (1 << 20)] = 7
+    found = memory.broken_guards()
+    assert len(found) == 1 and "unused bytes" in found[0], found
+    memory.arm_guards()
+    gap = first.offset + first.nbytes + GUARD  # after the first tensor's guard, before the next region
+    assert gap < second.offset - GUARD
+    memory.arenas["outputs"][gap] = 7
+    assert memory.broken_guards(), "the alignment gap between two tensors is guarded"
 
 
 def test_the_candidates_process_holds_no_checking_code():

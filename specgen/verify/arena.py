@@ -83,6 +83,12 @@ def granularity(device: int) -> int:
     return size.value
 
 
+# Address space reserved and left unmapped on each side of every mapping: a kernel's write up
+# to this far before or past an arena faults (the candidate's process dies: a crash verdict)
+# instead of landing silently in whatever the process mapped next to it.
+MARGIN = 1 << 30
+
+
 class Arena:
     """One mapped allocation: `pointer`, `nbytes`, and `fd` (the exporter's shareable handle)."""
 
@@ -128,7 +134,7 @@ class Arena:
         if self.pointer:
             drv = driver()
             drv.cuMemUnmap(ctypes.c_ulonglong(self.pointer), ctypes.c_size_t(self.nbytes))
-            drv.cuMemAddressFree(ctypes.c_ulonglong(self.pointer), ctypes.c_size_t(self.nbytes))
+            drv.cuMemAddressFree(ctypes.c_ulonglong(self.pointer - MARGIN), ctypes.c_size_t(self.nbytes + 2 * MARGIN))
             drv.cuMemRelease(ctypes.c_ulonglong(self.handle))
             self.pointer = 0
         if self.fd is not None:
@@ -137,10 +143,12 @@ class Arena:
 
 
 def _map(handle: int, nbytes: int, device: int, rights: int) -> int:
+    """Map `handle` in the middle of a reservation MARGIN larger on each side (unmapped)."""
     drv = driver()
-    pointer = ctypes.c_ulonglong()
-    _check(drv.cuMemAddressReserve(ctypes.byref(pointer), ctypes.c_size_t(nbytes), ctypes.c_size_t(0),
+    base = ctypes.c_ulonglong()
+    _check(drv.cuMemAddressReserve(ctypes.byref(base), ctypes.c_size_t(nbytes + 2 * MARGIN), ctypes.c_size_t(0),
                                    ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "cuMemAddressReserve")
+    pointer = ctypes.c_ulonglong(base.value + MARGIN)
     _check(drv.cuMemMap(pointer, ctypes.c_size_t(nbytes), ctypes.c_size_t(0), ctypes.c_ulonglong(handle),
                         ctypes.c_ulonglong(0)), "cuMemMap")
     access = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, device), rights)

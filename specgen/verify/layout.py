@@ -3,9 +3,11 @@ every tensor, laid out by the judge and described to the candidate's process by 
 
 A `TensorRef` (arena, byte offset, shape, dtype) is all that crosses to the candidate's
 process; both sides turn it into a view of the same memory. Guard bytes (a fixed pattern,
-GUARD bytes before and after each tensor) are checked by the judge after every call: a
-kernel that writes past its outputs (or before them) is caught even when the overrun lands
-in memory nothing else uses, without compute-sanitizer.
+at least GUARD bytes before and after each tensor, and every byte of the arena that no tensor
+of the case uses) are checked by the judge after every call: a kernel that writes past its
+outputs (or before them), near or megabytes away, is caught even when the overrun lands in
+memory nothing else uses, without compute-sanitizer. Past the arena's ends the address space
+is reserved and unmapped (arena.py), so a write there faults.
 """
 from __future__ import annotations
 
@@ -58,11 +60,12 @@ class Layout:
 
     def place(self, arena: str, shape: tuple[int, ...], dtype: torch.dtype, element_offset: int = 0) -> TensorRef:
         itemsize = torch.empty((), dtype=dtype).element_size()
-        start = -(-self.used[arena] // ALIGN) * ALIGN
+        free = self.used[arena]
+        start = -(-free // ALIGN) * ALIGN
         data = start + GUARD + element_offset * itemsize
         ref = TensorRef(arena, data, tuple(int(s) for s in shape), DTYPE_NAMES[dtype])
         end = data + ref.nbytes
-        self.guards[arena] += [(start, data - start), (end, GUARD)]
+        self.guards[arena] += [(free, data - free), (end, GUARD)]  # the alignment gap is guarded too
         self.used[arena] = end + GUARD
         return ref
 
@@ -83,15 +86,27 @@ class Memory:
     def capacity(self, arena: str) -> int:
         return self.arenas[arena].numel()
 
+    def unused(self, arena: str) -> tuple[int, int]:
+        """The arena's bytes after the case's last tensor and its guard: (start, length)."""
+        start = self.layout.used[arena]
+        return start, max(self.capacity(arena) - start, 0)
+
     def arm_guards(self) -> None:
         for arena, regions in self.layout.guards.items():
-            for start, length in regions:
+            for start, length in regions + [self.unused(arena)]:
                 self.arenas[arena][start:start + length].fill_(GUARD_BYTE)
 
     def broken_guards(self) -> list[str]:
-        """Where guard bytes changed: 'before|after <tensor region> in <arena>' lines."""
+        """Where guard bytes changed: 'before|after <tensor region> in <arena>' lines, or the
+        arena's unused bytes after the last tensor (a write megabytes past an output)."""
         found = []
         for arena, regions in self.layout.guards.items():
+            start, length = self.unused(arena)
+            tail = self.arenas[arena][start:start + length]
+            if length and bool((tail != GUARD_BYTE).any()):
+                first = start + int((tail != GUARD_BYTE).nonzero()[0, 0])
+                found.append(f"{arena}: the arena's unused bytes after the last tensor, first at "
+                             f"{first - start} bytes past its guard")
             if not regions:
                 continue
             parts = [self.arenas[arena][start:start + length] for start, length in regions]
