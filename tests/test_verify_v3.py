@@ -3,6 +3,7 @@ check, the timed phase, per-element tolerance, physics, guard bytes, the lock's 
 the candidate's process holding no checking code. The GPU side: scripts/gpu-suite verify."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -72,6 +73,32 @@ def test_a_kernel_idle_after_many_calls_is_caught_by_the_timed_phase(gelu):
     verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.idle_after_calls), Options(examples=0, budget=1 << 13))
     assert verdict.reason in ("post-timing-mismatch", "unwritten-output", "nondeterministic"), verdict.summary()
     assert not verdict.passed
+
+
+def test_a_kernel_wrong_after_thousands_of_calls_is_caught_by_the_endurance_run(gelu):
+    kernel = fakes.PyKernel(gelu, fakes.wrong_after_many_calls)
+    options = Options(examples=0, budget=1 << 12, full_size=False, directions=("forward",))
+    assert verdict_of(gelu, kernel, dataclasses.replace(options, endurance=0)).passed  # too few calls to see it
+    kernel.calls = 0
+    verdict = verdict_of(gelu, kernel, dataclasses.replace(options, endurance=4000))
+    assert verdict.reason == "wrong-result", verdict.summary()
+    assert "after 4000 calls in a row" in verdict.detail
+    assert kernel.calls >= 4000
+
+
+def test_calls_faster_on_inputs_seen_before_are_a_memory_of_inputs():
+    from specgen.verify.timed import TimedRun, check_no_memory_of_inputs
+    from specgen.verify.verdict import Failure
+
+    def run(us):
+        return TimedRun([us / 1e3] * 5, floor_us=1.0, checked_calls=5)
+
+    with pytest.raises(Failure) as caught:  # a cache of results served on repeats: 2.5x faster
+        check_no_memory_of_inputs(run(250.0), run(100.0), "N=64 D=4096")
+    assert caught.value.reason == "remembers-inputs" and "2.50x" in caught.value.detail
+    check_no_memory_of_inputs(run(250.0), run(240.0), "N=64 D=4096")  # timing noise
+    check_no_memory_of_inputs(run(6.0), run(4.0), "N=1 D=4096")  # decode-size jitter, under the slack
+    check_no_memory_of_inputs(run(100.0), run(130.0), "N=64 D=4096")  # slower on repeats: not a cache
 
 
 def test_the_tolerance_record_names_the_largest_error_and_widening(gelu):

@@ -170,6 +170,14 @@ def idle_after_calls(k, t, dims):
     gelu_forward(k, t, dims)
 
 
+def wrong_after_many_calls(k, t, dims):
+    """Honest for the first 3000 calls of the process, then the output is off by 1% (a time
+    bomb: after a verification's worth of calls, a long run gets a wrong op)."""
+    gelu_forward(k, t, dims)
+    if k.calls > 3000:
+        t["out"].mul_(1.01)
+
+
 def rmsnorm_forward_fixed_eps(k, t, dims):
     x = t["x"].float()
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)

@@ -82,6 +82,8 @@ def serve(fd: int) -> int:
                 torch.cuda.synchronize()
                 state["graph"].replay()
                 reply = _after(torch, state, {"type": "done", "code": 0})
+            elif op == "endure":
+                reply = _endure(torch, state, message, prepare_call, stream)
             elif op == "timed":
                 reply = _timed(torch, state, message, prepare_call, stream, tensors)
             else:
@@ -127,6 +129,38 @@ def _capture(torch, state, message: dict, call) -> dict:
         return {"type": "captured", "ok": False, "code": code, "error": error_name, "problem": problem}
     state["graph"] = graph
     return _after(torch, state, {"type": "captured", "ok": True, "code": 0})
+
+
+def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
+    """The same call many times, as a long training or serving run makes it: `host_calls`
+    launches from the host, then a CUDA graph of `graph_calls` launches replayed `replays`
+    times (a counter kept on the device counts those too)."""
+    from .graphs import capture_one_call
+
+    launch = prepare_call(message, stream)
+    torch.cuda.synchronize()
+    for index in range(int(message["host_calls"])):
+        code = launch()
+        if code:
+            return _after(torch, state, {"type": "done", "code": code, "failed_call": index})
+    torch.cuda.synchronize()
+
+    def many(on_stream) -> int:
+        once = prepare_call(message, on_stream)
+        for _ in range(int(message["graph_calls"])):
+            code = once()
+            if code:
+                return code
+        return 0
+
+    graph, code, problem = capture_one_call(many)
+    state["lib"].clear_error()
+    if graph is None:
+        return _after(torch, state, {"type": "done", "ok": False, "code": code,
+                                     "problem": problem or "capture failed"})
+    for _ in range(int(message["replays"])):
+        graph.replay()
+    return _after(torch, state, {"type": "done", "code": 0})
 
 
 # Device cycles the stream spins before each timed call's start event (about 40 us at the

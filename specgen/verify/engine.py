@@ -21,7 +21,8 @@ from .checks import (check_capture, check_case, check_deterministic_repeats, che
 from .data import CaseData, prepare, stage
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
                          full_size_cases, large_case, make_case, smoke_case)
-from .verdict import CRASH, INPUT_MUTATED, PASSED, Failure, Verdict
+from .runner import check_guards, raise_outcome
+from .verdict import CRASH, INPUT_MUTATED, NOT_CAPTURABLE, PASSED, Failure, Verdict
 
 SHRINK_SECONDS = 20.0  # stop shrinking a counterexample after this long
 TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on input values never seen before
@@ -29,6 +30,10 @@ TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on 
 # defaults), so a kernel that counts calls or watches the clock meets the benchmark here
 BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
+# Calls of one small case in a row before the small checks run again: a kernel that misbehaves
+# only after many calls in a process (a counter on the host or the device) meets a long run's
+# worth (a third from the host, the rest as CUDA-graph replays). The CPU stand-ins make fewer.
+ENDURANCE_CALLS, ENDURANCE_CPU_CALLS, ENDURANCE_GRAPH_CALLS = 120_000, 600, 1000
 
 
 @dataclass
@@ -39,6 +44,7 @@ class Options:
     directions: tuple[str, ...] | None = None  # default: forward, and backward when the spec has a kernel
     quick: bool = False  # the small run for compute-sanitizer: smoke, a few boundary cases, one large case
     full_size: bool = True  # cases at the benchmark shapes and the tops of the ranges, and the timed phase
+    endurance: int | None = None  # calls in a row before the checks run again (None: ENDURANCE_CALLS on a GPU)
 
 
 Progress = Callable[[str], None]
@@ -167,8 +173,38 @@ class Session:
         stage(self.runner, loop, snapshots=False)
         check_stale_output_loop(self.runner, loop, seed=opts.seed)
         self.cases += 2
-        self.phase("repeated-calls", t)
+        t = self.phase("repeated-calls", t)
+        self.endurance(direction, [smoke_case(spec, opts.seed + 5)] + boundary[:3] + [big])
+        self.phase("endurance", t)
         return False
+
+    def endurance(self, direction: str, again: list[Case]) -> None:
+        """The kernel called as often as a long run calls it, then the cases `again` checked anew."""
+        default = ENDURANCE_CALLS if self.device.type == "cuda" else ENDURANCE_CPU_CALLS
+        total = default if self.options.endurance is None else self.options.endurance
+        if total <= 0:
+            return
+        small = smoke_case(self.spec, self.options.seed + 4)
+        self.progress(f"{direction}: {total} calls in a row on {small.describe()}, then earlier cases again")
+        data = self.prepare(small, direction)
+        stage(self.runner, data, snapshots=False)
+        graph_calls = min(ENDURANCE_GRAPH_CALLS, total)
+        replays = (total - total // 3) // graph_calls
+        outcome = self.runner.endure(direction, {**data.input_refs, **data.output_refs}, data.scalars, data.dims,
+                                     host_calls=total - replays * graph_calls, graph_calls=graph_calls,
+                                     replays=replays)
+        what = f"{total} calls in a row on {small.describe()}"
+        raise_outcome(self.spec, data, outcome, what=what)
+        if not outcome.ok:
+            raise Failure(NOT_CAPTURABLE, f"{what}: {graph_calls} calls could not be captured into one CUDA graph "
+                                          f"({outcome.problem})")
+        check_guards(self.runner, data, f"in {what}: ")
+        for case in again:
+            try:
+                self.run_case(case, direction)
+            except Failure as failure:
+                raise Failure(failure.reason, f"after {what} (a long run's worth): {failure.detail}",
+                              failure.counterexample, fatal=failure.fatal) from None
 
     def scaled(self, case: Case) -> Case:
         dims = fit_budget(self.spec.signature, case.dim_map, self.spec.dims, self.options.budget)
@@ -185,7 +221,7 @@ class Session:
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
         the first for determinism; then the timed phase at every benchmark shape and dtype."""
-        from .timed import timed_calls
+        from .timed import check_no_memory_of_inputs, timed_calls
 
         started = time.perf_counter()
         on_gpu = self.device.type == "cuda"
@@ -231,10 +267,12 @@ class Session:
                 self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
                 sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
                                 self.device, later=True) for i in range(BENCH_SETS)]
-                run = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
-                                  flush_bytes=flush)
-                self.cases += run.checked_calls
+                repeated = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
+                                       flush_bytes=flush)
+                self.cases += repeated.checked_calls
                 del sets
+                if on_gpu and count == calls:  # every call of `run` met a set never seen before
+                    check_no_memory_of_inputs(run, repeated, f"{base.describe()} ({direction})")
         self.phase("timed", started)
 
     def per_element(self, direction: str, dtype: str) -> float:

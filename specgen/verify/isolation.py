@@ -158,6 +158,37 @@ class LocalRunner(RunnerBase):
         self._graph.replay()
         return Outcome(fatal=self._sync())
 
+    def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
+        """The same call host_calls + graph_calls * replays times (a stand-in has no graph: all
+        from the host)."""
+        if self.device.type == "cuda":
+            from .graphs import capture_one_call
+
+            tensors = self._tensors(refs)
+            for _ in range(host_calls):
+                code = self.lib.call(direction, tensors, scalars, dims, self.stream)
+                if code:
+                    return Outcome(code=code, error=self.lib.error_name(code), fatal=self._sync())
+
+            def many(stream) -> int:
+                for _ in range(graph_calls):
+                    code = self.lib.call(direction, tensors, scalars, dims, stream)
+                    if code:
+                        return code
+                return 0
+
+            graph, code, problem = capture_one_call(many)
+            if graph is None:
+                return Outcome(ok=False, code=code, problem=problem, fatal=self._sync())
+            for _ in range(replays):
+                graph.replay()
+            return Outcome(fatal=self._sync())
+        for _ in range(host_calls + graph_calls * replays):
+            code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
+            if code:
+                return Outcome(code=code, error=self.lib.error_name(code))
+        return Outcome()
+
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         times = []
         for index, item in enumerate(calls):
@@ -274,6 +305,12 @@ class IsolatedRunner(RunnerBase):
 
     def replay(self) -> Outcome:
         return self._request({"op": "replay"})
+
+    def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
+        calls = host_calls + graph_calls * replays  # up to 100 us each before it counts as a hang
+        return self._request({"op": "endure", **_call_message(direction, refs, scalars, dims),
+                              "host_calls": host_calls, "graph_calls": graph_calls, "replays": replays},
+                             timeout=self.call_timeout + calls * 1e-4)
 
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         wire = [{**_call_message(c["direction"], c["tensors"], c.get("scalars", {}), c.get("dims", {})),

@@ -17,7 +17,7 @@ from .data import CaseData, stage
 from .layout import TensorRef
 from .physics import floor, violation
 from .runner import check_guards, raise_outcome
-from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, STREAM_VIOLATION, Failure
+from .verdict import FASTER_THAN_PHYSICS, POST_TIMING_MISMATCH, REMEMBERS_INPUTS, STREAM_VIOLATION, Failure
 
 TIMED_OUTPUT_BYTES = 4 << 30  # output copies of one batch
 MIN_BATCH = 2
@@ -110,3 +110,24 @@ def off_stream_work(times_ms: list[float], walls_ms: list[float]) -> str | None:
                 f"device was idle): work was launched on another stream and not joined back, so `stream`'s "
                 f"time leaves it out. Launch all work on `stream` (or join every other stream back into it)")
     return None
+
+
+# Calls on input sets seen before may not be this much faster than calls on sets never seen
+# (both with the L2 flushed and the outputs poisoned): an honest kernel's time does not depend
+# on whether it met the values before. The margin covers timing noise at decode sizes.
+REPEAT_RATIO = 0.8
+REPEAT_SLACK_US = 3.0
+
+
+def check_no_memory_of_inputs(fresh: TimedRun, repeated: TimedRun, where: str) -> None:
+    """A kernel that keeps results (or anything derived from the inputs) across calls and
+    serves repeats from it is right on every call and fast only where inputs repeat, as in a
+    benchmark that rotates a few input sets: compare the two medians."""
+    if repeated.median_us < REPEAT_RATIO * fresh.median_us and fresh.median_us - repeated.median_us > REPEAT_SLACK_US:
+        raise Failure(REMEMBERS_INPUTS,
+                      f"timed on {where}: calls on input sets it had seen before took {repeated.median_us:.1f} us "
+                      f"(median), calls on sets never seen {fresh.median_us:.1f} us ({fresh.median_us / max(repeated.median_us, 1e-9):.2f}x "
+                      f"slower), with the L2 flushed before every call. The kernel remembers something of earlier "
+                      f"inputs (a cache of results keyed by content or address) and serves repeats from it: "
+                      f"a benchmark with repeated inputs then times the cache, not the op. Compute every call "
+                      f"from its inputs")
