@@ -9,6 +9,8 @@
 # kernels run with timing); VERIFY_HELDOUT_ONLY: held-out file names (substrings), to finish a
 # suite that an earlier call did not reach; VERIFY_ONLY_<suite> (e.g. VERIFY_ONLY_v3): the same for one
 # suite only; with '|' in a filter, each '|'-separated group runs as a stream of its own. VERIFY_COMMITTED: the spec files or folders re-verified from the lock (default specs).
+# VERIFY_ADVERSARIAL_ONLY: adversarial file names (substrings) to run; VERIFY_HELDOUT_ARGS: extra
+# heldout/run_attacks_v2.py flags (e.g. --no-bench: verify only, leaving the GPU to verdicts).
 set -uo pipefail
 PARTS=" ${VERIFY_PARTS:-timing adversarial committed heldout} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -24,7 +26,9 @@ if has timing; then
   while [ ! -f "$done_file" ] && kill -0 "${pids[0]}" 2>/dev/null; do sleep 2; done
 fi
 if has adversarial; then
-  suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench > "$STAGE_OUT/adversarial.log" 2>&1 &
+  # shellcheck disable=SC2086
+  suite --json "$STAGE_OUT/adversarial.json" --groups adversarial --bench ${VERIFY_ADVERSARIAL_ONLY:+--only $VERIFY_ADVERSARIAL_ONLY} \
+    > "$STAGE_OUT/adversarial.log" 2>&1 &
   pids+=($!)
 fi
 # the committed kernels: --record only when VERIFY_RECORD=1 (it also times each one: minutes)
@@ -56,7 +60,8 @@ has heldout && for suite in ${VERIFY_HELDOUT:-v3}; do
   for part in "${parts[@]}"; do
     [ -n "$part" ] || continue
     tag=${part%% *}; tag=${tag%.cu}
-    timeout "$(left)" python3 heldout/run_attacks_v2.py "heldout/attacks-$suite" --only $part \
+    # shellcheck disable=SC2086
+    timeout "$(left)" python3 heldout/run_attacks_v2.py "heldout/attacks-$suite" --only $part ${VERIFY_HELDOUT_ARGS:-} \
       --out "$STAGE_OUT/heldout-$suite-$tag.json" > "$STAGE_OUT/heldout-$suite-$tag.log" 2>&1 &
     pids+=($!)
   done

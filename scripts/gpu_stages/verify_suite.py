@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--groups", default="good,adversarial,committed,heldout")
     parser.add_argument("--timing", action="store_true", help="warm-worker timing alone and 4 in parallel")
     parser.add_argument("--bench", action="store_true", help="bench the good gelu kernel through the checked path")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="only kernels whose file name contains one of these (every group)")
     parser.add_argument("--timing-done", default=None, metavar="FILE",
                         help="touch FILE when the timing runs are over (other suites may start then)")
     args = parser.parse_args()
@@ -112,6 +114,8 @@ def main() -> int:
         Path(args.timing_done).touch()
     for group in filter(None, args.groups.split(",")):
         for spec_name, path, expect, sanitize in kernels(group):
+            if args.only and not any(part in path.name for part in args.only):
+                continue
             row = {"group": group, "kernel": path.name, "spec": spec_name, "expect": expect, "sanitize": sanitize}
             row.update(verify_one(spec_name, path, sanitize))
             ok = row["got"] == expect if expect != "rejected" else row["got"] not in ("passed", "harness-error")
