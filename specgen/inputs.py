@@ -23,8 +23,11 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # wrong on purpose or by accident: NaN and +-Inf among normal values, magnitudes from 1e3 up
 # to 1e15 (a tenth of the range in float16), subnormals among normal values, and a model's
 # activations: normal values with rare elements 1e3-1e4 times larger (massive activations), so
-# whole tiles of ordinary values are tiny next to the tensor's largest.
-DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers")
+# whole tiles of ordinary values are tiny next to the tensor's largest. "rounded": normal values
+# that came from a lower precision (rounded to bfloat16, as autocast outputs and bf16
+# checkpoints upcast to float32 are: their low mantissa bits are zero).
+DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
+                 "rounded")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "huge" stops at 1e15 in float32/bfloat16: a row's sum of squares stays finite in a float32
 # accumulator (overflow at the edge of the range is the "specials" class's business, not this one's)
@@ -113,6 +116,8 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         # denormal: half the elements subnormal in the working dtype, the rest normal
         tiny = torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * info.smallest_normal
         return torch.where(u < 0.5, torch.sign(base) * tiny, base)
+    if distribution == "rounded":
+        return base.to(torch.bfloat16).to(torch.float64)
     if distribution == "outliers":
         return _with_outliers(base, gen, dtype_name)
     if distribution == "normal":

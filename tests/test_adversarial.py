@@ -35,8 +35,9 @@ def test_the_suite_covers_the_issue():
     assert expected["post-timing-mismatch"] >= 3
     # streams, events and syncs of its own: refused by their symbols before anything runs
     assert sum(c.expect == "stream-violation" and c.static for c in ADVERSARIAL) >= 4
-    # the legacy stream, a synchronous copy, cudaMalloc/cudaFree: no stream function to see
-    assert expected["not-capturable"] >= 3
+    # the legacy stream, cudaMalloc/cudaFree: no stream function to see, the capture fails
+    # (a synchronous cudaMemcpy did not break a capture on the H200: it is refused by its symbol)
+    assert expected["not-capturable"] >= 2
     # run-time loading, reading the process's files or environment, importing Python
     assert expected["forbidden-symbol"] >= 6
     # the sizes, values, scalars and tolerance today's verifier never tries

@@ -168,6 +168,8 @@ def test_value_classes_make_what_they_say():
     assert int((~tiles).sum()) > 0.5 * tiles.numel()
     assert int((_values((3,), "outliers", gen, "float16").abs() >= 99).sum()) >= 1  # one even in 3 elements
     assert float(_values((100000,), "outliers", gen, "float16").abs().max()) <= 1e3
+    rounded = _values((4096,), "rounded", gen, "float32").float()
+    assert bool(((rounded.view(torch.int32) & 0xFFFF) == 0).all()) and float(rounded.std()) > 0.5  # bf16 values
 
 
 # ------------------------------------------------------------------ physics and the lock

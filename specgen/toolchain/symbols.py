@@ -121,6 +121,10 @@ _REFUSED_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
         stdin""".split())),
     "memory mapping": ("maps or re-protects memory (refused in a kernel)", frozenset("""
         mmap munmap mremap mprotect pkey_mprotect pkey_alloc remap_file_pages""".split())),
+    "device state": ("asks how full the GPU is or how much its memory pools hold (refused in a kernel: what it "
+                     "computes may not depend on the state of the device)", frozenset("""
+        cudaMemGetInfo cudaMemPoolGetAttribute cudaDeviceGetMemPool cudaDeviceGetDefaultMemPool cudaMemPoolExportPointer
+        cudaDeviceGetLimit cudaDeviceGetP2PAttribute""".split())),
     "signals": ("installs signal handlers or timers (refused in a kernel)", frozenset("""
         signal sigaction sigset bsd_signal sysv_signal ssignal alarm ualarm setitimer timer_create
         signalfd""".split())),
@@ -159,7 +163,8 @@ def refused_family(name: str) -> str | None:
 # events of its own, waits and synchronizations, graph-capture queries, host callbacks, and the
 # driver's entry points. With them a kernel can fork work off `stream` and never join it (the
 # caller's next op reads unfinished outputs; a timer on `stream` misses the work), behave
-# differently while captured, or stall the host. A call is one launch sequence on `stream`.
+# differently while captured, or stall the host (the synchronous copies and memsets run on the
+# legacy stream and block). A call is one launch sequence on `stream`.
 _STREAM_CALLS = frozenset("""
     cudaStreamCreate cudaStreamCreateWithFlags cudaStreamCreateWithPriority cudaStreamDestroy cudaStreamWaitEvent
     cudaStreamSynchronize cudaStreamQuery cudaStreamIsCapturing cudaStreamGetCaptureInfo
@@ -170,7 +175,9 @@ _STREAM_CALLS = frozenset("""
     cudaEventCreateWithFlags cudaEventRecord cudaEventRecordWithFlags cudaEventSynchronize cudaEventQuery
     cudaEventElapsedTime cudaEventElapsedTime_v2 cudaEventDestroy cudaDeviceSynchronize cudaThreadSynchronize
     cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion cudaSetDevice cudaDeviceReset cudaIpcOpenMemHandle
-    cudaIpcGetMemHandle cudaIpcOpenEventHandle""".split())
+    cudaIpcGetMemHandle cudaIpcOpenEventHandle cudaMemcpy cudaMemcpy2D cudaMemcpy3D cudaMemcpyPeer cudaMemcpyToSymbol
+    cudaMemcpyFromSymbol cudaMemcpy2DToArray cudaMemcpy2DFromArray cudaMemcpyToArray cudaMemcpyFromArray cudaMemset
+    cudaMemset2D cudaMemset3D""".split())
 
 
 def stream_calls(library: Path) -> list[str]:
@@ -179,7 +186,7 @@ def stream_calls(library: Path) -> list[str]:
     found = sorted({s.name for s in undefined_dynamic_symbols(library)
                     if s.name in _STREAM_CALLS or s.name.startswith(("cudaGraph", "cudaUserObject"))})
     return [f"{name}: works outside the given `stream` (its own streams, events, waits or graphs, a "
-            f"synchronization, a capture query or a host callback)" for name in found]
+            f"synchronization, a synchronous copy, a capture query or a host callback)" for name in found]
 
 
 def check_symbols(library: Path, allowed_libraries: Sequence[str] = ()) -> list[str]:

@@ -209,7 +209,7 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
     return cases
 
 
-VALUE_CLASSES = ("specials", "huge", "denormal", "outliers")
+VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded")
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 

@@ -1,5 +1,6 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: stream-violation
+// static: yes (cudaMemcpy is synchronous: refused by its symbol before it runs)
 // The bug: the first element is computed on the host and copied back with the synchronous
 // cudaMemcpy ("a warm-up the compiler cannot remove"). Every value is right; but the copy
 // synchronizes the device through the legacy stream, which a CUDA graph capture of `stream`
