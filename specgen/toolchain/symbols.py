@@ -123,8 +123,8 @@ _REFUSED_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
         mmap munmap mremap mprotect pkey_mprotect pkey_alloc remap_file_pages""".split())),
     "device state": ("asks how full the GPU is or how much its memory pools hold (refused in a kernel: what it "
                      "computes may not depend on the state of the device)", frozenset("""
-        cudaMemGetInfo cudaMemPoolGetAttribute cudaDeviceGetMemPool cudaDeviceGetDefaultMemPool cudaMemPoolExportPointer
-        cudaDeviceGetLimit cudaDeviceGetP2PAttribute""".split())),
+        cudaMemGetInfo cudaMemPoolGetAttribute cudaMemPoolExportPointer cudaDeviceGetLimit
+        cudaDeviceGetP2PAttribute""".split())),
     "signals": ("installs signal handlers or timers (refused in a kernel)", frozenset("""
         signal sigaction sigset bsd_signal sysv_signal ssignal alarm ualarm setitimer timer_create
         signalfd""".split())),
