@@ -8,7 +8,8 @@
 #   5. the JSON, the table and every log into $STAGE_OUT.
 # Knobs: PACKAGE_WHEEL=path.whl (skip step 1: test a wheel built earlier; keeps the stage well under
 #   10 minutes when the build is slow), HOST_OVERHEAD_ARGS
-#   (extra benchmarks/host_overhead.py flags), SPECGEN_TEST_EXAMPLES (default here 10).
+#   (extra benchmarks/host_overhead.py flags), SPECGEN_TEST_EXAMPLES (default here 10),
+#   HOST_OVERHEAD_BENCH=0 (build and test the wheel only).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -42,9 +43,13 @@ if [ -n "$WHEEL" ]; then
   step generated_tests 240 python3 -m pytest -q -p no:cacheprovider -rs \
     --junitxml "$OUT_DIR/generated_tests.xml" --pyargs "$PKG.tests"
   cd "$REPO"
-  # shellcheck disable=SC2086
-  step benchmark 420 python3 benchmarks/host_overhead.py --package "$PKG" --compile \
-    --out "$OUT_DIR/host_overhead.json" ${HOST_OVERHEAD_ARGS:-}
+  if [ "${HOST_OVERHEAD_BENCH:-1}" = 1 ]; then
+    # shellcheck disable=SC2086
+    step benchmark 420 python3 benchmarks/host_overhead.py --package "$PKG" --compile \
+      --out "$OUT_DIR/host_overhead.json" ${HOST_OVERHEAD_ARGS:-}
+  else
+    RESULT[benchmark]="skipped (HOST_OVERHEAD_BENCH=0)"; SECONDS_OF[benchmark]=0
+  fi
 else
   RESULT[install]="no wheel"
 fi
