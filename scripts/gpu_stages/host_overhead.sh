@@ -9,7 +9,7 @@
 # Knobs: PACKAGE_WHEEL=path.whl (skip step 1: test a wheel built earlier; keeps the stage well under
 #   10 minutes when the build is slow), HOST_OVERHEAD_ARGS
 #   (extra benchmarks/host_overhead.py flags), SPECGEN_TEST_EXAMPLES (default here 10),
-#   HOST_OVERHEAD_BENCH=0 (build and test the wheel only).
+#   HOST_OVERHEAD_BENCH=0 (build and test the wheel only), GENERATED_TESTS_ARGS (default -q).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -40,7 +40,8 @@ if [ -n "$WHEEL" ]; then
   step install 120 python3 -m pip install -q --no-deps --no-index --target "$WORK/site" "$WHEEL"
   export PYTHONPATH="$WORK/site:$PYTHONPATH"
   cd "$WORK"  # no source tree may shadow the installed package
-  step generated_tests 240 python3 -m pytest -q -p no:cacheprovider -rs \
+  # shellcheck disable=SC2086
+  step generated_tests 240 python3 -m pytest ${GENERATED_TESTS_ARGS:--q} -p no:cacheprovider -rs \
     --junitxml "$OUT_DIR/generated_tests.xml" --pyargs "$PKG.tests"
   cd "$REPO"
   if [ "${HOST_OVERHEAD_BENCH:-1}" = 1 ]; then
