@@ -27,3 +27,18 @@ def test_inputs_of_one_case_start_at_different_alignments_unless_the_case_is_ali
     layout = Layout()
     refs = [layout.place("inputs", (8, 64), torch.float32, input_offset(2, i)) for i in range(3)]
     assert len({alignment(r.offset) for r in refs}) >= 2  # 8-byte, 4-byte, 16-byte
+
+
+def test_every_value_class_meets_an_aligned_shape_from_aligned_pointers():
+    """A sniff of the input values in a kernel's vector path (e.g. float32 inputs upcast from
+    bfloat16) is only reached at sizes and pointers that take that path."""
+    from conftest import SPECS
+    from specgen.spec import load_spec
+    from specgen.verify.strategies import VALUE_CLASSES, boundary_cases
+
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    cases = boundary_cases(spec)
+    for distribution in VALUE_CLASSES:
+        for dtype in spec.dtypes:
+            assert any(c.distribution == distribution and c.dtype == dtype and c.offset == 0
+                       and all(size % 16 == 0 for _, size in c.dims) for c in cases), (distribution, dtype)

@@ -215,7 +215,8 @@ def test_guard_bytes_catch_a_write_past_a_tensor():
     memory.arm_guards()
     memory.tensor(ref).fill_(1.0)
     assert memory.broken_guards() == []
-    memory.arenas["outputs"][ref.offset + ref.nbytes] = 0  # one byte past the end
+    past = ref.offset + ref.nbytes
+    memory.arenas["outputs"][past] = int(memory.expected(past, 1)[0]) ^ 0xFF  # one byte past the end
     assert memory.broken_guards() and "after" in memory.broken_guards()[0]
     assert ref.offset >= GUARD
 
@@ -234,14 +235,33 @@ def test_a_write_megabytes_past_an_output_is_caught():
     memory.tensor(first).fill_(2.0)
     memory.tensor(second).fill_(3.0)
     assert memory.broken_guards() == []
-    memory.arenas["outputs"][first.offset + (1 << 20)] = 7
+    far = first.offset + (1 << 20)
+    memory.arenas["outputs"][far] = int(memory.expected(far, 1)[0]) ^ 0xFF
     found = memory.broken_guards()
     assert len(found) == 1 and "unused bytes" in found[0], found
     memory.arm_guards()
     gap = first.offset + first.nbytes + GUARD  # after the first tensor's guard, before the next region
     assert gap < second.offset - GUARD
-    memory.arenas["outputs"][gap] = 7
+    memory.arenas["outputs"][gap] = int(memory.expected(gap, 1)[0]) ^ 0xFF
     assert memory.broken_guards(), "the alignment gap between two tensors is guarded"
+
+
+def test_the_guard_pattern_is_new_for_every_case_and_not_uniform():
+    """A kernel that reads past its output cannot recognise the verifier by a fixed byte there."""
+    from specgen.verify.layout import Layout, Memory
+
+    layout = Layout()
+    ref = layout.place("outputs", (4,), torch.float32)
+    memory = Memory({"inputs": torch.zeros(0, dtype=torch.uint8), "outputs": torch.zeros(1 << 16, dtype=torch.uint8)})
+    memory.layout = layout
+    seen = []
+    for _ in range(3):
+        memory.arm_guards()
+        after = memory.arenas["outputs"][ref.offset + ref.nbytes:ref.offset + ref.nbytes + 256].clone()
+        assert len(set(after.tolist())) > 100  # not one repeated byte
+        assert memory.broken_guards() == []
+        seen.append(after)
+    assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
 
 
 def test_the_candidates_process_holds_no_checking_code():

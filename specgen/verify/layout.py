@@ -2,8 +2,8 @@
 every tensor, laid out by the judge and described to the candidate's process by reference.
 
 A `TensorRef` (arena, byte offset, shape, dtype) is all that crosses to the candidate's
-process; both sides turn it into a view of the same memory. Guard bytes (a fixed pattern,
-at least GUARD bytes before and after each tensor, and every byte of the arena that no tensor
+process; both sides turn it into a view of the same memory. Guard bytes (a pattern of random
+bytes drawn for each case and tiled by address, at least GUARD bytes before and after each tensor, and every byte of the arena that no tensor
 of the case uses) are checked by the judge after every call: a kernel that writes past its
 outputs (or before them), near or megabytes away, is caught even when the overrun lands in
 memory nothing else uses, without compute-sanitizer. Past the arena's ends the address space
@@ -18,7 +18,6 @@ import torch
 from ..inputs import DTYPE_NAMES, TORCH_DTYPES
 
 GUARD = 512  # bytes of guard pattern before and after every tensor
-GUARD_BYTE = 0xA5
 ALIGN = 256  # every tensor region starts on this boundary (the data may start later: offset views)
 ARENAS = ("inputs", "outputs")
 
@@ -92,32 +91,60 @@ class Memory:
         return start, max(self.capacity(arena) - start, 0)
 
     def arm_guards(self) -> None:
+        """Fill every guard region with a pattern drawn anew for each case (256 random bytes,
+        tiled by address): a kernel cannot recognise the verifier by a fixed byte around its
+        outputs, nor by uniform memory."""
+        device = next(iter(self.arenas.values())).device if self.arenas else "cpu"
+        self.pattern = torch.randint(0, 256, (PATTERN,), dtype=torch.uint8, device=device)
         for arena, regions in self.layout.guards.items():
             for start, length in regions + [self.unused(arena)]:
-                self.arenas[arena][start:start + length].fill_(GUARD_BYTE)
+                for at, size in _chunks(start, length):
+                    self.arenas[arena][at:at + size].copy_(self.expected(at, size))
+
+    def expected(self, start: int, length: int) -> torch.Tensor:
+        """The guard pattern's bytes at arena offsets [start, start + length)."""
+        phase = start % PATTERN
+        rolled = torch.cat([self.pattern[phase:], self.pattern[:phase]])
+        return rolled.repeat(-(-length // PATTERN))[:length]
+
+    def _changed(self, arena: str, start: int, length: int) -> int | None:
+        """The offset of the first guard byte that changed in the region, or None."""
+        for at, size in _chunks(start, length):
+            differs = self.arenas[arena][at:at + size] != self.expected(at, size)
+            if bool(differs.any()):
+                return at + int(differs.nonzero()[0, 0])
+        return None
 
     def broken_guards(self) -> list[str]:
         """Where guard bytes changed: 'before|after <tensor region> in <arena>' lines, or the
         arena's unused bytes after the last tensor (a write megabytes past an output)."""
+        if not hasattr(self, "pattern"):
+            return []
         found = []
         for arena, regions in self.layout.guards.items():
             start, length = self.unused(arena)
-            tail = self.arenas[arena][start:start + length]
-            if length and bool((tail != GUARD_BYTE).any()):
-                first = start + int((tail != GUARD_BYTE).nonzero()[0, 0])
+            first = self._changed(arena, start, length) if length else None
+            if first is not None:
                 found.append(f"{arena}: the arena's unused bytes after the last tensor, first at "
                              f"{first - start} bytes past its guard")
             if not regions:
                 continue
-            parts = [self.arenas[arena][start:start + length] for start, length in regions]
-            changed = [bool((part != GUARD_BYTE).any()) for part in parts] if len(parts) < 64 else None
-            if changed is None:  # many tensors: one pass over all guards, then locate
-                joined = torch.cat(parts)
-                if not bool((joined != GUARD_BYTE).any()):
+            if len(regions) >= 64:  # many tensors: one pass over all guards, then locate
+                joined = torch.cat([self.arenas[arena][a:a + n] for a, n in regions])
+                wanted = torch.cat([self.expected(a, n) for a, n in regions])
+                if not bool((joined != wanted).any()):
                     continue
-                changed = [bool((part != GUARD_BYTE).any()) for part in parts]
-            for index, bad in enumerate(changed):
-                if bad:
+            for index, (a, n) in enumerate(regions):
+                if self._changed(arena, a, n) is not None:
                     side = "before" if index % 2 == 0 else "after"
                     found.append(f"{arena}: the {GUARD} guard bytes {side} tensor #{index // 2}")
         return found
+
+
+PATTERN = 256  # bytes of the guard pattern, tiled over every guard region
+CHUNK = 64 << 20  # guard bytes filled or compared at once (the pattern tiled in memory)
+
+
+def _chunks(start: int, length: int):
+    for at in range(start, start + length, CHUNK):
+        yield at, min(CHUNK, start + length - at)

@@ -199,6 +199,13 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -
         for offset in ELEMENT_OFFSETS[1:]:
             cases.append(make_case(aligned, dtype, seed=seed + k, offset=offset))
             k += 1
+    # Every value class again at the aligned shape, read from aligned pointers: the fast path
+    # of a kernel (16-byte loads, whole tiles) is where a value sniff hides, and the odd mid
+    # shape above sends it down the scalar path.
+    for distribution in VALUE_CLASSES:
+        for dtype in spec.dtypes:
+            cases.append(make_case(aligned, dtype, distribution=distribution, seed=seed + k))
+            k += 1
     for end in (0, 1):
         values = scalar_ends(spec, end)
         if values:
