@@ -153,20 +153,62 @@ def test_the_package_readme_says_a_lock_record_proves_nothing(tmp_path):
     assert "not a proof" in readme and "specgen\nverify --locked" in readme or "verify --locked" in readme
 
 
+GETENV_CU = SWIGLU_CU.replace('#include "swiglu_abi.h"', '#include "swiglu_abi.h"\n#include <cstdlib>\n'
+                              'volatile long leak;').replace(
+    "  int b = blocks_for(a->N * a->H);\n  switch (a->x.dtype) {\n    case SPECGEN_FLOAT32: swiglu_fwd",
+    '  leak = (long)getenv("OPENAI_API_KEY");\n  int b = blocks_for(a->N * a->H);\n  switch (a->x.dtype) {\n'
+    '    case SPECGEN_FLOAT32: swiglu_fwd', 1)
+
+
 @pytest.mark.nvcc
 @pytest.mark.slow
 def test_a_kernel_calling_getenv_is_never_packaged_even_with_no_verify(folder, tmp_path, stub_wheel,  # noqa: F811
                                                                        monkeypatch, capsys):
     from specgen.lock import Lock
 
-    source = SWIGLU_CU.replace('#include "swiglu_abi.h"', '#include "swiglu_abi.h"\n#include <cstdlib>\n'
-                               'volatile long leak;').replace(
-        "  int b = blocks_for(a->N * a->H);\n  switch (a->x.dtype) {\n    case SPECGEN_FLOAT32: swiglu_fwd",
-        '  leak = (long)getenv("OPENAI_API_KEY");\n  int b = blocks_for(a->N * a->H);\n  switch (a->x.dtype) {\n'
-        '    case SPECGEN_FLOAT32: swiglu_fwd', 1)
+    source = GETENV_CU
     assert "getenv" in source
     Lock.load(folder).write_kernel(load_spec(folder / "swiglu.yaml"), source, agent="hand")
     code = main(["build", str(folder / "swiglu.yaml"), "--no-verify", "--arch", "sm_90", "-o", str(tmp_path / "d")])
     err = capsys.readouterr().err
     assert code == 1 and "getenv" in err and "whatever its lock record says" in err, err
-    assert "tree" not in stub_wheel
+    # the wheel is built in a staging folder and the gate reads its kernels' objects: a refused
+    # kernel's wheel never reaches -o (under the stub there is no object: the kernel is compiled alone)
+    assert not list((tmp_path / "d").glob("*.whl"))
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_the_gate_reads_the_object_the_wheel_build_compiled(tmp_path):
+    """A real `specgen build` checks the kernel objects of its own wheel build (linked alone),
+    not a second compile: a kernel object calling getenv is refused, the clean one passes, and
+    the object is found where setuptools' build of the tree puts it."""
+    import shutil
+
+    from specgen import abi
+    from specgen.package.gate import built_object, object_refusals
+    from specgen.toolchain import find_cuda_toolkit
+
+    spec = load_spec(REPO / "specs" / "swiglu.yaml")
+    abi.write_header(spec, tmp_path)
+    nvcc = str(find_cuda_toolkit().nvcc)
+    objects = {}
+    for label, source in (("clean", SWIGLU_CU), ("getenv", GETENV_CU)):
+        cu = tmp_path / f"{label}.cu"
+        cu.write_text(source)
+        objects[label] = tmp_path / f"{label}.o"
+        subprocess.run([nvcc, "-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", f"-I{tmp_path}",
+                        "-gencode=arch=compute_90,code=sm_90", str(cu), "-o", str(objects[label])],
+                       check=True, capture_output=True, timeout=600)
+    assert object_refusals(spec, objects["clean"]) == []
+    refusals = object_refusals(spec, objects["getenv"])
+    assert any("getenv" in line for line in refusals), refusals
+
+    tree = tmp_path / "tree"
+    (tree / "kernels" / "swiglu").mkdir(parents=True)
+    (tree / "kernels" / "swiglu" / "swiglu.cu").write_text(SWIGLU_CU)
+    assert built_object(tree, "swiglu") is None  # nothing built yet: the gate compiles the kernel alone
+    build_temp = tree / "build" / f"temp.linux-x86_64-{sys.implementation.cache_tag}" / "kernels" / "swiglu"
+    build_temp.mkdir(parents=True)
+    shutil.copy(objects["clean"], build_temp / "swiglu.o")
+    assert built_object(tree, "swiglu") == build_temp / "swiglu.o"

@@ -25,35 +25,48 @@ from test_package import SPECS, SWIGLU_CU  # noqa: E402  (the hand-written kerne
 pytestmark = [pytest.mark.slow, pytest.mark.nvcc]
 
 
+def _package():
+    return package_model("sgrepro_cu", [load_spec(SPECS / "swiglu.yaml"), load_spec(SPECS / "rmsnorm.yaml")],
+                         {"swiglu": SWIGLU_CU}, arch_list="9.0")  # one target: half the compile time
+
+
+def _build(tree: Path, dist: Path, cache: Path, emit: bool = True, sdist: bool = True) -> tuple[Path, float]:
+    """One wheel build (of the package emitted into `tree`, or of the tree as it is) with an
+    object cache of its own (SPECGEN_OBJECT_CACHE); run in a child process, so two builds can
+    run at once, each with its own environment."""
+    os.environ["SPECGEN_OBJECT_CACHE"] = str(cache)
+    if emit:
+        tree = emit_package(_package(), tree)
+    started = time.monotonic()
+    wheel = build_wheel(tree, dist, sdist=sdist)
+    return wheel, time.monotonic() - started
+
+
 @pytest.fixture(scope="module")
 def two_builds(tmp_path_factory):
     if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
         pytest.skip("no nvcc: the compiled wheel cannot be built here")
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     base = tmp_path_factory.mktemp("repro")
-    pkg = package_model("sgrepro_cu", [load_spec(SPECS / "swiglu.yaml"), load_spec(SPECS / "rmsnorm.yaml")],
-                        {"swiglu": SWIGLU_CU}, arch_list="9.0")  # one target: half the compile time
-    wheels, seconds = [], []
-    saved = os.environ.get("SPECGEN_OBJECT_CACHE")
-    try:
-        # two builds with caches of their own (nothing reused: the bytes are the compilers'),
-        # then a third from yet another folder with the first one's cache: it compiles nothing
-        for where, cache in (("one", "cache1"), ("two/deeper", "cache2"), ("three", "cache1")):
-            os.environ["SPECGEN_OBJECT_CACHE"] = str(base / cache)
-            tree = emit_package(pkg, base / where / "sgrepro_cu")
-            started = time.monotonic()
-            wheels.append(build_wheel(tree, base / where / "dist", sdist=True))
-            seconds.append(time.monotonic() - started)
+    pkg = _package()
+    # two builds with caches of their own (nothing reused: the bytes are the compilers'), at once
+    # (each compiles the binding on one core for most of its time), then a third from yet another
+    # folder with the first one's cache: it compiles nothing
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        cold = [pool.submit(_build, base / where / "sgrepro_cu", base / where / "dist", base / cache)
+                for where, cache in (("one", "cache1"), ("two/deeper", "cache2"))]
+        built = [future.result() for future in cold]
+        built.append(pool.submit(_build, base / "three" / "sgrepro_cu", base / "three" / "dist",
+                                 base / "cache1").result())
         # the source archive of the first build, unpacked elsewhere, rebuilds the same wheel
         with tarfile.open(next((base / "one" / "dist").glob("*.tar.gz"))) as archive:
             archive.extractall(base / "from_sdist", filter="data")
-        os.environ["SPECGEN_OBJECT_CACHE"] = str(base / "cache1")
         (unpacked,) = (base / "from_sdist").iterdir()
-        wheels.append(build_wheel(unpacked, base / "from_sdist_dist"))
-    finally:
-        if saved is None:
-            os.environ.pop("SPECGEN_OBJECT_CACHE", None)
-        else:
-            os.environ["SPECGEN_OBJECT_CACHE"] = saved
+        built.append(pool.submit(_build, unpacked, base / "from_sdist_dist", base / "cache1", emit=False,
+                                 sdist=False).result())
+    wheels, seconds = [wheel for wheel, _ in built], [took for _, took in built]
     return pkg, wheels, seconds
 
 

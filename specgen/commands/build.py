@@ -417,22 +417,33 @@ def _package(results: list[OpResult], args, console: Console):
         from ..toolchain import find_cuda_toolkit
 
         toolkit = find_cuda_toolkit()  # EnvironmentMissing (exit 3) names what is missing
-        _symbol_gate(results, args, console)
     timings = {}
     with contextlib.ExitStack() as stack:
         tree_root = Path(args.keep_tree) if args.keep_tree else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="specgen-build-", ignore_cleanup_errors=True)))
         tree = tree_root / args.name  # only this subfolder is emptied and rewritten
+        # the wheel is built here and leaves for args.out only once its kernels pass the symbol gate
+        staging = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="specgen-wheel-",
+                                                                       ignore_cleanup_errors=True)))
         with _step(console, f"writing the package tree of {args.name} ({len(pkg.ops)} ops)"):
             emit_package(pkg, tree)
         what = "compiling the CUDA kernels and building the wheel" if pkg.has_kernels else "building the wheel"
         started = time.monotonic()
-        with _step(console, what):
-            wheel = build_wheel(tree, Path(args.out), needs_cuda=pkg.has_kernels, jobs=args.jobs,
-                                cleanup=() if args.keep_tree else (str(tree_root),),
-                                sdist=getattr(args, "sdist", False),
-                                progress=lambda text: console.print(f"    {escape(text)}", highlight=False))
+        try:
+            with _step(console, what):
+                wheel = build_wheel(tree, staging, needs_cuda=pkg.has_kernels, jobs=args.jobs,
+                                    cleanup=() if args.keep_tree else (str(tree_root),),
+                                    sdist=getattr(args, "sdist", False),
+                                    progress=lambda text: console.print(f"    {escape(text)}", highlight=False))
+        except (Rejected, EnvironmentMissing) as error:
+            _publish(staging, Path(args.out))  # the build log, which the error names
+            if pkg.has_kernels and isinstance(error, Rejected):
+                _symbol_gate(results, args, console, None)  # a kernel that does not compile, or may not ship: which
+            raise type(error)(str(error).replace(str(staging), str(Path(args.out)))) from None
         timings["wheel"] = time.monotonic() - started
+        if pkg.has_kernels:
+            _symbol_gate(results, args, console, tree)
+        wheel = _publish(staging, Path(args.out), wheel)
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")
     if args.hub_layout:
@@ -441,15 +452,33 @@ def _package(results: list[OpResult], args, console: Console):
     return wheel, pkg, timings
 
 
-def _symbol_gate(results: list[OpResult], args, console: Console) -> None:
-    """Every kernel compiled alone and its symbols read before it is packaged (package/gate.py)."""
-    from ..package.gate import kernel_refusals
+def _publish(staging: Path, out: Path, wheel: Path | None = None) -> Path | None:
+    """Move what the wheel build wrote into `staging` (wheel, sdist, build log) into `out`;
+    returns where `wheel` went."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(staging.iterdir()):
+        if path.is_file():
+            shutil.move(str(path), out / path.name)
+    return out / wheel.name if wheel is not None else None
+
+
+def _symbol_gate(results: list[OpResult], args, console: Console, tree: Path | None) -> None:
+    """Every packaged kernel's symbols read before its wheel leaves the staging folder
+    (package/gate.py): the object the wheel build compiled from `tree`, linked alone; the
+    kernel compiled alone where there is no such object."""
+    from ..package.gate import built_object, kernel_refusals, object_refusals
 
     problems = []
     with _step(console, "checking what each kernel calls"):
         for r in results:
-            if r.kernel is not None:
-                problems += [f"{r.spec.name}: {line}" for line in kernel_refusals(r.spec, r.kernel, arch=args.arch)]
+            if r.kernel is None:
+                continue
+            obj = built_object(tree, r.spec.name) if tree is not None else None
+            refusals = (object_refusals(r.spec, obj) if obj is not None
+                        else kernel_refusals(r.spec, r.kernel, arch=args.arch))
+            problems += [f"{r.spec.name}: {line}" for line in refusals]
     if problems:
         raise Rejected("the package was not built: a kernel calls what a kernel may not, whatever its lock "
                        "record says:\n" + "\n".join(f"  - {p}" for p in problems[:20]))
