@@ -4,6 +4,7 @@ build real wheels, install them into a fresh folder and run their generated test
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,56 @@ def test_missing_nvcc_is_an_environment_error(folder, tmp_path, monkeypatch, stu
     monkeypatch.setattr("specgen.toolchain.find_cuda_toolkit", no_toolkit)
     assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 3
     assert "CUDA_HOME" in capsys.readouterr().err
+
+
+def test_build_prints_timed_stage_lines_off_a_terminal(folder, tmp_path, stub_wheel, capsys):
+    assert build(folder / "cross_entropy.yaml", "-o", tmp_path / "dist") == 0  # refused: the reference path
+    err = capsys.readouterr().err
+    for text in (r"cross_entropy: missing", r"writing the package tree of specgen_kernels \(1 ops\) \.\.\.",
+                 r"building the wheel \.\.\."):
+        assert re.search(r"^\[\s*\d+\.\ds\] " + text + "$", err, re.M), (text, err)
+
+
+# what `python -m build` prints when torch's ninja build of the binding fails (torch 2.x, abridged)
+FAILED_WHEEL_BUILD_LOG = """\
+running bdist_wheel
+running build_ext
+Emitting ninja build file /t/build/temp.linux-x86_64-cpython-312/build.ninja...
+[1/2] c++ -MMD -MF /t/build/temp/torch-ext/torch_binding.o.d -I/t/csrc -c /t/torch-ext/torch_binding.cpp -o /t/build/temp/torch-ext/torch_binding.o -O3
+FAILED: /t/build/temp/torch-ext/torch_binding.o
+c++ -MMD -MF /t/build/temp/torch-ext/torch_binding.o.d -I/t/csrc -c /t/torch-ext/torch_binding.cpp -o /t/build/temp/torch-ext/torch_binding.o -O3
+/t/torch-ext/torch_binding.cpp: In function 'at::Tensor swiglu_forward(const at::Tensor&)':
+/t/torch-ext/torch_binding.cpp:12:5: error: 'swiglu_launch' was not declared in this scope
+   12 |     swiglu_launch(x.data_ptr(), n);
+      |     ^~~~~~~~~~~~~
+/t/torch-ext/torch_binding.cpp:20:9: warning: unused variable 'spare' [-Wunused-variable]
+[2/2] /usr/local/cuda/bin/nvcc -c /t/kernels/swiglu/swiglu.cu -o /t/build/temp/kernels/swiglu/swiglu.o
+ninja: build stopped: subcommand failed.
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/torch/utils/cpp_extension.py", line 2595, in _run_ninja_build
+    subprocess.run(
+subprocess.CalledProcessError: Command '['ninja', '-v', '-j', '16']' returned non-zero exit status 1.
+RuntimeError: Error compiling objects for extension
+
+ERROR Backend subprocess exited when trying to invoke build_wheel
+"""
+
+
+def test_a_failed_wheel_build_names_the_step_its_errors_and_the_log(folder, tmp_path, monkeypatch, capsys):
+    """The wheel build itself is replaced by a script that prints a failed compile and exits 1."""
+    failing_builder = tmp_path / "failing_builder.py"
+    failing_builder.write_text(f"import sys\nsys.stdout.write({FAILED_WHEEL_BUILD_LOG!r})\nsys.exit(1)\n")
+    monkeypatch.setattr("specgen.package.wheel._build_command", lambda *a, **kw: [sys.executable, str(failing_builder)])
+    monkeypatch.setattr("specgen.commands.build._create_agent", lambda args: RefusingAgent())
+    assert build(folder / "cross_entropy.yaml", "-o", tmp_path / "dist") == 1
+    err = capsys.readouterr().err
+    assert "failed while compiling torch_binding.cpp:" in err
+    assert "/t/torch-ext/torch_binding.cpp:12: error: 'swiglu_launch' was not declared in this scope" in err
+    assert "swiglu_launch(x.data_ptr(), n);" in err  # the offending source line
+    log = tmp_path / "dist" / "specgen_kernels.build.log"
+    assert f"full log: {log}" in err and log.read_text() == FAILED_WHEEL_BUILD_LOG
+    for cut in ("Traceback", "warning: unused variable", "[2/2]", "ERROR Backend"):  # not diagnostics of the error
+        assert cut not in err, cut
 
 
 # ---------------------------------------------------------------------------- real wheels

@@ -119,3 +119,41 @@ def test_generate_exits_1_when_the_kernel_is_written_but_not_verified(two_specs,
     assert data["specs"] == [{**data["specs"][0], "op": "scale_add", "verified": False, "exit_code": 1}]
     assert "not verified on a GPU" in data["specs"][0]["state"]
     assert "has no verified kernel" in captured.err
+
+
+# a stage line off a terminal: `[    12.3s] TEXT`, the time elapsed since the command started
+def timed_stage_line(text_pattern: str) -> re.Pattern:
+    return re.compile(r"^\[\s*\d+\.\ds\] " + text_pattern + r"$", re.M)
+
+
+def test_generate_prints_a_timed_stage_line_per_spec(two_specs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("specgen.lock.gpu_available", lambda: False)
+    monkeypatch.setattr("specgen.agents.evaluate.KernelEvaluator",
+                        lambda task, **kwargs: ScriptedEvaluator(can_verify=False))
+    main(["generate", str(two_specs / "scale_add.yaml"), "--transcript-dir", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert timed_stage_line(r"generating scale_add with builtin \.\.\.").search(err), err
+
+
+BROKEN_KERNEL = "this is not CUDA;\n"
+
+
+@pytest.mark.nvcc
+def test_verify_prints_a_timed_stage_line_before_a_compile_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    kernel = tmp_path / "broken.cu"
+    kernel.write_text(BROKEN_KERNEL)
+    assert main(["verify", str(SPECS / "gelu_tanh.yaml"), "--kernel", str(kernel), "--arch", "sm_90"]) == 1
+    captured = capsys.readouterr()
+    assert timed_stage_line(r"verifying \S*broken\.cu against gelu_tanh \.\.\.").search(captured.err), captured.err
+    assert "compile-error" in captured.out
+
+
+@pytest.mark.nvcc
+def test_bench_prints_a_timed_stage_line_while_compiling_the_kernel(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    kernel = tmp_path / "broken.cu"
+    kernel.write_text(BROKEN_KERNEL)
+    assert main(["bench", str(SPECS / "gelu_tanh.yaml"), "--kernel", str(kernel), "--arch", "sm_90"]) == 1
+    err = capsys.readouterr().err
+    assert timed_stage_line(r"compiling \S*broken\.cu \.\.\.").search(err), err

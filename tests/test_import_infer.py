@@ -27,6 +27,10 @@ def cross_entropy_rows(logits, target):
     return F.cross_entropy(logits.float(), target, reduction="none").to(logits.dtype)
 
 
+def add_codes(x, codes):
+    return x + codes.unsqueeze(-1).to(x.dtype)
+
+
 def half_gate(x, w):
     x1, x2 = x.chunk(2, dim=-1)
     return x1 * w + x2
@@ -77,6 +81,15 @@ def test_an_integer_index_gets_the_size_it_indexes_as_its_range(tmp_path):
     imported = spec_from(cross_entropy_rows, [torch.randn(8, 10), torch.randint(0, 10, (8,))])
     assert imported.signature == ("cross_entropy_rows(logits: Tensor[N, D], target: Tensor[N] int64 in [0, D)) "
                                   "-> Tensor[N]")
+    checks(imported, tmp_path)
+
+
+def test_an_integer_input_no_size_bounds_falls_back_to_its_example_values_and_is_flagged(tmp_path):
+    codes = torch.tensor([3, -2, 5, 1, 0, 4, -2, 1])  # the reference takes any value: no size bounds them
+    imported = spec_from(add_codes, [torch.randn(8, 10), codes])
+    assert imported.signature == "add_codes(x: Tensor[N, D], codes: Tensor[N] int64 in [-2, 6)) -> Tensor[N, D]"
+    assert ("codes: integer values [-2, 5] in the example; no size bounds them in the reference, so the range "
+            "is [-2, 6): widen it if larger values are valid") in imported.flags
     checks(imported, tmp_path)
 
 

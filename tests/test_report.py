@@ -59,6 +59,34 @@ def test_json_on_stdout_carries_the_same_data(tmp_path, capsys):
     assert f"{ops['softmax']['summary']['forward']['vs_compile']:.2f}×" in html
 
 
+def test_whether_each_verification_was_sanitized_is_shown_and_in_the_json(tmp_path, capsys):
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    lock = json.loads((SPECS / "specgen.lock").read_text())
+    lock["ops"] = {op: lock["ops"][op] for op in ("softmax", "rope")}
+    for op, sanitized in (("softmax", True), ("rope", False)):
+        shutil.copy(SPECS / f"{op}.yaml", folder)
+        (folder / "kernels").mkdir(exist_ok=True)
+        shutil.copy(SPECS / "kernels" / f"{op}.cu", folder / "kernels")
+        for record in lock["ops"][op]["records"]:
+            record["verification"]["sanitized"] = sanitized
+    (folder / "specgen.lock").write_text(json.dumps(lock, indent=2))
+    out = tmp_path / "r.html"
+    assert main(["report", str(folder), "-o", str(out), "--json", "-", "--no-history"]) == 0
+    ops = {op["op"]: op for op in json.loads(capsys.readouterr().out)["ops"]}
+    assert ops["softmax"]["verified"] and ops["rope"]["verified"]
+    assert ops["softmax"]["verification"]["sanitized"] is True
+    assert ops["rope"]["verification"]["sanitized"] is False
+    html = out.read_text()
+    summary_row = {op: html[html.index(f'href="#op-{op}"'):].split("</tr>")[0] for op in ("softmax", "rope")}
+    sanitized_cell = r'<td class="l" rowspan="\d+">{}</td>'
+    assert re.search(sanitized_cell.format('<span class="ok">yes</span>'), summary_row["softmax"])
+    assert re.search(sanitized_cell.format("no"), summary_row["rope"])
+    section = {op: html[html.index(f'id="op-{op}"'):].split("</section>")[0] for op in ("softmax", "rope")}
+    assert "compute-sanitizer: memcheck and racecheck clean" in section["softmax"]
+    assert "compute-sanitizer: not run" in section["rope"]
+
+
 def test_bench_records_join_their_op(tmp_path, capsys):
     record = {"op": "softmax", "device": "NVIDIA H200", "copy_gbs": 4000.0,
               "rows": [{"op": "softmax", "direction": "forward", "dims": {"N": 7, "D": 77}, "dtype": "float16",

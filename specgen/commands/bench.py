@@ -86,6 +86,9 @@ def run(args) -> int:
             raise UsageError(f"--dtype {dtype}: the spec's dtypes are {', '.join(spec.dtypes)}")
     if not shapes and not spec.benchmark:
         raise UsageError(f"{args.spec}: the spec has no `benchmark:` shapes; pass --shape N=...,D=...")
+    from ..ui import Progress, emit_json, human_console
+
+    progress = Progress()
     library = None
     if args.kernel:
         kernel = kernel_argument(args.kernel)
@@ -94,7 +97,8 @@ def run(args) -> int:
 
         from ..toolchain import check_symbols
 
-        with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
+        compiling = progress.stage(f"compiling {args.kernel}")
+        with compiling, tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
             write_header(spec, header_dir)
             library = compile_kernel(kernel, include_dirs=[Path(header_dir)], arch=args.arch, name=spec.name,
                                      source_name=args.kernel).library
@@ -106,10 +110,8 @@ def run(args) -> int:
         raise EnvironmentMissing("specgen bench needs a CUDA GPU; none is visible")
     from ..bench import DEFAULT_REPS, bench_spec
 
-    from ..ui import Progress, emit_json, human_console
-
     console = human_console(args.json)
-    with Progress().stage(f"timing {spec.name}") as stage:
+    with progress.stage(f"timing {spec.name}") as stage:
         result = bench_spec(spec, library, shapes, args.dtype, compiled=not args.no_compile,
                             reps=args.reps or DEFAULT_REPS,
                             on_row=lambda row: stage.update(f"timed {row.direction} {row.dtype} {row.dims}"))

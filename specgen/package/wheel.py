@@ -107,7 +107,8 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         tail = "\n".join(log.strip().splitlines()[-25:])
         if "No module named" in tail and ("setuptools" in tail or "torch" in tail or "wheel" in tail):
             raise EnvironmentMissing(f"building the wheel needs setuptools, wheel and torch (log: {log_path}):\n{tail}")
-        raise Rejected(f"building the wheel of {tree} failed (full log: {log_path}):\n{tail}")
+        raise Rejected(f"building the wheel of {tree} failed {failed_step(log)}:\n{failure_diagnostics(log)}\n"
+                       f"full log: {log_path}")
     if sdist:
         for archive in out_dir.glob(f"{tree.name}-*.tar.gz"):
             normalize_sdist(archive, int(env["SOURCE_DATE_EPOCH"]))
@@ -136,6 +137,46 @@ def _compile_steps(progress):
         elif " -shared " in line and not line.startswith("["):
             progress("linking the extension")
     return on_line
+
+
+_FAILED_TARGET = re.compile(r"^FAILED: (?P<target>\S+)")
+_SOURCE_OF_COMMAND = re.compile(r"\s-c\s+(?:'|\")?(?P<source>\S+?\.(?:cu|cpp|cc|c))\b")
+_COMMAND_FAILED = re.compile(r"^error: command '(?P<command>[^']+)' failed")
+MAX_SHOWN_ERRORS = 12
+
+
+def failed_step(log: str) -> str:
+    """Which step of the wheel build failed, from its log: ninja's `FAILED: obj` line and the
+    compile command under it ("while compiling binding.cpp"), setuptools' `error: command 'X' failed`
+    (no ninja), else the `python -m build` run as a whole: the words after "failed"."""
+    lines = log.splitlines()
+    for index, line in enumerate(lines):
+        if match := _FAILED_TARGET.match(line):
+            command = lines[index + 1] if index + 1 < len(lines) else ""
+            source = _SOURCE_OF_COMMAND.search(command)
+            return f"while compiling {Path(source['source'] if source else match['target']).name}"
+    for line in lines:
+        if match := _COMMAND_FAILED.match(line):
+            return f"while running {Path(match['command']).name}"
+    return "in `python -m build`"
+
+
+def failure_diagnostics(log: str) -> str:
+    """The compiler's errors in the log, one per line with the offending source line (warnings,
+    notes and Python tracebacks left out); the log's last lines where no compiler error is found."""
+    from ..toolchain.diagnostics import parse_diagnostics
+
+    errors = [d for d in parse_diagnostics(log) if d.severity == "error"]
+    if not errors:
+        return "\n".join(log.strip().splitlines()[-25:])
+    shown = []
+    for error in errors[:MAX_SHOWN_ERRORS]:
+        shown.append(f"  {error}")
+        if error.source_line:
+            shown.append(f"      {error.source_line.strip()}")
+    if len(errors) > MAX_SHOWN_ERRORS:
+        shown.append(f"  ... and {len(errors) - MAX_SHOWN_ERRORS} more errors")
+    return "\n".join(shown)
 
 
 # Libraries the wheel links but must not carry: torch's own (the torch dependency brings
