@@ -28,6 +28,9 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
           "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid"]
+# reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
+# one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
+FOLDED = {"mean_hw_keepdim": 2}
 REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
 SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2}
 
@@ -52,6 +55,11 @@ def _forward(spec, program, args, dims):
     return outs
 
 
+def _programs(op):
+    """The family's programs for `op` (lower_axis directly for the ops the row lowering takes)."""
+    return lower_axis(_spec(op)) if op in FOLDED else lower_spec(_spec(op))
+
+
 def _expected(spec, args):
     got = spec.reference_fn()(**args)
     return got if isinstance(got, (tuple, list)) else (got,)
@@ -60,7 +68,7 @@ def _expected(spec, args):
 @pytest.mark.parametrize("op", FAMILY)
 def test_forward_matches_reference(op):
     spec = _spec(op)
-    programs = lower_spec(spec)
+    programs = _programs(op)
     assert family_of(programs) is not None and all(isinstance(p, AxisProgram) for p in programs.values())
     dims = _dims(spec)
     args = make_inputs(spec.signature, dims, "float64", seed=3)
@@ -88,7 +96,7 @@ def test_backward_matches_autograd(op):
     diff = [(r, grads[f"grad_{o.name}"]) for o, r in zip(sig.outputs, result) if o.type.is_floating]
     expected = torch.autograd.grad([r for r, _ in diff], [leaves[n] for n in floating], [g for _, g in diff],
                                    allow_unused=True)
-    program = lower_spec(spec)["backward"]
+    program = _programs(op)["backward"]
     tensors = {p.name: args[p.name] for p in sig.inputs} | {o.name: r.detach() for o, r in zip(sig.outputs, result)} \
         | grads
     outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
@@ -117,7 +125,7 @@ def test_arg_reductions_break_ties_and_nans_as_torch(op):
 def test_layouts_and_plans():
     def plan(op, direction="forward"):
         spec = _spec(op)
-        program = lower_spec(spec)[direction]
+        program = _programs(op)[direction]
         return program.layout.describe(), AxisEmitter(spec, program, direction).plan()
 
     assert plan("mean_dim1_4d")[0] == "O = B, R = C, I = H * W"
@@ -157,8 +165,12 @@ def test_programs_validate_and_the_row_family_keeps_its_ops():
     for op in FAMILY:
         for program in lower_axis(_spec(op)).values():
             validate(program)
-    # ops the row lowering takes stay there (sum over the leading dims: a column reduction)
+    # ops the row lowering takes stay there (sum over the leading dims: a column reduction; a
+    # reduction over trailing axes: one folded column axis)
     assert family_of(lower_spec(_spec("sum_lead2"))) is None
+    for op, fold in FOLDED.items():
+        programs = lower_spec(_spec(op))
+        assert family_of(programs) is None and programs["forward"].fold == fold
 
 
 @pytest.mark.parametrize("op", sorted(REFUSED))

@@ -30,6 +30,10 @@ VIEWS = NORMS + ["layernorm_last2", "groupnorm_3d", "batchnorm_train_3d", "insta
                  "var_dims12", "l2_norm_dims12", "l1_norm_flat", "rms_norm_dims23", "frobenius_dims",
                  "instance_norm_module", "batchnorm1d_2d", "groupnorm_literal", "layernorm_affine_module",
                  "var_flat_view", "bn_manual", "gn_manual"]
+# reductions over a trailing run of axes: the row lowering's now (folded into one column axis,
+# lower.trailing_fold; tests/test_builtin_trailing.py); the family's own lowering still tested here
+FOLDED = {"layernorm_module": 3, "layernorm_last2": 2, "l2_norm_dims12": 2, "rms_norm_dims23": 2,
+          "frobenius_dims": 3, "layernorm_affine_module": 2}
 SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10, "S": 4, "D": 7}
 
 
@@ -41,6 +45,11 @@ def _dims(spec):
     return {s: SHAPES[s] for s in spec.signature.symbols()}
 
 
+def _programs(op):
+    """The family's programs for `op` (lower_axis directly for the ops the row lowering takes)."""
+    return lower_axis(_spec(op)) if op in FOLDED else lower_spec(_spec(op))
+
+
 def _result(spec, args):
     got = spec.reference_fn()(**args)
     return got if isinstance(got, (tuple, list)) else (got,)
@@ -49,7 +58,7 @@ def _result(spec, args):
 @pytest.mark.parametrize("op", VIEWS)
 def test_forward_matches_reference(op):
     spec = _spec(op)
-    programs = lower_spec(spec)
+    programs = _programs(op)
     assert family_of(programs) is not None and all(isinstance(p, AxisProgram) for p in programs.values())
     dims = _dims(spec)
     args = make_inputs(spec.signature, dims, "float64", seed=3)
@@ -74,14 +83,14 @@ def test_backward_matches_autograd(op):
     expected = torch.autograd.grad(list(result), [leaves[p.name] for p in sig.inputs], list(grads.values()))
     tensors = dict(args) | {o.name: r.detach() for o, r in zip(sig.outputs, result)} | grads
     outs = {f"grad_{p.name}": torch.full(args[p.name].shape, float("nan"), dtype=torch.float64) for p in sig.inputs}
-    run_axis_program(lower_spec(spec)["backward"], tensors, {}, dims, outs)
+    run_axis_program(_programs(op)["backward"], tensors, {}, dims, outs)
     for p, want in zip(sig.inputs, expected):
         torch.testing.assert_close(outs[f"grad_{p.name}"], want, rtol=1e-8, atol=1e-8)
 
 
 def test_layouts_over_atoms():
     def layout(op):
-        return lower_spec(_spec(op))["forward"].layout.describe()
+        return _programs(op)["forward"].layout.describe()
 
     assert layout("layernorm_module") == "O = B, R = C * H * W, I = 1"
     assert layout("groupnorm_module") == "O = B * 8, R = G * H * W, I = 1"  # 8*G split into 8 and G
@@ -89,6 +98,22 @@ def test_layouts_over_atoms():
     assert layout("batchnorm_train_module") == "O = C, R = B x H * W (both ends), I = 1"
     assert layout("group_mean_view") == "O = B * 4, R = G * L, I = 1"
     assert layout("var_dims12") == "O = B, R = C * H, I = W"
+
+
+@pytest.mark.parametrize("op", sorted(FOLDED))
+def test_trailing_runs_lower_to_row_programs(op):
+    """Normalizations and norms over a trailing run of axes: a row program over the folded
+    axes (rows = the leading dims), matching the reference and its autograd on the interpreter."""
+    from builtin_support import check_backward, check_forward
+
+    spec = _spec(op)
+    programs = lower_spec(spec)
+    assert family_of(programs) is None
+    forward = programs["forward"]
+    assert forward.fold == FOLDED[op] and len(forward.row_dims) == spec.signature.inputs[0].type.ndim - FOLDED[op]
+    check_forward(spec, _dims(spec), tol=1e-8)
+    if spec.backward == "kernel":
+        check_backward(spec, _dims(spec), tol=1e-8)
 
 
 def test_refine_and_match():

@@ -27,6 +27,15 @@ def dim_expr(d, prefix: str = "A.") -> str:
     return f"((int64_t)({d.c_expr(prefix)}))"
 
 
+def pitch_expr(program, ttype, prefix: str = "A.") -> str:
+    """One row's pitch in a tensor of the program's rows: its last dim, or the product of the
+    trailing dims the lowering folded into the column axis (Program.fold)."""
+    dims = program.pitch_dims(ttype)
+    if len(dims) == 1:
+        return dim_expr(dims[0], prefix)
+    return "(" + " * ".join(dim_expr(d, prefix) for d in dims) + ")"
+
+
 def _float_literal(value: float) -> str:
     if math.isinf(value):
         return "(acc_t)INFINITY" if value > 0 else "(acc_t)(-INFINITY)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ... import abi
-from .ctext import C_TYPES, Ctx, _float_literal, dim_expr
+from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store
@@ -451,7 +451,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             fld, kind, off, div = key
             pn = self.pointer_name(key)
             ttype = self.types[fld]
-            pitch = dim_expr(ttype.dims[-1])
+            pitch = pitch_expr(self.p, ttype)
             base = f"(const {self.ctype_of(fld)}*)A.{fld}.data"
             if kind == "col":
                 lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + {off};")
@@ -459,7 +459,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + "
                              f"{self.row_index(ns[0].attrs['row_div'])} * {pitch} + {off};")
         for i, s in enumerate(elem_stores):
-            pitch = dim_expr(self.types[s.field].dims[-1])
+            pitch = pitch_expr(self.p, self.types[s.field])
             off = self.expr(s.offset, ctx) if s.offset is not None else "0"
             lines.append(f"    {self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
                          f"row * {pitch} + {off};")
@@ -654,6 +654,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
 
     def describe_rows(self) -> str:
         rows = " * ".join(str(d) for d in self.p.row_dims) or "1"
+        if self.p.fold > 1:  # trailing axes folded into the row (lower.trailing_fold)
+            full = max(self.types.values(), key=lambda t: t.ndim)
+            return f"rows = {rows}, columns = {' * '.join(str(d) for d in self.p.pitch_dims(full))}"
         return f"rows = {rows}, columns = {self.p.width.attrs.get('dim', self.p.width_example)}"
 
     def ready(self, n: Node, done: set) -> bool:

@@ -3,7 +3,7 @@ from the row kernel's per-slot partials in a fixed order (deterministic), then t
 A mixin of emit.DirectionEmitter."""
 from __future__ import annotations
 
-from .ctext import Ctx, dim_expr
+from .ctext import Ctx, pitch_expr
 from .ir import Node, Store
 
 
@@ -148,7 +148,7 @@ class FinalizeEmitter:
         lines = []
         for s in col:
             t = self.ctype_of(s.field)
-            pitch = dim_expr(self.types[s.field].dims[-1])
+            pitch = pitch_expr(self.p, self.types[s.field])
             off = self.expr(s.offset, ctx) if s.offset is not None else "0"
             for n in self.closure([s.value], "post"):
                 if n.id not in ctx.names and n.op != "colreduce":

@@ -5,7 +5,7 @@ A mixin of emit.DirectionEmitter."""
 from __future__ import annotations
 
 from ... import abi
-from .ctext import Ctx, dim_expr, entry_dispatch
+from .ctext import Ctx, dim_expr, entry_dispatch, pitch_expr
 from .schedule import MAX_CLUSTER, Variant
 
 
@@ -120,11 +120,11 @@ class HostEmitter:
             conds.append(f"sg::aligned16(A.{fld}.data)")
             conds.append(f"({off}) % VEC == 0")
             if kind != "col":
-                conds.append(f"{dim_expr(self.types[fld].dims[-1])} % VEC == 0")
+                conds.append(f"{pitch_expr(p, self.types[fld])} % VEC == 0")
         for s in p.stores:
             if s.kind == "elem":
                 conds.append(f"sg::aligned16(A.{s.field}.data)")
-                conds.append(f"{dim_expr(self.types[s.field].dims[-1])} % VEC == 0")
+                conds.append(f"{pitch_expr(p, self.types[s.field])} % VEC == 0")
                 if s.offset is not None:
                     conds.append(f"({self.expr(s.offset, Ctx())}) % VEC == 0")
         lines.append("  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")

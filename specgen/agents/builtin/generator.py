@@ -135,6 +135,8 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     if flat.plan_of(program) is not None:
         return "flat"
     width = program.width.attrs["dim"].resolve(dims) if program.width.op == "dim" else program.width_example
+    if program.fold > 1:  # the product of the folded trailing dims (lower.trailing_fold)
+        width = _size_at(program.width, dims)
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
     vec = max(1, 16 // itemsize)
     if width % vec:
@@ -142,6 +144,17 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     emitter = DirectionEmitter(spec, program, direction, variant)
     imax = items_max(variant, emitter.words_per_item(itemsize, vec))
     return shape_class(*plan(variant, width // vec, imax, split=emitter.split_allowed(variant)))
+
+
+def _size_at(node, dims: dict) -> int:
+    """A size node (a dim, a literal, or a product of them: a folded width) at `dims`."""
+    if node.op == "dim":
+        return node.attrs["dim"].resolve(dims)
+    if node.op == "const":
+        return int(node.attrs["value"])
+    if node.op == "mul":
+        return math.prod(_size_at(a, dims) for a in node.args)
+    raise AssertionError(f"not a size: {node!r}")
 
 
 def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,

@@ -84,7 +84,7 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
             offset = int(ev(a["offset"])) if a.get("offset") is not None else 0
-            flat = t.reshape(-1, t.shape[-1])[:, offset:offset + width]
+            flat = t.reshape(-1, math.prod(t.shape[-program.fold:]))[:, offset:offset + width]
             if a["kind"] == "col":
                 return flat.reshape(1, width)
             return flat[row_index(a["row_div"])]
@@ -139,5 +139,5 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             view = out.view(rows, -1)[:, offset:offset + width]
             view.copy_(value.expand(rows, width))
         else:  # col
-            view = out.view(-1, out.shape[-1])[:, offset:offset + width]
+            view = out.view(-1, math.prod(out.shape[-program.fold:]))[:, offset:offset + width]
             view.copy_(value.expand(view.shape))

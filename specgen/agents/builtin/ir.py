@@ -81,6 +81,11 @@ class Program:
     stores: list[Store]
     group_div: list | None = None  # col reductions per group of rows: the Dims that make one group
     dims_example: dict = field(default_factory=dict)
+    fold: int = 1  # trailing axes of the full-shape tensors that make the column axis (lower.trailing_fold)
+
+    def pitch_dims(self, ttype) -> list:
+        """The Dims whose product is one row's pitch in `ttype` (its last `fold` dims)."""
+        return list(ttype.dims[-self.fold:])
 
     def nodes(self) -> list[Node]:
         """Every node reachable from the stores, in topological order."""
@@ -115,7 +120,8 @@ class Program:
 
     def describe(self) -> str:
         lines = [f"program {self.op} {self.direction}: rows = {' * '.join(map(str, self.row_dims))}, "
-                 f"width = {self.width_example} (example)"]
+                 f"width = {self.width_example} (example)" + (f", the last {self.fold} axes folded" if self.fold > 1
+                                                               else "")]
         lines += [f"  {n!r}" for n in self.nodes()]
         lines += [f"  store {s.field} <- {s.value.name or s.value.id} ({s.kind})" for s in self.stores]
         return "\n".join(lines)

@@ -2,9 +2,12 @@
 
 Sizes are classified by their example values (trace.py picks distinct sizes per symbol):
 the row space is the leading dims of the first highest-rank input, the last dim is the
-column domain. An op this lowering does not know, or a shape pattern outside the row
-model (a reduction over a middle dim, a transpose, a matrix product), raises
-AgentRefused naming the op and the reference line that produced it.
+column domain, or the product of a run of trailing dims when every reduction over several
+axes reduces that run (trailing_fold: LayerNorm / RMSNorm over [H, W]; shapes are folded
+once, in shape_of, so the rest of the pipeline sees rows x columns). An op this lowering
+does not know, or a shape pattern outside the row model (a reduction over a middle dim, a
+transpose, a matrix product), raises AgentRefused naming the op and the reference line that
+produced it.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .families import broadcast, scan
 from .modules import Uninit, constant_value, lower_copy
 from .trace import Traced, where
 
+REDUCTIONS = {"sum", "amax", "amin", "var", "prod"}
 LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-compatible)"
 
 PRIM_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "rsqrt": "rsqrt", "sqrt": "sqrt",
@@ -93,13 +97,16 @@ class Lowering:
         primary = max(sig.inputs, key=lambda p: p.type.ndim)
         if primary.type.ndim < 1:
             raise AgentRefused(f"{self.spec.path}: the builtin generator needs a tensor input of rank >= 1")
-        self.row_dims = list(primary.type.dims[:-1])
-        self.rows = tuple(d.resolve(dims) for d in self.row_dims)
         # example size -> signature Dim, for every dim of every tensor
         self.size_dims: dict[int, object] = {}
         for t in self.types.values():
             for d in t.dims:
                 self.size_dims.setdefault(d.resolve(dims), d)
+        # trailing axes folded into the one column axis, decided once for the whole program
+        self.fold_dims = self.trailing_fold(primary.type)
+        self.fold_sizes = tuple(d.resolve(dims) for d in self.fold_dims)
+        self.row_dims = list(primary.type.dims[:-max(1, len(self.fold_dims))])
+        self.rows = tuple(d.resolve(dims) for d in self.row_dims)
         self.width: int | None = None
         self.group_div: list | None = None
         self.env: dict = {}
@@ -111,8 +118,128 @@ class Lowering:
                             f"arg-reductions, their fusions and backward); "
                             f"{LLM_HINT}")
 
+    # ---------------------------------------------------------------- trailing axes folded into columns
+    def trailing_fold(self, primary) -> list:
+        """The Dims of the primary input's trailing axes that become the one column axis (the
+        row is their product), or [] for the last axis alone. Folded when every reduction over
+        several axes in the graph reduces the same contiguous run of k >= 2 trailing axes of a
+        value of the primary's rank (LayerNorm / RMSNorm / a mean over [H, W]), the run's sizes
+        are distinct from every other dim's, and every tensor of the signature either ends in
+        those axes, ends in k size-1 axes (keepdim) or spans none of them. Otherwise nothing is
+        folded and a reduction over several axes is refused (or left to the families) as before;
+        a value or reduction that splits the run is refused while lowering (fold_shape)."""
+        rank = primary.ndim
+        full = tuple(d.resolve(self.t.dims) for d in primary.dims)
+        runs = set()
+        for n in self.t.graph.graph.nodes:
+            schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+            if schema is None or schema.name.split("::")[1] not in REDUCTIONS or len(n.args) < 2:
+                continue
+            src, dims = n.args[0], n.args[1]
+            if not isinstance(src, torch.fx.Node) or not isinstance(dims, (list, tuple)) or "val" not in src.meta:
+                continue
+            shape = _shape(src)
+            ds = sorted({int(d) % len(shape) for d in dims}) if shape else []
+            if len(ds) < 2 or ds[-1] != len(shape) - 1 or ds != list(range(ds[0], len(shape))):
+                continue  # not a run of several trailing axes: nothing to fold for it
+            if len(shape) != rank or shape[ds[0]:] != full[ds[0]:]:
+                return []
+            runs.add(len(ds))
+        if len(runs) != 1:
+            return []
+        k = runs.pop()
+        if k >= rank:
+            return []  # every axis: no rows left (a family's reduction to a scalar)
+        fold = list(primary.dims[rank - k:])
+        names = [str(d) for d in fold]
+        sizes = [d.resolve(self.t.dims) for d in fold]
+        others = [d.resolve(self.t.dims) for t in self.types.values() for d in t.dims if str(d) not in names]
+        if any(s <= 1 or s in others for s in sizes) or len(set(sizes)) != k or math.prod(sizes) in others:
+            return []
+        for t in self.types.values():
+            tail = [str(d) for d in t.dims[-k:]] if t.ndim >= k else None
+            if tail == names or (tail is not None and all(d.is_literal and d.add == 1 for d in t.dims[-k:])):
+                continue
+            if any(str(d) in names for d in t.dims):
+                return []  # a tensor spanning part of the run ([W] of [B, H, W])
+        return fold
+
+    def fold_shape(self, shape, fx_node=None) -> tuple[int, ...]:
+        """An example shape in the folded space: the trailing run of folded axes (or k size-1
+        axes after a keepdim reduction) becomes one axis."""
+        shape = tuple(shape)
+        if not self.fold_sizes:
+            return shape
+        k = len(self.fold_sizes)
+        if len(shape) >= k and shape[-k:] == self.fold_sizes:
+            shape = shape[:-k] + (math.prod(self.fold_sizes),)
+        elif len(shape) >= k and all(s == 1 for s in shape[-k:]):
+            shape = shape[:-k] + (1,)
+        if any(s in self.fold_sizes for s in shape):
+            raise self.refuse(fx_node, f"a value of shape {shape} that splits the trailing axes "
+                                       f"{[str(d) for d in self.fold_dims]} the reductions fold into one row")
+        return shape
+
+    def shape_of(self, fx_node) -> tuple[int, ...]:
+        return self.fold_shape(_shape(fx_node), fx_node)
+
+    def folds(self, shape) -> bool:
+        k = len(self.fold_sizes)
+        return bool(k) and len(shape) >= k and (tuple(shape[-k:]) == self.fold_sizes
+                                                or all(s == 1 for s in shape[-k:]))
+
+    def fold_axes(self, dims, raw_shape, fx_node) -> list[int]:
+        """Axes of a value of unfolded shape `raw_shape` mapped to the folded space: the folded
+        run is one axis; an axis list that takes part of the run is refused."""
+        r = len(raw_shape)
+        dims = sorted({int(d) % r for d in dims}) if r else [int(d) for d in dims]
+        if not self.folds(raw_shape):
+            return dims
+        start = r - len(self.fold_sizes)
+        inside = {d for d in dims if d >= start}
+        if inside and inside != set(range(start, r)):
+            raise self.refuse(fx_node, f"a reduction over dims {sorted(dims)} of a value of shape {tuple(raw_shape)} "
+                                       f"(part of the trailing axes {[str(d) for d in self.fold_dims]} reduced "
+                                       f"together elsewhere)")
+        out: list[int] = []
+        for d in dims:
+            q = min(d, start)
+            if not (d >= start and out and out[-1] == start):
+                out.append(q)
+        return out
+
+    def bdims(self, fx_node) -> list[int]:
+        """broadcast_in_dim's dims in the folded space."""
+        bdims = list(fx_node.args[2])
+        if not self.fold_sizes:
+            return bdims
+        raw = _shape(fx_node)
+        if not self.folds(raw):
+            return bdims
+        start = len(raw) - len(self.fold_sizes)
+        out: list[int] = []
+        for d in bdims:
+            if d >= start and out and out[-1] == start:
+                continue
+            out.append(min(d, start))
+        return out
+
+    def unfoldable(self, fx_node, what: str) -> None:
+        if self.fold_sizes:
+            raise self.refuse(fx_node, f"{what} in a program that folds the trailing axes "
+                                       f"{[str(d) for d in self.fold_dims]} into one row")
+
     # ---------------------------------------------------------------- sizes
+    def fold_width(self) -> Node:
+        node: Node | None = None
+        for d in self.fold_dims:
+            dn = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
+            node = dn if node is None else Node("mul", (node, dn), level="global", dtype="int", name="fold_width")
+        return node
+
     def dim_node(self, size: int, fx_node) -> Node:
+        if self.fold_sizes and size == math.prod(self.fold_sizes):
+            return self.fold_width()
         if size in self.size_dims:
             d = self.size_dims[size]
             return Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{size}")
@@ -359,7 +486,7 @@ class Lowering:
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         for fx_node, field in zip(placeholders, self.t.inputs):
             ttype = self.types[field]
-            self.env[fx_node] = TensorRef(field, _shape(fx_node), ttype,
+            self.env[fx_node] = TensorRef(field, self.shape_of(fx_node), ttype,
                                           is_int=not ttype.is_floating and ttype.dtype != "bool")
         stores: list[Store] = []
         for fx_node in graph.nodes:
@@ -379,27 +506,31 @@ class Lowering:
             self.env[fx_node] = self.call(fx_node)
         width_node = self.dim_node(self.width, None) if self.width else const(1)
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
-                       self.group_div, dict(self.t.dims))
+                       self.group_div, dict(self.t.dims), max(1, len(self.fold_dims)))
 
     # scans (families/scan.py): cumsum, cumprod, logcumsumexp and the flips around them
     def op_cumsum(self, fx_node, x, dim, *_, **__):
+        self.unfoldable(fx_node, "a scan")
         return scan.lower_scan(self, fx_node, "sum", x, dim)
 
     def op_cumprod(self, fx_node, x, dim, *_, **__):
+        self.unfoldable(fx_node, "a scan")
         return scan.lower_scan(self, fx_node, "prod", x, dim)
 
     def op_logcumsumexp(self, fx_node, x, dim, *_, **__):
+        self.unfoldable(fx_node, "a scan")
         return scan.lower_scan(self, fx_node, "logsumexp", x, dim)
 
     def op_rev(self, fx_node, x, dims, *_, **__):
+        self.unfoldable(fx_node, "a flip")
         return scan.lower_rev(self, fx_node, x, dims)
 
     # a module's parameters built under the tracer (sized from a symbolic shape): modules.py
     def op_empty(self, fx_node, *_, **__):
-        return Uninit(_shape(fx_node))
+        return Uninit(self.shape_of(fx_node))
 
     def op_empty_strided(self, fx_node, *_, **__):
-        return Uninit(_shape(fx_node))
+        return Uninit(self.shape_of(fx_node))
 
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)
@@ -438,7 +569,7 @@ class Lowering:
     def elementwise(self, op: str, args, fx_node):
         vals = [self.value(a, fx_node, defer=True) for a in args]
         if any(isinstance(v, broadcast.Pending) for v in vals):
-            shape = _shape(fx_node) if hasattr(fx_node.meta.get("val"), "shape") else ()
+            shape = self.shape_of(fx_node) if hasattr(fx_node.meta.get("val"), "shape") else ()
             pending = broadcast.elementwise(self, op, vals, shape, fx_node)
             if pending is not None:
                 return pending
@@ -447,7 +578,7 @@ class Lowering:
         node = self.pointwise(op, [v.node for v in vals], fx_node)
         if node.level == "elem":
             self.check_elem_operands(vals, fx_node)
-        return Val(node, _shape(fx_node) if "val" in fx_node.meta and hasattr(fx_node.meta["val"], "shape")
+        return Val(node, self.shape_of(fx_node) if "val" in fx_node.meta and hasattr(fx_node.meta["val"], "shape")
                    else ())
 
     def check_elem_operands(self, vals, fx_node):
@@ -457,7 +588,7 @@ class Lowering:
 
     def view(self, src, fx_node):
         got = self.env[src]
-        new_shape = _shape(fx_node)
+        new_shape = self.shape_of(fx_node)
         if isinstance(got, Cat):
             return Cat(got.pieces, new_shape)
         if isinstance(got, TensorRef):
@@ -510,7 +641,7 @@ class Lowering:
             return TensorRef(ref.field, new_shape, ref.ttype, ref.is_int)
         name = fx_node.target._schema.name.split("::")[1]
         if name == "broadcast_in_dim":
-            bdims = list(fx_node.args[2])
+            bdims = self.bdims(fx_node)
             aligned = [1] * len(new_shape)
             for size, d in zip(ref.shape, bdims):
                 aligned[d] = size
@@ -535,8 +666,9 @@ class Lowering:
 
     # -- views with offsets
     def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        self.unfoldable(fx_node, "a strided view")
         got = self.env[src]
-        new_shape = _shape(fx_node)
+        new_shape = self.shape_of(fx_node)
         offset = self.sym(storage_offset, fx_node) if storage_offset is not None else const(0)
         if isinstance(got, TensorRef):
             strides = [_hint(s) if not isinstance(s, torch.fx.Node) else self.env[s].attrs.get("value")
@@ -556,24 +688,25 @@ class Lowering:
         return self.view(src, fx_node)
 
     def op_cat(self, fx_node, tensors, dim=0):
+        self.unfoldable(fx_node, "a concatenation")
         exclusive = scan.lower_cat(self, fx_node, tensors, dim)
         if exclusive is not None:
             return exclusive
-        shape = _shape(fx_node)
+        shape = self.shape_of(fx_node)
         if dim % len(shape) != len(shape) - 1:
             raise self.refuse(fx_node, "a concatenation along a dim other than the last")
         pieces, offset = [], 0
         for t in tensors:
             v = self.value(t, fx_node)
             pieces.append((self.dim_node(offset, fx_node) if offset else const(0), v))
-            offset += _shape(t)[-1]
+            offset += self.shape_of(t)[-1]
         return Cat(pieces, shape)
 
     def op_full_like(self, fx_node, src, value, **kwargs):
-        return Val(const(value), _shape(fx_node))
+        return Val(const(value), self.shape_of(fx_node))
 
     def op_full(self, fx_node, size, value, **kwargs):
-        return Val(const(value), _shape(fx_node))
+        return Val(const(value), self.shape_of(fx_node))
 
     def op_scalar_tensor(self, fx_node, value, **kwargs):
         return Val(const(value), ())
@@ -586,7 +719,7 @@ class Lowering:
         if isinstance(self.env.get(dst) if hasattr(dst, "op") else None, Uninit):
             return lower_copy(self, fx_node, dst, src)
         v = self.value(src, fx_node)
-        shape = _shape(fx_node)
+        shape = self.shape_of(fx_node)
         if tuple(v.shape) != shape and v.node.level == "elem":
             raise self.refuse(fx_node, "a copy that broadcasts a tensor")
         return Val(v.node, shape)
@@ -595,34 +728,42 @@ class Lowering:
         v = self.value(src, fx_node, defer=True)
         if isinstance(v, broadcast.Pending):
             return broadcast.Pending(Val(self.cast(v.val.node, dtype, fx_node), v.val.shape), v.maps)
-        return Val(self.cast(v.node, dtype, fx_node), _shape(fx_node))
+        return Val(self.cast(v.node, dtype, fx_node), self.shape_of(fx_node))
 
     def op_where(self, fx_node, cond, a, b):
         c, x, y = (self.value(t, fx_node) for t in (cond, a, b))
-        return Val(self.where(c.node, x.node, y.node, fx_node), _shape(fx_node))
+        return Val(self.where(c.node, x.node, y.node, fx_node), self.shape_of(fx_node))
 
     # -- reductions
+    def reduce_axes(self, src, dims, fx_node) -> list[int]:
+        if not self.fold_sizes or not isinstance(src, torch.fx.Node) or "val" not in src.meta:
+            return list(dims)
+        return self.fold_axes(list(dims), _shape(src), fx_node)
+
     def op_sum(self, fx_node, src, dims, **kw):
-        return self.reduce("sum", self.value(src, fx_node), list(dims), fx_node)
+        return self.reduce("sum", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node)
 
     def op_amax(self, fx_node, src, dims, **kw):
-        return self.reduce("max", self.value(src, fx_node), list(dims), fx_node)
+        return self.reduce("max", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node)
 
     def op_amin(self, fx_node, src, dims, **kw):
-        return self.reduce("min", self.value(src, fx_node), list(dims), fx_node)
+        return self.reduce("min", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node)
 
     def op_var(self, fx_node, src, dims, correction=0.0, **kw):
-        return self.reduce("var", self.value(src, fx_node), list(dims), fx_node, correction=correction)
+        return self.reduce("var", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node,
+                           correction=correction)
 
     # -- indexing along the last dim
     def op_gather(self, fx_node, src, dim, index, **kw):
+        self.unfoldable(fx_node, "a gather")
         v, idx = self.value(src, fx_node), self.value(index, fx_node)
         if dim % len(v.shape) != len(v.shape) - 1 or idx.node.level not in ("row", "const", "global"):
             raise self.refuse(fx_node, "a gather other than one column per row")
         return Val(Node("gather", (v.node, idx.node), level="row", dtype=v.node.dtype, name=fx_node.name),
-                   _shape(fx_node))
+                   self.shape_of(fx_node))
 
     def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
+        self.unfoldable(fx_node, "a scatter")
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
         if not isinstance(value, (int, float)) or dim % len(b.shape) != len(b.shape) - 1 \
                 or idx.node.level not in ("row", "const", "global"):
@@ -630,7 +771,7 @@ class Lowering:
         self.set_width(b.shape[-1], fx_node)
         iota = Node("iota", level="elem", dtype="int", name="col")
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
-        return Val(self.where(hit, const(value), b.node, fx_node), _shape(fx_node))
+        return Val(self.where(hit, const(value), b.node, fx_node), self.shape_of(fx_node))
 
     # -- outputs
     def store(self, field: str, result, fx_node) -> list[Store]:
@@ -644,7 +785,7 @@ class Lowering:
             if node.level in ("row", "elem"):
                 raise self.refuse(fx_node, f"a 0-d output {field} that is not a reduction over every row")
             return [Store(field, node, "global")]
-        shape = tuple(d.resolve(self.t.dims) for d in ttype.dims)
+        shape = self.fold_shape(tuple(d.resolve(self.t.dims) for d in ttype.dims), fx_node)
         if self.is_row_shape(shape):
             node = pieces[0][1].node
             if node.level == "elem":

@@ -80,7 +80,7 @@ def _rebuild(program: Program, replace) -> Program:
     stores = [Store(s.field, visit(s.value), s.kind, visit(s.offset) if s.offset is not None else None)
               for s in program.stores]
     return Program(program.op, program.direction, program.row_dims, visit(program.width), program.width_example,
-                   stores, program.group_div, program.dims_example)
+                   stores, program.group_div, program.dims_example, program.fold)
 
 
 def _topo(root: Node) -> list[Node]:
@@ -120,6 +120,8 @@ def cse(program: Program) -> Program:
 
 def reuse_forward_outputs(forward: Program, backward: Program, output_fields: set[str]) -> Program:
     """Replace backward expressions equal to a stored forward output with loads of it."""
+    if forward.fold != backward.fold or [str(d) for d in forward.row_dims] != [str(d) for d in backward.row_dims]:
+        return backward  # rows of another shape: a forward output is not the backward's row
     canon = _Canon()
     stored: dict[tuple, str] = {}
     for s in forward.stores:

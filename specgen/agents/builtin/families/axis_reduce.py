@@ -195,6 +195,9 @@ class AxisLowering(Lowering):
         self.row_dims = list(layout.kept_dims)
         self.rows = (math.prod(layout.kept_shape),)
 
+    def trailing_fold(self, primary) -> list:
+        return []  # the [O, R, I] layout says what a row is: no folding of trailing axes
+
     def refuse(self, fx_node, what: str) -> AgentRefused:
         from ..trace import where
         return AgentRefused(f"{where(self.spec, fx_node) if fx_node is not None else self.spec.path}: {what}: "

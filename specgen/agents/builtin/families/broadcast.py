@@ -90,7 +90,7 @@ def view(lw, p: Pending, fx_node, new_shape):
         return p
     if name != "broadcast_in_dim":
         return None
-    bdims = list(fx_node.args[2])
+    bdims = lw.bdims(fx_node)
     maps = {k: (ref, [bdims[pos] for pos in positions]) for k, (ref, positions) in p.maps.items()}
     moved = Pending(Val(p.val.node, tuple(new_shape)), maps)
     if len(new_shape) == len(lw.rows) + 1:
