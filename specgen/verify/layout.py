@@ -78,6 +78,7 @@ class Memory:
     def __init__(self, arenas: dict[str, torch.Tensor]):
         self.arenas = arenas
         self.layout = Layout()
+        self.pattern: torch.Tensor | None = None  # the guard bytes' pattern, drawn by arm_guards
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         return view(self.arenas[ref.arena], ref)
@@ -118,7 +119,7 @@ class Memory:
     def broken_guards(self) -> list[str]:
         """Where guard bytes changed: 'before|after <tensor region> in <arena>' lines, or the
         arena's unused bytes after the last tensor (a write megabytes past an output)."""
-        if not hasattr(self, "pattern"):
+        if self.pattern is None:  # nothing armed yet
             return []
         found = []
         for arena, regions in self.layout.guards.items():
