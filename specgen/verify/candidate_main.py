@@ -132,35 +132,17 @@ def _capture(torch, state, message: dict, call) -> dict:
 
 
 def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
-    """The same call many times, as a long training or serving run makes it: `host_calls`
-    launches from the host, then a CUDA graph of `graph_calls` launches replayed `replays`
-    times (a counter kept on the device counts those too)."""
-    from .graphs import capture_one_call
+    """The same call many times (graphs.repeat_calls), then the device's state."""
+    from .graphs import repeat_calls
 
-    launch = prepare_call(message, stream)
-    torch.cuda.synchronize()
-    for index in range(int(message["host_calls"])):
-        code = launch()
-        if code:
-            return _after(torch, state, {"type": "done", "code": code, "failed_call": index})
-    torch.cuda.synchronize()
-
-    def many(on_stream) -> int:
-        once = prepare_call(message, on_stream)
-        for _ in range(int(message["graph_calls"])):
-            code = once()
-            if code:
-                return code
-        return 0
-
-    graph, code, problem = capture_one_call(many)
-    state["lib"].clear_error()
-    if graph is None:
-        return _after(torch, state, {"type": "done", "ok": False, "code": code,
-                                     "problem": problem or "capture failed"})
-    for _ in range(int(message["replays"])):
-        graph.replay()
-    return _after(torch, state, {"type": "done", "code": 0})
+    code, problem = repeat_calls(lambda on_stream: prepare_call(message, on_stream), stream,
+                                 host_calls=int(message["host_calls"]), graph_calls=int(message["graph_calls"]),
+                                 replays=int(message["replays"]))
+    state["lib"].clear_error()  # the name of `code` is looked up from the code itself
+    reply = {"type": "done", "code": code}
+    if problem is not None:
+        reply.update(ok=False, problem=problem)
+    return _after(torch, state, reply)
 
 
 # Device cycles the stream spins before each timed call's start event (about 40 us at the

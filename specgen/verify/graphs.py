@@ -1,5 +1,6 @@
-"""One call captured into a CUDA graph: shared by the candidate's process and the in-process
-runner (CPU stand-ins aside). No checking code here: the candidate's process imports it."""
+"""One call captured into a CUDA graph, and one call repeated as a long run repeats it: shared
+by the candidate's process and the in-process runner (CPU stand-ins aside). No checking code
+here: the candidate's process imports it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -25,3 +26,36 @@ def capture_one_call(launch: Callable[[object], int]):
                 lines = str(error).strip().splitlines()
                 problem = lines[0] if lines else type(error).__name__
     return (graph if problem is None and not code else None), code, problem
+
+
+def repeat_calls(launcher_on: Callable[[object], Callable[[], int]], stream, *, host_calls: int, graph_calls: int,
+                 replays: int) -> tuple[int, str | None]:
+    """The same call many times, as a long training or serving run makes it: `host_calls`
+    launches from the host on `stream`, then a CUDA graph of `graph_calls` launches replayed
+    `replays` times (a counter kept on the device counts those too). `launcher_on(stream)`
+    gives the call on a stream. Returns (the first failing call's code or 0, the capture's
+    error or None)."""
+    import torch
+
+    launch = launcher_on(stream)
+    torch.cuda.synchronize()
+    for _ in range(host_calls):
+        code = launch()
+        if code:
+            return code, None
+    torch.cuda.synchronize()
+
+    def many(on_stream) -> int:
+        once = launcher_on(on_stream)
+        for _ in range(graph_calls):
+            code = once()
+            if code:
+                return code
+        return 0
+
+    graph, code, problem = capture_one_call(many)
+    if graph is None:
+        return code, problem or "capture failed"
+    for _ in range(replays):
+        graph.replay()
+    return 0, None

@@ -162,27 +162,15 @@ class LocalRunner(RunnerBase):
         """The same call host_calls + graph_calls * replays times (a stand-in has no graph: all
         from the host)."""
         if self.device.type == "cuda":
-            from .graphs import capture_one_call
+            from .graphs import repeat_calls
 
             tensors = self._tensors(refs)
-            for _ in range(host_calls):
-                code = self.lib.call(direction, tensors, scalars, dims, self.stream)
-                if code:
-                    return Outcome(code=code, error=self.lib.error_name(code), fatal=self._sync())
-
-            def many(stream) -> int:
-                for _ in range(graph_calls):
-                    code = self.lib.call(direction, tensors, scalars, dims, stream)
-                    if code:
-                        return code
-                return 0
-
-            graph, code, problem = capture_one_call(many)
-            if graph is None:
-                return Outcome(ok=False, code=code, problem=problem, fatal=self._sync())
-            for _ in range(replays):
-                graph.replay()
-            return Outcome(fatal=self._sync())
+            code, problem = repeat_calls(
+                lambda stream: lambda: self.lib.call(direction, tensors, scalars, dims, stream), self.stream,
+                host_calls=host_calls, graph_calls=graph_calls, replays=replays)
+            self.lib.clear_error()
+            return Outcome(ok=problem is None, code=code, problem=problem,
+                           error=self.lib.error_name(code) if code else None, fatal=self._sync())
         for _ in range(host_calls + graph_calls * replays):
             code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
             if code:
