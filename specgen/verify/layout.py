@@ -3,8 +3,9 @@ every tensor, laid out by the judge and described to the candidate's process by 
 
 A `TensorRef` (arena, byte offset, shape, dtype) is all that crosses to the candidate's
 process; both sides turn it into a view of the same memory. Guard bytes (a pattern of random
-bytes drawn for each case and tiled by address, at least GUARD bytes before and after each tensor, and every byte of the arena that no tensor
-of the case uses) are checked by the judge after every call: a kernel that writes past its
+bytes drawn for each case and tiled by address, in at least GUARD bytes before and after each
+tensor and in every byte of the arena that no tensor of the case uses) are checked by the
+judge after every call: a kernel that writes past its
 outputs (or before them), near or megabytes away, is caught even when the overrun lands in
 memory nothing else uses, without compute-sanitizer. Past the arena's ends the address space
 is reserved and unmapped (arena.py), so a write there faults.
@@ -78,7 +79,7 @@ class Memory:
     def __init__(self, arenas: dict[str, torch.Tensor]):
         self.arenas = arenas
         self.layout = Layout()
-        self.pattern: torch.Tensor | None = None  # the guard bytes' pattern, drawn by arm_guards
+        self.pattern: torch.Tensor | None = None  # the guard bytes' pattern, tiled (arm_guards)
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         return view(self.arenas[ref.arena], ref)
@@ -96,17 +97,21 @@ class Memory:
         tiled by address): a kernel cannot recognise the verifier by a fixed byte around its
         outputs, nor by uniform memory."""
         device = next(iter(self.arenas.values())).device if self.arenas else "cpu"
-        self.pattern = torch.randint(0, 256, (PATTERN,), dtype=torch.uint8, device=device)
-        for arena, regions in self.layout.guards.items():
-            for start, length in regions + [self.unused(arena)]:
-                for at, size in _chunks(start, length):
-                    self.arenas[arena][at:at + size].copy_(self.expected(at, size))
+        pattern = torch.randint(0, 256, (PATTERN,), dtype=torch.uint8, device=device)
+        regions = [(arena, *region) for arena, found in self.layout.guards.items()
+                   for region in found + [self.unused(arena)]]
+        longest = min(CHUNK, max((length for _, _, length in regions), default=0))
+        # tiled once per case, one pattern longer than any piece compared at once: every
+        # expected() is a view of it, so the checks after each call allocate nothing
+        self.pattern = pattern.repeat(-(-longest // PATTERN) + 1)
+        for arena, start, length in regions:
+            for at, size in _chunks(start, length):
+                self.arenas[arena][at:at + size].copy_(self.expected(at, size))
 
     def expected(self, start: int, length: int) -> torch.Tensor:
-        """The guard pattern's bytes at arena offsets [start, start + length)."""
+        """The guard pattern's bytes at arena offsets [start, start + length) (length <= CHUNK)."""
         phase = start % PATTERN
-        rolled = torch.cat([self.pattern[phase:], self.pattern[:phase]])
-        return rolled.repeat(-(-length // PATTERN))[:length]
+        return self.pattern[phase:phase + length]
 
     def _changed(self, arena: str, start: int, length: int) -> int | None:
         """The offset of the first guard byte that changed in the region, or None."""
