@@ -142,7 +142,6 @@ def _compile_steps(progress):
 _FAILED_TARGET = re.compile(r"^FAILED: (?P<target>\S+)")
 _SOURCE_OF_COMMAND = re.compile(r"\s-c\s+(?:'|\")?(?P<source>\S+?\.(?:cu|cpp|cc|c))\b")
 _COMMAND_FAILED = re.compile(r"^error: command '(?P<command>[^']+)' failed")
-MAX_SHOWN_ERRORS = 12
 
 
 def failed_step(log: str) -> str:
@@ -162,21 +161,13 @@ def failed_step(log: str) -> str:
 
 
 def failure_diagnostics(log: str) -> str:
-    """The compiler's errors in the log, one per line with the offending source line (warnings,
-    notes and Python tracebacks left out); the log's last lines where no compiler error is found."""
-    from ..toolchain.diagnostics import parse_diagnostics
+    """The compiler's errors in the log, each with its offending source line (warnings, notes and
+    Python tracebacks left out), as the toolchain shows a kernel's compile errors; the log's
+    last lines where no compiler error is found."""
+    from ..toolchain.diagnostics import format_diagnostics, parse_diagnostics
 
     errors = [d for d in parse_diagnostics(log) if d.severity == "error"]
-    if not errors:
-        return "\n".join(log.strip().splitlines()[-25:])
-    shown = []
-    for error in errors[:MAX_SHOWN_ERRORS]:
-        shown.append(f"  {error}")
-        if error.source_line:
-            shown.append(f"      {error.source_line.strip()}")
-    if len(errors) > MAX_SHOWN_ERRORS:
-        shown.append(f"  ... and {len(errors) - MAX_SHOWN_ERRORS} more errors")
-    return "\n".join(shown)
+    return format_diagnostics("", errors, log).lstrip("\n")
 
 
 # Libraries the wheel links but must not carry: torch's own (the torch dependency brings
