@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 import subprocess
 import zipfile
 
@@ -81,3 +82,62 @@ def test_the_generated_shims_resolve_c23_strtol_names_inside_the_extension(tmp_p
     assert "strtoul" in imported(with_shims)  # the classic symbol, which every glibc has
     exported = subprocess.run(["nm", "-D", "--defined-only", str(with_shims)], capture_output=True, text=True).stdout
     assert "__isoc23" not in exported  # hidden: the shims are not part of the extension's interface
+
+
+# The H200's toolchain links libstdc++ statically into the extension; torch has the shared one
+# loaded. Two C++ runtimes in one process: formatting an integer in the copy read torch's locale
+# facets with the copy's indices (the generated op's error messages died of a segfault there).
+FORMATS_AN_INTEGER = '#include <sstream>\n#include <string>\n' \
+                     'extern "C" const char* format(long v) { static std::string out; std::ostringstream s;' \
+                     ' s << "v=" << v; out = s.str(); return out.c_str(); }\n'
+CALL_AFTER_THE_SHARED_RUNTIME_FORMATTED = """
+import ctypes, sys
+for path in sys.argv[1:]:  # first a library on the shared runtime (as torch, formatting numbers on import)
+    library = ctypes.CDLL(path); library.format.restype = ctypes.c_char_p
+    said = library.format(42).decode()
+print(said)
+"""
+
+
+def _setup_function(name):
+    """One function of the generated setup.py (the file runs setup() when executed whole)."""
+    import ast
+
+    from specgen.package import package_model, render_files
+    from specgen.spec import load_spec
+    from test_package import SPECS, SWIGLU_CU
+
+    source = render_files(package_model("sgport", [load_spec(SPECS / "swiglu.yaml")], {"swiglu": SWIGLU_CU}))["setup.py"]
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    scope = {"os": __import__("os")}
+    exec(compile(ast.Module([node], []), "setup.py", "exec"), scope)
+    return scope[name]
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_extension_links_the_processes_libstdcxx_even_where_the_toolchain_links_it_statically(tmp_path):
+    import ctypes
+    import sys
+
+    ctypes.CDLL("libstdc++.so.6")  # importing torch maps it before setup.py asks
+    libstdcxx = _setup_function("loaded_libstdcxx")()
+    assert libstdcxx is not None and Path(libstdcxx).name.startswith("libstdc++.so.6"), libstdcxx
+    (tmp_path / "fmt.cpp").write_text(FORMATS_AN_INTEGER)
+
+    def link(name, extra):
+        library = tmp_path / f"lib{name}.so"
+        subprocess.run(["c++", "-shared", "-fPIC", "-O2", str(tmp_path / "fmt.cpp"), *extra, "-o", str(library)],
+                       check=True, capture_output=True)
+        return library
+
+    torch_like = link("shared", [])
+
+    def call(name, extra):  # -static-libstdc++: what /opt/gcc's g++ does by default
+        library = link(name, ["-static-libstdc++", *extra])
+        return subprocess.run([sys.executable, "-c", CALL_AFTER_THE_SHARED_RUNTIME_FORMATTED, str(torch_like),
+                               str(library)], capture_output=True, text=True)
+
+    static = call("static", [])
+    assert static.returncode != 0 or static.stdout.strip() != "v=42"  # the problem: the number is lost (or a crash)
+    fixed = call("fixed", [libstdcxx])
+    assert fixed.returncode == 0 and fixed.stdout.strip() == "v=42", fixed.stderr
