@@ -11,7 +11,7 @@ from specgen import cli, lock
 from specgen.agents.builtin import tune
 from specgen.spec import load_spec
 
-from tune_fakes import FakeBackend, NoGpuCalls
+from tune_fakes import FakeBackend, NoGpuCalls, variant_of
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -538,3 +538,67 @@ def test_generate_builtin_finds_the_verdict_of_a_source_without_the_variant_line
     result = generate_builtin(spec, gpu=True, tune=False)
     assert "Schedule variant" not in result.source
     assert result.record.verification["variant"] == "default" and result.record.verification["passed"]
+
+
+# ---------------------------------------------------------------------------- the sanitizer gate
+
+class SanitizedBackend(FakeBackend):
+    """compute-sanitizer over the chosen kernel: `finding` makes it report a race."""
+
+    def __init__(self, finding: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.finding = finding
+
+    def sanitize_chosen(self, spec, source):
+        from specgen.verify.verdict import SANITIZER, Failure
+
+        self.calls.append(("sanitize", variant_of(source)))
+        if self.finding:
+            raise Failure(SANITIZER, self.finding)
+        return {"memcheck": 9.8, "racecheck": 30.2, "initcheck": 8.2}
+
+
+def test_the_chosen_kernel_runs_under_the_sanitizer_before_it_is_locked(gpu, op_path, capsys):
+    gpu["backend"] = backend = SanitizedBackend(kernel_us=lambda v, row: {"cl256": 80.0}.get(v, 100.0))
+    assert _generate(op_path) == 0
+    assert [c for c in backend.calls if c[0] == "sanitize"] == [("sanitize", "cl256")]  # the chosen one, once
+    assert "compute-sanitizer: nothing found (memcheck 10 s, racecheck 30 s, initcheck 8 s)" in capsys.readouterr().out
+    record = lock.Lock.for_spec(load_spec(op_path)).entry("swiglu").records[0]
+    assert record.verification["sanitized"] is True and record.verification["sanitize_s"]["racecheck"] == 30.2
+
+
+def test_a_sanitizer_finding_locks_nothing(gpu, op_path, capsys):
+    gpu["backend"] = SanitizedBackend(finding="compute-sanitizer racecheck reported errors on a small run: "
+                                              "Race reported between Write access ... and Read access")
+    assert _generate(op_path) == 1
+    out = capsys.readouterr().out
+    assert "not locked" in out and "racecheck reported errors" in out
+    assert not (op_path.parent / "kernels" / "swiglu.cu").exists()
+    assert lock.Lock.for_spec(load_spec(op_path)).entry("swiglu") is None
+
+
+@pytest.mark.parametrize("flag, sanitized", [("--no-sanitize", False), ("--sanitize", True)])
+def test_no_sanitize_and_sanitize_every_candidate_skip_the_gate(gpu, op_path, flag, sanitized):
+    gpu["backend"] = backend = SanitizedBackend(finding="would refuse")
+    assert _generate(op_path, flag) == 0
+    assert not [c for c in backend.calls if c[0] == "sanitize"]
+    assert lock.Lock.for_spec(load_spec(op_path)).entry("swiglu").records[0].verification["sanitized"] is sanitized
+
+
+def test_without_a_sanitizer_the_kernel_is_locked_and_the_record_says_unsanitized(gpu, op_path, capsys):
+    gpu["backend"] = FakeBackend()  # its sanitize_chosen(): None, as where compute-sanitizer is not installed
+    assert _generate(op_path) == 0
+    assert "no compute-sanitizer here: locked without it" in capsys.readouterr().out
+    assert lock.Lock.for_spec(load_spec(op_path)).entry("swiglu").records[0].verification["sanitized"] is False
+
+
+def test_gpu_backend_sanitizes_the_compiled_chosen_source(standins, op_path, monkeypatch):
+    import specgen.verify.sanitize as sanitize
+
+    seen = []
+    monkeypatch.setattr(sanitize, "find_compute_sanitizer", lambda: Path("/cuda/bin/compute-sanitizer"))
+    monkeypatch.setattr(sanitize, "run_sanitizer", lambda spec, library, seed=0: seen.append(library) or {"memcheck": 1.0})
+    assert tune.GpuBackend().sanitize_chosen(load_spec(op_path), "good") == {"memcheck": 1.0}
+    assert seen == [Path("/x/lib.so")]
+    monkeypatch.setattr(sanitize, "find_compute_sanitizer", lambda: None)
+    assert tune.GpuBackend().sanitize_chosen(load_spec(op_path), "good") is None

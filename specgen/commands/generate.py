@@ -74,9 +74,13 @@ def add_agent_arguments(parser) -> None:
                    help="builtin agent: no autotuning, the default variant alone (as without a GPU)")
     g.add_argument("--retune", action="store_true",
                    help="builtin agent: tune again even when the lock's tuning record still applies")
-    g.add_argument("--sanitize", action="store_true",
-                   help="also run every candidate under compute-sanitizer (memcheck + racecheck) before it "
-                        "can be locked; slower, and the lock record says it was sanitized")
+    sanitizing = g.add_mutually_exclusive_group()
+    sanitizing.add_argument("--sanitize", action="store_true",
+                            help="run every candidate under compute-sanitizer (memcheck, racecheck, initcheck); "
+                                 "by default only the kernel about to be locked runs under it")
+    sanitizing.add_argument("--no-sanitize", action="store_true",
+                            help="lock without compute-sanitizer (it runs by default on a GPU over the kernel "
+                                 "about to be locked, about 50 s a kernel); the lock record says so")
 
 
 def _default_budget() -> float:
@@ -205,6 +209,12 @@ def generate_one(spec, agent, args, console: Console) -> int:
             console.print(f"  kept the locked kernel by {escape(baseline.agent)}: it is faster")
             return EXIT_OK
         records = evaluator.lock_records(result.winner, result.winner_attempt.details)
+        if records:  # verified on this GPU: the sanitizer gate before the lock
+            sanitized = sanitizer_gate(
+                args, console, lambda: _sanitize_source(spec, evaluator, result.winner))
+            if sanitized is None:
+                return EXIT_REJECTED
+            records[0].verification.update(sanitized)
         kernel = lock.write_kernel(spec, result.winner.source, agent=result.winner.agent,
                                    model=result.winner.model, records=records, regenerate=args.regenerate)
         console.print(f"  [green]wrote[/] {escape(str(kernel))} (verified"
@@ -283,7 +293,10 @@ def tune_one(spec, backend, args, console: Console, status) -> int:
             console.print(f"  [yellow]not written[/]: the tuned kernel is slower than eager, and "
                           f"{escape(str(status.kernel_path))} is not the builtin generator's; left as it is")
         return EXIT_REJECTED
-    verification = {**(result.verification or {"passed": True}), "variant": result.variant}
+    sanitized = sanitizer_gate(args, console, lambda: backend.sanitize_chosen(spec, result.source))
+    if sanitized is None:
+        return EXIT_REJECTED
+    verification = {**(result.verification or {"passed": True}), "variant": result.variant, **sanitized}
     record = lock.Record(kernel_hash=lock.kernel_hash(result.source), verifier_version=str(VERIFIER_VERSION),
                          gpu_arch=backend.arch, verification=verification, benchmark=result.benchmark)
     kernel = lock.write_kernel(spec, result.source, agent="builtin", model=None, records=[record],
@@ -291,6 +304,38 @@ def tune_one(spec, backend, args, console: Console, status) -> int:
     console.print(f"  [green]wrote[/] {escape(str(kernel))} (variant {escape(result.variant)}, verified, "
                   f"tuning recorded in the lock)")
     return EXIT_OK
+
+
+def sanitizer_gate(args, console: Console, run) -> dict | None:
+    """compute-sanitizer over the kernel about to be locked (`run()`: per-tool seconds, None when no
+    sanitizer is installed): the lock record's fields, or None when it found something (nothing
+    is locked; the package keeps what the lock had)."""
+    from ..verify.verdict import Failure
+
+    if getattr(args, "sanitize", False):
+        return {"sanitized": True}  # every candidate already ran under it
+    if getattr(args, "no_sanitize", False):
+        return {"sanitized": False}
+    try:
+        seconds = run()
+    except Failure as failure:
+        console.print(f"  [red]not locked[/]: compute-sanitizer found a problem in the chosen kernel "
+                      f"({escape(failure.reason)}): {escape(failure.detail)}", soft_wrap=True)
+        return None
+    if seconds is None:
+        console.print("  note: no compute-sanitizer here: locked without it (install the CUDA toolkit's "
+                      "compute-sanitizer, or pass --no-sanitize to say so)")
+        return {"sanitized": False}
+    console.print("  compute-sanitizer: nothing found (" + ", ".join(f"{tool} {took:.0f} s" for tool, took
+                                                                 in seconds.items()) + ")")
+    return {"sanitized": True, "sanitize_s": seconds}
+
+
+def _sanitize_source(spec, evaluator, candidate) -> dict | None:
+    from ..verify.sanitize import sanitize_before_lock as run
+
+    compiled = evaluator.compile(candidate)
+    return run(spec, compiled.library) if compiled.ok else None
 
 
 def verify_options(args) -> dict:

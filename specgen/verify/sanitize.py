@@ -86,6 +86,17 @@ def run_sanitizer(spec, library: Path, *, seed: int = 0, tools=TOOLS, timeout: f
     return seconds
 
 
+def sanitize_before_lock(spec, library: Path, *, seed: int = 0) -> dict | None:
+    """The sanitizer over the kernel about to be locked (the default of `generate` and `build` on
+    a GPU; every candidate only with --sanitize, as it costs about 50 s a kernel on the H200):
+    per-tool seconds, None where no compute-sanitizer is installed; Failure(sanitizer) on a finding.
+    Races and reads past a tensor that the verifier's runs cannot see are found here before a
+    kernel reaches a package."""
+    if find_compute_sanitizer() is None:
+        return None
+    return run_sanitizer(spec, library, seed=seed)
+
+
 def _child(spec_path: str, library: str, seed: str) -> int:
     """Inside the sanitizer: the quick session; its verdict does not matter here, the
     sanitizer's findings do (a wrong result is found by the full run)."""

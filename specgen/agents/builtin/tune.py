@@ -118,6 +118,11 @@ class TuneBackend(ABC):
         """The chosen kernel's benchmark record for the lock (eager and torch.compile beside it)."""
         return None
 
+    def sanitize_chosen(self, spec, source: str) -> dict | None:
+        """compute-sanitizer over the chosen kernel before it is locked: per-tool seconds, None
+        when it cannot run here; raises verify's Failure on a finding."""
+        return None
+
 
 def directions(spec) -> tuple[str, ...]:
     return ("forward", "backward") if spec.backward == "kernel" else ("forward",)
@@ -159,6 +164,11 @@ class GpuBackend(TuneBackend):
         if not verdict.passed:
             return Check(False, _reason(verdict) or "failed verification")
         return Check(True, "", {**(_record(verdict) or {"passed": True}), "sanitized": self.sanitize})
+
+    def sanitize_chosen(self, spec, source: str) -> dict | None:
+        from ...verify.sanitize import sanitize_before_lock
+
+        return sanitize_before_lock(spec, self._library(spec, source))
 
     def time_kernel(self, spec, source: str) -> list[dict]:
         from ...bench import bench_spec
