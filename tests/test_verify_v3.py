@@ -101,6 +101,25 @@ def test_calls_faster_on_inputs_seen_before_are_a_memory_of_inputs():
     check_no_memory_of_inputs(run(100.0), run(130.0), "N=64 D=4096")  # slower on repeats: not a cache
 
 
+def test_a_fresh_run_that_looks_remembered_is_timed_again_before_the_verdict():
+    """The six fresh calls can meet a GPU with low clocks after idle: new sets, timed after the
+    cadence warmed it, decide. A cache of results is slow on those too."""
+    from specgen.verify.timed import TimedRun, judge_memory_of_inputs
+    from specgen.verify.verdict import Failure
+
+    def run(us):
+        return TimedRun([us / 1e3] * 5, floor_us=1.0, checked_calls=5)
+
+    again = []
+    judged = judge_memory_of_inputs(run(144.5), run(41.2), "N=8 C=4096", lambda: again.append(1) or run(42.0))
+    assert again == [1] and judged.median_us == pytest.approx(42.0)  # honest: slow clocks, then steady
+    assert judge_memory_of_inputs(run(250.0), run(240.0), "N=64", lambda: pytest.fail("no second look")).median_us \
+        == pytest.approx(250.0)
+    with pytest.raises(Failure) as caught:  # a cache: new sets are slow again
+        judge_memory_of_inputs(run(250.0), run(100.0), "N=64 D=4096", lambda: run(255.0))
+    assert caught.value.reason == "remembers-inputs" and "2.55x" in caught.value.detail
+
+
 def test_the_tolerance_record_names_the_largest_error_and_widening(gelu):
     verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.gelu_forward))
     assert verdict.passed, verdict.summary()

@@ -221,7 +221,7 @@ class Session:
     def full_size(self, direction: str) -> None:
         """Cases at real sizes, checked against the float64 truth computed on the GPU; repeats of
         the first for determinism; then the timed phase at every benchmark shape and dtype."""
-        from .timed import check_no_memory_of_inputs, timed_calls
+        from .timed import judge_memory_of_inputs, timed_calls
 
         started = time.perf_counter()
         on_gpu = self.device.type == "cuda"
@@ -255,14 +255,18 @@ class Session:
             self.progress(f"{direction}: timed calls on {base.describe()}")
             calls = TIMED_REPS + TIMED_WARMUP
             count = self.timed_sets(base, direction, calls) if on_gpu else calls
-            sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + i,
-                                                           distribution=("normal", "uniform")[i % 2]),
-                            direction, self.device, later=True) for i in range(count)]
-            run = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
-                              flush_bytes=flush, keep_truths=count == calls)
-            self.cases += run.checked_calls
+
+            def fresh_run(first_seed: int):  # every call on a set never seen (when count == calls)
+                sets = [prepare(self.spec, dataclasses.replace(base, seed=first_seed + i,
+                                                               distribution=("normal", "uniform")[i % 2]),
+                                direction, self.device, later=True) for i in range(count)]
+                timed = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
+                                    flush_bytes=flush, keep_truths=count == calls)
+                self.cases += timed.checked_calls
+                return timed
+
+            run = fresh_run(base.seed)
             self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
-            del sets
             if number == 0:
                 self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
                 sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
@@ -272,7 +276,8 @@ class Session:
                 self.cases += repeated.checked_calls
                 del sets
                 if on_gpu and count == calls:  # every call of `run` met a set never seen before
-                    check_no_memory_of_inputs(run, repeated, f"{base.describe()} ({direction})")
+                    judge_memory_of_inputs(run, repeated, f"{base.describe()} ({direction})",
+                                           lambda: fresh_run(base.seed + 2000))
         self.phase("timed", started)
 
     def per_element(self, direction: str, dtype: str) -> float:

@@ -119,6 +119,23 @@ REPEAT_RATIO = 0.8
 REPEAT_SLACK_US = 3.0
 
 
+def judge_memory_of_inputs(fresh: TimedRun, repeated: TimedRun, where: str, fresh_again) -> TimedRun:
+    """check_no_memory_of_inputs, with one second look: the fresh run is six calls and comes first,
+    so it can meet a GPU whose clocks are still low after idle (held-out batchnorm1d on the H200:
+    144 us fresh against 41 us repeated, an honest kernel); when it looks remembered, `fresh_again()`
+    times new sets now that the cadence has warmed the GPU, and that run is judged. A kernel that
+    serves repeats from a cache is slow on the new sets too. Returns the run that was judged."""
+    try:
+        check_no_memory_of_inputs(fresh, repeated, where)
+        return fresh
+    except Failure as first:
+        if first.reason != REMEMBERS_INPUTS:
+            raise
+    again = fresh_again()
+    check_no_memory_of_inputs(again, repeated, where)
+    return again
+
+
 def check_no_memory_of_inputs(fresh: TimedRun, repeated: TimedRun, where: str) -> None:
     """A kernel that keeps results (or anything derived from the inputs) across calls and
     serves repeats from it is right on every call and fast only where inputs repeat, as in a
