@@ -177,6 +177,10 @@ def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
     assert ranges and ranges.group(1) == ", ".join(f"{{{lo}, {hi}}}" for lo, hi in
                                                   (spec_ranges[s] for s in ("N", "H")))
     assert "warn_outside_ranges(op, where, call.dims);" in cpp and "op.warned_outside.exchange(true)" in cpp
+    # the first call on a device keeps the default pool's freed workspaces (as the verifier's process does)
+    first_call = cpp.split("if (state == 0) {")[1].split("}")[0]
+    assert "keep_freed_workspaces(index);" in first_call
+    assert "cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)" in cpp
     # the forward op is called through the dispatcher below autograd, the backward op through it too
     assert f'findSchemaOrThrow("{ns}::swiglu", "")' in cpp and f'findSchemaOrThrow("{ns}::swiglu_backward", "")' in cpp
     setup = render_files(pkg)["setup.py"]
