@@ -763,7 +763,7 @@ def parse_args(argv=None):
     parser.add_argument("--examples", type=int, default=None, help="verification examples (default: the verifier's)")
     parser.add_argument("--verify-shapes", choices=("fit", "all"), default="fit",
                         help="fit (default): verify at the benchmark shapes whose full-size timed phase fits in "
-                             f"{MEMORY_SHARE:.0%} of the GPU (the others are timed, and checked while timed, but "
+                             f"{MEMORY_SHARE * 100:.0f}%% of the GPU (the others are timed, and checked while timed, but "
                              "left out of the verifier's full-size phase; the problem row says so); all: every "
                              "benchmark shape, exactly as `specgen generate` does")
     parser.add_argument("--min-start-s", type=float, default=30.0,

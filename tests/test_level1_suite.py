@@ -371,3 +371,13 @@ def test_plan_runs_on_the_cpu(capsys):
     out = capsys.readouterr().out
     # instance_norm lowers too (axis_views.py): its 2 shapes x 2 dtypes x 2 directions are rows
     assert "2 of 2 lowered; 20 rows to time" in out and "146 GB" in out  # relu's float32 backward at 8.6 GB
+
+
+def test_the_benchmark_explains_its_options():
+    """`--help` renders (a bare % in a help string broke argparse's formatting)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "level1_bench.py"), "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--verify-shapes" in done.stdout and "80% of the GPU" in done.stdout.replace("\n", " ").replace("  ", " ")
