@@ -2,7 +2,9 @@
 
 Tree: pyproject.toml, setup.py, MANIFEST.in, build.toml, README.md, LICENSE,
 torch-ext/torch_binding.cpp (the one C++ translation unit), torch-ext/<pkg>/ (Python API,
-registrations, embedded references, tests) and kernels/<op>/<op>.cu + <op>_abi.h.
+registrations, embedded references, tests), kernels/<op>/<op>.cu + <op>_abi.h and, when an op
+with a kernel has an integer input with a value range, torch-ext/range_check.cu + .h (the
+device check of those values, launched by the binding).
 """
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from pathlib import Path
 import jinja2
 
 from ..fsutil import write_atomic
+from ..abi import DTYPE_CODES
+from ..signature import INT_DTYPES
 from .model import SCALAR_TYPES, PackageModel
 from .summary import performance_summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
+RANGE_CTYPES = {name: f"{name}_t" for name in INT_DTYPES}  # the C type of each integer dtype
 LAYER_RUNTIME = Path(__file__).resolve().parent / "layer_runtime.py"  # a plain module, copied verbatim
 
 
@@ -66,7 +71,9 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
     context = _with_provenance({"pkg": pkg, "scalar_types": SCALAR_TYPES,
                                 "ops_data": {op.name: op.data() for op in pkg.ops},
                                 "provenance_data": {op.name: _plain(op.provenance) for op in pkg.ops},
-                                "summary": performance_summary(pkg)})
+                                "summary": performance_summary(pkg),
+                                "dtype_codes": DTYPE_CODES, "range_dtypes": INT_DTYPES,
+                                "range_ctypes": RANGE_CTYPES})
     py = f"torch-ext/{pkg.name}"
     files = {
         "pyproject.toml": env.get_template("pyproject.toml.j2").render(context),
@@ -89,6 +96,9 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
         files["torch-ext/torch_binding.cpp"] = env.get_template("torch-ext/torch_binding.cpp.j2").render(context)
         files["torch-ext/glibc_compat.h"] = env.get_template("torch-ext/glibc_compat.h.j2").render(context)
         files["torch-ext/glibc_shims.cpp"] = env.get_template("torch-ext/glibc_shims.cpp.j2").render(context)
+    if pkg.range_sites:
+        files["torch-ext/range_check.h"] = env.get_template("torch-ext/range_check.h.j2").render(context)
+        files["torch-ext/range_check.cu"] = env.get_template("torch-ext/range_check.cu.j2").render(context)
     reference = env.get_template("torch-ext/pkg/_reference.py.j2")
     for op in pkg.ops:
         files[f"{py}/_reference_{op.name}.py"] = reference.render(context, op=op)

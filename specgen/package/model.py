@@ -306,6 +306,13 @@ class OpModel:
     def input_index(self, name: str) -> int:
         return [t.name for t in self.inputs].index(name)
 
+    @property
+    def ranged_inputs(self) -> tuple[TensorArgModel, ...]:
+        """Integer inputs with a declared value range (`target: Tensor[N] int64 in [0, C)`): the
+        CPU path checks their values (_ops.check_values); with a kernel, the binding launches the
+        device check (torch-ext/range_check.cu) on each before the forward kernel."""
+        return tuple(t for t in self.inputs if t.value_range is not None and not t.is_floating)
+
     def output_index(self, name: str) -> int:
         return [o.name for o in self.outputs].index(name)
 
@@ -421,6 +428,16 @@ class PackageModel:
     @property
     def has_kernels(self) -> bool:
         return any(op.has_kernel for op in self.ops)
+
+    @property
+    def range_sites(self) -> list[tuple[OpModel, TensorArgModel]]:
+        """(op, input) for every integer input with a value range of an op with a kernel, in
+        order: a violation found on the device is recorded by its index here (the binding's
+        kRangeSites). Empty: the package has no device range check (no range_check.cu)."""
+        return [(op, t) for op in self.ops if op.has_kernel for t in op.ranged_inputs]
+
+    def range_site(self, op: OpModel, name: str) -> int:
+        return [(o.name, t.name) for o, t in self.range_sites].index((op.name, name))
 
 
 def _literal(text: str):
