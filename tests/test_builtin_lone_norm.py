@@ -1,4 +1,5 @@
-"""A 2-norm whose sum has one term (optimize.lone_norms, axis_emit's sgx::div_row).
+"""A 2-norm whose sum has one term (optimize.lone_norms) and a per-row division by a subnormal
+(emit.div_per_row).
 
 On the H200 the level-1 `frobenius_norm` passed its forward and failed its backward in every
 variant: at N = D = 1 with a subnormal x, torch's vector_norm is |x| (ATen returns abs() when
@@ -6,6 +7,9 @@ every reduced dim has size 1) and its gradient g * x / |x| = +-g, while the kern
 first in float32: x * x underflowed to 0, the norm was 0 and the gradient 0 (the forward's 0
 against 1e-40 is within atol). With the norm right, x * (1/norm) of a subnormal norm is inf:
 the per-kept division must not go through an overflowing reciprocal either.
+
+The row family had both: l2_normalize_rows and l1_normalize_rows at D = 1 (x / sum|x| of a
+lone subnormal: x * (1/d) = inf where torch's x / d is +-1).
 
 CPU: the lowered programs run on the IR interpreter in float32 (the kernels' accumulator) and
 are held to the verifier's own comparison (specgen.verify.compare) against the float64 truth
@@ -18,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specgen.agents.builtin.families.axis_reduce import run_axis_program
+from specgen.agents.builtin.families.axis_reduce import AxisProgram, run_axis_program
+from specgen.agents.builtin.interp import run_program
 from specgen.agents.builtin.generator import build_source, lower_spec
 from specgen.inputs import DISTRIBUTIONS
 from specgen.spec import load_spec
@@ -29,6 +34,7 @@ from specgen.verify.strategies import make_case
 LEVEL1 = Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs"
 REDUCE = Path(__file__).resolve().parent / "reduce_specs"
 SPECS = ["frobenius_norm", "frobenius_normalize"]
+ROW_SPECS = ["l2_normalize_rows", "l1_normalize_rows"]  # the row family: a norm or sum over D = 1
 
 
 def _spec(name):
@@ -43,8 +49,9 @@ def _mismatch(spec, case, direction):
     """The verifier's comparison of the float32-interpreted program on `case` (None: it passes)."""
     data = prepare(spec, case, direction, device="cpu")
     outs = {s.name: torch.empty(s.shape, dtype=s.dtype) for s in data.outputs}
-    run_axis_program(lower_spec(spec)[direction], dict(data.inputs), data.scalars, data.dims, outs,
-                     acc=torch.float32)
+    program = lower_spec(spec)[direction]
+    run = run_axis_program if isinstance(program, AxisProgram) else run_program
+    run(program, dict(data.inputs), data.scalars, data.dims, outs, acc=torch.float32)
     for slot in data.outputs:
         got = compare(outs[slot.name], data.truth[slot.name], data.atol[slot.name], data.rtol,
                       reference=data.reference[slot.name])
@@ -53,7 +60,7 @@ def _mismatch(spec, case, direction):
     return None
 
 
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", SPECS + ROW_SPECS)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_element_of_every_value_class(name, direction, dtype):
@@ -91,7 +98,7 @@ def test_a_lone_subnormal_has_norm_abs_and_gradient_sign(dtype):
         assert torch.equal(grad, want_grad), (value, grad, want_grad)
 
 
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", SPECS + ROW_SPECS)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_larger_shapes_of_every_value_class(name, direction):
     spec = _spec(name)
@@ -108,9 +115,10 @@ def test_larger_shapes_of_every_value_class(name, direction):
 
 
 def test_norms_keep_the_lone_column_max_in_their_sweep():
-    """Every sqrt(sum(a * a)) of the axis family carries max |a| (same sweep) for width 1."""
+    """Every sqrt(sum(a * a)) carries max |a| (same sweep) for width 1, in both families."""
     for path in [LEVEL1 / "frobenius_norm.yaml", LEVEL1 / "frobenius_normalize.yaml", REDUCE / "frobenius.yaml",
-                 REDUCE / "norm_mid.yaml", REDUCE / "l2normalize_mid.yaml"]:
+                 REDUCE / "norm_mid.yaml", REDUCE / "l2normalize_mid.yaml", LEVEL1 / "l2_normalize_rows.yaml",
+                 REDUCE / "l2normalize_last.yaml"]:
         for direction, program in lower_spec(load_spec(path)).items():
             nodes = program.nodes()
             norms = [n for n in nodes if n.op == "sqrt" and n.args[0].op == "rowreduce"]
@@ -118,17 +126,30 @@ def test_norms_keep_the_lone_column_max_in_their_sweep():
             assert norms and len(lone) == len(norms), (path.stem, direction)
 
 
-def test_the_per_kept_division_never_overflows_its_reciprocal():
-    source = build_source(_spec("frobenius_norm"))
-    backward = source.split("= backward =")[1]
-    assert "sgx::div_row(" in backward and "* ((acc_t)1 /" not in backward
+def test_a_per_row_division_never_multiplies_by_an_overflowed_reciprocal():
+    """x * (1/d) only where 1/d is a normal float (emit.div_per_row), in both families: the
+    frobenius_norm backward's x / norm and l1_normalize_rows' x / sum|x| (a lone subnormal)."""
+    from specgen.agents.builtin.emit import div_per_row
+
+    safe = div_per_row("X", "D")
+    assert safe.startswith("((fabs(((acc_t)1 / (acc_t)(D))) >= (acc_t)1.17549435e-38f")
+    for name, direction in (("frobenius_norm", "backward"), ("frobenius_normalize", "forward"),
+                            ("l1_normalize_rows", "forward"), ("l2_normalize_rows", "forward")):
+        source = build_source(_spec(name)).split(f"= {direction} =")[1]
+        guarded = source.count(">= (acc_t)1.17549435e-38f")
+        bare = source.count("* ((acc_t)1 /") - guarded  # one reciprocal multiply inside each guard
+        assert guarded and bare == 0, (name, direction, guarded, bare)
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", SPECS + ROW_SPECS)
 def test_sources_compile(name):
     from specgen.agents.builtin.generator import compile_source
 
     spec = _spec(name)
     compiled = compile_source(spec, build_source(spec))
-    assert all(r["spill_store_bytes"] == 0 for r in compiled.resources.values())
+    if name in SPECS:  # a reduction to a scalar runs the 16-byte paths: TX = 1 reduce, the elem pass along R
+        hot = [k for k, r in compiled.resources.items()
+               if ("_reduce" in k and (", 4, 1, 1>" in k or ", 8, 1, 1>" in k))
+               or ("_elem<" in k and (", 4, 2, " in k or ", 8, 2, " in k))]
+        assert hot and all(compiled.resources[k]["spill_store_bytes"] == 0 for k in hot)

@@ -3,9 +3,8 @@
 It evaluates each node with whole-tensor torch ops in float64, with the same semantics the
 CUDA emitter gives the node, so a lowering bug shows up as a mismatch against the
 reference here rather than on the GPU. `acc=torch.float32` evaluates in the kernels' float32
-accumulator instead: underflow, overflow and rounding where the emitted math has them (a
-per-row divisor is divided by, as the axis family's emitter does where 1/d leaves the normal
-range; elsewhere the emitters multiply by 1/d, <= 1.5 ulp apart).
+accumulator instead: underflow, overflow and rounding where the emitted math has them, a
+per-row divisor as emit.div_per_row has it (x * (1/d) where 1/d is a normal float, else x / d).
 """
 from __future__ import annotations
 
@@ -99,7 +98,12 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             x, y = args
             if node.dtype == "int":
                 return torch.div(x, y, rounding_mode="trunc")
-            return x.to(acc) / y.to(acc)
+            x, y = x.to(acc), y.to(acc)
+            if acc != torch.float64 and node.level == "elem" and node.args[1].level in ("const", "global", "row"):
+                r = 1 / y  # emit.div_per_row
+                normal = (r.abs() >= torch.finfo(torch.float32).tiny) & (r.abs() <= torch.finfo(torch.float32).max)
+                return torch.where(normal, x * r, x / y)
+            return x / y
         if op in _BINARY:
             return _BINARY[op](*args)
         if op == "where":

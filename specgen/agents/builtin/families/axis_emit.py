@@ -74,19 +74,6 @@ struct FastDiv {
   }
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (__umulhi(n, m) + n) >> s; }
 };
-
-// x / d for a divisor d shared by many elements (one per kept element: a norm, a count):
-// x * (1/d), 1/d computed once, where 1/d is a normal number (<= 1.5 ulp from x / d); the IEEE
-// division where it is not: |d| < 2^-126 (1/d overflows: a subnormal norm times x gave inf,
-// not +-1) or |d| > 2^126 (1/d subnormal, bits lost). 0, inf and NaN divide alike either way.
-__device__ __forceinline__ float div_row(float x, float d) {
-  const float r = 1.f / d, a = fabsf(r);
-  return (a >= 1.17549435e-38f && a <= 3.40282347e+38f) ? x * r : x / d;
-}
-__device__ __forceinline__ double div_row(double x, double d) {
-  const double r = 1.0 / d, a = fabs(r);
-  return (a >= 2.2250738585072014e-308 && a <= 1.7976931348623157e+308) ? x * r : x / d;
-}
 }  // namespace sgx"""
 
 
@@ -109,13 +96,6 @@ class AxisEmitter(DirectionEmitter):
         self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
         self.phases = self.phase_list()
         self.kept = self.kept_reduces()
-
-    def op_expr(self, node: Node, x: list[str]) -> str:
-        if node.op == "div" and node.dtype == "float" and node.level == "elem" \
-                and node.args[1].level in ("const", "global", "row"):
-            # a per-kept divisor: the row emitter's x * (1/d), divided where 1/d is not normal
-            return f"sgx::div_row((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        return super().op_expr(node, x)
 
     # ------------------------------------------------------------ plan (read by tests and the host)
     def phase_list(self) -> list[list[Node]]:
