@@ -145,9 +145,11 @@ def test_layouts_and_plans():
     assert loads == {"out1": "row", "grad_out0": "row"}
     _, p = plan("mse_loss")
     assert p["kinds"] == ["sum"] and p["partial_slots"] == 1 and not p["totals"]
-    # triplet margin loss: two row norms per kept row, then the mean over rows (a total)
+    # triplet margin loss: two row norms per kept row, then the mean over rows (a total); each
+    # norm's sweep also keeps max |d|, the norm of a lone column (optimize.lone_norms)
     layout, p = plan("triplet_loss")
-    assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["sum", "sum"] and p["totals"] == 1
+    assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["max", "sum", "max", "sum"] and p["totals"] == 1
+    assert p["phases"] == [["max", "sum", "max", "sum"]]  # one sweep still
     # dependent sweeps: a variance (the mean, then the squared deviations), a softmax over channels
     assert plan("var_mid")[1]["phases"] == [["sum"], ["sum"]]
     layout, p = plan("softmax_mid")

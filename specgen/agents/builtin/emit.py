@@ -22,6 +22,18 @@ REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)IN
 REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # combiners of sg::group_reduce
 
 
+
+def div_per_row(x: str, d: str) -> str:
+    """C for x / d with d the same for a whole row (or launch): a multiply by 1/d, one reciprocal
+    per row (the compiler hoists it), instead of an IEEE division per element (<= 1.5 ulp apart),
+    where 1/d is a normal float; the division itself where it is not: |d| < 2^-126 (a row
+    norm or sum of a lone subnormal: 1/d is inf, and x * inf was inf where x / d is +-1) or
+    |d| > 2^126 (1/d subnormal, bits lost). d = 0, inf or NaN divide alike either way. The
+    float limits serve double too (a double 1/d outside them only takes the exact division)."""
+    r = f"((acc_t)1 / (acc_t)({d}))"
+    return (f"((fabs({r}) >= (acc_t)1.17549435e-38f && fabs({r}) <= (acc_t)3.40282347e+38f) "
+            f"? (acc_t)({x}) * {r} : (acc_t)({x}) / (acc_t)({d}))")
+
 class DirectionEmitter(HostEmitter, FinalizeEmitter):
     """One direction of a spec: its row kernel here, the finalize and host code in the mixins."""
 
@@ -109,9 +121,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if node.dtype == "int":
                 return f"({x[0]} / {x[1]})"
             if node.level == "elem" and node.args[1].level in ("const", "global", "row"):
-                # a per-row denominator: one reciprocal per row (the compiler hoists the common
-                # 1/x), a multiply per element instead of an IEEE division (<= 1.5 ulp apart)
-                return f"((acc_t)({x[0]}) * ((acc_t)1 / (acc_t)({x[1]})))"
+                return div_per_row(x[0], x[1])
             return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
         if op == "floordiv":
             return f"({x[0]} / {x[1]})"  # sizes: non-negative

@@ -19,7 +19,7 @@ from .families import family_of, lower_family
 from .schedule import DEFAULT_VARIANT, VARIANTS, Variant
 from .families.scan import scan_directions
 from .lower import lower
-from .optimize import cse, onehot_sums, reuse_forward_outputs
+from .optimize import cse, lone_norms, onehot_sums, reuse_forward_outputs
 from .trace import trace
 
 _programs: dict[str, dict] = {}
@@ -31,7 +31,7 @@ def lower_spec(spec) -> dict:
     if key not in _programs:
         try:
             directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-            programs = {d: cse(onehot_sums(cse(lower(trace(spec, d))))) for d in directions}
+            programs = {d: cse(lone_norms(onehot_sums(cse(lower(trace(spec, d)))))) for d in directions}
             if "backward" in programs:
                 programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
         except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal

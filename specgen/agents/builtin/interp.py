@@ -2,7 +2,9 @@
 
 It evaluates each node with whole-tensor torch ops in float64, with the same semantics the
 CUDA emitter gives the node, so a lowering bug shows up as a mismatch against the
-reference here rather than on the GPU.
+reference here rather than on the GPU. `acc=torch.float32` evaluates in the kernels' float32
+accumulator instead: underflow, overflow and rounding where the emitted math has them, a
+per-row divisor as emit.div_per_row has it (x * (1/d) where 1/d is a normal float, else x / d).
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ def resolve_dim(dim, dims: dict[str, int]) -> int:
 
 
 def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dict[str, float],
-                dims: dict[str, int], outputs: dict[str, torch.Tensor]) -> None:
-    """Write every store of `program` into `outputs` (preallocated, by ABI field)."""
+                dims: dict[str, int], outputs: dict[str, torch.Tensor], acc: torch.dtype = torch.float64) -> None:
+    """Write every store of `program` into `outputs` (preallocated, by ABI field); float
+    values computed in `acc` (float64, or float32 as the kernels' accumulator)."""
     rows = math.prod(d.resolve(dims) for d in program.row_dims)
     memo: dict[int, torch.Tensor] = {}
 
@@ -45,8 +48,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         if node.id in memo:
             return memo[node.id]
         out = _eval(node)
-        if node.dtype == "float" and out.dtype != torch.float64:
-            out = out.double()
+        if node.dtype == "float" and out.dtype != acc:
+            out = out.to(acc)
         elif node.dtype == "int" and out.dtype not in (torch.int64,):
             out = out.long() if not out.is_floating_point() else out.trunc().long()
         elif node.dtype == "bool" and out.dtype != torch.bool:
@@ -62,10 +65,10 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
     def _eval(node: Node) -> torch.Tensor:
         op, a = node.op, node.attrs
         if op == "const":
-            return torch.tensor(a["value"], dtype={"float": torch.float64, "int": torch.int64,
+            return torch.tensor(a["value"], dtype={"float": acc, "int": torch.int64,
                                                    "bool": torch.bool}[node.dtype])
         if op == "scalar":
-            return torch.tensor(float(scalars[a["field"]]), dtype=torch.float64)
+            return torch.tensor(float(scalars[a["field"]]), dtype=acc)
         if op == "dim":
             return torch.tensor(a["dim"].resolve(dims), dtype=torch.int64)
         if op == "stride":
@@ -74,7 +77,7 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             return torch.arange(width).unsqueeze(0)
         if op == "load":
             t = tensors[a["field"]]
-            t = t.double() if t.is_floating_point() else t.long() if t.dtype != torch.bool else t
+            t = t.to(acc) if t.is_floating_point() else t.long() if t.dtype != torch.bool else t
             if a["kind"] == "global":
                 return t.reshape(())
             if a["kind"] == "bcast":  # spans the dims marked present of the [rows..., W] shape
@@ -90,12 +93,17 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             return flat[row_index(a["row_div"])]
         args = [ev(x) for x in node.args]
         if op in _UNARY:
-            return _UNARY[op](args[0].double() if op not in ("not", "neg", "abs") else args[0])
+            return _UNARY[op](args[0].to(acc) if op not in ("not", "neg", "abs") else args[0])
         if op == "div":
             x, y = args
             if node.dtype == "int":
                 return torch.div(x, y, rounding_mode="trunc")
-            return x.double() / y.double()
+            x, y = x.to(acc), y.to(acc)
+            if acc != torch.float64 and node.level == "elem" and node.args[1].level in ("const", "global", "row"):
+                r = 1 / y  # emit.div_per_row
+                normal = (r.abs() >= torch.finfo(torch.float32).tiny) & (r.abs() <= torch.finfo(torch.float32).max)
+                return torch.where(normal, x * r, x / y)
+            return x / y
         if op in _BINARY:
             return _BINARY[op](*args)
         if op == "where":

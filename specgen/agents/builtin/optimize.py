@@ -13,6 +13,8 @@
   per-row index, times per-row factors) is that expression's value at the index, with no
   sweep: cross-entropy backward's sum of its scattered gradient was a reduction round and an
   index compare per element.
+- `lone_norms`: a 2-norm sqrt(sum(a * a)) is |a| where the sum has one term (width 1), as
+  torch's vector_norm has it; the square underflows or overflows in float32 where |a| does not.
 """
 from __future__ import annotations
 
@@ -192,4 +194,40 @@ def onehot_sums(program: Program) -> Program:
     return _rebuild(program, replace)
 
 
-__all__ = ["cse", "onehot_sums", "reuse_forward_outputs"]
+def _squared(node: Node) -> Node | None:
+    """`a` when `node` is a * a or a ** 2 of a float elem value `a`, else None."""
+    if node.op == "mul" and node.args[0] is node.args[1]:
+        a = node.args[0]
+    elif node.op == "pow" and is_const(node.args[1]) and node.args[1].attrs["value"] in (2, 2.0):
+        a = node.args[0]
+    else:
+        return None
+    return a if a.level == "elem" and a.dtype == "float" else None
+
+
+def lone_norms(program: Program) -> Program:
+    """sqrt(rowreduce(sum, a * a)) -> where(width == 1, rowreduce(max, |a|), sqrt(...)).
+
+    Over a single element the 2-norm is |a| exactly, and torch's vector_norm returns abs()
+    when every reduced dim has size 1 (ATen's is_reduce_over_1D_vector). Squaring first loses
+    it in float32: a * a underflows to 0 for |a| < 2^-75 (a subnormal's norm was 0, its
+    gradient a / norm 0 where torch's is +-1) and is inexact below 2^-63 (the square is
+    subnormal); it overflows past 2^64. The max of |a| rides in the sum's sweep (no extra
+    bytes). Run after cse, which makes the two factors of a * a one node."""
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        if built.op != "sqrt" or built.level != "row" or built.args[0].op != "rowreduce" \
+                or built.args[0].attrs.get("kind") != "sum":
+            return built
+        a = _squared(built.args[0].args[0])
+        if a is None:
+            return built
+        top = Node("rowreduce", (Node("abs", (a,), level=a.level, dtype="float"),), level="row", dtype="float",
+                   attrs={"kind": "max"}, name=f"{built.name}_lone")
+        one = Node("eq", (program.width, const(1)), level=level_of(program.width), dtype="bool")
+        return Node("where", (one, top, built), level="row", dtype="float", name=f"{built.name}_norm")
+
+    return _rebuild(program, replace)
+
+
+__all__ = ["cse", "lone_norms", "onehot_sums", "reuse_forward_outputs"]

@@ -595,7 +595,7 @@ def reuse_forward_extremes(forward: AxisProgram, backward: AxisProgram, spec) ->
 
 def lower_axis(spec) -> dict[str, AxisProgram]:
     """The programs of every direction the spec asks for, or AgentRefused."""
-    from ..optimize import cse
+    from ..optimize import cse, lone_norms
 
     forward = trace(spec, "forward")
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
@@ -605,7 +605,7 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
     programs = {}
     for d in directions:
         traced = traces[d]
-        program = with_layout(cse(AxisLowering(traced, layout).run()), layout)
+        program = with_layout(cse(lone_norms(cse(AxisLowering(traced, layout).run()))), layout)
         validate(program)
         if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
                                                                               for n in program.nodes()):
@@ -632,8 +632,10 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
 
 # ---------------------------------------------------------------- CPU interpreter
 
-def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
-    """run_program on the transposed view: S tensors as [O*I, R], kept tensors as [O*I]."""
+def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: dict, outputs: dict,
+                     acc: torch.dtype = torch.float64) -> None:
+    """run_program on the transposed view: S tensors as [O*I, R], kept tensors as [O*I]
+    (`acc`: the precision of the float math, as run_program's)."""
     from ..interp import run_program
 
     lay = program.layout
@@ -663,7 +665,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
         kind = next((s.kind for s in program.stores if s.field == k), None)
         outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
             torch.empty(O * I, dtype=v.dtype) if kind == "row" else torch.empty((), dtype=v.dtype)
-    run_program(program, ins, scalars, dims, outs)
+    run_program(program, ins, scalars, dims, outs, acc=acc)
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
         if kind == "elem":
