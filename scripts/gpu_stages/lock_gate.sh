@@ -3,7 +3,8 @@
 #   1. the held-out race (heldout/attacks-v4/softmax_smem_race_missing_sync.cu: passes the verifier,
 #      racecheck sees it): expected "not locked", exit 1, no kernel written;
 #   2. the held-out control (softmax_control.cu): expected locked, the record sanitized with seconds.
-# Results: $STAGE_OUT/<case>.log and lock_gate.json (exit codes, what was locked). Knobs: none.
+# Results: $STAGE_OUT/<case>.log and lock_gate.json (exit codes, what was locked). Knob: LOCK_GATE_CASES
+# (the held-out kernel names to run, default both).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -12,7 +13,7 @@ mkdir -p "$OUT_DIR"
 cd "$REPO"
 export PYTHONPATH="$REPO:${PYTHONPATH:-}"
 status=0
-for case in softmax_smem_race_missing_sync softmax_control; do
+for case in ${LOCK_GATE_CASES:-softmax_smem_race_missing_sync softmax_control}; do
   work="$(mktemp -d /tmp/specgen-lock-gate.XXXXXX)"
   cp specs/softmax.yaml "$work/"
   python3 - "$work/transcript.jsonl" "heldout/attacks-v4/$case.cu" <<'PY'
