@@ -332,3 +332,12 @@ def test_a_memo_keyed_on_a_sampled_fingerprint_is_caught_by_the_model_loop_check
     honest = verdict_of(gelu, fakes.PyKernel(gelu, fakes.gelu_forward), Options(examples=0, budget=1 << 13,
                                                                                 full_size=False))
     assert honest.passed, honest.summary()
+
+
+def test_the_cadence_holds_no_more_input_sets_than_fit():
+    """At a benchmark shape where only two sets fit beside each other, the cadence rotates two
+    (three asked the H200 for a 48 GB arena at a 4.3 GB shape, beside the fresh run's)."""
+    from specgen.verify.engine import BENCH_SETS, cadence_sets
+
+    assert cadence_sets(100) == BENCH_SETS == 3
+    assert cadence_sets(2) == 2 and cadence_sets(1) == 1 and cadence_sets(0) == 1

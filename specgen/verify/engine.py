@@ -29,11 +29,17 @@ TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on 
 # once per direction, at the first benchmark shape: the benchmark's own cadence (bench.py's
 # defaults), so a kernel that counts calls or watches the clock meets the benchmark here
 BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
+
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
 # Calls of one small case in a row before the small checks run again: a kernel that misbehaves
 # only after many calls in a process (a counter on the host or the device) meets a long run's
 # worth (a third from the host, the rest as CUDA-graph replays). The CPU stand-ins make fewer.
 ENDURANCE_CALLS, ENDURANCE_CPU_CALLS, ENDURANCE_GRAPH_CALLS = 120_000, 600, 1000
+
+
+def cadence_sets(fitting: int) -> int:
+    """Input sets of the benchmark's cadence, when `fitting` sets of the shape fit in memory."""
+    return max(1, min(BENCH_SETS, fitting))
 
 
 @dataclass
@@ -269,8 +275,10 @@ class Session:
             self.timed[f"{direction} {base.describe()}"] = round(run.median_us, 2)
             if number == 0:
                 self.progress(f"{direction}: the benchmark's cadence on {base.describe()}")
+                # no more sets than the fresh run could hold: at a 4.3 GB benchmark shape three sets
+                # asked for a 48 GB arena beside the fresh run's and ran out of memory on the H200
                 sets = [prepare(self.spec, dataclasses.replace(base, seed=base.seed + 50 + i), direction,
-                                self.device, later=True) for i in range(BENCH_SETS)]
+                                self.device, later=True) for i in range(cadence_sets(count))]
                 repeated = timed_calls(self.runner, self.spec, sets, reps=BENCH_REPS, warmup=BENCH_WARMUP,
                                        flush_bytes=flush)
                 self.cases += repeated.checked_calls
