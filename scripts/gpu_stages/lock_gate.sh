@@ -1,10 +1,13 @@
-# Stage `lock_gate`: the sanitizer gate before a lock, through the user's command. `specgen generate`
-# with the replay agent (a one-attempt transcript) on a copy of specs/softmax.yaml, twice:
-#   1. the held-out race (heldout/attacks-v4/softmax_smem_race_missing_sync.cu: passes the verifier,
-#      racecheck sees it): expected "not locked", exit 1, no kernel written;
-#   2. the held-out control (softmax_control.cu): expected locked, the record sanitized with seconds.
-# Results: $STAGE_OUT/<case>.log and lock_gate.json (exit codes, what was locked). Knob: LOCK_GATE_CASES
-# (the held-out kernel names to run, default both).
+# Stage `lock_gate`: compute-sanitizer before a lock, through the user's commands.
+#   1. `specgen generate` (builtin agent, tuning within 60 s) on a copy of specs/softmax.yaml: the
+#      chosen kernel runs under the sanitizer before it is locked; expected exit 0 and a lock record
+#      with sanitized: true and the seconds of each tool;
+#   2. `specgen verify --sanitize` of the held-out race heldout/attacks-v4/softmax_smem_race_missing_sync.cu,
+#      which passes the verifier's runs: expected verdict `sanitizer` (racecheck), the same run the
+#      gate makes before a lock.
+# (Session 9 tried both through `generate --agent replay`: both held-out kernels verified but were
+# slower than eager at the benchmark shape, so nothing was locked and the gate was never reached.)
+# Results: $STAGE_OUT/generate.log, verify.log, lock_gate.json. Knob: LOCK_GATE_TUNE_S (default 60).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -12,41 +15,34 @@ OUT_DIR="${STAGE_OUT:-${OUT:-/tmp/lock-gate-out}/lock_gate}"
 mkdir -p "$OUT_DIR"
 cd "$REPO"
 export PYTHONPATH="$REPO:${PYTHONPATH:-}"
-status=0
-for case in ${LOCK_GATE_CASES:-softmax_smem_race_missing_sync softmax_control}; do
-  work="$(mktemp -d /tmp/specgen-lock-gate.XXXXXX)"
-  cp specs/softmax.yaml "$work/"
-  python3 - "$work/transcript.jsonl" "heldout/attacks-v4/$case.cu" <<'PY'
-import json, sys
-source = open(sys.argv[2]).read()
-with open(sys.argv[1], "w") as out:
-    out.write(json.dumps({"type": "start", "spec": "softmax", "model": "held-out"}) + "\n")
-    out.write(json.dumps({"type": "attempt", "number": 1, "agent": "replay", "source": source}) + "\n")
-PY
-  started=$(date +%s)
-  timeout 280 python3 -m specgen generate "$work/softmax.yaml" --agent replay --transcript "$work/transcript.jsonl" \
-    --attempts 1 --transcript-dir "$work/transcripts" > "$OUT_DIR/$case.log" 2>&1
-  rc=$?
-  python3 - "$work" "$case" "$rc" "$(( $(date +%s) - started ))" "$OUT_DIR/lock_gate.json" <<'PY'
+work="$(mktemp -d /tmp/specgen-lock-gate.XXXXXX)"
+cp specs/softmax.yaml "$work/"
+started=$(date +%s)
+timeout 300 python3 -m specgen generate "$work/softmax.yaml" --tune-budget "${LOCK_GATE_TUNE_S:-60}" \
+  > "$OUT_DIR/generate.log" 2>&1
+generate_rc=$?
+generate_s=$(( $(date +%s) - started ))
+started=$(date +%s)
+timeout 240 python3 -m specgen verify --sanitize specs/softmax.yaml --kernel heldout/attacks-v4/softmax_smem_race_missing_sync.cu \
+  --json "$OUT_DIR/verify.json" > "$OUT_DIR/verify.log" 2>&1
+verify_rc=$?
+verify_s=$(( $(date +%s) - started ))
+python3 - "$work/specgen.lock" "$OUT_DIR" "$generate_rc" "$generate_s" "$verify_rc" "$verify_s" <<'PY'
 import json, sys
 from pathlib import Path
-work, case, rc, seconds, out = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
-lock = work / "specgen.lock"
+lock, out = Path(sys.argv[1]), Path(sys.argv[2])
 entry = json.loads(lock.read_text())["ops"].get("softmax") if lock.exists() else None
-records = (entry or {}).get("records") or [{}]
-verification = records[0].get("verification") or {}
-rows = json.loads(out.read_text()) if out.exists() else []
-rows.append({"case": case, "exit": rc, "seconds": seconds, "kernel_written": (work / "kernels" / "softmax.cu").exists(),
-             "locked": entry is not None, "sanitized": verification.get("sanitized"),
-             "sanitize_s": verification.get("sanitize_s")})
-out.write_text(json.dumps(rows, indent=2) + "\n")
+verification = ((entry or {}).get("records") or [{}])[0].get("verification") or {}
+verdicts = json.loads((out / "verify.json").read_text()) if (out / "verify.json").exists() else None
+summary = {"generate": {"exit": int(sys.argv[3]), "seconds": int(sys.argv[4]), "locked": entry is not None,
+                        "sanitized": verification.get("sanitized"), "sanitize_s": verification.get("sanitize_s")},
+           "verify_race": {"exit": int(sys.argv[5]), "seconds": int(sys.argv[6]), "json": verdicts}}
+(out / "lock_gate.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+print(json.dumps(summary, default=str)[:1500])
 PY
-  grep -E "not locked|compute-sanitizer|wrote|verified|attempt 1" "$OUT_DIR/$case.log" | cut -c1-220 | head -8
-  expected=$([ "$case" = softmax_control ] && echo 0 || echo 1)
-  [ "$rc" = "$expected" ] || { echo "lock_gate: $case exited $rc, expected $expected"; status=1; }
-done
-echo "== lock_gate"
-python3 -c "
-import json; rows = json.load(open('$OUT_DIR/lock_gate.json'))
-for r in rows: print(f\"{r['case']:34} exit {r['exit']}  locked {r['locked']!s:5} sanitized {r['sanitized']!s:5} {r['sanitize_s']}  {r['seconds']} s\")"
+grep -E "compute-sanitizer|not locked|wrote|chosen" "$OUT_DIR/generate.log" | cut -c1-220 | head -6
+grep -E "sanitizer|passed|verdict" "$OUT_DIR/verify.log" | cut -c1-220 | head -6
+status=0
+[ "$generate_rc" = 0 ] || { echo "lock_gate: generate exited $generate_rc, expected 0"; status=1; }
+grep -q "sanitizer" "$OUT_DIR/verify.log" || { echo "lock_gate: the race was not refused by the sanitizer"; status=1; }
 exit $status
