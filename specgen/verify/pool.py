@@ -2,11 +2,10 @@
 
 A kernel that takes a per-call workspace with cudaMallocAsync / cudaFreeAsync on `stream` gets
 it from the device's default pool. With the pool's release threshold at 0 (CUDA's default), the
-pool hands freed memory back at every synchronization and the next call maps it again: 50-100 us
-a call on the H200 (the level-1 decode rows of session 9: a two-block reduction timed at 105 us,
-its backward without a workspace at 4 us). PyTorch's caching allocator never hands memory back
-either; the candidate's process keeps the pool's memory the same way, so a kernel is verified
-and timed as it runs in a package (templates/package/torch-ext/torch_binding.cpp.j2 does the
+pool hands freed memory back at every synchronization and the next call maps it again (on the
+H200 a two-block reduction at a decode size: 105 us that way, 9.4 us with the memory kept).
+PyTorch's caching allocator never hands memory back either; the candidate's process keeps the
+pool's memory the same way, so a kernel is verified and timed as it runs in a package (templates/package/torch-ext/torch_binding.cpp.j2 does the
 same on the first call on each device).
 """
 from __future__ import annotations
