@@ -22,7 +22,6 @@ REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)IN
 REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # combiners of sg::group_reduce
 
 
-
 def div_per_row(x: str, d: str) -> str:
     """C for x / d with d the same for a whole row (or launch): a multiply by 1/d, one reciprocal
     per row (the compiler hoists it), instead of an IEEE division per element (<= 1.5 ulp apart),
@@ -33,6 +32,7 @@ def div_per_row(x: str, d: str) -> str:
     r = f"((acc_t)1 / (acc_t)({d}))"
     return (f"((fabs({r}) >= (acc_t)1.17549435e-38f && fabs({r}) <= (acc_t)3.40282347e+38f) "
             f"? (acc_t)({x}) * {r} : (acc_t)({x}) / (acc_t)({d}))")
+
 
 class DirectionEmitter(HostEmitter, FinalizeEmitter):
     """One direction of a spec: its row kernel here, the finalize and host code in the mixins."""
