@@ -25,7 +25,6 @@ def serve(fd: int) -> int:
 
         from .arena import Arena
         from .layout import view
-
         from .pool import keep_freed_memory
 
         torch.empty(1, device="cuda")

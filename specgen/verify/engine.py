@@ -29,7 +29,6 @@ TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on 
 # once per direction, at the first benchmark shape: the benchmark's own cadence (bench.py's
 # defaults), so a kernel that counts calls or watches the clock meets the benchmark here
 BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
-
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
 # Calls of one small case in a row before the small checks run again: a kernel that misbehaves
 # only after many calls in a process (a counter on the host or the device) meets a long run's

@@ -5,8 +5,9 @@ it from the device's default pool. With the pool's release threshold at 0 (CUDA'
 pool hands freed memory back at every synchronization and the next call maps it again (on the
 H200 a two-block reduction at a decode size: 105 us that way, 9.4 us with the memory kept).
 PyTorch's caching allocator never hands memory back either; the candidate's process keeps the
-pool's memory the same way, so a kernel is verified and timed as it runs in a package (templates/package/torch-ext/torch_binding.cpp.j2 does the
-same on the first call on each device).
+pool's memory the same way, so a kernel is verified and timed as it runs in a package (the
+package's binding, templates/package/torch-ext/torch_binding.cpp.j2, does the same on the first
+call on each device).
 """
 from __future__ import annotations
 
