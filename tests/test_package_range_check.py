@@ -128,7 +128,7 @@ def test_every_kernel_call_reads_the_record_first_and_the_error_is_worded_as_the
             if entry in block:  # every op with a kernel raises what an earlier call's check found
                 body = block.split(entry)[1].split("\n}\n")[0]
                 assert body.split("{\n", 1)[1].lstrip().startswith("raise_range_violation();"), (name, entry)
-    assert 'm.def("_check_device_contracts() -> ()", &check_device_contracts);' in cpp
+    assert 'm.def("_check_device_contracts() -> ()", &raise_range_violation);' in cpp
     # no iostream formatting of numbers in the new C++: std::to_string, one C string to TORCH_CHECK
     section = cpp.split("integer value ranges, on the device")[1].split("}  // namespace")[0]
     assert "c10::str(" not in section and "ostringstream" not in section
