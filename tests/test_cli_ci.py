@@ -135,14 +135,18 @@ def test_generate_prints_a_timed_stage_line_per_spec(two_specs, tmp_path, monkey
     assert timed_stage_line(r"generating scale_add with builtin \.\.\.").search(err), err
 
 
-BROKEN_KERNEL = "this is not CUDA;\n"
+@pytest.fixture
+def broken_kernel(tmp_path, monkeypatch):
+    """A .cu file that does not compile, with a kernel cache of its own."""
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
+    kernel = tmp_path / "broken.cu"
+    kernel.write_text("this is not CUDA;\n")
+    return kernel
 
 
 @pytest.mark.nvcc
-def test_verify_prints_a_timed_stage_line_before_a_compile_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    kernel = tmp_path / "broken.cu"
-    kernel.write_text(BROKEN_KERNEL)
+def test_verify_prints_a_timed_stage_line_before_a_compile_error(broken_kernel, capsys):
+    kernel = broken_kernel
     assert main(["verify", str(SPECS / "gelu_tanh.yaml"), "--kernel", str(kernel), "--arch", "sm_90"]) == 1
     captured = capsys.readouterr()
     assert timed_stage_line(r"verifying \S*broken\.cu against gelu_tanh \.\.\.").search(captured.err), captured.err
@@ -150,10 +154,8 @@ def test_verify_prints_a_timed_stage_line_before_a_compile_error(tmp_path, monke
 
 
 @pytest.mark.nvcc
-def test_bench_prints_a_timed_stage_line_while_compiling_the_kernel(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path / "cache"))
-    kernel = tmp_path / "broken.cu"
-    kernel.write_text(BROKEN_KERNEL)
+def test_bench_prints_a_timed_stage_line_while_compiling_the_kernel(broken_kernel, capsys):
+    kernel = broken_kernel
     assert main(["bench", str(SPECS / "gelu_tanh.yaml"), "--kernel", str(kernel), "--arch", "sm_90"]) == 1
     err = capsys.readouterr().err
     assert timed_stage_line(r"compiling \S*broken\.cu \.\.\.").search(err), err
