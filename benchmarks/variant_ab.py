@@ -6,6 +6,11 @@ what it keeps). Every (op, variant) source is compiled up front, in parallel.
     python benchmarks/variant_ab.py --out DIR --ops gelu_tanh,rmsnorm --a default --b wave,cl256 \
         [--dtypes bfloat16,float32] [--extra-shapes] [--verify]
 
+Two names stand for sources rather than variants: `committed` (the lock's kernel,
+specs/kernels/<op>.cu) and `recorded` (the generator's source now, at the variant the lock
+records): `--a committed --b recorded` measures what a generator change does to the kernels of
+record before they are regenerated.
+
 --verify first runs the verifier (every dtype, the same cases the generator's lock records
 need) on A and each B, and writes DIR/variant_verify.json; without --b it only verifies.
 
@@ -26,7 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from builtin_bench import EXTRA_SHAPES  # noqa: E402
-from specgen.agents.builtin.schedule import variants_named  # noqa: E402
+from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named, variants_named  # noqa: E402
 from specgen.agents.builtin.generator import build_source, compile_many  # noqa: E402
 from specgen.bench import bench_spec  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
@@ -38,7 +43,43 @@ REPS = 30
 def build_all(specs: list, variants: list) -> dict:
     """{(op, variant name): (spec, source)}, built in this thread: tracing the reference
     (make_fx) is not thread-safe."""
-    return {(spec.name, v.name): (spec, build_source(spec, v)) for spec in specs for v in variants}
+    return {(spec.name, v.name): (spec, source_of(spec, v)) for spec in specs for v in variants}
+
+
+class Named:
+    """A source that is not a variant: `committed` or `recorded` (see the module docstring)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+SOURCE_NAMES = ("committed", "recorded")
+
+
+def recorded_variant(spec):
+    """The variant the lock records for `spec`'s kernel (the default when none is recorded)."""
+    from specgen.lock import Lock
+
+    entry = Lock.load(REPO / "specs").entries.get(spec.name)
+    names = [r.verification["variant"] for r in (entry.records if entry else [])
+             if r.verification and r.verification.get("variant")]
+    return variant_named(names[-1]) if names else DEFAULT_VARIANT
+
+
+def source_of(spec, variant) -> str:
+    if variant.name == "committed":
+        return (REPO / "specs" / "kernels" / f"{spec.name}.cu").read_text()
+    if variant.name == "recorded":
+        return build_source(spec, recorded_variant(spec))
+    return build_source(spec, variant)
+
+
+def named(names: str) -> list:
+    """Variants and source names, in the order given; ValueError for an unknown name."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    plain = variants_named(",".join(n for n in wanted if n not in SOURCE_NAMES))
+    by_name = {v.name: v for v in plain}
+    return [Named(n) if n in SOURCE_NAMES else by_name[n] for n in wanted]
 
 
 def compile_all(sources: dict) -> dict:
@@ -131,7 +172,7 @@ def main() -> int:
     parser.add_argument("--extra-shapes", action="store_true")
     args = parser.parse_args()
     try:
-        variant_a, *variants_b = variants_named(f"{args.a},{args.b}")
+        variant_a, *variants_b = named(f"{args.a},{args.b}")
     except ValueError as error:
         parser.error(f"--a/--b: {error}")
     if not variants_b and not args.verify:

@@ -343,8 +343,10 @@ def standins(monkeypatch):
 
     def verify_kernel(spec, source, **options):
         calls.append(("verify", options))
+        example = SimpleNamespace(describe=lambda: "forward N=3 float32 (tiny values, seed 7)") if "bad" in source else None
         return SimpleNamespace(passed="bad" not in source, reason="wrong_output", detail="at [0]", cases=9,
-                               tolerances={}, timings={}, to_json=lambda: {"passed": True, "cases": 9, "log": "..."})
+                               counterexample=example, tolerances={}, timings={},
+                               to_json=lambda: {"passed": True, "cases": 9, "log": "..."})
 
     def bench_spec(spec, library, shapes=None, dtypes=None, *, eager=True, compiled=True, reps=40,
                    directions=("forward",), **_):
@@ -368,7 +370,8 @@ def test_gpu_backend_wires_the_verifier_and_the_bench(standins, op_path):
     backend.prepare(spec, ["a", "b"])
     ok, bad = backend.verify(spec, "good"), backend.verify(spec, "bad")
     assert ok.passed and ok.record == {"passed": True, "cases": 9, "sanitized": True}
-    assert not bad.passed and bad.reason == "wrong_output: at [0]"
+    assert not bad.passed  # the counterexample is in the reason the user and the rejection see
+    assert bad.reason == "wrong_output: at [0]; counterexample: forward N=3 float32 (tiny values, seed 7)"
     assert calls[1] == ("verify", {"arch": None, "sanitize": True})
     kernel_rows = backend.time_kernel(spec, "good")
     eager_rows = backend.time_eager(spec)

@@ -69,3 +69,18 @@ def test_compile_all_compiles_every_source_and_raises_a_compile_error(monkeypatc
     assert isinstance(results[0], RuntimeError) and results[1].library == "lib-c"  # one error stops no other
     with pytest.raises(RuntimeError, match="nvcc failed on rope"):
         variant_ab.compile_all({("rope", "default"): ("rope", "broken")})
+
+
+def test_committed_and_recorded_name_the_lock_kernel_and_the_generator_source_now():
+    from specgen.agents.builtin import build_source
+    from specgen.spec import load_spec
+
+    committed, recorded, wave = variant_ab.named("committed,recorded,wave")
+    assert (committed.name, recorded.name, wave.name) == ("committed", "recorded", "wave")
+    spec = load_spec(variant_ab.REPO / "specs" / "softmax.yaml")
+    assert variant_ab.source_of(spec, committed) == (variant_ab.REPO / "specs" / "kernels" / "softmax.cu").read_text()
+    assert variant_ab.recorded_variant(spec).name == "medium:cl256+split:default+wide:cl256"
+    assert variant_ab.source_of(spec, recorded) == build_source(spec, variant_ab.recorded_variant(spec))
+    import pytest
+    with pytest.raises(ValueError, match="no variant nope"):
+        variant_ab.named("committed,nope")

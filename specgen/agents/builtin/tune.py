@@ -34,6 +34,7 @@ from ...errors import Rejected
 from ..base import EAGER_NOISE_RATIO
 from .schedule import CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, combined_parts
 
+REASON_CHARS = 1200  # a failed variant's reason as kept: the verdict, its detail and counterexample
 DEFAULT_BUDGET_S = 240.0  # per spec: verification and timing of the variants (compiles included)
 TIMING_REPS = 20  # timed calls per row and variant (the bench's median)
 KERNEL, REFERENCE = "kernel", "reference"  # the decision
@@ -161,8 +162,11 @@ class GpuBackend(TuneBackend):
         name = re.search(r"// Schedule variant: (\S+)\.", source)
         self.verdicts[name.group(1) if name else "?"] = verdict
         self.verdicts_by_source[source] = verdict  # families without the marker line (arg-reductions, losses...)
-        if not verdict.passed:
-            return Check(False, _reason(verdict) or "failed verification")
+        if not verdict.passed:  # the counterexample goes with the reason: a user can act on it
+            counterexample = getattr(verdict, "counterexample", None)
+            example = counterexample.describe() if counterexample is not None else ""
+            return Check(False, (_reason(verdict) or "failed verification")
+                         + (f"; counterexample: {example}" if example else ""))
         return Check(True, "", {**(_record(verdict) or {"passed": True}), "sanitized": self.sanitize})
 
     def sanitize_chosen(self, spec, source: str) -> dict | None:
@@ -340,9 +344,9 @@ class _Tuning:
                 else:
                     record["reason"] = "verified, but the benchmark gave no kernel time for some row"
             else:
-                record["reason"] = check.reason[:500]
+                record["reason"] = check.reason[:REASON_CHARS]
         except (Rejected, RuntimeError) as error:  # a timed output was wrong, the library did not load
-            record["reason"] = f"{type(error).__name__}: {error}"[:500]
+            record["reason"] = f"{type(error).__name__}: {error}"[:REASON_CHARS]
         record["seconds"] = round(self.clock() - began, 2)
         self.costs.append(self.clock() - began)
         if variant.name in self.passed:
