@@ -24,9 +24,6 @@ OUT_OF_DATE = {
     "swiglu": "the backward's sigmoid is computed once (dead values dropped after tracing)",
     "softmax": "a per-row division multiplies by 1/d only where 1/d is a normal float (emit.div_per_row)",
 }
-# session 10: few rows spread over more threads per row (schedule.spread_tpr)
-OUT_OF_DATE.update({op: "a medium row spreads over more threads when rows are few (schedule.spread_tpr)"
-                    for op in ("add_rmsnorm", "cross_entropy", "layernorm_gelu", "log_softmax", "rmsnorm", "rope")})
 
 
 def builtin_kernels():

@@ -10,7 +10,7 @@ import pytest
 
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max,
-                                             plan, spread_tpr, variants_named)
+                                             plan, variants_named)
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
@@ -43,34 +43,6 @@ def test_a_row_is_held_by_the_fewest_threads_with_several_16_byte_loads_each():
     assert plan(DEFAULT_VARIANT, 131072 // 8, imax, split=False) == (512, 0)  # no clusters: streamed
     assert plan(DEFAULT_VARIANT, 4 * 131072 // 8, imax) == (512, 0)  # too wide for a cluster of 8
     assert items_max(DEFAULT_VARIANT, 40) == 1  # many inputs: one chunk, the launch bounds relax
-
-
-def test_few_rows_spread_over_more_threads_and_many_rows_keep_the_fewest():
-    cl256 = variants_named("cl256")[0]
-    h200 = 132
-    # softmax bf16 D=4096: 512 chunks, 64 threads x 8 chunks per row when rows are many
-    assert plan(DEFAULT_VARIANT, 512, 8) == (64, 8)
-    assert spread_tpr(DEFAULT_VARIANT, 64, 8, 512, rows=16384, sm_count=h200) == 64  # the GPU is full
-    assert spread_tpr(DEFAULT_VARIANT, 64, 8, 512, rows=64, sm_count=h200) == 512  # one chunk per thread
-    assert spread_tpr(cl256, 64, 8, 512, rows=64, sm_count=h200) == 256  # no wider than one block
-    # rows stop spreading once the grid has spread_per_sm threads per SM: 512 x 256 >= 132 x 1024
-    assert spread_tpr(DEFAULT_VARIANT, 128, 8, 1024, rows=512, sm_count=h200) == 512
-    assert spread_tpr(DEFAULT_VARIANT, 128, 8, 1024, rows=1024, sm_count=h200) == 256
-    # never: narrow and looped rows, programs with column partials, a variant that turns it off
-    assert spread_tpr(DEFAULT_VARIANT, 32, 4, 128, rows=1, sm_count=h200) == 32
-    assert spread_tpr(DEFAULT_VARIANT, 512, 0, 99999, rows=1, sm_count=h200) == 512
-    assert spread_tpr(DEFAULT_VARIANT, 64, 8, 512, rows=1, sm_count=h200, column_partials=True) == 64
-    assert spread_tpr(Variant("x", spread_per_sm=0), 64, 8, 512, rows=1, sm_count=h200) == 64
-
-
-def test_the_host_code_spreads_rows_except_with_column_partials():
-    softmax, rmsnorm = (load_spec(SPECS / f"{op}.yaml") for op in ("softmax", "rmsnorm"))
-    rule = re.compile(r"while \(tpr \* 2 <= 1024 && \(int64_t\)tpr \* 2 <= chunks && rows \* tpr < want\) tpr \*= 2;")
-    forward, backward = build_source(softmax, DEFAULT_VARIANT).split("// ======================= backward")
-    assert rule.search(forward) and rule.search(backward)
-    rms_forward, rms_backward = build_source(rmsnorm, DEFAULT_VARIANT).split("// ======================= backward")
-    assert rule.search(rms_forward) and not rule.search(rms_backward)  # the weight's column partials
-    assert not rule.search(build_source(softmax, Variant("x", spread_per_sm=0)))
 
 
 def test_combine_takes_each_class_from_its_winner():

@@ -175,13 +175,6 @@ class HostEmitter:
         lines.append("  } else {")
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
-        if variant.spread_per_sm and not self.colreduces:  # column partials: one persistent wave already
-            lines.append("  // few rows: a medium row over more threads, one chunk each at least (schedule.spread_tpr)")
-            lines.append(f"  if (vec_ok && items == ITEMS_MAX && tpr >= 64 && tpr <= {variant.block_max}) {{")
-            lines.append(f"    const int64_t want = (int64_t)sg::sm_count() * {variant.spread_per_sm};")
-            lines.append(f"    while (tpr * 2 <= {variant.block_max} && (int64_t)tpr * 2 <= chunks && rows * tpr < want) "
-                         "tpr *= 2;")
-            lines.append("  }")
         rb = variant.row_block
         lines.append(f"  const int block = {self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
                      "// TPR > 32: one row per block (or per cluster)")

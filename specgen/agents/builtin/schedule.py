@@ -47,8 +47,7 @@ class Variant:
     so the row itself can take more registers (more chunks per thread, fewer threads).
     `moments` True: a row's mean and squared deviations (LayerNorm) from each thread's exact
     moments merged in one round (sg::group_moments) instead of two reduction rounds.
-    `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__).
-    `spread_per_sm`: see spread_tpr."""
+    `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
     row_block: int = ROW_BLOCK
@@ -70,9 +69,6 @@ class Variant:
     # and 2.3x in bfloat16 (residual SiLU, 4096 x 4096: benchmarks/flat_study.py, session 7)
     flat_unroll: int = 1
     flat_waves: int = 64
-    # medium rows when rows are few: each row spread over more threads (see spread_tpr) until the
-    # grid has this many threads per SM; 0: never
-    spread_per_sm: int = 1024
 
     @property
     def schedules(self) -> tuple:
@@ -127,7 +123,7 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments", "spread_per_sm"),
+                           "block_max", "col_smem", "moments"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves")}
 
@@ -175,22 +171,6 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
         if items <= imax and chunks <= tpr * items:
             return tpr, items
     raise AssertionError("the schedule list ends with the looped pass")
-
-
-def spread_tpr(variant: Variant, tpr: int, items, chunks: int, rows: int, sm_count: int,
-               column_partials: bool = False) -> int:
-    """Threads per medium row when rows are few (mirrors the generated host code). The fewest
-    threads per row suit many rows (more rows in flight per SM); 64 rows of 4096 bf16 on 64
-    threads each left 4096 threads on 132 SMs, each with 64 elements in a serial chain: softmax
-    there was 0.61-0.8x eager (H200, session 10). So while the grid has fewer than
-    `spread_per_sm` threads per SM, the row takes twice the threads, up to one block
-    (`block_max`) and one chunk per thread. The class stays medium: the tuner's classes hold.
-    Programs with column partials run one persistent wave and are not spread."""
-    if column_partials or not variant.spread_per_sm or items == 0 or tpr < 64 or tpr > variant.block_max:
-        return tpr
-    while tpr * 2 <= min(variant.block_max, chunks) and rows * tpr < sm_count * variant.spread_per_sm:
-        tpr *= 2
-    return tpr
 
 
 def shape_class(tpr: int, items: int) -> str:
