@@ -4,6 +4,7 @@ autograd; the plans the kernels follow; nvcc compiles; (GPU) every kernel verifi
 from __future__ import annotations
 
 import pytest
+import torch
 
 from builtin_support import OWN, check_backward, check_forward, own_spec
 from specgen.agents.base import AgentRefused
@@ -149,3 +150,40 @@ def test_last_axis_scans_take_16_byte_tiles():
     tiles = [k for k in compiled.resources if "_scan_rows<" in k]
     assert any("float, 4>" in k for k in tiles) and any("__nv_bfloat16, 8>" in k for k in tiles)
     assert all(compiled.resources[k]["spill_store_bytes"] == 0 for k in tiles)
+
+
+def _pad_into_a_view(x, pad, value=0.0):
+    """torch 2.11's constant_pad_nd decomposition: the input copied into a view of a filled
+    tensor at the padding's offset (the H200's torch; 2.14 cats)."""
+    shape = list(x.shape)
+    for i in range(len(pad) // 2):
+        shape[x.dim() - 1 - i] += pad[2 * i] + pad[2 * i + 1]
+    out = torch.full(shape, value, dtype=x.dtype, device=x.device)
+    view = out
+    for i in range(len(pad) // 2):
+        view = view.narrow(x.dim() - 1 - i, pad[2 * i], x.shape[x.dim() - 1 - i])
+    view.copy_(x)
+    return out
+
+
+def test_a_pad_traces_as_a_cat_whatever_torch_decomposes_it_to(monkeypatch):
+    """The exclusive cumsum (F.pad of the inclusive one) was refused on the H200's torch 2.11,
+    whose pad decomposition writes into a view at an offset; the tracer's own pad keeps it a cat."""
+    import torch.nn.functional as F
+    from torch._decomp import decomposition_table
+
+    from specgen.agents.builtin import trace
+
+    x = torch.randn(3, 5, 7)
+    for pad in [(1, 0), (0, 2), (2, 1, 1, 0), (-1, 2), (1, -2), (0, 0, 3, -1)]:
+        assert torch.equal(trace._constant_pad_by_cat(x, list(pad), 1.5), F.pad(x, pad, value=1.5)), pad
+    from specgen.agents.builtin import generator
+
+    spec = own_spec("cumsum_exclusive_pad")
+    monkeypatch.setitem(decomposition_table, torch.ops.aten.constant_pad_nd.default, _pad_into_a_view)
+    monkeypatch.setattr(generator, "_programs", {})  # lowered afresh
+    assert "cumsum_exclusive_pad_forward" in build_source(spec)  # 2.11's decomposition, overridden: lowers
+    monkeypatch.setattr(trace, "_constant_pad_by_cat", _pad_into_a_view)
+    monkeypatch.setattr(generator, "_programs", {})
+    with pytest.raises(AgentRefused):  # without the override: refused, as on the H200
+        build_source(spec)

@@ -94,6 +94,36 @@ def _scalars(spec) -> tuple[dict[str, object], dict[float, str]]:
     return values, sentinels
 
 
+def _constant_pad_by_cat(x, pad, value=0.0):
+    """aten.constant_pad_nd as cat([full, x, full]) per padded dim (a negative pad: narrow).
+    torch's own decomposition changed between versions: 2.11 copies `x` into a view at an offset
+    of a filled tensor (which the lowering refuses), 2.14 cats; this one traces alike in both."""
+    for i in range(len(pad) // 2):
+        dim = x.dim() - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            start = -before if before < 0 else 0
+            x = x.narrow(dim, start, x.shape[dim] - start + min(after, 0))
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for width in (before, None, after):
+            if width is None:
+                parts.append(x)
+            elif width > 0:
+                shape = list(x.shape)
+                shape[dim] = width
+                parts.append(torch.full(shape, value, dtype=x.dtype, device=x.device))
+        x = torch.cat(parts, dim) if len(parts) > 1 else x
+    return x
+
+
+def decompositions() -> dict:
+    """The table make_fx traces with: torch's full table, scans kept whole, pads as cats."""
+    table = trace_decompositions(decomposition_table)
+    table[torch.ops.aten.constant_pad_nd.default] = _constant_pad_by_cat
+    return table
+
+
 def trace(spec, direction: str) -> Traced:
     sig = spec.signature
     dims = trace_dims(spec)
@@ -130,7 +160,7 @@ def trace(spec, direction: str) -> Traced:
         outputs = [f"grad_{n}" for n in floating]
     try:
         with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants():
-            graph = make_fx(target, decomposition_table=trace_decompositions(decomposition_table),
+            graph = make_fx(target, decomposition_table=decompositions(),
                             tracing_mode="symbolic",
                             record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
     except AgentRefused:
