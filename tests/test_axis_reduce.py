@@ -291,3 +291,23 @@ def test_a_functional_copy_keeps_normalize_in_the_row_family():
     got = {"grad_x": torch.full((6, 40), float("nan"), dtype=torch.float64)}
     run_program(programs["backward"], {"x": x.detach(), "out": out.detach(), "grad_out": g}, {}, dims, got)
     torch.testing.assert_close(got["grad_x"], want, rtol=1e-9, atol=1e-9)
+
+
+def test_a_backward_reads_the_norm_the_forward_stored_instead_of_sweeping_again():
+    """frobenius_norm's backward, x / norm * grad: the forward's float32 output is the norm
+    exactly, so the backward reads it (one pass over x, not three: 0.53-0.65x torch.compile
+    at 6-13 GB on the H200 when it swept x again for the norm)."""
+    from specgen.agents.builtin.families.axis_reduce import _stored_exactly
+    from specgen.agents.builtin.ir import Node
+
+    level1 = Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs"
+    spec = load_spec(level1 / "frobenius_norm.yaml")
+    backward = lower_spec(spec)["backward"]
+    assert not [n for n in backward.nodes() if n.op == "rowreduce"]
+    assert [n.attrs["field"] for n in backward.nodes() if n.op == "load" and n.attrs["kind"] == "row"] == ["out"]
+    out = spec.signature.outputs[0].type
+    norm = Node("sqrt", (Node("rowreduce", (), level="row", dtype="float", attrs={"kind": "sum"}),),
+                level="row", dtype="float")
+    assert _stored_exactly(spec, out, norm)  # float32 output, float32 math
+    as_f64 = spec.model_copy(update={"dtypes": ["float32", "float64"]})
+    assert not _stored_exactly(as_f64, out, norm)  # float64 math rounded to a float32 output

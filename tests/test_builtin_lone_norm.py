@@ -123,7 +123,11 @@ def test_norms_keep_the_lone_column_max_in_their_sweep():
             nodes = program.nodes()
             norms = [n for n in nodes if n.op == "sqrt" and n.args[0].op == "rowreduce"]
             lone = [n for n in nodes if n.op == "rowreduce" and n.attrs["kind"] == "max" and n.args[0].op == "abs"]
-            assert norms and len(lone) == len(norms), (path.stem, direction)
+            if not norms:  # the backward reads the forward's stored norm (axis_reduce.reuse_forward_rows)
+                assert direction == "backward" and not lone, (path.stem, direction)
+                assert any(n.op == "load" and n.attrs["kind"] == "row" for n in nodes), path.stem
+                continue
+            assert len(lone) == len(norms), (path.stem, direction)
 
 
 def test_a_per_row_division_never_multiplies_by_an_overflowed_reciprocal():

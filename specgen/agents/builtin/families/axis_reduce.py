@@ -560,28 +560,40 @@ def validate(program: AxisProgram) -> None:
             assert s.value.level != "post", s
 
 
-def reuse_forward_extremes(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
-    """The backward of max/min/argmax over the block recomputes the extreme (a sweep over S);
-    the forward stored it (exactly: an extreme or an index is a value of its input dtype), and
-    the backward receives the forward's outputs: read it per kept element instead."""
+def _stored_exactly(spec, field_type, value: Node) -> bool:
+    """Does the output field hold `value` exactly as the kernel computed it (so a backward may
+    read it instead of computing it again)? An index always; an extreme (max/min: one of the
+    input's values) in the input dtype; any float in float64, or in float32 when the kernel's
+    math is float32 (no float64 among the spec's dtypes)."""
+    if value.dtype == "int":
+        return not field_type.is_floating
+    if not field_type.is_floating:
+        return False
+    if field_type.dtype is None:
+        return value.op == "rowreduce" and value.attrs["kind"] in ("max", "min")
+    return field_type.dtype == "float64" or (field_type.dtype == "float32" and "float64" not in spec.dtypes)
+
+
+def reuse_forward_rows(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
+    """A backward recomputes values the forward stored per kept element (the extreme of
+    max/min, an argmax index, a norm) with a sweep over the block; the backward receives the
+    forward's outputs: read them instead, where the output holds the value exactly."""
     from ..optimize import _Canon, _rebuild, _same
 
     canon = _Canon()
     stored: dict[tuple, tuple[str, str]] = {}
     fields = {o.name: o.type for o in spec.signature.outputs}
     for s in forward.stores:
-        v = s.value
-        if s.kind == "row" and v.op == "rowreduce" and v.attrs["kind"] in ("max", "min", "argmax", "argmin") \
-                and s.field in fields and (v.dtype == "int") == (not fields[s.field].is_floating) \
-                and (v.dtype == "int" or fields[s.field].dtype is None):
-            stored.setdefault(canon.key(v), (s.field, v.dtype))
+        if s.kind == "row" and s.value.level == "row" and s.field in fields \
+                and _stored_exactly(spec, fields[s.field], s.value):
+            stored.setdefault(canon.key(s.value), (s.field, s.value.dtype))
     if not stored:
         return backward
     loads: dict[str, Node] = {}
 
     def replace(n: Node, args: tuple, attrs: dict) -> Node:
         built = _same(n, args, attrs)
-        got = stored.get(canon.key(built)) if built.op == "rowreduce" else None
+        got = stored.get(canon.key(built)) if built.level == "row" else None
         if got is None:
             return built
         field, dtype = got
@@ -618,7 +630,7 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
         from ..optimize import reuse_forward_outputs
 
         forward, backward = programs["forward"], programs["backward"]
-        backward = with_layout(cse(reuse_forward_extremes(forward, backward, spec)), layout)
+        backward = with_layout(cse(reuse_forward_rows(forward, backward, spec)), layout)
         # a forward elem output (softmax over channels) read back instead of recomputed, kept
         # when it streams no more tensors and needs no more sweeps (as the row family does)
         outputs = {o.name for o in spec.signature.outputs if o.type.is_floating}
