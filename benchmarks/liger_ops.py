@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specgen.fsutil import write_atomic  # noqa: E402
+
 NOISE = 1.03
 HEAD_DIM = 128
 DEFAULT_SHAPES = "16384x4096,4096x8192,8x4096"
@@ -163,7 +166,9 @@ def verdict(us: dict) -> str:
     return "ok" if not slower else "SLOWER than " + " and ".join(slower)
 
 
-def measure(pkg, ops: list[str], shapes: list[tuple[int, int]], dtypes: list, steps: int) -> list[dict]:
+def measure(pkg, ops: list[str], shapes: list[tuple[int, int]], dtypes: list, steps: int,
+            on_row=lambda rows: None) -> list[dict]:
+    """Every row; `on_row(rows so far)` after each (the JSON is rewritten: a cut run keeps its rows)."""
     rows = []
     for op in ops:
         for n, hidden in shapes:
@@ -188,6 +193,7 @@ def measure(pkg, ops: list[str], shapes: list[tuple[int, int]], dtypes: list, st
                     row = {"op": op, "shape": f"{n}x{hidden}", "dtype": str(dtype).replace("torch.", ""),
                            "direction": direction, "us": us, "verdict": verdict(us)}
                     rows.append(row)
+                    on_row(rows)
                     print(line(row), flush=True)
     return rows
 
@@ -243,14 +249,18 @@ def main(argv=None) -> int:
         print(f"liger_ops: cannot import {args.package}: {error}", file=sys.stderr)
         return 2
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    rows = measure(pkg, args.ops.split(","), shapes, dtypes, args.steps)
     liger = importlib.util.find_spec("liger_kernel")
-    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+    header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
               "liger_kernel": importlib.metadata.version("liger_kernel") if liger else None,
-              "package": args.package, "steps": args.steps, "rows": rows,
-              "median_ours_over_liger": statistics.median([r["us"]["ours"] / r["us"]["liger"] for r in rows
-                                                           if r["us"].get("ours") and r["us"].get("liger")] or [0])}
-    args.out.write_text(json.dumps(report, indent=1))
+              "package": args.package, "steps": args.steps}
+
+    def write(rows):
+        ratios = [r["us"]["ours"] / r["us"]["liger"] for r in rows if r["us"].get("ours") and r["us"].get("liger")]
+        report = {**header, "rows": rows, "median_ours_over_liger": statistics.median(ratios) if ratios else None}
+        write_atomic(args.out, json.dumps(report, indent=1))
+
+    rows = measure(pkg, args.ops.split(","), shapes, dtypes, args.steps, on_row=write)
+    write(rows)
     print(table(rows))
     return 0
 
