@@ -137,3 +137,54 @@ def test_flat_kernels_are_their_own_tuning_class():
     softmax = load_spec(SPECS / "softmax.yaml")  # a row program: the flat fields change nothing
     strip = lambda text: text.replace("flat2w32", "default")  # noqa: E731
     assert strip(build_source(softmax, flat2)) == build_source(softmax)
+
+
+LEVEL1 = ROOT / "benchmarks" / "level1" / "specs"
+
+
+def _fast_expm1(x):
+    """prelude.PRELUDE_EXPM1_LOG1P's 16-bit expm1, in float32 (the hardware exp as float32 exp)."""
+    import torch
+
+    taylor = x * (1 + x * (0.5 + x * (1 / 6 + x * (1 / 24))))
+    return torch.where(x.abs() < 2 ** -5, taylor, torch.exp(x) - 1)
+
+
+def _fast_log1p(x):
+    import torch
+
+    taylor = x * (1 - x * (0.5 - x * (1 / 3 - x * 0.25)))
+    return torch.where(x.abs() < 2 ** -5, taylor, torch.log(1 + x))
+
+
+@pytest.mark.parametrize("fast, exact", [(_fast_expm1, "expm1"), (_fast_log1p, "log1p")])
+def test_the_16_bit_expm1_and_log1p_stay_far_below_bf16_and_fp16_rounding(fast, exact):
+    import torch
+
+    x32 = torch.cat([torch.linspace(-0.99, 0.99, 200_001), torch.logspace(-30, 1.5, 20_001),
+                     -torch.logspace(-30, 1.5, 20_001)]).float()
+    truth = getattr(torch, exact)(x32.double())
+    got = fast(x32).double()
+    inside = truth.isfinite()  # log1p below -1 is NaN both ways
+    assert got[~inside].isnan().all()
+    relative = ((got - truth).abs() / truth.abs().clamp_min(1e-300))[inside].max()
+    assert relative < 2 ** -16  # float16 rounds at 2^-11, bfloat16 at 2^-8
+    assert fast(torch.tensor([0.0])).item() == 0.0 and fast(torch.tensor([float("nan")])).isnan().all()
+
+
+def test_only_kernels_that_call_expm1_or_log1p_carry_their_fast_forms():
+    from specgen.agents.builtin.prelude import PRELUDE_EXPM1_LOG1P
+
+    for name, call in [("elu", "sg::expm1_<T>("), ("selu", "sg::expm1_<T>("), ("softplus", "sg::log1p_<T>(")]:
+        source = build_source(load_spec(LEVEL1 / f"{name}.yaml"))
+        assert call in source and source.count(PRELUDE_EXPM1_LOG1P) == 1, name
+        assert source.index(PRELUDE_EXPM1_LOG1P) < source.index(call)  # defined before the kernels
+    assert PRELUDE_EXPM1_LOG1P not in build_source(load_spec(LEVEL1 / "relu.yaml"))
+
+
+@pytest.mark.nvcc
+def test_a_kernel_with_the_fast_forms_compiles():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(LEVEL1 / "elu.yaml")
+    assert compile_source(spec, build_source(spec)).library.exists()

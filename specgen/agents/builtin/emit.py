@@ -15,7 +15,7 @@ from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store
-from .prelude import PRELUDE, PRELUDE_MOMENTS
+from .prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from .schedule import DEFAULT_VARIANT, Variant
 
 REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
@@ -132,15 +132,15 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if exponent.op == "const" and exponent.attrs["value"] in (3, 3.0):
                 return f"({x[0]} * {x[0]} * {x[0]})"
             return f"sg::pow_((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        # exp and tanh by the storage dtype T (fast forms for 16-bit storage: prelude)
+        # exp, tanh, expm1, log1p by the storage dtype T (fast forms for 16-bit storage: prelude)
         unary = {"exp": "sg::exp_<T>", "log": "sg::log_", "tanh": "sg::tanh_<T>", "rsqrt": "sg::rsqrt_",
-                 "sqrt": "sg::sqrt_", "erf": "sg::erf_"}
+                 "sqrt": "sg::sqrt_", "erf": "sg::erf_", "expm1": "sg::expm1_<T>", "log1p": "sg::log1p_<T>"}
         if op in unary:
             return f"{unary[op]}((acc_t)({x[0]}))"
         simple = {"neg": "(-{0})", "abs": "fabs((acc_t)({0}))", "not": "(!{0})",
                   "reciprocal": "((acc_t)1 / (acc_t)({0}))",
                   "sigmoid": "((acc_t)1 / ((acc_t)1 + sg::exp_<T>(-(acc_t)({0}))))",
-                  "log1p": "log1p((acc_t)({0}))", "expm1": "expm1((acc_t)({0}))", "sin": "sin((acc_t)({0}))",
+                  "sin": "sin((acc_t)({0}))",
                   "cos": "cos((acc_t)({0}))", "exp2": "exp2((acc_t)({0}))", "floor": "floor((acc_t)({0}))",
                   "ceil": "ceil((acc_t)({0}))",
                   "sign": "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))"}
@@ -727,4 +727,4 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
         parts.append(em.emit_row_kernel())
         parts.append(em.emit_finalize())
         parts.append(em.emit_host(list(spec.dtypes)))
-    return "\n\n".join(p for p in parts if p) + "\n"
+    return "\n\n".join(p for p in with_optional_preludes(parts) if p) + "\n"

@@ -476,3 +476,33 @@ __device__ __forceinline__ void group_moments(A& n, A& s, A& m2, A* smem) {
 }
 }  // namespace sg
 """
+
+
+# Only in kernels that call expm1 or log1p (ELU, SELU, softplus, Mish): the other kernels' text,
+# committed and verified, stays byte for byte what it was.
+PRELUDE_EXPM1_LOG1P = r"""namespace sg {
+// 16-bit storage: expm1 and log1p from the hardware exp/log where they are accurate (|x| >= 2^-5:
+// relative error under 1e-5) and a short Taylor series below (truncation under 1e-8), where
+// e^x - 1 and log(1 + x) would cancel. ELU and SELU in bf16 were bound by expm1f's instruction
+// count (77% of the neg() bandwidth on the H200, session 9).
+template <typename T = float> __device__ __forceinline__ float expm1_(float x) {
+  if constexpr (sizeof(T) == 2)
+    return fabsf(x) < 0x1p-5f ? x * (1.f + x * (0.5f + x * (1.f / 6.f + x * (1.f / 24.f)))) : __expf(x) - 1.f;
+  else return expm1f(x);
+}
+template <typename T = double> __device__ __forceinline__ double expm1_(double x) { return expm1(x); }
+template <typename T = float> __device__ __forceinline__ float log1p_(float x) {
+  if constexpr (sizeof(T) == 2)
+    return fabsf(x) < 0x1p-5f ? x * (1.f - x * (0.5f - x * (1.f / 3.f - x * 0.25f))) : __logf(1.f + x);
+  else return log1pf(x);
+}
+template <typename T = double> __device__ __forceinline__ double log1p_(double x) { return log1p(x); }
+}  // namespace sg"""
+
+
+def with_optional_preludes(parts: list[str]) -> list[str]:
+    """`parts` of a kernel's text with the optional prelude parts it calls placed after PRELUDE."""
+    text = "\n".join(parts)
+    extra = [PRELUDE_EXPM1_LOG1P] if "sg::expm1_<" in text or "sg::log1p_<" in text else []
+    at = parts.index(PRELUDE) + 1
+    return parts[:at] + extra + parts[at:]

@@ -21,7 +21,7 @@ from .... import abi
 from ..ctext import Ctx, dim_expr, entry_dispatch
 from ..emit import DirectionEmitter
 from ..ir import Node
-from ..prelude import PRELUDE
+from ..prelude import PRELUDE, with_optional_preludes
 from .axis_reduce import AxisProgram
 
 BLOCK = 256
@@ -666,4 +666,4 @@ def emit_axis_source(spec, programs: dict[str, AxisProgram]) -> str:
     for direction, program in programs.items():
         parts.append(f"// ======================= {direction} =======================")
         parts.append(AxisEmitter(spec, program, direction).emit(list(spec.dtypes)))
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(with_optional_preludes(parts)) + "\n"
