@@ -7,7 +7,7 @@
 #      sanitizer gate, locked; the others come from the lock; --no-tune, since this session's
 #      generator changes would re-tune every op), the wheel installed, its rmsnorm tests;
 #   3. benchmarks/liger_ops.py: device time beside Liger-Kernel, eager, torch.compile (bf16);
-#   4. level 1: frobenius_norm (its backward reads the stored norm now);
+#   4. level 1: frobenius_norm (its backward reads the stored norm now); elu_probe.py (the 16-bit expm1);
 #   5. benchmarks/host_overhead.py at decode sizes, if time is left.
 # One tarball and summary.txt come back.
 set -uo pipefail
@@ -55,12 +55,16 @@ t=$(( $(left) - 20 )); [ $t -gt 130 ] && t=130
   timeout $t scripts/gpu-suite level1 > "$OUT/logs/level1.log" 2>&1
 log "level1 frobenius_norm: exit $?"; grep -E "^\| frobenius_norm \|" "$OUT/level1/dev/level1_bench.md" 2>/dev/null | cut -c1-200 >> "$OUT/summary.txt"
 
+# 4b. the fast 16-bit expm1 (elu): verified, and its bandwidth beside neg()
+t=$(( $(left) - 10 )); [ $t -gt 90 ] && t=90
+[ $t -gt 30 ] && timeout $t python3 benchmarks/results/2026-12-01-h200-session10/elu_probe.py > "$OUT/logs/elu_probe.log" 2>&1
+log "elu probe: exit $?"; grep -E "^elu" "$OUT/logs/elu_probe.log" >> "$OUT/summary.txt"
+
 # 5. host overhead
 t=$(( $(left) - 10 ))
 [ -n "$wheel" ] && [ $t -gt 40 ] && timeout $t python3 benchmarks/host_overhead.py --package specgen_kernels \
   --out "$OUT/host_overhead.json" > "$OUT/logs/host_overhead.log" 2>&1
 log "host_overhead: exit $?"; tail -12 "$OUT/logs/host_overhead.log" >> "$OUT/summary.txt"
 
-cp /tmp/summary.txt /dev/null 2>&1
 cd "$OUT" && tar czf /tmp/call.tgz --exclude summary.txt . && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/call.tgz "$OUT/call3.tgz"
 cat "$OUT/summary.txt" | cut -c1-300
