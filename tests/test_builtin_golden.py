@@ -22,7 +22,6 @@ OUT_OF_DATE = {
     "gelu_tanh": "pointwise programs are one flat vectorized grid now (families/flat.py)",
     "bias_gelu": "its forward is a flat pointwise grid now (families/flat.py)",
     "swiglu": "the backward's sigmoid is computed once (dead values dropped after tracing)",
-    "softmax": "a per-row division multiplies by 1/d only where 1/d is a normal float (emit.div_per_row)",
 }
 
 

@@ -14,7 +14,7 @@ from ... import abi
 from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
-from .ir import Node, Program, Store
+from .ir import Node, Program, Store, reciprocal_is_normal
 from .prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from .schedule import DEFAULT_VARIANT, Variant
 
@@ -121,6 +121,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if node.dtype == "int":
                 return f"({x[0]} / {x[1]})"
             if node.level == "elem" and node.args[1].level in ("const", "global", "row"):
+                if reciprocal_is_normal(node.args[1]):
+                    return f"((acc_t)({x[0]}) * ((acc_t)1 / (acc_t)({x[1]})))"
                 return div_per_row(x[0], x[1])
             return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
         if op == "floordiv":

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .ir import Node, Program
+from .ir import Node, Program, reciprocal_is_normal
 
 _UNARY = {
     "neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "rsqrt": torch.rsqrt,
@@ -101,6 +101,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             x, y = x.to(acc), y.to(acc)
             if acc != torch.float64 and node.level == "elem" and node.args[1].level in ("const", "global", "row"):
                 r = 1 / y  # emit.div_per_row
+                if reciprocal_is_normal(node.args[1]):
+                    return x * r
                 normal = (r.abs() >= torch.finfo(torch.float32).tiny) & (r.abs() <= torch.finfo(torch.float32).max)
                 return torch.where(normal, x * r, x / y)
             return x / y
