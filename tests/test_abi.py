@@ -21,8 +21,9 @@ GOLDEN = REPO / "tests" / "golden"
 def test_header_matches_golden(op):
     spec = load_spec(SPECS / f"{op}.yaml")
     assert abi.header_text(spec) == (GOLDEN / f"{op}_abi.h").read_text(), (
-        "the ABI header changed: if that is intended, bump ABI_VERSION when the layout changes and "
-        "rewrite the golden file with `specgen header specs/OP.yaml -o tests/golden`")
+        "the ABI header changed: if that is intended, bump ABI_VERSION when an existing field moves (fields "
+        "appended at the end keep old kernels valid) and rewrite the golden file with "
+        "`specgen header specs/OP.yaml -o tests/golden`")
 
 
 def test_backward_struct_holds_inputs_outputs_and_gradients():
@@ -64,6 +65,40 @@ def test_ctypes_layout_matches_the_c_compiler(op, direction, tmp_path):
     assert int(c.pop("sizeof")) == ctypes.sizeof(struct)
     for name, offset in c.items():
         assert getattr(struct, name).offset == int(offset), name
+
+
+@pytest.mark.parametrize("op, direction", [("add_rmsnorm", "forward"), ("add_rmsnorm", "backward"),
+                                           ("cross_entropy", "forward")])
+def test_workspace_fields_come_last(op, direction):
+    """Appended after every other field: a kernel compiled before they existed reads the same offsets."""
+    spec = load_spec(SPECS / f"{op}.yaml")
+    names = [f.name for f in abi.fields(spec, direction)]
+    assert names[-2:] == ["workspace", "workspace_bytes"]
+    struct = abi.ctypes_struct(spec, direction)
+    last = getattr(struct, names[-3])
+    assert struct.workspace.offset == last.offset + last.size
+    assert struct.workspace_bytes.offset == struct.workspace.offset + ctypes.sizeof(ctypes.c_void_p)
+    header = abi.header_text(spec)
+    assert f"size_t {abi.workspace_function(spec, direction)}(const {abi.struct_name(spec, direction)}* a);" in header
+
+
+def test_set_workspace_hands_over_pointer_and_size():
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    packed = abi.pack_args(spec, "forward", {"x": torch.randn(2, 4), "weight": torch.randn(4),
+                                             "out": torch.empty(2, 4)}, {}, {"N": 2, "D": 4})
+    assert (packed.workspace, packed.workspace_bytes) == (None, 0)
+    scratch = torch.empty(1000, dtype=torch.uint8)
+    abi.set_workspace(packed, scratch)
+    assert (packed.workspace, packed.workspace_bytes) == (scratch.data_ptr(), 1000)
+    abi.set_workspace(packed, None)
+    assert (packed.workspace, packed.workspace_bytes) == (None, 0)
+
+
+def test_names_workspace_function_needs_the_whole_name():
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    assert abi.names_workspace_function(spec, "size_t rmsnorm_forward_workspace(const rmsnorm_args* a)", "forward")
+    assert not abi.names_workspace_function(spec, "size_t rmsnorm_forward_workspaces(void)", "forward")
+    assert not abi.names_workspace_function(spec, "size_t rmsnorm_forward_workspace(void)", "backward")
 
 
 def test_pack_args_describes_the_tensors():

@@ -521,6 +521,8 @@ def _bindings(spec, inputs: tuple[TensorArgModel, ...]) -> tuple[SymbolBinding, 
 def _kernel_params(spec, direction: str) -> tuple[KernelParam, ...]:
     params = []
     for f in abi.fields(spec, direction):
+        if f.role == "workspace":
+            continue  # allocated by the binding for the kernel's size function, not an argument
         if f.is_tensor:
             params.append(KernelParam(f.name, f.role, len(f.tensor.dims), "const at::Tensor&", "Tensor"))
         elif f.role == "dim":
