@@ -25,6 +25,7 @@ DIRECTIONS = ("forward", "backward")
 # The framework's scratch memory for one call, appended after every other field so that a kernel
 # compiled before they existed reads the same offsets (docs/ARCHITECTURE.md "Workspaces").
 WORKSPACE_FIELDS = ("workspace", "workspace_bytes")
+WORKSPACE = WORKSPACE_FIELDS[0]  # the key of a call's workspace among its tensors (verifier, benchmark)
 
 
 @dataclass(frozen=True)
