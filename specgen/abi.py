@@ -87,6 +87,22 @@ def names_workspace_function(spec, source: str, direction: str) -> bool:
     return re.search(rf"\b{re.escape(workspace_function(spec, direction))}\b", source) is not None
 
 
+def workspace_function_problems(spec, source: str, defined: set[str]) -> list[str]:
+    """The package's binding calls a size function only where the source spells its name: one
+    defined under another spelling would never be called (its kernel left without a workspace),
+    one named but not defined would not link. `defined`: the compiled kernel's symbols."""
+    problems = []
+    for direction in DIRECTIONS:
+        function = workspace_function(spec, direction)
+        named = names_workspace_function(spec, source, direction)
+        if function in defined and not named:
+            problems.append(f"it defines {function} without spelling its name out in the source (a macro?): "
+                            f"write `extern \"C\" size_t {function}(...)` so that a package calls it")
+        elif named and function not in defined:
+            problems.append(f"it names {function} but does not define it with C linkage")
+    return problems
+
+
 def header_filename(spec) -> str:
     return f"{spec.name}_abi.h"
 

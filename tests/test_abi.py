@@ -101,6 +101,18 @@ def test_names_workspace_function_needs_the_whole_name():
     assert not abi.names_workspace_function(spec, "size_t rmsnorm_forward_workspace(void)", "backward")
 
 
+def test_a_size_function_must_be_spelled_out_and_defined():
+    """The package calls a size function only where the source names it (abi.names_workspace_function)."""
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    named = "extern \"C\" size_t rmsnorm_forward_workspace(const rmsnorm_args* a) { return 0; }"
+    assert abi.workspace_function_problems(spec, named, {"rmsnorm_forward", "rmsnorm_forward_workspace"}) == []
+    assert abi.workspace_function_problems(spec, "", {"rmsnorm_forward"}) == []
+    (hidden,) = abi.workspace_function_problems(spec, "WS(rmsnorm)", {"rmsnorm_backward_workspace"})
+    assert "rmsnorm_backward_workspace without spelling its name" in hidden
+    (undefined,) = abi.workspace_function_problems(spec, named, {"rmsnorm_forward"})
+    assert "names rmsnorm_forward_workspace but does not define it" in undefined
+
+
 def test_pack_args_describes_the_tensors():
     spec = load_spec(SPECS / "rmsnorm.yaml")
     x = torch.randn(6, 10)[1:]  # an offset view
