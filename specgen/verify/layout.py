@@ -89,7 +89,7 @@ class Memory:
         return view(self.arenas[ref.arena], ref)
 
     def capacity(self, arena: str) -> int:
-        return self.arenas[arena].numel()
+        return self.arenas[arena].numel() if arena in self.arenas else 0  # (no workspace arena yet)
 
     def unused(self, arena: str) -> tuple[int, int]:
         """The arena's bytes after the case's last tensor and its guard: (start, length)."""
