@@ -32,7 +32,8 @@ def test_backward_struct_holds_inputs_outputs_and_gradients():
     assert names == [("x", "input"), ("residual", "input"), ("weight", "input"), ("eps", "scalar"),
                      ("N", "dim"), ("D", "dim"), ("out", "fwd_output"), ("residual_out", "fwd_output"),
                      ("grad_out", "grad_output"), ("grad_residual_out", "grad_output"),
-                     ("grad_x", "grad_input"), ("grad_residual", "grad_input"), ("grad_weight", "grad_input")]
+                     ("grad_x", "grad_input"), ("grad_residual", "grad_input"), ("grad_weight", "grad_input"),
+                     ("workspace", "workspace"), ("workspace_bytes", "workspace")]
     # integer inputs (cross-entropy targets) get no gradient
     ce = load_spec(SPECS / "cross_entropy.yaml")
     assert abi.grad_input_names(ce) == ["grad_logits"]
