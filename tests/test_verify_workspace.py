@@ -79,3 +79,26 @@ def test_an_absurd_size_is_a_clear_verdict(gelu):
     assert verdict.reason == "bad-workspace", verdict.summary()
     assert "gelu_tanh_forward_workspace" in verdict.detail and "garbage" in verdict.detail
     assert not kernel.seen  # refused before any call
+
+
+@pytest.mark.nvcc
+def test_the_library_asks_a_compiled_size_function_through_ctypes(gelu, tmp_path):
+    """Host code only (no GPU): the size function's answer as the candidate's process reads it,
+    a negative int64 returned as size_t included."""
+    import torch
+
+    from conftest import REPO
+    from specgen.verify import static_checks
+    from specgen.verify.library import KernelLibrary
+
+    dims = {"N": 3, "D": 100}
+    tensors = {"x": torch.zeros(3, 100), "out": torch.zeros(3, 100)}
+    answers = {}
+    for name in ("kernels/gelu_tanh__workspace.cu", "adversarial/workspace_size_negative.cu", "kernels/gelu_tanh.cu"):
+        verdict, compiled = static_checks(gelu, REPO / "tests" / name, arch="sm_90", cache_dir=tmp_path)
+        assert verdict is None, verdict.summary()
+        answers[name] = KernelLibrary(gelu, compiled.library).workspace_bytes("forward", tensors, {}, dims)
+    assert answers["kernels/gelu_tanh__workspace.cu"] == 4 * 300
+    negative = answers["adversarial/workspace_size_negative.cu"]
+    assert negative == (300 - 1024) * 4 + (1 << 64) and "garbage" in workspace_problem([negative], 2400)
+    assert answers["kernels/gelu_tanh.cu"] == 0  # no size function: no workspace
