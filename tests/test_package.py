@@ -121,6 +121,18 @@ def test_binding_allocates_the_workspace_only_for_a_kernel_that_asks():
     assert "allocate_workspace(swiglu" not in plain and "args.workspace" not in plain
 
 
+def test_binding_allocates_the_backward_workspace_of_a_builtin_kernel():
+    """rmsnorm's builtin kernel: column partials (the weight's gradient) in its backward only."""
+    from specgen.agents.builtin import build_source
+
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    model = package_model("sgtest", [spec], {"rmsnorm": build_source(spec)}, arch_list="9.0")
+    cpp = render_files(model)["torch-ext/torch_binding.cpp"]
+    forward, backward = cpp.split("cuda_backward(")[0].split("cuda_forward(")[1], cpp.split("cuda_backward(")[1]
+    assert "allocate_workspace(" not in forward
+    assert "allocate_workspace(rmsnorm_backward_workspace(&args), device, kSpec.backward_where);" in backward
+
+
 @pytest.mark.nvcc
 def test_the_gate_refuses_a_size_function_the_binding_would_not_call():
     from specgen.package.gate import kernel_refusals
