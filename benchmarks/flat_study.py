@@ -46,6 +46,9 @@ def plain_kernel_call(spec, library: KernelLibrary, dims: dict, dtype: str):
             tensors[field.name] = torch.empty(field.tensor.shape(dims), device="cuda",
                                               dtype=next(iter(tensors.values())).dtype)
     stream = torch.cuda.current_stream()
+    need = library.workspace_bytes("forward", tensors, scalars, dims)
+    if need:  # the kernel's scratch, as the package's binding hands it over
+        tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
 
     def call():
         code = library.call("forward", tensors, scalars, dims, stream)

@@ -8,6 +8,7 @@ directly). Layout: docs/ARCHITECTURE.md "The kernel ABI".
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +22,16 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64":
 SCALAR_CTYPES = {"float": ("double", ctypes.c_double), "int": ("int64_t", ctypes.c_int64),
                  "bool": ("bool", ctypes.c_bool)}
 DIRECTIONS = ("forward", "backward")
+# The framework's scratch memory for one call, appended after every other field so that a kernel
+# compiled before they existed reads the same offsets (docs/ARCHITECTURE.md "Workspaces").
+WORKSPACE_FIELDS = ("workspace", "workspace_bytes")
+WORKSPACE = WORKSPACE_FIELDS[0]  # the key of a call's workspace among its tensors (verifier, benchmark)
 
 
 @dataclass(frozen=True)
 class AbiField:
     name: str
-    role: str  # input | scalar | dim | output | fwd_output | grad_output | grad_input
+    role: str  # input | scalar | dim | output | fwd_output | grad_output | grad_input | workspace
     tensor: TensorType | None = None  # tensor fields
     scalar: Param | None = None  # scalar fields
 
@@ -42,14 +47,18 @@ class AbiField:
     def c_type(self) -> str:
         if self.is_tensor:
             return "specgen_tensor"
-        if self.role == "dim":
+        if self.name == "workspace":
+            return "void*"
+        if self.role in ("dim", "workspace"):
             return "int64_t"
         return SCALAR_CTYPES[self.scalar.type.kind][0]
 
     def ctype(self):
         if self.is_tensor:
             return SpecgenTensor
-        if self.role == "dim":
+        if self.name == "workspace":
+            return ctypes.c_void_p
+        if self.role in ("dim", "workspace"):
             return ctypes.c_int64
         return SCALAR_CTYPES[self.scalar.type.kind][1]
 
@@ -65,6 +74,33 @@ def struct_name(spec, direction: str) -> str:
 
 def entry_point(spec, direction: str) -> str:
     return f"{spec.name}_{direction}"
+
+
+def workspace_function(spec, direction: str) -> str:
+    """The optional size function of `direction`: `size_t <op>_<direction>_workspace(const args*)`."""
+    return f"{entry_point(spec, direction)}_workspace"
+
+
+def names_workspace_function(spec, source: str, direction: str) -> bool:
+    """Does a kernel's source spell out the size function of `direction` (the package's binding
+    calls it only then; the gate refuses a kernel that defines it under another spelling)?"""
+    return re.search(rf"\b{re.escape(workspace_function(spec, direction))}\b", source) is not None
+
+
+def workspace_function_problems(spec, source: str, defined: set[str]) -> list[str]:
+    """The package's binding calls a size function only where the source spells its name: one
+    defined under another spelling would never be called (its kernel left without a workspace),
+    one named but not defined would not link. `defined`: the compiled kernel's symbols."""
+    problems = []
+    for direction in DIRECTIONS:
+        function = workspace_function(spec, direction)
+        named = names_workspace_function(spec, source, direction)
+        if function in defined and not named:
+            problems.append(f"it defines {function} without spelling its name out in the source (a macro?): "
+                            f"write `extern \"C\" size_t {function}(...)` so that a package calls it")
+        elif named and function not in defined:
+            problems.append(f"it names {function} but does not define it with C linkage")
+    return problems
 
 
 def header_filename(spec) -> str:
@@ -101,6 +137,7 @@ def fields(spec, direction: str = "forward") -> list[AbiField]:
                 for p in sig.inputs if p.type.is_floating]
     else:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
+    out += [AbiField(name, "workspace") for name in WORKSPACE_FIELDS]
     return out
 
 
@@ -136,6 +173,8 @@ _ROLE_TITLES = {
     "fwd_output": "the forward outputs (for the backward pass), read only",
     "grad_output": "gradients of the floating outputs, read only",
     "grad_input": "gradients of the floating inputs: written by the kernel, every element",
+    "workspace": "scratch for this call only (the size function's bytes or more; NULL, 0 without one); "
+                 "any contents on entry",
 }
 
 
@@ -146,6 +185,8 @@ def _field_comment(field: AbiField, spec) -> str:
     if field.role == "dim":
         lo, hi = spec.dims.get(field.name, (None, None))
         return f"in [{lo}, {hi}]" if lo is not None else ""
+    if field.role == "workspace":
+        return "device memory, 256-byte aligned" if field.name == "workspace" else ""
     text = f"{field.scalar.type.kind}"
     if field.scalar.has_default:
         text += f", default {field.scalar.default!r}"
@@ -177,7 +218,9 @@ def header_text(spec) -> str:
         f"     {spec.signature}\n"
         f"   A kernel file includes only CUDA headers and this header, and defines the entry\n"
         f"   point(s) below. All work goes on `stream`; return cudaGetLastError() or another\n"
-        f"   cudaError_t. Working dtypes: {', '.join(spec.dtypes)} (dispatch on .dtype). */",
+        f"   cudaError_t. Working dtypes: {', '.join(spec.dtypes)} (dispatch on .dtype).\n"
+        f"   Scratch memory: define the optional `<entry>_workspace` function to say how many bytes\n"
+        f"   a call needs; the framework passes them in `workspace` (no cudaMalloc in a call). */",
         f"#ifndef {guard}\n#define {guard}\n",
         "#include <stdint.h>\n#include <stdbool.h>\n#include <cuda_runtime.h>\n",
         _COMMON,
@@ -188,6 +231,9 @@ def header_text(spec) -> str:
     for direction in directions:
         parts.append(f"cudaError_t {entry_point(spec, direction)}(const {struct_name(spec, direction)}* a, "
                      f"cudaStream_t stream);")
+    parts.append("/* optional: the workspace bytes a call with these arguments needs (absent: none) */")
+    for direction in directions:
+        parts.append(f"size_t {workspace_function(spec, direction)}(const {struct_name(spec, direction)}* a);")
     parts.append("#ifdef __cplusplus\n}\n#endif\n")
     parts.append(f"#endif /* {guard} */\n")
     return "\n".join(parts)
@@ -233,6 +279,8 @@ def pack_args(spec, direction: str, tensors: dict, scalars: dict, dims: dict):
     """Fill the struct of `direction` from tensors by field name, scalar values and dims."""
     struct = ctypes_struct(spec, direction)()
     for field in fields(spec, direction):
+        if field.role == "workspace":
+            continue  # set_workspace
         if field.is_tensor:
             if field.name not in tensors:
                 raise KeyError(f"no tensor given for ABI field {field.name!r}")
@@ -243,3 +291,11 @@ def pack_args(spec, direction: str, tensors: dict, scalars: dict, dims: dict):
             value = scalars[field.name] if field.name in scalars else field.scalar.default
             setattr(struct, field.name, value)
     return struct
+
+
+def set_workspace(struct, workspace) -> None:
+    """Hand the kernel `workspace` (a uint8 device tensor, or None: no workspace)."""
+    if workspace is None or workspace.numel() == 0:
+        struct.workspace, struct.workspace_bytes = None, 0
+    else:
+        struct.workspace, struct.workspace_bytes = workspace.data_ptr(), workspace.numel()

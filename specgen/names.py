@@ -14,6 +14,8 @@ import keyword
 import re
 import sys
 
+from .abi import WORKSPACE_FIELDS
+
 MAX_NAME_LENGTH = 64  # file names such as _reference_<op>.py stay far below 255 bytes
 ASCII_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -76,6 +78,8 @@ def name_problem(name: object, role: str) -> str | None:
         return f"{name!r} is reserved in C and C++ (names with '__' or '_' + capital letter)"
     if name == "torch":
         return "'torch' would hide the torch module inside the generated package"
+    if role != "op" and name in WORKSPACE_FIELDS:
+        return f"{name!r} is a field every kernel ABI struct has (the framework's workspace)"
     if role == "op":
         if name.startswith("_"):
             return f"{name!r} starts with '_': the package's private modules and ops use such names"

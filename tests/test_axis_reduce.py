@@ -228,6 +228,8 @@ def test_split_reductions_are_bit_reproducible(op, dims):
     compiled = compile_source(spec, build_source(spec))
     lib = ctypes.CDLL(str(compiled.library))
     fn = getattr(lib, abi.entry_point(spec, "forward"))
+    size = getattr(lib, abi.workspace_function(spec, "forward"))
+    size.restype = ctypes.c_size_t
     args = make_inputs(spec.signature, dims, "float32", seed=0, device="cuda")
     results = []
     for _ in range(3):
@@ -235,6 +237,8 @@ def test_split_reductions_are_bit_reproducible(op, dims):
                                     dtype=torch.float32 if o.type.is_floating else torch.int64)
                 for o in spec.signature.outputs}
         struct = abi.pack_args(spec, "forward", {**args, **outs}, {}, dims)
+        workspace = torch.empty(size(ctypes.byref(struct)), dtype=torch.uint8, device="cuda")
+        abi.set_workspace(struct, workspace)
         assert fn(ctypes.byref(struct), None) == 0
         torch.cuda.synchronize()
         results.append([outs[o.name].cpu() for o in spec.signature.outputs])

@@ -12,6 +12,7 @@ from specgen.agents.builtin import BuiltinAgent, build_source, generate_builtin
 from specgen.spec import load_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
+REDUCE_SPECS = Path(__file__).resolve().parent / "reduce_specs"
 
 
 def _task(spec) -> KernelTask:
@@ -34,6 +35,30 @@ def test_source_defines_both_entry_points_and_dispatches_dtypes():
 def test_cross_entropy_loss_is_a_two_stage_global_reduction():
     source = build_source(load_spec(SPECS / "cross_entropy.yaml"))
     assert "cross_entropy_fwd_finalize_global" in source and "atomicAdd" not in source
+
+
+@pytest.mark.parametrize("path, direction", [(SPECS / "cross_entropy.yaml", "forward"),  # global partials
+                                             (SPECS / "rmsnorm.yaml", "backward"),  # column partials
+                                             (REDUCE_SPECS / "amax_dim1.yaml", "forward")])  # an axis reduction
+def test_partials_come_from_the_frameworks_workspace(path, direction):
+    """No allocation in a call: the size function asks the launcher itself for its bytes (one
+    computation, so the two cannot drift) and the launcher takes the ABI's workspace."""
+    spec = load_spec(path)
+    source = build_source(spec)
+    assert "cudaMallocAsync" not in source and "cudaFreeAsync" not in source
+    function = abi.workspace_function(spec, direction)
+    assert f'extern "C" size_t {function}(const {abi.struct_name(spec, direction)}* a)' in source
+    size_fn = source[source.index(f"size_t {function}("):]
+    size_fn = size_fn[:size_fn.index("\n}\n")]
+    assert "_launch<float>(*a, nullptr, &need);" in size_fn
+    assert source.count("if (need) { *need = ") == source.count('extern "C" size_t ')
+    assert "A.workspace_bytes <" in source and "A.workspace" in source
+
+
+def test_a_kernel_without_partials_defines_no_size_function():
+    spec = load_spec(SPECS / "softmax.yaml")
+    source = build_source(spec)
+    assert "_workspace(" not in source and "size_t* need" not in source
 
 
 def test_agent_proposes_once_then_is_exhausted():

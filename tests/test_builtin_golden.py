@@ -20,9 +20,13 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 # Generator changes of 2026-12-01, to be regenerated with `specgen build specs/` on the H200:
 OUT_OF_DATE = {
     "gelu_tanh": "pointwise programs are one flat vectorized grid now (families/flat.py)",
-    "bias_gelu": "its forward is a flat pointwise grid now (families/flat.py)",
+    "bias_gelu": "its forward is a flat pointwise grid now (families/flat.py); its backward's partials come "
+                 "from the framework's workspace (bias_gelu_backward_workspace), not cudaMallocAsync",
     "swiglu": "the backward's sigmoid is computed once (dead values dropped after tracing)",
 }
+# ABI workspaces (issue 13): partials from the framework's workspace, sized by <entry>_workspace
+WORKSPACE = "its partials come from the framework's workspace (<op>_<direction>_workspace), not cudaMallocAsync"
+OUT_OF_DATE.update({op: WORKSPACE for op in ("add_rmsnorm", "cross_entropy", "layernorm_gelu", "rmsnorm", "rope")})
 
 
 def builtin_kernels():

@@ -63,6 +63,8 @@ def test_op_names_that_break_the_package_are_refused(tmp_path, op, why):
     ("-> Tensor[N, D]", "-> this: Tensor[N, D]", "this", "C++ keyword"),
     ("-> Tensor[N, D]", "-> (y: Tensor[N, D], int: Tensor[N, D])", "int", "C++ keyword"),
     ("Tensor[N, D]", "Tensor[N, threadIdx]", "threadIdx", "built-in"),
+    ("alpha: float", "workspace_bytes: float", "workspace_bytes", "every kernel ABI struct"),
+    ("-> Tensor[N, D]", "-> workspace: Tensor[N, D]", "workspace", "every kernel ABI struct"),
 ])
 def test_parameter_output_and_dimension_names_are_checked(tmp_path, old, new, name, why):
     text = GOOD.replace(old, new)

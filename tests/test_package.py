@@ -95,6 +95,56 @@ def test_schemas_and_symbol_bindings(pkg):
     assert not xent.has_kernel and swiglu.has_backward_kernel
 
 
+# The same kernel with a size function for its forward (the binding allocates what it asks for).
+SWIGLU_WS_CU = SWIGLU_CU + r"""
+extern "C" size_t swiglu_forward_workspace(const swiglu_args* a) { return (size_t)a->N * 16; }
+"""
+
+
+def _binding(source: str) -> str:
+    model = package_model("sgtest", [load_spec(SPECS / "swiglu.yaml")], {"swiglu": source}, arch_list="9.0")
+    return render_files(model)["torch-ext/torch_binding.cpp"]
+
+
+def test_binding_allocates_the_workspace_only_for_a_kernel_that_asks():
+    """From the caching allocator on the call's stream (no cudaMalloc, capturable), after the
+    arguments are filled (the size function sees them), before the launch; none otherwise."""
+    cpp = _binding(SWIGLU_WS_CU)
+    assert "at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device))" in cpp
+    forward = cpp.split("cuda_forward(")[1].split("cuda_backward(")[0]
+    asked = forward.index("allocate_workspace(swiglu_forward_workspace(&args), device, kSpec.where);")
+    assert forward.index("args.out = ") < asked < forward.index("args.workspace = workspace.data_ptr();")
+    assert forward.index("args.workspace_bytes = workspace.numel();") < forward.index("check_launch(swiglu_forward(")
+    backward = cpp.split("cuda_backward(")[1]
+    assert "allocate_workspace(" not in backward and "args.workspace" not in backward
+    plain = _binding(SWIGLU_CU)
+    assert "allocate_workspace(swiglu" not in plain and "args.workspace" not in plain
+
+
+def test_binding_allocates_the_backward_workspace_of_a_builtin_kernel():
+    """rmsnorm's builtin kernel: column partials (the weight's gradient) in its backward only."""
+    from specgen.agents.builtin import build_source
+
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    model = package_model("sgtest", [spec], {"rmsnorm": build_source(spec)}, arch_list="9.0")
+    cpp = render_files(model)["torch-ext/torch_binding.cpp"]
+    forward, backward = cpp.split("cuda_backward(")[0].split("cuda_forward(")[1], cpp.split("cuda_backward(")[1]
+    assert "allocate_workspace(" not in forward
+    assert "allocate_workspace(rmsnorm_backward_workspace(&args), device, kSpec.backward_where);" in backward
+
+
+@pytest.mark.nvcc
+def test_the_gate_refuses_a_size_function_the_binding_would_not_call():
+    from specgen.package.gate import kernel_refusals
+
+    spec = load_spec(SPECS / "swiglu.yaml")
+    assert kernel_refusals(spec, SWIGLU_WS_CU, arch="sm_90") == []
+    hidden = SWIGLU_CU + '\n#define WS(op) op##_forward_workspace\nextern "C" size_t WS(swiglu)(const swiglu_args*) { return 0; }\n'
+    assert any("without spelling its name" in r for r in kernel_refusals(spec, hidden, arch="sm_90"))
+    named = SWIGLU_CU + "\n// swiglu_backward_workspace: not needed\n"
+    assert any("does not define it" in r for r in kernel_refusals(spec, named, arch="sm_90"))
+
+
 def test_arch_list_parsing():
     assert parse_arch_list("8.0;9.0+PTX") == [("80", False), ("90", True)]
     assert parse_arch_list("9.0a, 10.0+PTX") == [("90a", False), ("100", True)]
@@ -205,6 +255,7 @@ def test_the_binding_compiles_against_the_installed_torch(specs, tmp_path):
     all_specs = [load_spec(p) for p in sorted(glob.glob(str(SPECS / "*.yaml")))]
     kernels = {s.name: (SPECS / "kernels" / f"{s.name}.cu").read_text() for s in all_specs
                if (SPECS / "kernels" / f"{s.name}.cu").exists()}
+    kernels["swiglu"] = SWIGLU_WS_CU  # a kernel with a size function: the binding allocates its workspace
     pkg = package_model("sgall", all_specs, kernels, arch_list="9.0")
     root = emit_package(pkg, tmp_path / "sgall")
     import sysconfig

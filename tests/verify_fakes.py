@@ -221,3 +221,51 @@ def memo_by_sampled_fingerprint(k, t, dims):
         return 0
     gelu_forward(k, t, dims)
     state["out"] = out[at].tolist()
+
+
+class WorkspaceKernel(PyKernel):
+    """A stand-in with a size function: `size(dims)` bytes of workspace per call (the verifier
+    passes it as tensors["workspace"]); `seen` keeps each call's (direction, bytes asked, bytes
+    given or None, first bytes)."""
+
+    def __init__(self, spec, impl, size, backward=None):
+        super().__init__(spec, impl, backward)
+        self.size, self.seen = size, []
+
+    def workspace_bytes(self, direction, tensors, scalars, dims) -> int:
+        return self.size(dims)
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        ws = tensors.get("workspace")
+        self.seen.append((direction, self.size(dims), None if ws is None else ws.numel(),
+                          None if ws is None else ws[:64].clone()))
+        return super().call(direction, tensors, scalars, dims, stream)
+
+
+def gelu_via_workspace(k, t, dims):
+    """Honest: the result goes through the workspace (float32 scratch) to the output."""
+    n = t["out"].numel()
+    scratch = t["workspace"][:4 * n].view(torch.float32)
+    scratch.copy_(_gelu(t["x"]).float().view(-1))
+    t["out"].view(-1).copy_(scratch.to(t["out"].dtype))
+
+
+def counter_kept_in_workspace(k, t, dims):
+    """Keeps state in the workspace: zeroes a progress counter on its first call only and resets it
+    after each call, so from then on it trusts the counter to be 0 on entry; a counter that is not
+    0 says the rows before it are done (a "resume" of a split computation) and they are skipped."""
+    counter = t["workspace"][:8].view(torch.int64)
+    if k.calls == 1:
+        counter.zero_()
+    done = abs(int(counter[0].item()))
+    flat, want = t["out"].view(-1), _gelu(t["x"]).view(-1)
+    start = max(0, min(done, flat.numel()))
+    flat[start:].copy_(want[start:])
+    counter.zero_()  # "left clean for the next call"
+
+
+def writes_past_workspace(k, t, dims):
+    gelu_forward(k, t, dims)
+    ws = t["workspace"]
+    # one byte past the end: the guard after the workspace (a view of the arena beyond the tensor)
+    ws.as_strided((1,), (1,), ws.storage_offset() + ws.numel()).fill_(0x5A)

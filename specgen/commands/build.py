@@ -476,7 +476,7 @@ def _symbol_gate(results: list[OpResult], args, console: Console, tree: Path | N
             if r.kernel is None:
                 continue
             obj = built_object(tree, r.spec.name) if tree is not None else None
-            refusals = (object_refusals(r.spec, obj) if obj is not None
+            refusals = (object_refusals(r.spec, obj, r.kernel) if obj is not None
                         else kernel_refusals(r.spec, r.kernel, arch=args.arch))
             problems += [f"{r.spec.name}: {line}" for line in refusals]
     if problems:

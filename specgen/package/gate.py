@@ -33,7 +33,15 @@ def kernel_refusals(spec, source: str, *, arch: str | None = None) -> list[str]:
                                       source_name=f"kernels/{spec.name}.cu")
         except CompileError as error:
             return [f"it does not compile: {error.summary}"]
-    return check_symbols(compiled.library, spec.libraries)
+    return check_symbols(compiled.library, spec.libraries) + workspace_refusals(spec, source, compiled.library)
+
+
+def workspace_refusals(spec, source: str | None, library: Path) -> list[str]:
+    """abi.workspace_function_problems of the compiled kernel (nothing to compare without its source)."""
+    from .. import abi
+    from ..toolchain import defined_symbols
+
+    return [] if source is None else abi.workspace_function_problems(spec, source, defined_symbols(library))
 
 
 def built_object(tree: Path, name: str) -> Path | None:
@@ -48,9 +56,10 @@ def built_object(tree: Path, name: str) -> Path | None:
     return found[0]
 
 
-def object_refusals(spec, obj: Path) -> list[str]:
+def object_refusals(spec, obj: Path, source: str | None = None) -> list[str]:
     """Why this kernel may not be packaged ([] = it may), from the object the wheel links:
-    linked alone into a shared library against the shared CUDA runtime, then its symbols read."""
+    linked alone into a shared library against the shared CUDA runtime, then its symbols read
+    (and, given the kernel's `source`, its size functions against the binding's calls)."""
     from ..toolchain import check_symbols, find_cuda_toolkit
     from ..procguard import run_guarded
 
@@ -63,4 +72,4 @@ def object_refusals(spec, obj: Path) -> list[str]:
         if returncode != 0 or not library.exists():
             tail = "\n".join(log.strip().splitlines()[-5:])
             return [f"its compiled object could not be linked on its own for the symbol check:\n{tail}"]
-        return check_symbols(library, spec.libraries)
+        return check_symbols(library, spec.libraries) + workspace_refusals(spec, source, library)

@@ -198,6 +198,14 @@ class OpModel:
     def kernel_params(self, direction: str = "forward") -> tuple[KernelParam, ...]:
         return self.kernel_params_by_direction[direction]
 
+    def workspace_function(self, direction: str) -> str | None:
+        """The kernel's size function of `direction` where its source defines one (the binding
+        then allocates the workspace it asks for; the gate refuses a kernel that defines it under
+        another spelling), else None."""
+        if self.kernel_source is None or not abi.names_workspace_function(self, self.kernel_source, direction):
+            return None
+        return abi.workspace_function(self, direction)
+
     @property
     def verified_on(self) -> str | None:
         return (self.provenance or {}).get("verified_on")
@@ -521,6 +529,8 @@ def _bindings(spec, inputs: tuple[TensorArgModel, ...]) -> tuple[SymbolBinding, 
 def _kernel_params(spec, direction: str) -> tuple[KernelParam, ...]:
     params = []
     for f in abi.fields(spec, direction):
+        if f.role == "workspace":
+            continue  # allocated by the binding for the kernel's size function, not an argument
         if f.is_tensor:
             params.append(KernelParam(f.name, f.role, len(f.tensor.dims), "const at::Tensor&", "Tensor"))
         elif f.role == "dim":

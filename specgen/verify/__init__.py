@@ -24,7 +24,7 @@ def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | No
     """Compile, symbols, entry points. Returns (a rejecting verdict or None, the CompiledKernel or None)."""
     from ..abi import write_header
     from ..toolchain import CompileError, compile_kernel, defined_symbols
-    from .checks import check_entry_points, check_library_symbols, check_stream_calls
+    from .checks import check_entry_points, check_library_symbols, check_stream_calls, check_workspace_function
 
     with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
         write_header(spec, header_dir)
@@ -38,7 +38,9 @@ def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | No
     try:
         check_library_symbols(compiled.library, spec)
         check_stream_calls(compiled.library)
-        check_entry_points(defined_symbols(compiled.library), spec)
+        defined = defined_symbols(compiled.library)
+        check_entry_points(defined, spec)
+        check_workspace_function(spec, kernel, defined)
     except Failure as failure:
         return Verdict.from_failure(failure, timings=timings), compiled
     return None, compiled

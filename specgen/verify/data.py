@@ -66,6 +66,7 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
+    place_workspace(runner, sets, copies, layout)
     runner.memory.arm_guards()
     for item in sets:
         for name, ref in item.input_refs.items():
@@ -76,6 +77,46 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
                          for name, ref in item.input_refs.items()}
         item.snapshots = {name: t.clone() for name, t in item.storages.items()} if snapshots else {}
     return copies
+
+
+WORKSPACE_FLOOR = 64 << 20  # bytes of workspace believable for any call
+WORKSPACE_FACTOR = 4  # ... and up to this many times the call's tensor bytes
+
+
+def workspace_limit(tensor_bytes: int) -> int:
+    return max(WORKSPACE_FACTOR * tensor_bytes, WORKSPACE_FLOOR)
+
+
+def workspace_problem(sizes: list[int], tensor_bytes: int) -> str | None:
+    """Why the size function's answers are not believable (None: they are). A size_t that is
+    really a negative number or uninitialized reads as an enormous size."""
+    worst, limit = max(sizes, default=0), workspace_limit(tensor_bytes)
+    if worst <= limit:
+        return None
+    garbage = " (a negative number or garbage, read as size_t)" if worst >= 1 << 63 else ""
+    return (f"asked for {worst} bytes of workspace{garbage}, more than the {limit} bytes believable for a call "
+            f"whose tensors hold {tensor_bytes} bytes (the larger of {WORKSPACE_FACTOR}x that and "
+            f"{WORKSPACE_FLOOR >> 20} MiB)")
+
+
+def place_workspace(runner, sets: list[CaseData], copies: list[dict[str, TensorRef]], layout: Layout) -> None:
+    """The workspace every call of the staged case gets: the most the kernel's size function asks
+    for over the case's calls (it sees their addresses), in the workspace arena, guarded like an
+    output. Asked once the inputs and outputs are mapped where they will stay."""
+    calls = [{"direction": item.direction, "tensors": {**item.input_refs, **refs}, "scalars": item.scalars,
+              "dims": item.dims} for item in sets for refs in copies]
+    ask = getattr(runner, "workspace_sizes", None)
+    sizes = ask(calls) if ask else []
+    tensor_bytes = sum(ref.nbytes for ref in calls[0]["tensors"].values())
+    if problem := workspace_problem(sizes, tensor_bytes):
+        from .. import abi
+        from .verdict import BAD_WORKSPACE, Failure
+
+        raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(runner.spec, sets[0].direction)} {problem} on "
+                                     f"{sets[0].case.describe()}. Return the bytes one call needs (0 for none)")
+    if max(sizes, default=0):
+        layout.workspace = layout.place("workspace", (max(sizes),), torch.uint8)
+        runner.ensure({"workspace": layout.needed("workspace")})
 
 
 def _tolerance(spec, dtype: str) -> tuple[float, float]:

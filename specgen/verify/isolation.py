@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .. import abi
 from .layout import ARENAS, Memory, TensorRef, view
 
 STARTUP_TIMEOUT_S = 240.0
@@ -45,6 +46,7 @@ class Outcome:
     times_ms: list[float] = field(default_factory=list)
     walls_ms: list[float] = field(default_factory=list)  # timed: host time from an idle device to idle again
     failed_call: int | None = None
+    sizes: list[int] = field(default_factory=list)  # workspace: the size function's answer per call
 
 
 class RunnerBase:
@@ -58,6 +60,28 @@ class RunnerBase:
 
     def tensor(self, ref: TensorRef) -> torch.Tensor:
         return self.memory.tensor(ref)
+
+    # -- the kernel's workspace (placed by data.stage): handed to every call, scrambled before each
+    def workspace(self) -> TensorRef | None:
+        return self.memory.layout.workspace
+
+    def with_workspace(self, refs: dict[str, TensorRef]) -> dict[str, TensorRef]:
+        ws = self.workspace()
+        return refs if ws is None else {**refs, abi.WORKSPACE: ws}
+
+    def scramble_workspace(self) -> None:
+        """Random bytes in the workspace before a call: the kernel finds nothing of an earlier
+        call there (the framework's workspace is scratch for one call, any contents on entry)."""
+        ws = self.workspace()
+        if ws is not None:
+            self.memory.tensor(ws).random_(0, 256)
+
+    def timed_item(self, item: dict) -> dict:
+        """A timed call with the workspace: passed, and poisoned with the outputs before the call."""
+        ws = self.workspace()
+        if ws is None:
+            return item
+        return {**item, "tensors": self.with_workspace(item["tensors"]), "poison": [*item.get("poison", []), ws]}
 
 
 # ------------------------------------------------------------------ in this process
@@ -124,7 +148,15 @@ class LocalRunner(RunnerBase):
             return str(error).strip().splitlines()[0]
         return None
 
+    def workspace_sizes(self, calls: list[dict]) -> list[int]:
+        """What the kernel's size function asks for each call (a stand-in without one: 0)."""
+        ask = getattr(self.lib, "workspace_bytes", None)
+        return [ask(c["direction"], self._tensors(c["tensors"]), c["scalars"], c["dims"]) if ask else 0
+                for c in calls]
+
     def call(self, direction, refs, scalars, dims) -> Outcome:
+        self.scramble_workspace()
+        refs = self.with_workspace(refs)
         self._sync()
         started = time.perf_counter()
         code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
@@ -135,6 +167,8 @@ class LocalRunner(RunnerBase):
         return outcome
 
     def capture(self, direction, refs, scalars, dims) -> Outcome:
+        self.scramble_workspace()
+        refs = self.with_workspace(refs)
         if self.device.type != "cuda":  # stand-ins say whether they could be captured; replay = call again
             if not getattr(self.lib, "capturable", True):
                 return Outcome(ok=False, problem="operation not permitted when stream is capturing")
@@ -154,6 +188,7 @@ class LocalRunner(RunnerBase):
     def replay(self) -> Outcome:
         if self.device.type != "cuda":
             return self.call(*self._graph)
+        self.scramble_workspace()
         self._sync()
         self._graph.replay()
         return Outcome(fatal=self._sync())
@@ -161,6 +196,7 @@ class LocalRunner(RunnerBase):
     def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
         """The same call host_calls + graph_calls * replays times (a stand-in has no graph: all
         from the host)."""
+        refs = self.with_workspace(refs)
         if self.device.type == "cuda":
             from .graphs import repeat_calls
 
@@ -179,7 +215,7 @@ class LocalRunner(RunnerBase):
 
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         times = []
-        for index, item in enumerate(calls):
+        for index, item in enumerate(map(self.timed_item, calls)):
             for ref in item.get("poison", []):
                 self.memory.tensor(ref).random_(0, 256)
             self._sync()
@@ -285,24 +321,39 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
                               "library": str(Path(library).resolve())})
 
+    def workspace_sizes(self, calls: list[dict]) -> list[int]:
+        """What the kernel's size function asks for each call, asked in its process (one request)."""
+        wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in calls]
+        outcome = self._request({"op": "workspace", "calls": wire})
+        if outcome.fatal:
+            from .verdict import CRASH, Failure
+
+            raise Failure(CRASH, f"asking {abi.workspace_function(self.spec, calls[0]['direction'])} for the "
+                                 f"workspace's size: {outcome.fatal}", fatal=True)
+        return outcome.sizes
+
     def call(self, direction, refs, scalars, dims) -> Outcome:
-        return self._request({"op": "call", **_call_message(direction, refs, scalars, dims)})
+        self.scramble_workspace()
+        return self._request({"op": "call", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
 
     def capture(self, direction, refs, scalars, dims) -> Outcome:
-        return self._request({"op": "capture", **_call_message(direction, refs, scalars, dims)})
+        self.scramble_workspace()
+        return self._request({"op": "capture", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
 
     def replay(self) -> Outcome:
+        self.scramble_workspace()
         return self._request({"op": "replay"})
 
     def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
         calls = host_calls + graph_calls * replays  # up to 100 us each before it counts as a hang
+        refs = self.with_workspace(refs)
         return self._request({"op": "endure", **_call_message(direction, refs, scalars, dims),
                               "host_calls": host_calls, "graph_calls": graph_calls, "replays": replays},
                              timeout=self.call_timeout + calls * 1e-4)
 
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         wire = [{**_call_message(c["direction"], c["tensors"], c.get("scalars", {}), c.get("dims", {})),
-                 "poison": [ref.to_json() for ref in c.get("poison", [])]} for c in calls]
+                 "poison": [ref.to_json() for ref in c.get("poison", [])]} for c in map(self.timed_item, calls)]
         return self._request({"op": "timed", "calls": wire, "flush_bytes": flush_bytes},
                              timeout=self.call_timeout + 5 * len(calls))
 
@@ -328,7 +379,7 @@ class IsolatedRunner(RunnerBase):
         return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
                        ok=reply.get("ok", True), problem=reply.get("problem"),
                        times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
-                       failed_call=reply.get("failed_call"))
+                       failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []))
 
     def _receive(self, timeout: float) -> dict:
         from .channel import ChannelClosed

@@ -1,14 +1,17 @@
-"""Where a call's tensors live: two byte arenas (inputs, outputs) with guard bytes around
-every tensor, laid out by the judge and described to the candidate's process by reference.
+"""Where a call's tensors live: byte arenas (inputs, outputs, and the kernel's workspace) with
+guard bytes around every tensor, laid out by the judge and described to the candidate's process
+by reference.
 
 A `TensorRef` (arena, byte offset, shape, dtype) is all that crosses to the candidate's
 process; both sides turn it into a view of the same memory. Guard bytes (a pattern of random
 bytes drawn for each case and tiled by address, in at least GUARD bytes before and after each
 tensor and in every byte of the arena that no tensor of the case uses) are checked by the
-judge after every call: a kernel that writes past its
-outputs (or before them), near or megabytes away, is caught even when the overrun lands in
-memory nothing else uses, without compute-sanitizer. Past the arena's ends the address space
-is reserved and unmapped (arena.py), so a write there faults.
+judge after every call: a kernel that writes past its outputs or its workspace (or before
+them), near or megabytes away, is caught even when the overrun lands in memory nothing else
+uses, without compute-sanitizer. Past the arena's ends the address space is reserved and
+unmapped (arena.py), so a write there faults. The workspace has an arena of its own because
+its size is known only once the inputs and outputs are placed (the kernel's size function
+sees their addresses): placing it last moves nothing that was placed before.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ..inputs import DTYPE_NAMES, TORCH_DTYPES
 
 GUARD = 512  # bytes of guard pattern before and after every tensor
 ALIGN = 256  # every tensor region starts on this boundary (the data may start later: offset views)
-ARENAS = ("inputs", "outputs")
+ARENAS = ("inputs", "outputs", "workspace")  # the kernel's workspace: its own arena, placed last (stage)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Layout:
     def __init__(self):
         self.used = {name: 0 for name in ARENAS}
         self.guards: dict[str, list[tuple[int, int]]] = {name: [] for name in ARENAS}
+        self.workspace: TensorRef | None = None  # uint8 bytes handed to every call of the case
 
     def place(self, arena: str, shape: tuple[int, ...], dtype: torch.dtype, element_offset: int = 0) -> TensorRef:
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -85,7 +89,7 @@ class Memory:
         return view(self.arenas[ref.arena], ref)
 
     def capacity(self, arena: str) -> int:
-        return self.arenas[arena].numel()
+        return self.arenas[arena].numel() if arena in self.arenas else 0  # (no workspace arena yet)
 
     def unused(self, arena: str) -> tuple[int, int]:
         """The arena's bytes after the case's last tensor and its guard: (start, length)."""

@@ -27,14 +27,18 @@ class KernelLibrary:
         self.spec = spec
         self.path = Path(path)
         self.lib = ctypes.CDLL(str(self.path))
-        self._entries = {}
+        self._entries, self._sizes = {}, {}
         for direction in abi.DIRECTIONS:
-            name = abi.entry_point(spec, direction)
-            fn = getattr(self.lib, name, None)
+            fn = getattr(self.lib, abi.entry_point(spec, direction), None)
             if fn is not None:
                 fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 self._entries[direction] = fn
+            size = getattr(self.lib, abi.workspace_function(spec, direction), None)
+            if size is not None:  # optional: absent means no workspace
+                size.restype = ctypes.c_size_t
+                size.argtypes = [ctypes.c_void_p]
+                self._sizes[direction] = size
 
     def has(self, direction: str) -> bool:
         return direction in self._entries
@@ -60,13 +64,24 @@ class KernelLibrary:
         except AttributeError:
             pass
 
+    def workspace_bytes(self, direction: str, tensors: dict, scalars: dict, dims: dict) -> int:
+        """What the kernel's size function asks for these arguments (0 without one). Unchecked:
+        the judge decides whether the number is believable."""
+        size = self._sizes.get(direction)
+        if size is None:
+            return 0
+        args = abi.pack_args(self.spec, direction, tensors, scalars, dims)
+        return int(size(ctypes.addressof(args)))
+
     def call(self, direction: str, tensors: dict, scalars: dict, dims: dict, stream: torch.cuda.Stream) -> int:
         return self.launcher(direction, tensors, scalars, dims, stream)()
 
     def launcher(self, direction: str, tensors: dict, scalars: dict, dims: dict, stream: torch.cuda.Stream):
         """The call with its argument struct packed now: calling it does only the C call (a
-        timed call must not count the host's packing as the kernel's device time)."""
+        timed call must not count the host's packing as the kernel's device time). The
+        workspace, if any, is `tensors[abi.WORKSPACE]` (uint8)."""
         args = abi.pack_args(self.spec, direction, tensors, scalars, dims)
+        abi.set_workspace(args, tensors.get(abi.WORKSPACE))
         entry, address, handle = self._entries[direction], ctypes.addressof(args), ctypes.c_void_p(stream.cuda_stream)
 
         def launch(keep=args) -> int:  # `keep`: the struct lives as long as the launcher

@@ -1,7 +1,8 @@
 """The device's default memory pool keeps what kernels free, as the package's binding has it.
 
-A kernel that takes a per-call workspace with cudaMallocAsync / cudaFreeAsync on `stream` gets
-it from the device's default pool. With the pool's release threshold at 0 (CUDA's default), the
+A kernel locked before the ABI had a workspace (docs/ARCHITECTURE.md "Workspaces") takes its
+per-call scratch with cudaMallocAsync / cudaFreeAsync on `stream` from the device's default pool;
+such kernels are still verified and shipped. With the pool's release threshold at 0 (CUDA's default), the
 pool hands freed memory back at every synchronization and the next call maps it again (on the
 H200 a two-block reduction at a decode size: 105 us that way, 9.4 us with the memory kept).
 PyTorch's caching allocator never hands memory back either; the candidate's process keeps the

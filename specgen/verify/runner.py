@@ -80,9 +80,10 @@ def check_guards(runner, data: CaseData, what: str = "") -> None:
     broken = runner.memory.broken_guards()
     if broken:
         shown = "; ".join(broken[:4])
-        raise Failure(OUT_OF_BOUNDS, f"{what}the kernel wrote outside its outputs on {data.case.describe()}: the "
-                                     f"guard bytes around the tensors changed ({shown}). Guard every load and "
-                                     f"store with the tensor's size, including the last partial vector")
+        raise Failure(OUT_OF_BOUNDS, f"{what}the kernel wrote outside its outputs (or its workspace) on "
+                                     f"{data.case.describe()}: the guard bytes around the tensors changed ({shown}). "
+                                     f"Guard every load and store with the tensor's size, including the last "
+                                     f"partial vector")
 
 
 def run_once(runner, data: CaseData, which: int, refs: dict | None = None) -> dict[str, torch.Tensor]:

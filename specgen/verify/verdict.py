@@ -23,10 +23,12 @@ NOT_CAPTURABLE = "not-capturable"  # the call cannot be captured into a CUDA gra
 OUT_OF_BOUNDS = "out-of-bounds"  # guard bytes around a tensor changed
 FASTER_THAN_PHYSICS = "faster-than-physics"  # a timing below the memory / arithmetic floor
 REMEMBERS_INPUTS = "remembers-inputs"  # calls on inputs seen before run faster than on new ones
+BAD_WORKSPACE = "bad-workspace"  # the size function asks for an unbelievable number of bytes
 
 REASONS = (PASSED, COMPILE_ERROR, FORBIDDEN_SYMBOL, ENTRY_POINT_MISSING, SANITIZER, CUDA_ERROR, CRASH, TIMEOUT,
            INPUT_MUTATED, UNWRITTEN_OUTPUT, NONDETERMINISTIC, WRONG_RESULT, STREAM_VIOLATION,
-           POST_TIMING_MISMATCH, NOT_CAPTURABLE, OUT_OF_BOUNDS, FASTER_THAN_PHYSICS, REMEMBERS_INPUTS)
+           POST_TIMING_MISMATCH, NOT_CAPTURABLE, OUT_OF_BOUNDS, FASTER_THAN_PHYSICS, REMEMBERS_INPUTS,
+           BAD_WORKSPACE)
 
 
 @dataclass

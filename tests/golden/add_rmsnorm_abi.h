@@ -3,7 +3,9 @@
      add_rmsnorm(x: Tensor[N, D], residual: Tensor[N, D], weight: Tensor[D], eps: float = 1e-06) -> (out: Tensor[N, D], residual_out: Tensor[N, D])
    A kernel file includes only CUDA headers and this header, and defines the entry
    point(s) below. All work goes on `stream`; return cudaGetLastError() or another
-   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype). */
+   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype).
+   Scratch memory: define the optional `<entry>_workspace` function to say how many bytes
+   a call needs; the framework passes them in `workspace` (no cudaMalloc in a call). */
 #ifndef SPECGEN_ADD_RMSNORM_ABI_H
 #define SPECGEN_ADD_RMSNORM_ABI_H
 
@@ -44,6 +46,9 @@ typedef struct add_rmsnorm_args {
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor residual_out;       /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } add_rmsnorm_args;
 
 typedef struct add_rmsnorm_bwd_args {
@@ -66,6 +71,9 @@ typedef struct add_rmsnorm_bwd_args {
   specgen_tensor grad_x;             /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_residual;      /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_weight;        /* Tensor[D]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } add_rmsnorm_bwd_args;
 
 #ifdef __cplusplus
@@ -73,6 +81,9 @@ extern "C" {
 #endif
 cudaError_t add_rmsnorm_forward(const add_rmsnorm_args* a, cudaStream_t stream);
 cudaError_t add_rmsnorm_backward(const add_rmsnorm_bwd_args* a, cudaStream_t stream);
+/* optional: the workspace bytes a call with these arguments needs (absent: none) */
+size_t add_rmsnorm_forward_workspace(const add_rmsnorm_args* a);
+size_t add_rmsnorm_backward_workspace(const add_rmsnorm_bwd_args* a);
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,9 @@
      cross_entropy(logits: Tensor[N, C], target: Tensor[N] int64 in [0, C)) -> Tensor[] float32
    A kernel file includes only CUDA headers and this header, and defines the entry
    point(s) below. All work goes on `stream`; return cudaGetLastError() or another
-   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype). */
+   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype).
+   Scratch memory: define the optional `<entry>_workspace` function to say how many bytes
+   a call needs; the framework passes them in `workspace` (no cudaMalloc in a call). */
 #ifndef SPECGEN_CROSS_ENTROPY_ABI_H
 #define SPECGEN_CROSS_ENTROPY_ABI_H
 
@@ -40,6 +42,9 @@ typedef struct cross_entropy_args {
   int64_t C;                         /* in [1, 131072] */
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[] float32  (float32) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } cross_entropy_args;
 
 typedef struct cross_entropy_bwd_args {
@@ -55,6 +60,9 @@ typedef struct cross_entropy_bwd_args {
   specgen_tensor grad_out;           /* Tensor[] float32  (float32) */
   /* gradients of the floating inputs: written by the kernel, every element */
   specgen_tensor grad_logits;        /* Tensor[N, C]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } cross_entropy_bwd_args;
 
 #ifdef __cplusplus
@@ -62,6 +70,9 @@ extern "C" {
 #endif
 cudaError_t cross_entropy_forward(const cross_entropy_args* a, cudaStream_t stream);
 cudaError_t cross_entropy_backward(const cross_entropy_bwd_args* a, cudaStream_t stream);
+/* optional: the workspace bytes a call with these arguments needs (absent: none) */
+size_t cross_entropy_forward_workspace(const cross_entropy_args* a);
+size_t cross_entropy_backward_workspace(const cross_entropy_bwd_args* a);
 #ifdef __cplusplus
 }
 #endif

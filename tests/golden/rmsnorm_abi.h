@@ -3,7 +3,9 @@
      rmsnorm(x: Tensor[N, D], weight: Tensor[D], eps: float = 1e-06) -> Tensor[N, D]
    A kernel file includes only CUDA headers and this header, and defines the entry
    point(s) below. All work goes on `stream`; return cudaGetLastError() or another
-   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype). */
+   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype).
+   Scratch memory: define the optional `<entry>_workspace` function to say how many bytes
+   a call needs; the framework passes them in `workspace` (no cudaMalloc in a call). */
 #ifndef SPECGEN_RMSNORM_ABI_H
 #define SPECGEN_RMSNORM_ABI_H
 
@@ -42,6 +44,9 @@ typedef struct rmsnorm_args {
   int64_t D;                         /* in [1, 16384] */
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } rmsnorm_args;
 
 typedef struct rmsnorm_bwd_args {
@@ -60,6 +65,9 @@ typedef struct rmsnorm_bwd_args {
   /* gradients of the floating inputs: written by the kernel, every element */
   specgen_tensor grad_x;             /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_weight;        /* Tensor[D]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } rmsnorm_bwd_args;
 
 #ifdef __cplusplus
@@ -67,6 +75,9 @@ extern "C" {
 #endif
 cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t stream);
 cudaError_t rmsnorm_backward(const rmsnorm_bwd_args* a, cudaStream_t stream);
+/* optional: the workspace bytes a call with these arguments needs (absent: none) */
+size_t rmsnorm_forward_workspace(const rmsnorm_args* a);
+size_t rmsnorm_backward_workspace(const rmsnorm_bwd_args* a);
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,9 @@
      rope(x: Tensor[S, H, D], cos: Tensor[S, D/2], sin: Tensor[S, D/2]) -> Tensor[S, H, D]
    A kernel file includes only CUDA headers and this header, and defines the entry
    point(s) below. All work goes on `stream`; return cudaGetLastError() or another
-   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype). */
+   cudaError_t. Working dtypes: float32, float16, bfloat16 (dispatch on .dtype).
+   Scratch memory: define the optional `<entry>_workspace` function to say how many bytes
+   a call needs; the framework passes them in `workspace` (no cudaMalloc in a call). */
 #ifndef SPECGEN_ROPE_ABI_H
 #define SPECGEN_ROPE_ABI_H
 
@@ -42,6 +44,9 @@ typedef struct rope_args {
   int64_t D;                         /* in [2, 256] */
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[S, H, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } rope_args;
 
 typedef struct rope_bwd_args {
@@ -61,6 +66,9 @@ typedef struct rope_bwd_args {
   specgen_tensor grad_x;             /* Tensor[S, H, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_cos;           /* Tensor[S, D/2]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_sin;           /* Tensor[S, D/2]  (working dtype: float32 | float16 | bfloat16) */
+  /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
+  void* workspace;                   /* device memory, 256-byte aligned */
+  int64_t workspace_bytes;
 } rope_bwd_args;
 
 #ifdef __cplusplus
@@ -68,6 +76,9 @@ extern "C" {
 #endif
 cudaError_t rope_forward(const rope_args* a, cudaStream_t stream);
 cudaError_t rope_backward(const rope_bwd_args* a, cudaStream_t stream);
+/* optional: the workspace bytes a call with these arguments needs (absent: none) */
+size_t rope_forward_workspace(const rope_args* a);
+size_t rope_backward_workspace(const rope_bwd_args* a);
 #ifdef __cplusplus
 }
 #endif

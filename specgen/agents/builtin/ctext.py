@@ -21,6 +21,32 @@ def entry_dispatch(kname: str, dispatch: str | None, dtypes) -> list[str]:
             + ["    default: return cudaErrorInvalidValue;", "  }", "}"])
 
 
+def launch_need_param(has_workspace) -> str:
+    """The launcher's extra parameter when it takes a workspace: given `need`, it only says how
+    many bytes the call needs (the size function and the launch share one computation)."""
+    return ", size_t* need = nullptr" if has_workspace else ""
+
+
+def take_workspace(bytes_var: str) -> list[str]:
+    """C++ lines of a launcher after `bytes_var` is known: answer a size query, else check the
+    framework's workspace holds that much (a smaller one is the caller's error, not an overrun)."""
+    return [f"  if (need) {{ *need = {bytes_var}; return cudaSuccess; }}",
+            f"  if ((size_t)A.workspace_bytes < {bytes_var}) return cudaErrorInvalidValue;  // the ABI's workspace"]
+
+
+def workspace_entry(kname: str, function: str, args_t: str, dispatch: str | None, dtypes) -> list[str]:
+    """The extern "C" size function: the launcher of the working dtype, asked only for its bytes."""
+    ask = "(void){kname}_launch<{t}>(*a, nullptr, &need);"
+    if dispatch is None:
+        body = ["  " + ask.format(kname=kname, t="float")]
+    else:
+        body = ([f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype"]
+                + [f"    case {DTYPE_ENUM[d]}: {ask.format(kname=kname, t=C_TYPES[d])} break;" for d in dtypes]
+                + ["    default: break;", "  }"])
+    return ([f'extern "C" size_t {function}(const {args_t}* a)', "{", "  size_t need = 0;"] + body
+            + ["  return need;", "}"])
+
+
 def dim_expr(d, prefix: str = "A.") -> str:
     if d.symbol is None:
         return f"(int64_t){d.add}"

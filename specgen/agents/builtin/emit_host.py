@@ -5,7 +5,7 @@ A mixin of emit.DirectionEmitter."""
 from __future__ import annotations
 
 from ... import abi
-from .ctext import Ctx, dim_expr, entry_dispatch, pitch_expr
+from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
 from .schedule import MAX_CLUSTER, Variant
 
 
@@ -103,8 +103,9 @@ class HostEmitter:
         entry = abi.entry_point(self.spec, self.direction)
         rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
         group = " * ".join(dim_expr(d) for d in (p.group_div or [])) or None
+        ncol, nglob = len(self.colreduces), len(self.globalreduces)
         lines = ["template <typename T>", f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
-                 f"cudaStream_t stream)", "{"]
+                 f"cudaStream_t stream{launch_need_param(ncol or nglob)})", "{"]
         lines.append(f"  const int64_t rows = {rows};")
         lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
         if group and self.colreduces:
@@ -207,14 +208,14 @@ class HostEmitter:
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
         lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
         lines.append("  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
-        ncol, nglob = len(self.colreduces), len(self.globalreduces)
-        lines.append("  float* partials = nullptr;")
         if ncol or nglob:
             lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
             lines.append(f"  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
                          f"+ (size_t)slots * {nglob});")
-            lines.append("  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);")
-            lines.append("  if (err != cudaSuccess) return err;")
+            lines += take_workspace("partial_bytes")
+            lines.append("  float* partials = (float*)A.workspace;")
+        else:
+            lines.append("  float* partials = nullptr;")
         lines.append("  const " + self.args_t + " args = A;")
         # narrow rows with column partials: shared memory to merge the block's row groups
         smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
@@ -222,8 +223,7 @@ class HostEmitter:
             smem = f"((P) > 32 ? csm_bytes : (size_t){rb} * (I) * (V) * sizeof(float))"
             lines.append(f"#define SG_LAUNCH(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
                          f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
-                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); "
-                         "cudaFreeAsync(partials, stream); return e_; } } while (0)")
+                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
         else:
             lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
                          f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
@@ -239,8 +239,6 @@ class HostEmitter:
         if any(s.kind == "global" for s in p.stores):
             lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
                          f"{'cslots' if ncol else '0'});")
-        if ncol or nglob:
-            lines.append("  cudaFreeAsync(partials, stream);")
         lines.append("  return cudaGetLastError();")
         lines.append("}")
         dispatch = self.dispatch_field()
@@ -248,6 +246,9 @@ class HostEmitter:
         lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
         lines.append("{")
         lines += entry_dispatch(self.kname, dispatch, dtypes)
+        if ncol or nglob:
+            lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
+                                            self.args_t, dispatch, dtypes)
         return "\n".join(lines)
 
     def dispatch_field(self) -> str | None:

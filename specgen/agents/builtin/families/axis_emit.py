@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import abi
-from ..ctext import Ctx, dim_expr, entry_dispatch
+from ..ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, take_workspace, workspace_entry
 from ..emit import DirectionEmitter
 from ..ir import Node
 from ..prelude import PRELUDE, with_optional_preludes
@@ -551,7 +551,8 @@ class AxisEmitter(DirectionEmitter):
     def emit_launch(self, dtypes: list[str]) -> list[str]:
         entry = abi.entry_point(self.spec, self.direction)
         lines = ["template <typename T>",
-                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{"]
+                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream"
+                 f"{launch_need_param(self.has_workspace)})", "{"]
         lines += self.sizes()
         lines += ["  const int64_t K = O * I, N = O * R * I;", "  if (N == 0 && K == 0) return cudaSuccess;",
                   "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;"]
@@ -578,13 +579,15 @@ class AxisEmitter(DirectionEmitter):
                 "    if (G > most) G = most;", "    if (G > 65535) G = 65535;", "    if (G < 1) G = 1;", "  }",
                 "  chunk = (R + G - 1) / G;", "  chunk = (chunk + step - 1) / step * step;",
                 "  if (chunk < 1) chunk = 1;", "  G = (R + chunk - 1) / chunk;", "  if (G < 1) G = 1;"]
-        lines += ["  const int64_t GP = G > 1 ? G : 0;",
-                  f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + {len(self.kept) + len(self.totals)}) "
-                  "* (size_t)K;",
-                  "  void* ws = nullptr;",
-                  "  if (ws_bytes) { const cudaError_t e = cudaMallocAsync(&ws, ws_bytes, stream); "
-                  "if (e != cudaSuccess) return e; }",
-                  f"  const {self.args_t} args = A;"]
+        lines.append("  const int64_t GP = G > 1 ? G : 0;")
+        if self.has_workspace:
+            lines.append(f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + "
+                         f"{len(self.kept) + len(self.totals)}) * (size_t)K;")
+            lines += take_workspace("ws_bytes")
+            lines.append("  void* ws = ws_bytes ? A.workspace : nullptr;")
+        else:
+            lines.append("  void* ws = nullptr;")
+        lines.append(f"  const {self.args_t} args = A;")
         if self.reduces:
             lines += ["  if (K > 0) {",
                       "    const int64_t tiles = (I + TX * VI - 1) / (TX * VI);",
@@ -634,12 +637,20 @@ class AxisEmitter(DirectionEmitter):
                       "  else if (mode == 2) SG_ELEM(VEC, 2);",
                       "  else SG_ELEM(1, 0);",
                       "#undef SG_ELEM"]
-        lines += ["  if (ws) cudaFreeAsync(ws, stream);", "  return cudaGetLastError();", "}", ""]
+        lines += ["  return cudaGetLastError();", "}", ""]
         dispatch = self.dispatch_field()
         lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
         lines.append("{")
         lines += entry_dispatch(self.kname, dispatch, dtypes)
+        if self.has_workspace:
+            lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
+                                            self.args_t, dispatch, dtypes)
         return lines
+
+    @property
+    def has_workspace(self) -> bool:
+        """Partials of split reductions, or kept/total slots: bytes the framework's workspace holds."""
+        return self.npartial > 0 or len(self.kept) + len(self.totals) > 0
 
     def emit(self, dtypes: list[str]) -> str:
         lines = []
