@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 10, call 3 (from the repository root on the GPU machine; $OUT set by the device tool).
 #   1. the verifier on the workspace attacks (tests/adversarial/*workspace*) and the good kernel
-#      that takes its workspace from the framework;
+#      that takes its workspace from the framework (pytest -m gpu, expected verdicts in the tests);
 #   2. the user's path with the ABI's workspace: `specgen build` of a copy of specs/ whose rmsnorm
 #      has no kernel and no lock entry (the builtin agent's default variant, verified, through the
 #      sanitizer gate, locked; the others come from the lock; --no-tune, since this session's
@@ -21,10 +21,12 @@ export PYTHONPATH="/tmp/site:$REPO:$REPO/tests:${PYTHONPATH:-}" SPECGEN_CACHE_DI
 mkdir -p "$OUT/logs"
 log() { echo "[$(( $(date +%s) - started )) s] $*" | tee -a "$OUT/summary.txt"; }
 
-# 1. workspace attacks
-VERIFY_PARTS=adversarial VERIFY_ADVERSARIAL_ONLY="workspace" VERIFY_SUITE_S=100 \
-  timeout 130 scripts/gpu-suite verify > "$OUT/logs/verify.log" 2>&1
-log "verify workspace attacks: exit $?"; grep -E "workspace" "$OUT/logs/verify.log" | grep -v "^#" | tail -8 >> "$OUT/summary.txt"
+# 1. workspace attacks and the good workspace kernel (their expected verdicts are in the tests),
+#    and the axis kernels' bit-reproducibility with the workspace handed to them
+timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_adversarial.py tests/test_axis_reduce.py \
+  -k "workspace or bit_reproducible" -rA > "$OUT/logs/workspace_tests.log" 2>&1
+log "workspace GPU tests: exit $? $(tail -1 "$OUT/logs/workspace_tests.log")"
+grep -E "PASSED|FAILED|ERROR" "$OUT/logs/workspace_tests.log" | cut -c1-160 | head -12 >> "$OUT/summary.txt"
 
 # 2. the user's path, rmsnorm regenerated through the workspace
 work=$(mktemp -d /tmp/s10.XXXX); cp -r specs "$work/specs"; rm -f "$work/specs/kernels/rmsnorm.cu"
