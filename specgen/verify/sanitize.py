@@ -8,6 +8,7 @@ off so every tensor is its own allocation and an overrun is an overrun.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,8 +50,25 @@ def report_lines(output: str, limit: int = 30) -> list[str]:
     return lines[:limit]
 
 
+def benign_races(tool: str, found: list[str]) -> int:
+    """Racecheck hazards it reports as warnings only (its summary: `N hazards displayed (0 errors,
+    W warnings)`, no `Error:` line): W, else 0. racecheck sorts its hazards into errors and
+    warnings, and exits with --error-exitcode for either. The builtin kernels' block reductions
+    (every lane of warp 0 storing the one reduced value into the same shared word) gave warnings
+    only on the H200 (session 10), the held-out missing-__syncthreads race errors. A warning is
+    recorded with the seconds; an error refuses the kernel."""
+    if tool != "racecheck" or any("Error:" in line for line in found):
+        return 0
+    for line in found:
+        summary = re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)", line)
+        if summary:
+            return int(summary[2]) if int(summary[1]) == 0 else 0
+    return 0
+
+
 def run_sanitizer(spec, library: Path, *, seed: int = 0, tools=TOOLS, timeout: float = SANITIZER_TIMEOUT_S) -> dict:
-    """Run each tool; raise Failure(sanitizer) on the first that reports; return per-tool seconds."""
+    """Run each tool; raise Failure(sanitizer) on the first that reports; return per-tool seconds
+    (and `racecheck warnings`: their count, where racecheck reported warnings only)."""
     import time
 
     sanitizer = find_compute_sanitizer()
@@ -72,7 +90,10 @@ def run_sanitizer(spec, library: Path, *, seed: int = 0, tools=TOOLS, timeout: f
         seconds[tool] = round(time.perf_counter() - started, 2)
         output = done.stdout + done.stderr
         found = report_lines(output)
-        if done.returncode == ERROR_EXIT or any("ERROR SUMMARY: " in l and "0 errors" not in l for l in found) \
+        warnings = benign_races(tool, found)
+        if warnings:  # exit code ERROR_EXIT for warnings alone: not a finding (see benign_races)
+            seconds[f"{tool} warnings"] = warnings
+        elif done.returncode == ERROR_EXIT or any("ERROR SUMMARY: " in l and "0 errors" not in l for l in found) \
                 or any("Error:" in l or "Invalid " in l for l in found):
             raise Failure(SANITIZER, f"compute-sanitizer {tool} reported errors on a small run:\n" +
                           "\n".join(found[:25]) +
@@ -80,7 +101,7 @@ def run_sanitizer(spec, library: Path, *, seed: int = 0, tools=TOOLS, timeout: f
                            "of shared memory by different threads." if tool == "racecheck" else
                            "\nAn out-of-bounds or misaligned access: guard every load and store with the "
                            "tensor's size, including the last partial vector."))
-        if done.returncode != 0:
+        if done.returncode not in (0, ERROR_EXIT) or (done.returncode == ERROR_EXIT and not warnings):
             raise Failure(SANITIZER, f"the small run under compute-sanitizer {tool} failed (exit code "
                                      f"{done.returncode}):\n" + "\n".join(output.strip().splitlines()[-15:]))
     return seconds
