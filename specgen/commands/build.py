@@ -15,6 +15,7 @@ from templates/package/ and built into a wheel with `python -m build`.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -468,17 +469,22 @@ def _symbol_gate(results: list[OpResult], args, console: Console, tree: Path | N
     """Every packaged kernel's symbols read before its wheel leaves the staging folder
     (package/gate.py): the object the wheel build compiled from `tree`, linked alone; the
     kernel compiled alone where there is no such object."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..package.gate import built_object, kernel_refusals, object_refusals
+
+    def refusals_of(r: OpResult) -> list[str]:
+        obj = built_object(tree, r.spec.name) if tree is not None else None
+        refusals = (object_refusals(r.spec, obj) if obj is not None
+                    else kernel_refusals(r.spec, r.kernel, arch=args.arch))
+        return [f"{r.spec.name}: {line}" for line in refusals]
 
     problems = []
     with _step(console, "checking what each kernel calls"):
-        for r in results:
-            if r.kernel is None:
-                continue
-            obj = built_object(tree, r.spec.name) if tree is not None else None
-            refusals = (object_refusals(r.spec, obj) if obj is not None
-                        else kernel_refusals(r.spec, r.kernel, arch=args.arch))
-            problems += [f"{r.spec.name}: {line}" for line in refusals]
+        # each check is a link and reads of the library (child processes): one per core at once
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for found in pool.map(refusals_of, [r for r in results if r.kernel is not None]):
+                problems += found
     if problems:
         raise Rejected("the package was not built: a kernel calls what a kernel may not, whatever its lock "
                        "record says:\n" + "\n".join(f"  - {p}" for p in problems[:20]))
