@@ -339,3 +339,33 @@ def test_the_symbol_gate_checks_kernels_at_once_and_reports_in_spec_order(monkey
     message = str(raised.value)
     assert [line.split(":")[0].strip(" -") for line in message.splitlines()[1:]] == names
     assert most[0] > 1  # at once
+
+
+def test_the_symbol_gate_starts_when_the_link_does_and_its_answer_decides(folder, tmp_path, monkeypatch, stub_wheel,
+                                                                          capsys):
+    """The gate runs on a thread from the moment the wheel build links (beside its packing), once;
+    a refusal keeps the wheel out of -o as before."""
+    import threading
+
+    import specgen.commands.build as build_command
+    import specgen.package as package
+
+    lock_swiglu(folder, monkeypatch)
+    stub, gates = package.build_wheel, []
+
+    def gate_problems(results, args, tree):
+        gates.append(threading.current_thread() is not threading.main_thread())
+        return ["swiglu: getenv: reads the environment"]
+
+    def build_wheel(tree, out_dir, **kw):
+        kw["on_link"]()
+        kw["on_link"]()  # a second link line starts nothing more
+        return stub(tree, out_dir, **kw)
+
+    monkeypatch.setattr(build_command, "_gate_problems", gate_problems)
+    monkeypatch.setattr(package, "build_wheel", build_wheel)
+    assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 1
+    err = capsys.readouterr().err
+    assert "getenv: reads the environment" in err and "whatever its lock record says" in err, err
+    assert gates == [True]  # on the thread, not again after the build
+    assert not list((tmp_path / "dist").glob("*.whl"))

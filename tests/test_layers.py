@@ -341,7 +341,7 @@ def test_build_progress_names_each_compile_step_as_it_finishes():
     from specgen.package.wheel import _CompileSteps
 
     heard, now = [], iter([110.0, 110.0, 131.0, 131.0, 174.4, 174.4])  # the extension started, two steps done
-    on_line = _CompileSteps(heard.append, clock=lambda: next(now))
+    on_line = _CompileSteps(heard.append, clock=lambda: next(now), on_link=lambda: heard.append("(objects done)"))
     for line in ["running build_ext",
                  "building 'sg._C' extension",
                  "[1/3] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output "
@@ -352,7 +352,7 @@ def test_build_progress_names_each_compile_step_as_it_finishes():
         on_line(line)
     # ninja prints a step's line when it ends (its output is piped): "compiled", timed from the start
     assert heard == ["compiling the extension (a line as each object is done)", "compiled 1/3: swiglu.cu (21 s)",
-                     "compiled 2/3: torch_binding.cpp (64 s)", "linking the extension"]
+                     "compiled 2/3: torch_binding.cpp (64 s)", "linking the extension", "(objects done)"]
 
 
 def test_build_progress_fills_a_long_compile_with_a_line_every_30_s():

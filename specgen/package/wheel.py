@@ -68,10 +68,11 @@ SOURCE_DATE_EPOCH = "315532800"
 
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
                 timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None,
-                object_cache: bool = True) -> Path:
+                object_cache: bool = True, on_link=None) -> Path:
     """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
     it); returns the wheel path. The log sits next to it. `progress(text)` hears of each
     compile step as it finishes ("compiled 2/7: rmsnorm.cu (41 s)"), for a log off a terminal.
+    `on_link()` is called once, when every object is compiled and the link begins.
     With `object_cache` (and SPECGEN_OBJECT_CACHE not "off"), compiled objects are reused
     across builds by content (specgen/package/objcache.py): an unchanged rebuild links only.
 
@@ -95,7 +96,7 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         cleanup = tuple(cleanup) + (launchers,)
         env.update(_object_cache_env(tree, Path(launchers), env))
     log_path = out_dir / f"{tree.name}.build.log"
-    steps = _CompileSteps(progress) if progress else None
+    steps = _CompileSteps(progress or (lambda text: None), on_link=on_link) if progress or on_link else None
     try:
         with _heartbeats(steps):
             returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup, on_line=steps)
@@ -136,8 +137,8 @@ class _CompileSteps:
     pipes it) ninja prints a step's line when the step ends, so a long compile is a silence:
     `heartbeat()`, called now and then, fills one of `quiet_s` seconds with a line."""
 
-    def __init__(self, progress, clock=time.monotonic, quiet_s: float = 30.0):
-        self.progress, self.clock, self.quiet_s = progress, clock, quiet_s
+    def __init__(self, progress, clock=time.monotonic, quiet_s: float = 30.0, on_link=None):
+        self.progress, self.clock, self.quiet_s, self.on_link = progress, clock, quiet_s, on_link
         self.started = self.said = None  # while compiling: when the compiles began, the last line
         self.done, self.total = 0, None
 
@@ -159,6 +160,8 @@ class _CompileSteps:
         elif " -shared " in line and not line.startswith("["):
             self.started = None  # the compiles are over
             self.progress("linking the extension")
+            if self.on_link is not None:
+                self.on_link()
 
     def heartbeat(self) -> None:
         if self.started is not None and self.clock() - self.said >= self.quiet_s:
