@@ -299,3 +299,73 @@ def test_the_example_specs_build_locked_into_a_wheel_that_passes_its_tests(tmp_p
     (wheel,) = (tmp_path / "dist").glob("specgen_kernels-*.whl")
     result = install_and_test(wheel, "specgen_kernels", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_symbol_gate_checks_kernels_at_once_and_reports_in_spec_order(monkeypatch):
+    """The gate's checks run on a thread pool; what it refuses is listed in spec order, however
+    the checks finish (the first kernel's check here ends last)."""
+    import threading
+    import types
+
+    from rich.console import Console
+
+    import specgen.package.gate as gate
+    from specgen.commands.build import OpResult, _symbol_gate
+    from specgen.errors import Rejected
+
+    names = ["first", "second", "third"]
+    running, most = [0], [0]
+    lock = threading.Lock()
+    last_done = threading.Event()
+
+    def refusals(spec, source, arch=None):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        if spec.name == "first":
+            last_done.wait(10)  # finishes after the others
+        elif spec.name == names[-1]:
+            last_done.set()
+        with lock:
+            running[0] -= 1
+        return [f"calls {spec.name}_getenv"]
+
+    monkeypatch.setattr(gate, "kernel_refusals", refusals)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    results = [OpResult(types.SimpleNamespace(name=name), kernel="// cu") for name in names]
+    results.insert(1, OpResult(types.SimpleNamespace(name="reference_only")))  # no kernel: not checked
+    with pytest.raises(Rejected) as raised:
+        _symbol_gate(results, types.SimpleNamespace(arch=None), Console(file=open(os.devnull, "w")), None)
+    message = str(raised.value)
+    assert [line.split(":")[0].strip(" -") for line in message.splitlines()[1:]] == names
+    assert most[0] > 1  # at once
+
+
+def test_the_symbol_gate_starts_when_the_link_does_and_its_answer_decides(folder, tmp_path, monkeypatch, stub_wheel,
+                                                                          capsys):
+    """The gate runs on a thread from the moment the wheel build links (beside its packing), once;
+    a refusal keeps the wheel out of -o as before."""
+    import threading
+
+    import specgen.commands.build as build_command
+    import specgen.package as package
+
+    lock_swiglu(folder, monkeypatch)
+    stub, gates = package.build_wheel, []
+
+    def gate_problems(results, args, tree):
+        gates.append(threading.current_thread() is not threading.main_thread())
+        return ["swiglu: getenv: reads the environment"]
+
+    def build_wheel(tree, out_dir, **kw):
+        kw["on_link"]()
+        kw["on_link"]()  # a second link line starts nothing more
+        return stub(tree, out_dir, **kw)
+
+    monkeypatch.setattr(build_command, "_gate_problems", gate_problems)
+    monkeypatch.setattr(package, "build_wheel", build_wheel)
+    assert build(folder / "swiglu.yaml", "-o", tmp_path / "dist") == 1
+    err = capsys.readouterr().err
+    assert "getenv: reads the environment" in err and "whatever its lock record says" in err, err
+    assert gates == [True]  # on the thread, not again after the build
+    assert not list((tmp_path / "dist").glob("*.whl"))

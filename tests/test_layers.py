@@ -337,19 +337,46 @@ def test_installed_package_patches_llama_on_the_gpu(dtype):
         assert error < {"float32": 1e-3, "bfloat16": 5e-2}[dtype], (name, error)  # relative, per parameter
 
 
-def test_build_progress_names_each_compile_step():
-    from specgen.package.wheel import _compile_steps
+def test_build_progress_names_each_compile_step_as_it_finishes():
+    from specgen.package.wheel import _CompileSteps
 
-    heard = []
-    on_line = _compile_steps(heard.append)
+    heard, now = [], iter([110.0, 110.0, 131.0, 131.0, 174.4, 174.4])  # the extension started, two steps done
+    on_line = _CompileSteps(heard.append, clock=lambda: next(now), on_link=lambda: heard.append("(objects done)"))
     for line in ["running build_ext",
+                 "building 'sg._C' extension",
                  "[1/3] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output "
                  "/t/build/temp/kernels/swiglu/swiglu.o.d -I/t/kernels/swiglu -c /t/kernels/swiglu/swiglu.cu "
                  "-o /t/build/temp/kernels/swiglu/swiglu.o -include /t/torch-ext/glibc_compat.h",
                  "[2/3] c++ -MMD -MF /t/b/torch_binding.o.d -c /t/torch-ext/torch_binding.cpp -o /t/b/torch_binding.o",
                  "g++ -shared /t/b/torch_binding.o /t/b/swiglu.o -o build/lib/sg/_C.abi3.so"]:
         on_line(line)
-    assert heard == ["compiling 1/3: swiglu.cu", "compiling 2/3: torch_binding.cpp", "linking the extension"]
+    # ninja prints a step's line when it ends (its output is piped): "compiled", timed from the start
+    assert heard == ["compiling the extension (a line as each object is done)", "compiled 1/3: swiglu.cu (21 s)",
+                     "compiled 2/3: torch_binding.cpp (64 s)", "linking the extension", "(objects done)"]
+
+
+def test_build_progress_fills_a_long_compile_with_a_line_every_30_s():
+    from specgen.package.wheel import _CompileSteps
+
+    heard, now = [], [0.0]
+    on_line = _CompileSteps(heard.append, clock=lambda: now[0])
+    on_line.heartbeat()
+    assert heard == []  # before the compiles: nothing to say
+    on_line("building 'sg._C' extension")
+    for second in (10, 29, 31, 45, 62):
+        now[0] = second
+        on_line.heartbeat()
+    on_line("[1/3] c++ -MMD -MF /t/b/torch_binding.o.d -c /t/torch-ext/torch_binding.cpp -o /t/b/torch_binding.o")
+    now[0] = 80
+    on_line.heartbeat()  # 18 s after the last line: quiet enough
+    now[0] = 93
+    on_line.heartbeat()
+    on_line("g++ -shared /t/b/torch_binding.o -o build/lib/sg/_C.abi3.so")
+    now[0] = 200
+    on_line.heartbeat()  # linked: the compiles are over
+    assert heard == ["compiling the extension (a line as each object is done)", "still compiling: none yet done (31 s)",
+                     "still compiling: none yet done (62 s)", "compiled 1/3: torch_binding.cpp (62 s)",
+                     "still compiling: 1/3 done (93 s)", "linking the extension"]
 
 
 def test_object_cache_reuses_objects_by_content_across_trees(tmp_path, monkeypatch):

@@ -200,19 +200,31 @@ def test_the_range_check_compiles_with_nvcc_and_exports_its_entry_point(files, t
     from specgen.toolchain import find_cuda_toolkit
 
     toolkit = find_cuda_toolkit()
-    folder = tmp_path / "torch-ext"
-    folder.mkdir()
-    for name in ("range_check.cu", "range_check.h", "glibc_compat.h"):
-        (folder / name).write_text(files[f"torch-ext/{name}"])
-    obj = tmp_path / "range_check.o"
-    # as setup.py compiles it (torch's own nvcc flags aside): the glibc header first, plain half types
-    done = subprocess.run([str(toolkit.nvcc), "-std=c++17", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
-                           "-U__CUDA_NO_HALF_CONVERSIONS__", "-gencode=arch=compute_90,code=sm_90",
-                           "-gencode=arch=compute_80,code=compute_80", "-Xcompiler=-fPIC,-Wall,-Wextra,-Werror",
-                           "-include", str(folder / "glibc_compat.h"),
-                           "-c", str(folder / "range_check.cu"), "-o", str(obj)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+
+    def compile_in(where: Path) -> Path:
+        folder = where / "torch-ext"
+        folder.mkdir(parents=True)
+        for name in ("range_check.cu", "range_check.h", "glibc_compat.h"):
+            (folder / name).write_text(files[f"torch-ext/{name}"])
+        obj = where / "range_check.o"
+        # as setup.py compiles it (torch's own nvcc flags aside): the glibc header first, plain half types
+        done = subprocess.run([str(toolkit.nvcc), "-std=c++17", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
+                               "-U__CUDA_NO_HALF_CONVERSIONS__", "-gencode=arch=compute_90,code=sm_90",
+                               "-gencode=arch=compute_80,code=compute_80", "-Xcompiler=-fPIC,-Wall,-Wextra,-Werror",
+                               f"-Xcompiler=-ffile-prefix-map={where}=.", "-include", str(folder / "glibc_compat.h"),
+                               "-c", str(folder / "range_check.cu"), "-o", str(obj)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-4000:]
+        return obj
+
+    obj, elsewhere = compile_in(tmp_path / "one"), compile_in(tmp_path / "two" / "deeper")
+    folder = tmp_path / "one" / "torch-ext"
+    strip = shutil.which("strip")
+    if strip:  # the build's temporary folder changes no byte the wheel keeps (the link strips the symbol table)
+        stripped = [obj.with_suffix(".s.o"), elsewhere.with_suffix(".s.o")]
+        for source, target in zip((obj, elsewhere), stripped):
+            subprocess.run([strip, "--strip-debug", "--discard-all", "-o", str(target), str(source)], check=True)
+        assert stripped[0].read_bytes() == stripped[1].read_bytes()
     nm = shutil.which("nm")
     if nm:
         symbols = subprocess.run([nm, "-g", "--defined-only", str(obj)], capture_output=True, text=True).stdout

@@ -15,8 +15,10 @@ from templates/package/ and built into a wheel with `python -m build`.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -428,13 +430,23 @@ def _package(results: list[OpResult], args, console: Console):
         with _step(console, f"writing the package tree of {args.name} ({len(pkg.ops)} ops)"):
             emit_package(pkg, tree)
         what = "compiling the CUDA kernels and building the wheel" if pkg.has_kernels else "building the wheel"
+        # the symbol gate starts once the objects exist (the link begins), beside the wheel's packing;
+        # entered last, so left first: joined before the folders it reads are removed
+        gate = stack.enter_context(ThreadPoolExecutor(max_workers=1))
+        early: list[Future] = []
+
+        def start_gate() -> None:
+            if pkg.has_kernels and not early:
+                early.append(gate.submit(_gate_problems, results, args, tree))
+
         started = time.monotonic()
         try:
             with _step(console, what):
                 wheel = build_wheel(tree, staging, needs_cuda=pkg.has_kernels, jobs=args.jobs,
                                     cleanup=() if args.keep_tree else (str(tree_root),),
                                     sdist=getattr(args, "sdist", False),
-                                    progress=lambda text: console.print(f"    {escape(text)}", highlight=False))
+                                    progress=lambda text: console.print(f"    {escape(text)}", highlight=False),
+                                    on_link=start_gate)
         except (Rejected, EnvironmentMissing) as error:
             _publish(staging, Path(args.out))  # the build log, which the error names
             if pkg.has_kernels and isinstance(error, Rejected):
@@ -442,7 +454,7 @@ def _package(results: list[OpResult], args, console: Console):
             raise type(error)(str(error).replace(str(staging), str(Path(args.out)))) from None
         timings["wheel"] = time.monotonic() - started
         if pkg.has_kernels:
-            _symbol_gate(results, args, console, tree)
+            _symbol_gate(results, args, console, tree, early[0] if early else None)
         wheel = _publish(staging, Path(args.out), wheel)
         if warning := portability_warning(wheel):
             console.print(f"  [yellow]portability[/]: {escape(warning)}")
@@ -464,21 +476,30 @@ def _publish(staging: Path, out: Path, wheel: Path | None = None) -> Path | None
     return out / wheel.name if wheel is not None else None
 
 
-def _symbol_gate(results: list[OpResult], args, console: Console, tree: Path | None) -> None:
-    """Every packaged kernel's symbols read before its wheel leaves the staging folder
-    (package/gate.py): the object the wheel build compiled from `tree`, linked alone; the
-    kernel compiled alone where there is no such object."""
+def _gate_problems(results: list[OpResult], args, tree: Path | None) -> list[str]:
+    """What the symbol gate refuses, "op: why" in spec order (package/gate.py): the object the
+    wheel build compiled from `tree`, linked alone; the kernel compiled alone where there is no
+    such object."""
     from ..package.gate import built_object, kernel_refusals, object_refusals
 
-    problems = []
+    def refusals_of(r: OpResult) -> list[str]:
+        obj = built_object(tree, r.spec.name) if tree is not None else None
+        refusals = (object_refusals(r.spec, obj, r.kernel) if obj is not None
+                    else kernel_refusals(r.spec, r.kernel, arch=args.arch))
+        return [f"{r.spec.name}: {line}" for line in refusals]
+
+    # each check is a link and reads of the library (child processes): one per core at once
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return [line for found in pool.map(refusals_of, [r for r in results if r.kernel is not None])
+                for line in found]
+
+
+def _symbol_gate(results: list[OpResult], args, console: Console, tree: Path | None,
+                 early: Future | None = None) -> None:
+    """Every packaged kernel's symbols read before its wheel leaves the staging folder; `early`:
+    the same check, already started (its answer is awaited)."""
     with _step(console, "checking what each kernel calls"):
-        for r in results:
-            if r.kernel is None:
-                continue
-            obj = built_object(tree, r.spec.name) if tree is not None else None
-            refusals = (object_refusals(r.spec, obj, r.kernel) if obj is not None
-                        else kernel_refusals(r.spec, r.kernel, arch=args.arch))
-            problems += [f"{r.spec.name}: {line}" for line in refusals]
+        problems = early.result() if early is not None else _gate_problems(results, args, tree)
     if problems:
         raise Rejected("the package was not built: a kernel calls what a kernel may not, whatever its lock "
                        "record says:\n" + "\n".join(f"  - {p}" for p in problems[:20]))

@@ -2,11 +2,14 @@
 torch already installed is the one the extension compiles against)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from ..errors import EnvironmentMissing, Rejected
@@ -65,10 +68,11 @@ SOURCE_DATE_EPOCH = "315532800"
 
 def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = True, jobs: int | None = None,
                 timeout: float = 3600, cleanup: tuple = (), sdist: bool = False, progress=None,
-                object_cache: bool = True) -> Path:
+                object_cache: bool = True, on_link=None) -> Path:
     """Build `tree` into a wheel in `out_dir` (and, with `sdist`, the source archive beside
     it); returns the wheel path. The log sits next to it. `progress(text)` hears of each
-    compile step as it starts ("compiling 2/7: rmsnorm.cu"), for a log off a terminal.
+    compile step as it finishes ("compiled 2/7: rmsnorm.cu (41 s)"), for a log off a terminal.
+    `on_link()` is called once, when every object is compiled and the link begins.
     With `object_cache` (and SPECGEN_OBJECT_CACHE not "off"), compiled objects are reused
     across builds by content (specgen/package/objcache.py): an unchanged rebuild links only.
 
@@ -92,9 +96,10 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         cleanup = tuple(cleanup) + (launchers,)
         env.update(_object_cache_env(tree, Path(launchers), env))
     log_path = out_dir / f"{tree.name}.build.log"
+    steps = _CompileSteps(progress or (lambda text: None), on_link=on_link) if progress or on_link else None
     try:
-        returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup,
-                                      on_line=_compile_steps(progress) if progress else None)
+        with _heartbeats(steps):
+            returncode, log = run_guarded(command, env=env, timeout=timeout, cleanup=cleanup, on_line=steps)
     except FileNotFoundError as error:  # pragma: no cover
         raise EnvironmentMissing(f"cannot run {sys.executable} -m build: {error}") from None
     if launchers:
@@ -126,17 +131,63 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
 _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] .*?([^\s/]+\.(?:cu|cpp|cc|c))\b(?!.*\.(?:cu|cpp)\b)")
 
 
-def _compile_steps(progress):
-    """An on_line callback: ninja's "[3/7] nvcc ... -c .../rmsnorm.cu ..." -> "compiling 3/7: rmsnorm.cu"."""
-    def on_line(line: str) -> None:
+class _CompileSteps:
+    """An on_line callback: ninja's "[3/7] nvcc ... -c .../rmsnorm.cu ..." -> "compiled 3/7:
+    rmsnorm.cu (41 s)", the seconds since the compiles started. Off a terminal (torch's build
+    pipes it) ninja prints a step's line when the step ends, so a long compile is a silence:
+    `heartbeat()`, called now and then, fills one of `quiet_s` seconds with a line."""
+
+    def __init__(self, progress, clock=time.monotonic, quiet_s: float = 30.0, on_link=None):
+        self.progress, self.clock, self.quiet_s, self.on_link = progress, clock, quiet_s, on_link
+        self.started = self.said = None  # while compiling: when the compiles began, the last line
+        self.done, self.total = 0, None
+
+    def say(self, text: str) -> None:
+        self.said = self.clock()
+        self.progress(text)
+
+    def __call__(self, line: str) -> None:
         match = _NINJA_STEP.match(line)
         if match:
-            progress(f"compiling {match[1]}/{match[2]}: {match[3]}")
+            self.done, self.total = int(match[1]), int(match[2])
+            elapsed = f" ({self.clock() - self.started:.0f} s)" if self.started is not None else ""
+            self.say(f"compiled {match[1]}/{match[2]}: {match[3]}{elapsed}")
+        elif line.startswith("building '") and line.endswith("' extension"):
+            self.started = self.clock()
+            self.say("compiling the extension (a line as each object is done)")
         elif line.startswith("specgen object cache: "):
-            progress(line[len("specgen object cache: "):])
+            self.say(line[len("specgen object cache: "):])
         elif " -shared " in line and not line.startswith("["):
-            progress("linking the extension")
-    return on_line
+            self.started = None  # the compiles are over
+            self.progress("linking the extension")
+            if self.on_link is not None:
+                self.on_link()
+
+    def heartbeat(self) -> None:
+        if self.started is not None and self.clock() - self.said >= self.quiet_s:
+            done = f"{self.done}/{self.total}" if self.total else "none yet"
+            self.say(f"still compiling: {done} done ({self.clock() - self.started:.0f} s)")
+
+
+@contextlib.contextmanager
+def _heartbeats(steps: _CompileSteps | None, every_s: float = 5.0):
+    """Calls steps.heartbeat() every `every_s` seconds in a thread while the block runs."""
+    if steps is None:
+        yield
+        return
+    stopped = threading.Event()
+
+    def beat() -> None:
+        while not stopped.wait(every_s):
+            steps.heartbeat()
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        beating.join()
 
 
 _FAILED_TARGET = re.compile(r"^FAILED: (?P<target>\S+)")
