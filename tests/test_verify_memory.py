@@ -39,3 +39,33 @@ def test_a_case_too_large_for_the_free_memory_is_shrunk_and_named(monkeypatch):
     assert session.fit_memory(small, "forward") is small and len(session.shrunk) == 1
     twice = session.fit_memory(make_case({"N": 2048, "D": 4096}, "float32", seed=1), "backward", copies=2)
     assert case_elements(spec.signature, twice.dim_map, "backward") * 2 <= memory.elements_that_fit(100.0, 10**10)
+
+
+def test_a_timed_run_that_does_not_fit_retries_on_fewer_sets_then_names_the_shape():
+    """An arena the GPU cannot give (the free memory moved after the plan) halves the input sets;
+    below the minimum the user gets an environment error naming the shape, not a verdict."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from specgen.errors import EnvironmentMissing
+    from specgen.verify.arena import ArenaError
+    from specgen.verify.engine import Session
+    from specgen.verify.memory import MIN_TIMED_SETS
+    from specgen.verify.strategies import make_case
+
+    tried = []
+
+    def run(count, fits=3):
+        tried.append(count)
+        if count > fits:
+            raise ArenaError("cuMemCreate(48320479232 bytes) failed: CUresult 2 (CUDA_ERROR_OUT_OF_MEMORY)")
+        return f"run on {count}"
+
+    session = SimpleNamespace(spec=SimpleNamespace(path="specs/elu.yaml"), shrunk=[])
+    base = make_case({"N": 4096, "D": 393216}, "float32", seed=900)
+    assert Session.within_memory(session, base, "forward", 12, run) == (3, "run on 3")
+    assert tried == [12, 6, 3] and "3 input sets after 6 did not fit" in session.shrunk[-1]
+    with pytest.raises(EnvironmentMissing, match=r"specs/elu.yaml: the benchmark shape .*N=4096 D=393216"):
+        Session.within_memory(session, base, "forward", 8, lambda n: run(n, fits=0))
+    assert tried[-1] == MIN_TIMED_SETS

@@ -299,9 +299,14 @@ class IsolatedRunner(RunnerBase):
         self.wait_ready()
         torch.cuda.synchronize()
         fresh = {}
-        for name, nbytes in sizes.items():
-            fresh[name] = Arena.create(nbytes if exact else max(int(nbytes * 1.25), MIN_ARENA),
-                                       torch.cuda.current_device())
+        try:
+            for name, nbytes in sizes.items():
+                fresh[name] = Arena.create(nbytes if exact else max(int(nbytes * 1.25), MIN_ARENA),
+                                           torch.cuda.current_device())
+        except Exception:  # out of memory: the old arenas stay mapped, the new ones go (a retry may fit)
+            for arena in fresh.values():
+                arena.close()
+            raise
         message = {"op": "arenas", "arenas": [[name, a.nbytes, name == "inputs" and self.readonly_inputs]
                                                for name, a in fresh.items()]}
         self.channel.send(message, fds=tuple(a.fd for a in fresh.values()))
