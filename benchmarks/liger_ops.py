@@ -5,7 +5,8 @@ torch.compile's, in one run: issue 13's op-level comparison.
         [--ops rmsnorm,softmax] [--shapes 16384x4096,4096x8192,8x4096] [--dtypes bfloat16,float32]
 
 Device time = the profiler's GPU time of every kernel, memset and memcpy a step launches
-(no launch gaps), per step, over --steps steps after a warm-up. A step is the forward, or the
+(no launch gaps), per step, over --steps steps after a warm-up; the JSON keeps each
+candidate's eight longest device activities per row (what a decode-size step is made of). A step is the forward, or the
 forward and the backward of it (`torch.autograd.backward` with a fixed output gradient).
 Ops (each only when the package has it): rmsnorm, add_rmsnorm (Liger's fused add + RMSNorm),
 swiglu ([N, 2H] -> [N, H]; Liger's fused gate-up SiLU-mul), softmax, cross_entropy (N x vocab,
@@ -119,8 +120,9 @@ def _outputs(result) -> list:
     return [o for o in items if isinstance(o, torch.Tensor) and o.requires_grad]
 
 
-def device_us(fn, args, backward: bool, steps: int) -> float:
-    """GPU time per step (kernels, memsets, copies; no gaps) from the profiler, in microseconds.
+def device_us(fn, args, backward: bool, steps: int, kernels: dict | None = None) -> float:
+    """GPU time per step (kernels, memsets, copies; no gaps) from the profiler, in microseconds;
+    `kernels` (when given) gets each device activity's name -> microseconds per step.
     Liger's rope rotates in place: each step gets fresh clones of the inputs (outside the time)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -141,8 +143,11 @@ def device_us(fn, args, backward: bool, steps: int) -> float:
         for fresh in prepared:
             step(fresh)
         torch.cuda.synchronize()
-    total = sum(_device_time(e) for e in prof.events() if _on_device(e))
-    return total / steps
+    device = [e for e in prof.events() if _on_device(e)]
+    if kernels is not None:
+        for e in device:
+            kernels[e.name[:120]] = kernels.get(e.name[:120], 0.0) + _device_time(e) / steps
+    return sum(_device_time(e) for e in device) / steps
 
 
 def _on_device(event) -> bool:
@@ -182,16 +187,18 @@ def measure(pkg, ops: list[str], shapes: list[tuple[int, int]], dtypes: list, st
                     candidates = {k: v for k, v in case["candidates"].items() if v is not None}
                     torch._dynamo.reset()
                     candidates["compile"] = torch.compile(case["candidates"]["eager"], dynamic=False)
-                    us = {}
+                    us, kernels = {}, {}
                     for name, fn in candidates.items():
                         try:
                             with torch.set_grad_enabled(backward):
-                                us[name] = device_us(fn, args, backward, steps)
+                                kernels[name] = {}
+                                us[name] = device_us(fn, args, backward, steps, kernels[name])
                         except Exception as error:  # one candidate failing is a row note, not an abort
                             us[name] = None
                             print(f"[liger_ops] {op} {n}x{hidden} {dtype} {direction} {name}: {error}", file=sys.stderr)
                     row = {"op": op, "shape": f"{n}x{hidden}", "dtype": str(dtype).replace("torch.", ""),
-                           "direction": direction, "us": us, "verdict": verdict(us)}
+                           "direction": direction, "us": us, "verdict": verdict(us),
+                           "kernels": {k: dict(sorted(v.items(), key=lambda kv: -kv[1])[:8]) for k, v in kernels.items()}}
                     rows.append(row)
                     on_row(rows)
                     print(line(row), flush=True)
