@@ -22,7 +22,7 @@ REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)IN
 REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # combiners of sg::group_reduce
 
 
-def div_per_row(x: str, d: str) -> str:
+def div_per_row(x: str, d: str, guarded: bool = True) -> str:
     """C for x / d with d the same for a whole row (or launch): a multiply by 1/d, one reciprocal
     per row (the compiler hoists it), instead of an IEEE division per element (<= 1.5 ulp apart),
     where 1/d is a normal float; the division itself where it is not: |d| < 2^-126 (a row
@@ -30,6 +30,8 @@ def div_per_row(x: str, d: str) -> str:
     |d| > 2^126 (1/d subnormal, bits lost). d = 0, inf or NaN divide alike either way. The
     float limits serve double too (a double 1/d outside them only takes the exact division)."""
     r = f"((acc_t)1 / (acc_t)({d}))"
+    if not guarded:  # 1/d is normal whenever finite (ir.reciprocal_is_normal): the multiply alone
+        return f"((acc_t)({x}) * {r})"
     return (f"((fabs({r}) >= (acc_t)1.17549435e-38f && fabs({r}) <= (acc_t)3.40282347e+38f) "
             f"? (acc_t)({x}) * {r} : (acc_t)({x}) / (acc_t)({d}))")
 
@@ -121,9 +123,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if node.dtype == "int":
                 return f"({x[0]} / {x[1]})"
             if node.level == "elem" and node.args[1].level in ("const", "global", "row"):
-                if reciprocal_is_normal(node.args[1]):
-                    return f"((acc_t)({x[0]}) * ((acc_t)1 / (acc_t)({x[1]})))"
-                return div_per_row(x[0], x[1])
+                return div_per_row(x[0], x[1], guarded=not reciprocal_is_normal(node.args[1]))
             return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
         if op == "floordiv":
             return f"({x[0]} / {x[1]})"  # sizes: non-negative
