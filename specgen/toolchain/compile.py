@@ -64,7 +64,7 @@ def compile_kernel(source: Path | str, *, include_dirs: Sequence[Path] = (), arc
     """
     started = time.perf_counter()
     toolkit = find_cuda_toolkit()
-    source_text, source_path = _read_source(source)
+    source_text, source_path = read_source(source)
     display_name = source_name or (str(source) if source_path else f"{name}.cu")
     build_name = Path(display_name).name if display_name.endswith(".cu") else Path(display_name).name + ".cu"
     arch = arch or detect_gpu_arch() or "sm_90"
@@ -115,7 +115,7 @@ def compile_kernel(source: Path | str, *, include_dirs: Sequence[Path] = (), arc
                           key, command)
 
 
-def _read_source(source: Path | str) -> tuple[str, Path | None]:
+def read_source(source: Path | str) -> tuple[str, Path | None]:
     # A str is a path when it names a file or looks like one; .cu text always has newlines.
     if isinstance(source, Path) or ("\n" not in source and (source.endswith(".cu") or os.path.isfile(source))):
         path = Path(source)

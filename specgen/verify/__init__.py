@@ -23,7 +23,7 @@ VERIFIER_VERSION = "4"  # bump when a check changes meaning: lock records are ke
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:
     """Compile, symbols, entry points. Returns (a rejecting verdict or None, the CompiledKernel or None)."""
     from ..abi import write_header
-    from ..toolchain import CompileError, compile_kernel, defined_symbols
+    from ..toolchain import CompileError, compile_kernel, defined_symbols, read_source
     from .checks import check_entry_points, check_library_symbols, check_stream_calls, check_workspace_function
 
     with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
@@ -40,7 +40,7 @@ def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | No
         check_stream_calls(compiled.library)
         defined = defined_symbols(compiled.library)
         check_entry_points(defined, spec)
-        check_workspace_function(spec, kernel, defined)
+        check_workspace_function(spec, read_source(kernel)[0], defined)
     except Failure as failure:
         return Verdict.from_failure(failure, timings=timings), compiled
     return None, compiled

@@ -56,9 +56,8 @@ def check_entry_points(defined: set[str], spec) -> None:
                       f"cudaStream_t stream)")
 
 
-def check_workspace_function(spec, kernel, defined: set[str]) -> None:
+def check_workspace_function(spec, source: str, defined: set[str]) -> None:
     """A size function a package would not call (abi.workspace_function_problems)."""
-    source = Path(kernel).read_text() if isinstance(kernel, Path) or "\n" not in str(kernel) else str(kernel)
     problems = abi.workspace_function_problems(spec, source, defined)
     if problems:
         raise Failure(ENTRY_POINT_MISSING, "; ".join(problems))
