@@ -97,8 +97,27 @@ def test_the_library_asks_a_compiled_size_function_through_ctypes(gelu, tmp_path
     for name in ("kernels/gelu_tanh__workspace.cu", "adversarial/workspace_size_negative.cu", "kernels/gelu_tanh.cu"):
         verdict, compiled = static_checks(gelu, REPO / "tests" / name, arch="sm_90", cache_dir=tmp_path)
         assert verdict is None, verdict.summary()
-        answers[name] = KernelLibrary(gelu, compiled.library).workspace_bytes("forward", tensors, {}, dims)
+        library = KernelLibrary(gelu, compiled.library)
+        answers[name] = library.workspace_bytes("forward", tensors, {}, dims)
+        assert library.sized() == ([] if name == "kernels/gelu_tanh.cu" else ["forward"])
     assert answers["kernels/gelu_tanh__workspace.cu"] == 4 * 300
     negative = answers["adversarial/workspace_size_negative.cu"]
     assert negative == (300 - 1024) * 4 + (1 << 64) and "garbage" in workspace_problem([negative], 2400)
     assert answers["kernels/gelu_tanh.cu"] == 0  # no size function: no workspace
+
+
+def test_the_candidates_process_is_asked_only_for_directions_with_a_size_function():
+    """A staged case asks the candidate's process for its workspace only where the loaded
+    library defines a size function for the case's direction (a round trip per case saved)."""
+    from specgen.verify.isolation import IsolatedRunner, Outcome
+
+    runner = object.__new__(IsolatedRunner)  # no process: the request is the stand-in below
+    asked = []
+    runner._request = lambda message, timeout=None: asked.append(message) or Outcome(sizes=[64] * len(message["calls"]))
+    calls = [{"direction": "backward", "tensors": {}, "scalars": {}, "dims": {}}] * 2
+    runner._sized = {"forward"}
+    assert runner.workspace_sizes(calls) == [0, 0] and not asked
+    runner._sized = {"forward", "backward"}
+    assert runner.workspace_sizes(calls) == [64, 64] and len(asked) == 1
+    runner._sized = None  # not loaded yet: ask
+    assert runner.workspace_sizes(calls) == [64, 64] and len(asked) == 2

@@ -71,7 +71,8 @@ def serve(fd: int) -> int:
 
                 state["spec"] = load_spec(message["spec"])
                 state["lib"] = KernelLibrary(state["spec"], message["library"])  # load-time code runs here
-                reply = {"type": "ok", "entries": [d for d in ("forward", "backward") if state["lib"].has(d)]}
+                reply = {"type": "ok", "entries": [d for d in ("forward", "backward") if state["lib"].has(d)],
+                         "sized": state["lib"].sized()}
             elif op == "workspace":  # the size function's answers; the judge decides what they are worth
                 reply = {"type": "ok", "sizes": [state["lib"].workspace_bytes(
                     c["direction"], tensors(c["tensors"]), c.get("scalars", {}), c.get("dims", {}))

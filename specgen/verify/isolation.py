@@ -47,6 +47,7 @@ class Outcome:
     walls_ms: list[float] = field(default_factory=list)  # timed: host time from an idle device to idle again
     failed_call: int | None = None
     sizes: list[int] = field(default_factory=list)  # workspace: the size function's answer per call
+    sized: list[str] | None = None  # load: the directions whose size function the library defines
 
 
 class RunnerBase:
@@ -268,6 +269,7 @@ class IsolatedRunner(RunnerBase):
         self.channel = Channel(ours)
         self._startup_timeout = startup_timeout
         self._ready = False
+        self._sized: set[str] | None = None  # directions with a size function (None: not loaded yet)
 
     def wait_ready(self) -> None:
         if self._ready:
@@ -323,11 +325,16 @@ class IsolatedRunner(RunnerBase):
     # -- requests
     def load(self, library: str | Path) -> Outcome:
         self.wait_ready()
-        return self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
-                              "library": str(Path(library).resolve())})
+        outcome = self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
+                                 "library": str(Path(library).resolve())})
+        self._sized = None if outcome.sized is None else set(outcome.sized)
+        return outcome
 
     def workspace_sizes(self, calls: list[dict]) -> list[int]:
-        """What the kernel's size function asks for each call, asked in its process (one request)."""
+        """What the kernel's size function asks for each call, asked in its process (one request;
+        none where the loaded library has no size function for these calls' directions)."""
+        if self._sized is not None and not any(c["direction"] in self._sized for c in calls):
+            return [0] * len(calls)
         wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in calls]
         outcome = self._request({"op": "workspace", "calls": wire})
         if outcome.fatal:
@@ -384,7 +391,7 @@ class IsolatedRunner(RunnerBase):
         return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
                        ok=reply.get("ok", True), problem=reply.get("problem"),
                        times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
-                       failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []))
+                       failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []), sized=reply.get("sized"))
 
     def _receive(self, timeout: float) -> dict:
         from .channel import ChannelClosed

@@ -64,6 +64,10 @@ class KernelLibrary:
         except AttributeError:
             pass
 
+    def sized(self) -> list[str]:
+        """The directions whose size function the library defines."""
+        return list(self._sizes)
+
     def workspace_bytes(self, direction: str, tensors: dict, scalars: dict, dims: dict) -> int:
         """What the kernel's size function asks for these arguments (0 without one). Unchecked:
         the judge decides whether the number is believable."""
