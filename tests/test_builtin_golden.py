@@ -27,6 +27,9 @@ OUT_OF_DATE = {
 # ABI workspaces (issue 13): partials from the framework's workspace, sized by <entry>_workspace
 WORKSPACE = "its partials come from the framework's workspace (<op>_<direction>_workspace), not cudaMallocAsync"
 OUT_OF_DATE.update({op: WORKSPACE for op in ("add_rmsnorm", "cross_entropy", "layernorm_gelu", "rmsnorm", "rope")})
+# Few rows (session 11): a row over a cluster of 8 blocks at decode sizes (schedule.FEW_TPRS)
+OUT_OF_DATE.update({op: "few rows spread over clusters at decode sizes (schedule.FEW_TPRS)"
+                    for op in ("softmax", "log_softmax")})
 
 
 def builtin_kernels():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, VARIANTS, Variant, combine, items_max,
+from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, FEW_TPRS, VARIANTS, Variant, combine, items_max, few_rows_tpr,
                                              plan, variants_named)
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
@@ -183,7 +183,8 @@ def test_cl256_splits_rows_over_clusters_of_256_thread_blocks():
     assert plan(DEFAULT_VARIANT, 32768 // 8, 8) == (512, 8) and not DEFAULT_VARIANT.is_split(512, None)
     source = build_source(load_spec(SPECS / "cross_entropy.yaml"), cl256)
     backward = source.split("// ======================= backward")[1]
-    assert "const int block = items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;" in backward
+    assert ("int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : "
+            "tpr > 32 ? tpr : 128;") in backward
     assert "{ tpr = 512; items = ITEMS_MAX; }  // a cluster of 2 blocks" in backward
     assert "sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(" in backward
     forward = source.split("// ======================= backward")[0]
@@ -219,10 +220,15 @@ def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, 
     # 256-thread block of cl256's split rows and hung at its first barrier
     source = build_source(load_spec(SPECS / f"{op}.yaml"), variant)
     for direction_source in source.split("// ======================= backward"):
-        expr = re.search(r"const int block = (.*?);  //", direction_source).group(1)
+        expr = re.search(r"(?:const )?int block = (.*?);  //", direction_source).group(1)
+        if "few ?" in expr:  # few rows: a cluster of 8 blocks of TPR / 8 threads, as the launch instantiates them
+            assert variant.few_rows and "#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(" \
+                in direction_source and ", V, P, 1, (P) / 8>, grid, block," in direction_source
+            for tpr in FEW_TPRS:
+                assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 1}) == tpr // 8
         for tpr, items in list(variant.schedules) + [(32, 1), (256, 0)]:
             items_value = 8 if items is None else items
-            block = _c_ternary(expr, {"tpr": tpr, "items": items_value})
+            block = _c_ternary(expr, {"few": 0, "tpr": tpr, "items": items_value})
             if variant.is_split(tpr, items):
                 assert block == variant.split_block_of(tpr) and 2 <= tpr // block <= 8
                 macro = re.search(r"sg::launch_cluster<\(P\) / (.*?)>\(", direction_source)
@@ -254,3 +260,19 @@ def test_moments_variant_takes_layernorm_mean_and_variance_in_one_round():
     assert "group_moments" not in two and two.count("sg::group_reduce<TPR, BLOCK>(") >= 2
     for op in ("rmsnorm", "softmax", "cross_entropy"):  # no (mean, deviations) pair: no moments code
         assert "group_moments" not in build_source(load_spec(SPECS / f"{op}.yaml"))
+
+
+def test_few_rows_spread_over_a_cluster_only_while_they_leave_the_sms_idle():
+    softmax, rmsnorm = load_spec(SPECS / "softmax.yaml"), load_spec(SPECS / "rmsnorm.yaml")
+    # 8 rows of 4096 bf16 (512 chunks): 8 clusters of 8 blocks; 64 rows already fill the H200's 132 SMs
+    assert few_rows_tpr(DEFAULT_VARIANT, 8, 512, 132) == 512
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16") == "few"
+    assert shape_class_of(softmax, "forward", {"N": 33, "D": 4096}, "bfloat16") == "few"
+    assert shape_class_of(softmax, "forward", {"N": 34, "D": 4096}, "bfloat16") == "medium"
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 1024}, "bfloat16") == "narrow"  # 128 chunks: too narrow
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16", _variant("nofew")) == "medium"
+    # a norm's backward sums weight gradients over rows (column partials): no split form
+    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "float32") == "few"
+    assert shape_class_of(rmsnorm, "backward", {"N": 8, "D": 4096}, "float32") != "few"
+    assert "SG_LAUNCH_FEW" not in build_source(rmsnorm).split("// ======================= backward")[1]
+    assert few_rows_tpr(DEFAULT_VARIANT, 1, 4096, 132) is None  # wider than 2048 chunks: the split schedules

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import abi
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
-from .schedule import MAX_CLUSTER, Variant
+from .schedule import FEW_MIN_CHUNKS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant
 
 
 class HostEmitter:
@@ -47,6 +47,12 @@ class HostEmitter:
         (cross-entropy forward was 0.56-0.67x slower split on the H200)."""
         return variant.split_rows and not self.colreduces and any(st.kind == "elem" for st in self.p.stores)
 
+    def few_allowed(self, variant: Variant) -> bool:
+        """Few rows over clusters (schedule.FEW_TPRS): any program without column partials
+        (those have no split form). Unlike split rows, losses take it too: a handful of rows is
+        latency-bound, not read twice."""
+        return variant.few_rows and not self.colreduces
+
     @staticmethod
     def split_block_expr(variant: Variant) -> str:
         """C++ condition chain (without its last branch) giving the block of a split row by tpr."""
@@ -75,8 +81,14 @@ class HostEmitter:
 
     def schedule_chain(self, variant: Variant, action: str) -> list[str]:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
-        split rows run `action`_CL."""
-        lines = ["  if (vec_ok) {"]
+        split rows run `action`_CL, few rows `action`_FEW."""
+        lines = []
+        if self.few_allowed(variant):
+            chain = " else ".join(f"if (tpr == {t}) {action}_FEW(VEC, {t});" for t in FEW_TPRS[:-1])
+            lines.append(f"  if (few) {{ {chain} else {action}_FEW(VEC, {FEW_TPRS[-1]}); }}")
+            lines.append("  else if (vec_ok) {")
+        else:
+            lines.append("  if (vec_ok) {")
         first = True
         for tpr, items in self.vec_schedules(variant):
             kw = "if" if first else "else if"
@@ -158,6 +170,15 @@ class HostEmitter:
             lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
                          f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
                          f"{variant.split_block_of(first)}>>();")
+        if self.few_allowed(variant):
+            first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
+            lines.append(f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} blocks fit in {FEW_WAVES} waves of a block per")
+            lines.append(f"  // SM, a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} "
+                         "blocks, one chunk per thread")
+            lines.append(f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
+                         f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {FEW_TPRS[-1]} && sg::clusters_ok<{first}>();")
+            sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
+            lines.append(f"  if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}")
         lines.append("  if (vec_ok) {")
         for tpr, items in self.vec_schedules(variant):
             if variant.is_split(tpr, items):
@@ -177,8 +198,15 @@ class HostEmitter:
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
         rb = variant.row_block
-        lines.append(f"  const int block = {self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
+        few_block = f"few ? tpr / {MAX_CLUSTER} : " if self.few_allowed(variant) else ""
+        # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
+        narrow_spread = self.few_allowed(variant) and not variant.persistent
+        const = "" if narrow_spread else "const "
+        lines.append(f"  {const}int block = {few_block}{self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
                      "// TPR > 32: one row per block (or per cluster)")
+        if narrow_spread:
+            lines.append("  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs")
+            lines.append("  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;")
         lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
         lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
         if variant.persistent or self.colreduces:
@@ -195,9 +223,14 @@ class HostEmitter:
             lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
                          f"((P) > 32 ? (P) : {rb})>>(block)")
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
+        few = self.few_allowed(variant)
+        if few:
+            lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
         lines += self.schedule_chain(variant, "SG_OCC")
         lines.append("#undef SG_OCC")
         lines.append("#undef SG_OCC_CL")
+        if few:
+            lines.append("#undef SG_OCC_FEW")
         lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
         lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
@@ -231,9 +264,15 @@ class HostEmitter:
         lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
                      f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
                      "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
+        if few:
+            lines.append(f"#define SG_LAUNCH_FEW(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
+                         f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, args, partials, "
+                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
         lines.append("#undef SG_LAUNCH_CL")
+        if few:
+            lines.append("#undef SG_LAUNCH_FEW")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(self.finalize_cols_launch())
         if any(s.kind == "global" for s in p.stores):

@@ -16,7 +16,7 @@ from ... import abi
 from ..base import Agent, AgentExhausted, AgentRefused, Attempt, Candidate, KernelTask
 from .emit import emit_source
 from .families import family_of, lower_family
-from .schedule import DEFAULT_VARIANT, VARIANTS, Variant
+from .schedule import DEFAULT_VARIANT, H200_SMS, VARIANTS, Variant
 from .families.scan import scan_directions
 from .lower import lower
 from .optimize import cse, lone_norms, onehot_sums, reuse_forward_outputs
@@ -121,11 +121,12 @@ def compile_many(jobs: list[tuple]) -> list:
         return list(pool.map(one, jobs))
 
 
-def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Variant = DEFAULT_VARIANT) -> str:
-    """flat | narrow | medium | wide | split: the schedule class `variant`'s host code picks for
-    one benchmark shape (a Python mirror of the generated dispatch)."""
+def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Variant = DEFAULT_VARIANT,
+                   sms: int = H200_SMS) -> str:
+    """flat | few | narrow | medium | wide | split: the schedule class `variant`'s host code picks
+    for one benchmark shape on a GPU of `sms` SMs (a Python mirror of the generated dispatch)."""
     from .emit import DirectionEmitter
-    from .schedule import items_max, plan, shape_class
+    from .schedule import few_rows_tpr, items_max, plan, shape_class
 
     program = lower_spec(spec).get(direction)
     if program is None or family_of({direction: program}) is not None:
@@ -142,6 +143,9 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     if width % vec:
         return "wide" if width > 32 else "narrow"
     emitter = DirectionEmitter(spec, program, direction, variant)
+    rows = math.prod(d.resolve(dims) for d in program.row_dims)
+    if emitter.few_allowed(variant) and few_rows_tpr(variant, rows, width // vec, sms) is not None:
+        return "few"
     imax = items_max(variant, emitter.words_per_item(itemsize, vec))
     return shape_class(*plan(variant, width // vec, imax, split=emitter.split_allowed(variant)))
 

@@ -23,6 +23,16 @@ ROW_TPRS = (64, 128, 256, 512, 1024, 2048, 4096)  # threads per row held in regi
 MAX_CLUSTER = 8  # the portable cluster size
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
 LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
+# Few rows (decode sizes: a handful of tokens): a block per row would leave most SMs idle and
+# each busy one latency-bound (on the H200 swiglu over 8 rows of 4096 took 3.4 us in 8 blocks
+# of 128 threads, torch.compile's 32 blocks 1.1 us; softmax 4.8 us in 8 blocks of 64 threads).
+# So while rows x MAX_CLUSTER blocks fit in FEW_WAVES waves of one block per SM, a row of
+# FEW_MIN_CHUNKS to FEW_TPRS[-1] 16-byte chunks spreads over a cluster of MAX_CLUSTER blocks,
+# one chunk per thread (TPR the next of FEW_TPRS, blocks of TPR / MAX_CLUSTER threads).
+FEW_TPRS = (256, 512, 1024, 2048)
+FEW_MIN_CHUNKS = 129
+FEW_WAVES = 2
+H200_SMS = 132  # the SM count the Python mirrors assume when no GPU is asked
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,8 @@ class Variant:
     # and 2.3x in bfloat16 (residual SiLU, 4096 x 4096: benchmarks/flat_study.py, session 7)
     flat_unroll: int = 1
     flat_waves: int = 64
+    # few rows (decode sizes): a row over a cluster of blocks, one chunk per thread (FEW_TPRS)
+    few_rows: bool = True
 
     @property
     def schedules(self) -> tuple:
@@ -109,6 +121,8 @@ VARIANTS = [
     # wave (the default before session 7)
     Variant("flat2w32", flat_unroll=2, flat_waves=32),
     Variant("flat4w1", flat_unroll=4, flat_waves=1),
+    # few rows: a block per row (the medium schedule) instead of a cluster of blocks per row
+    Variant("nofew", few_rows=False),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -125,7 +139,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block"),
-                "flat": ("flat_unroll", "flat_waves")}
+                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows",)}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -171,6 +185,14 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
         if items <= imax and chunks <= tpr * items:
             return tpr, items
     raise AssertionError("the schedule list ends with the looped pass")
+
+
+def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int) -> int | None:
+    """TPR of the few-rows schedule for `rows` rows of `chunks` 16-byte chunks on `sms` SMs
+    (None: not taken; mirrors the generated host code, where the program and device allow it)."""
+    if not variant.few_rows or rows * MAX_CLUSTER > FEW_WAVES * sms or not FEW_MIN_CHUNKS <= chunks <= FEW_TPRS[-1]:
+        return None
+    return next(t for t in FEW_TPRS if chunks <= t)
 
 
 def shape_class(tpr: int, items: int) -> str:
