@@ -102,8 +102,9 @@ def table(rows, copy_gbs) -> str:
 
 def variants_per_op(text: str):
     """op -> the variants to tune (None: all of them): `a,b` for every op, or `op=a,b;op2=c,d`
-    for the named ops only (the others keep the default variant alone)."""
-    from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variants_named
+    for the named ops only (the others keep the default variant alone; per op, a name may be a
+    combination `cls:name+cls:name`)."""
+    from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named, variants_named
 
     if "=" not in text:
         every = variants_named(text) or None
@@ -113,7 +114,8 @@ def variants_per_op(text: str):
         op, sep, names = part.partition("=")
         if not sep or not op.strip():
             raise ValueError(f"{part!r}: write op=variant,variant")
-        table[op.strip()] = variants_named(names)
+        # per op, a combination the lock records ("medium:cl256+split:default") is a name too
+        table[op.strip()] = [variant_named(n.strip()) for n in names.split(",") if n.strip()]
     return lambda op: table.get(op, [DEFAULT_VARIANT])
 
 

@@ -263,7 +263,7 @@ def test_moments_variant_takes_layernorm_mean_and_variance_in_one_round():
 
 
 def test_few_rows_spread_over_a_cluster_only_while_they_leave_the_sms_idle():
-    softmax, rmsnorm = load_spec(SPECS / "softmax.yaml"), load_spec(SPECS / "rmsnorm.yaml")
+    softmax, rmsnorm, swiglu = (load_spec(SPECS / f"{op}.yaml") for op in ("softmax", "rmsnorm", "swiglu"))
     # 8 rows of 4096 bf16 (512 chunks): 8 clusters of 8 blocks; 64 rows already fill the H200's 132 SMs
     assert few_rows_tpr(DEFAULT_VARIANT, 8, 512, 132) == 512
     assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16") == "few"
@@ -271,8 +271,15 @@ def test_few_rows_spread_over_a_cluster_only_while_they_leave_the_sms_idle():
     assert shape_class_of(softmax, "forward", {"N": 34, "D": 4096}, "bfloat16") == "medium"
     assert shape_class_of(softmax, "forward", {"N": 8, "D": 1024}, "bfloat16") == "narrow"  # 128 chunks: too narrow
     assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16", _variant("nofew")) == "medium"
+    # a row reduction pays the cluster's rounds: only where the plain schedule gives a thread 64+
+    # elements (softmax forward bf16: 8 chunks of 8); float32's 8 chunks of 4 keep a block per row
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "float32") == "medium"
+    assert few_rows_tpr(DEFAULT_VARIANT, 8, 1024, 132, row_free=False, plain_elems=32) is None
+    # no row reduction (swiglu): always spread, in either dtype
+    assert shape_class_of(swiglu, "forward", {"N": 8, "H": 4096}, "float32") == "few"
+    assert shape_class_of(swiglu, "backward", {"N": 8, "H": 4096}, "bfloat16") == "few"
+    # rmsnorm's forward holds x and the weight: 4 chunks of 8 bf16 a thread, under 64
+    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "bfloat16") == "medium"
     # a norm's backward sums weight gradients over rows (column partials): no split form
-    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "float32") == "few"
-    assert shape_class_of(rmsnorm, "backward", {"N": 8, "D": 4096}, "float32") != "few"
     assert "SG_LAUNCH_FEW" not in build_source(rmsnorm).split("// ======================= backward")[1]
     assert few_rows_tpr(DEFAULT_VARIANT, 1, 4096, 132) is None  # wider than 2048 chunks: the split schedules

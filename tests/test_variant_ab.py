@@ -44,6 +44,9 @@ def test_builtin_bench_tunes_per_op_variant_lists():
     per_op = builtin_bench.variants_per_op("softmax=default,cl256; rmsnorm=default,csmem")
     assert [v.name for v in per_op("rmsnorm")] == ["default", "csmem"]
     assert [v.name for v in per_op("rope")] == ["default"]  # not named: not tuned
+    recorded = builtin_bench.variants_per_op("softmax=medium:cl256+split:default+wide:cl256")("softmax")
+    assert [(v.name, v.block_max, v.split_block, v.loop_tpr) for v in recorded] == [
+        ("medium:cl256+split:default+wide:cl256", 256, 512, 512)]  # the lock's combination, rebuilt
     with pytest.raises(ValueError, match="no variant nope"):
         builtin_bench.variants_per_op("softmax=default,nope")
     with pytest.raises(ValueError, match="op=variant"):

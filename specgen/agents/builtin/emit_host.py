@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import abi
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
-from .schedule import FEW_MIN_CHUNKS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant
+from .schedule import FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, items_max
 
 
 class HostEmitter:
@@ -51,7 +51,35 @@ class HostEmitter:
         """Few rows over clusters (schedule.FEW_TPRS): any program without column partials
         (those have no split form). Unlike split rows, losses take it too: a handful of rows is
         latency-bound, not read twice."""
-        return variant.few_rows and not self.colreduces
+        if not variant.few_rows or self.colreduces:
+            return False
+        if self.row_free():
+            return True
+        # with row reductions only where some dtype's plain schedule reaches FEW_MIN_ELEMS a thread
+        # (else the kernel would carry instantiations no call takes)
+        sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+        return any(items_max(variant, self.words_per_item(sizes[d], 16 // sizes[d])) * (16 // sizes[d]) >= FEW_MIN_ELEMS
+                   for d in self.spec.dtypes if d in sizes)
+
+    def few_rows_choice(self) -> list[str]:
+        """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
+        schedule.few_rows_tpr, its Python mirror)."""
+        first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
+        serial = "true" if self.row_free() else f"items * VEC >= {FEW_MIN_ELEMS}"
+        sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
+        why = ("no row reductions: the row's blocks need not meet" if self.row_free() else
+               f"a row reduction: the cluster's rounds pay off only over {FEW_MIN_ELEMS}+ elements per thread")
+        return [f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} blocks fit in {FEW_WAVES} waves of a block per SM,",
+                f"  // a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} blocks, "
+                "one chunk per thread",
+                f"  // ({why})",
+                f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
+                f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {FEW_TPRS[-1]} && {serial} && sg::clusters_ok<{first}>();",
+                f"  if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}"]
+
+    def row_free(self) -> bool:
+        """No reduction over a row: a row's blocks never combine anything."""
+        return not any(n.op == "rowreduce" for n in self.nodes)
 
     @staticmethod
     def split_block_expr(variant: Variant) -> str:
@@ -170,15 +198,6 @@ class HostEmitter:
             lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
                          f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
                          f"{variant.split_block_of(first)}>>();")
-        if self.few_allowed(variant):
-            first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
-            lines.append(f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} blocks fit in {FEW_WAVES} waves of a block per")
-            lines.append(f"  // SM, a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} "
-                         "blocks, one chunk per thread")
-            lines.append(f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
-                         f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {FEW_TPRS[-1]} && sg::clusters_ok<{first}>();")
-            sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
-            lines.append(f"  if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}")
         lines.append("  if (vec_ok) {")
         for tpr, items in self.vec_schedules(variant):
             if variant.is_split(tpr, items):
@@ -197,6 +216,8 @@ class HostEmitter:
         lines.append("  } else {")
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
+        if self.few_allowed(variant):
+            lines += self.few_rows_choice()
         rb = variant.row_block
         few_block = f"few ? tpr / {MAX_CLUSTER} : " if self.few_allowed(variant) else ""
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)

@@ -143,11 +143,13 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     if width % vec:
         return "wide" if width > 32 else "narrow"
     emitter = DirectionEmitter(spec, program, direction, variant)
-    rows = math.prod(d.resolve(dims) for d in program.row_dims)
-    if emitter.few_allowed(variant) and few_rows_tpr(variant, rows, width // vec, sms) is not None:
-        return "few"
     imax = items_max(variant, emitter.words_per_item(itemsize, vec))
-    return shape_class(*plan(variant, width // vec, imax, split=emitter.split_allowed(variant)))
+    tpr, items = plan(variant, width // vec, imax, split=emitter.split_allowed(variant))
+    rows = math.prod(d.resolve(dims) for d in program.row_dims)
+    if emitter.few_allowed(variant) and few_rows_tpr(variant, rows, width // vec, sms, row_free=emitter.row_free(),
+                                                     plain_elems=items * vec) is not None:
+        return "few"
+    return shape_class(tpr, items)
 
 
 def _size_at(node, dims: dict) -> int:

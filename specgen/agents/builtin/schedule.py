@@ -23,14 +23,20 @@ ROW_TPRS = (64, 128, 256, 512, 1024, 2048, 4096)  # threads per row held in regi
 MAX_CLUSTER = 8  # the portable cluster size
 ROW_BLOCK = 128  # threads per block when several rows share a block (TPR <= 32)
 LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
-# Few rows (decode sizes: a handful of tokens): a block per row would leave most SMs idle and
-# each busy one latency-bound (on the H200 swiglu over 8 rows of 4096 took 3.4 us in 8 blocks
+# Few rows (decode sizes: a handful of tokens): a block per row leaves most SMs idle and each
+# thread with a long serial chain (on the H200, 8 rows of 4096 bf16: swiglu 3.4 us in 8 blocks
 # of 128 threads, torch.compile's 32 blocks 1.1 us; softmax 4.8 us in 8 blocks of 64 threads).
 # So while rows x MAX_CLUSTER blocks fit in FEW_WAVES waves of one block per SM, a row of
 # FEW_MIN_CHUNKS to FEW_TPRS[-1] 16-byte chunks spreads over a cluster of MAX_CLUSTER blocks,
-# one chunk per thread (TPR the next of FEW_TPRS, blocks of TPR / MAX_CLUSTER threads).
+# one chunk per thread (TPR the next of FEW_TPRS, blocks of TPR / MAX_CLUSTER threads): always
+# for a program without row reductions, and for one with them only where the plain schedule
+# gives a thread FEW_MIN_ELEMS elements or more, as the cluster's reduction rounds cost about
+# 0.4 us (benchmarks/decode_ab.py, session 11: swiglu 1.3-2.1x, softmax and cross-entropy
+# forward bf16 (64 elements a thread) 1.2-1.5x faster; rmsnorm forward and softmax backward
+# (32) 0.75-0.85x).
 FEW_TPRS = (256, 512, 1024, 2048)
 FEW_MIN_CHUNKS = 129
+FEW_MIN_ELEMS = 64
 FEW_WAVES = 2
 H200_SMS = 132  # the SM count the Python mirrors assume when no GPU is asked
 
@@ -187,10 +193,15 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
     raise AssertionError("the schedule list ends with the looped pass")
 
 
-def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int) -> int | None:
+def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free: bool = True,
+                 plain_elems: int = FEW_MIN_ELEMS) -> int | None:
     """TPR of the few-rows schedule for `rows` rows of `chunks` 16-byte chunks on `sms` SMs
-    (None: not taken; mirrors the generated host code, where the program and device allow it)."""
+    (None: not taken). `row_free`: the program has no row reductions; `plain_elems`: elements a
+    thread holds in the plain schedule (ITEMS x VEC). Mirrors the generated host code, where the
+    program and device allow it."""
     if not variant.few_rows or rows * MAX_CLUSTER > FEW_WAVES * sms or not FEW_MIN_CHUNKS <= chunks <= FEW_TPRS[-1]:
+        return None
+    if not row_free and plain_elems < FEW_MIN_ELEMS:
         return None
     return next(t for t in FEW_TPRS if chunks <= t)
 
