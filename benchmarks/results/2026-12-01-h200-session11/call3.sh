@@ -25,6 +25,7 @@ timeout 330 python3 benchmarks/builtin_bench.py --out "$OUT/builtin" --dtypes bf
   > "$OUT/logs/builtin.log" 2>&1
 log "builtin (regenerate, verify, time, lock): exit $?"
 grep -E "done in|FAILED" "$OUT/logs/builtin.log" | cut -c1-200 >> "$OUT/summary.txt"
+grep -E "^\| " "$OUT/builtin/builtin_bench.md" 2>/dev/null | cut -c1-170 | head -100 >> "$OUT/summary.txt"
 cp -r specs "$OUT/specs"
 git status --short specs | head -30 >> "$OUT/summary.txt"
 
