@@ -421,85 +421,35 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ======================= forward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
-// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
-template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
-gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t rows_per_group)
+// flat: every element of the outputs, row structure ignored: UNROLL 16-byte chunks per thread in flight, a grid-stride loop
+// over VEC-element chunks, then the last n % VEC elements one by one.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256)
+gelu_tanh_fwd_flat(const gelu_tanh_args A, int64_t n)
 {
   using acc_t = typename sg::Acc<T>::type;
-  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
-  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4, 4);
-  __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)
-  (void)red_smem; (void)partials;
-  const int64_t W = ((int64_t)(A.D));
-  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
-  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;
-  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x : (int)(threadIdx.x % TPR);
-  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);
-  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);
-  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
-  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
-  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
-  // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
-  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
-    const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
-    const T* p_x_0 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
-    T* o_0 = (T*)A.out.data + row * ((int64_t)(A.D)) + 0;
-    // the row stays in registers across passes, raw in the storage dtype (half the
-    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
-    sg::Raw<T, VEC> r_p_x_0[ITEMS > 0 ? ITEMS : 1];
-    if constexpr (ITEMS > 0) {
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-          sg::load_raw<VEC>(p_x_0 + c * VEC, r_p_x_0[k]);
-        }
+  constexpr int UNROLL = 1;
+  const int64_t W = ((int64_t)(A.D)); (void)W;
+  const T* __restrict__ p_x_0 = (const T*)A.x.data;
+  T* __restrict__ o_0 = (T*)A.out.data;
+  const int64_t nvec = n / VEC;
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;
+  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; c0 += step) {
+    sg::Raw<T, VEC> l_p_x_0[UNROLL];
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * blockDim.x;
+      if (c < nvec) {
+        sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
       }
     }
-    // final pass: outputs
-      if constexpr (ITEMS > 0) {
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * blockDim.x;
+      if (c < nvec) {
         acc_t st_0[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_3 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_1_4 = (mul_3 * (acc_t)sg::to_acc(r_p_x_0[k].v[v]));
-          const acc_t mul_2_6 = (mul_1_4 * (acc_t)0.044715);
-          const acc_t add_7 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) + mul_2_6);
-          const acc_t mul_3_9 = (add_7 * (acc_t)0.7978845608028654);
-          const acc_t tanh_10 = sg::tanh_<T>((acc_t)(mul_3_9));
-          const acc_t add_1_12 = (tanh_10 + (acc_t)1.0);
-          const acc_t mul_5_13 = (mul_4_2 * add_1_12);
-          st_0[v] = (acc_t)(mul_5_13);
-        }
-        sg::store_vec<VEC>(o_0 + c * VEC, st_0);
-        }
-      }
-      } else {
-      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
-        sg::Raw<T, VEC> l_p_x_0[UNROLL];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-          const int64_t c = c0 + (int64_t)u * TPR;
-          if (c * VEC < W) {
-            sg::load_raw<VEC>(p_x_0 + c * VEC, l_p_x_0[u]);
-          }
-        }
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-        const int64_t c = c0 + (int64_t)u * TPR;
-        if (c * VEC < W) {
-        acc_t st_0[VEC];
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)0.5);
           const acc_t mul_3 = ((acc_t)sg::to_acc(l_p_x_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
           const acc_t mul_1_4 = (mul_3 * (acc_t)sg::to_acc(l_p_x_0[u].v[v]));
@@ -512,121 +462,49 @@ gelu_tanh_fwd_rows(const gelu_tanh_args A, float* __restrict__ partials, int64_t
           st_0[v] = (acc_t)(mul_5_13);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
-        }
       }
-      }
-      }
+    }
+  }
+  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    sg::Raw<T, 1> t_p_x_0; t_p_x_0.v[0] = p_x_0[e];
+    acc_t st_0[1];
+    {
+      constexpr int v = 0;
+      const acc_t mul_4_2 = ((acc_t)sg::to_acc(t_p_x_0.v[v]) * (acc_t)0.5);
+      const acc_t mul_3 = ((acc_t)sg::to_acc(t_p_x_0.v[v]) * (acc_t)sg::to_acc(t_p_x_0.v[v]));
+      const acc_t mul_1_4 = (mul_3 * (acc_t)sg::to_acc(t_p_x_0.v[v]));
+      const acc_t mul_2_6 = (mul_1_4 * (acc_t)0.044715);
+      const acc_t add_7 = ((acc_t)sg::to_acc(t_p_x_0.v[v]) + mul_2_6);
+      const acc_t mul_3_9 = (add_7 * (acc_t)0.7978845608028654);
+      const acc_t tanh_10 = sg::tanh_<T>((acc_t)(mul_3_9));
+      const acc_t add_1_12 = (tanh_10 + (acc_t)1.0);
+      const acc_t mul_5_13 = (mul_4_2 * add_1_12);
+      st_0[0] = (acc_t)(mul_5_13);
+    }
+    sg::store_vec<1>(o_0 + e, st_0);
   }
 }
 
 template <typename T>
 static cudaError_t gelu_tanh_fwd_launch(const gelu_tanh_args& A, cudaStream_t stream)
 {
-  const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.D));
-  const int64_t rows_per_group = rows;
-  const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
-  if (rows == 0 || W == 0) return cudaSuccess;
+  const int64_t n = ((int64_t)(A.N)) * W;
+  if (n == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
-  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
-  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
-  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4;
-  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
-  const bool vec_ok = W % VEC == 0
-      && sg::aligned16(A.x.data)
-      && (0) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
-      && sg::aligned16(A.out.data)
-      && ((int64_t)(A.D)) % VEC == 0;
-  const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
-  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
-  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
-  int tpr = 0, items = 0;
-  // split rows only where the row is wider than one block holds, on sm_90+ code
-  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<gelu_tanh_fwd_rows<T, VEC, 2048, ITEMS_MAX, 512>>();
-  if (vec_ok) {
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
-    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
-    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
-    if (tpr == 0 && split_ok && chunks <= (int64_t)2048 * ITEMS_MAX) { tpr = 2048; items = ITEMS_MAX; }  // a cluster of 4 blocks
-    if (tpr == 0 && split_ok && chunks <= (int64_t)4096 * ITEMS_MAX) { tpr = 4096; items = ITEMS_MAX; }  // a cluster of 8 blocks
-    if (tpr == 0) { tpr = 512; items = 0; }
-  } else {
-    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
-  }
-  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
-  const int rpb = tpr >= block ? 1 : block / tpr;
-  const int cl = tpr > block ? tpr / block : 1;  // blocks per row
-  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
-  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).
-  int per_sm = 1;
-#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<gelu_tanh_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
-#define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
-    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
-    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
-    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
-    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
-    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
-    else if (tpr == 2048 && items == ITEMS_MAX) SG_OCC_CL(VEC, 2048, ITEMS_MAX);
-    else if (tpr == 4096 && items == ITEMS_MAX) SG_OCC_CL(VEC, 4096, ITEMS_MAX);
-    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
-  } else {
-    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
-  }
-#undef SG_OCC
-#undef SG_OCC_CL
-  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
-  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
-  if (gx < 1) gx = 1;
-  gx = per_group_blocks;  // not persistent
-  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass
-  const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
-  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
-  const gelu_tanh_args args = A;
-#define SG_LAUNCH(V, P, I) gelu_tanh_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
-#define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(gelu_tanh_fwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
-    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
-    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
-    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
-    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
-    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
-    else if (tpr == 2048 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 2048, ITEMS_MAX);
-    else if (tpr == 4096 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 4096, ITEMS_MAX);
-    else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
-  } else {
-    if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
-  }
-#undef SG_LAUNCH
-#undef SG_LAUNCH_CL
+  // 16-byte accesses need aligned pointers (offset views may not be); the total size need
+  // not be a multiple of VEC (scalar tail)
+  const bool vec_ok = sg::aligned16(A.x.data)
+      && sg::aligned16(A.out.data);
+  constexpr int BLOCK = 256;
+  const int vec = vec_ok ? VEC : 1;
+  const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * 1 - 1) / ((int64_t)BLOCK * 1);
+  // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest
+  const int per_sm = vec_ok ? sg::blocks_per_sm<gelu_tanh_fwd_flat<T, VEC>>(BLOCK) : sg::blocks_per_sm<gelu_tanh_fwd_flat<T, 1>>(BLOCK);
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 64;
+  const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;
+  if (vec_ok) gelu_tanh_fwd_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
+  else gelu_tanh_fwd_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
   return cudaGetLastError();
 }
 
@@ -642,99 +520,38 @@ extern "C" cudaError_t gelu_tanh_forward(const gelu_tanh_args* a, cudaStream_t s
 
 // ======================= backward =======================
 
-// One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
-// __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
-template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
-gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
+// flat: every element of the outputs, row structure ignored: UNROLL 16-byte chunks per thread in flight, a grid-stride loop
+// over VEC-element chunks, then the last n % VEC elements one by one.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256)
+gelu_tanh_bwd_flat(const gelu_tanh_bwd_args A, int64_t n)
 {
   using acc_t = typename sg::Acc<T>::type;
-  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
-  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
-  __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)
-  (void)red_smem; (void)partials;
-  const int64_t W = ((int64_t)(A.D));
-  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
-  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;
-  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x : (int)(threadIdx.x % TPR);
-  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);
-  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);
-  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
-  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
-  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
-  // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
-  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
-    const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
-    const T* p_grad_out_0 = (const T*)A.grad_out.data + row * ((int64_t)(A.D)) + 0;
-    const T* p_x_1 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
-    T* o_0 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + 0;
-    // the row stays in registers across passes, raw in the storage dtype (half the
-    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front
-    sg::Raw<T, VEC> r_p_grad_out_0[ITEMS > 0 ? ITEMS : 1];
-    sg::Raw<T, VEC> r_p_x_1[ITEMS > 0 ? ITEMS : 1];
-    if constexpr (ITEMS > 0) {
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-          sg::load_raw<VEC>(p_grad_out_0 + c * VEC, r_p_grad_out_0[k]);
-          sg::load_raw<VEC>(p_x_1 + c * VEC, r_p_x_1[k]);
-        }
+  constexpr int UNROLL = 1;
+  const int64_t W = ((int64_t)(A.D)); (void)W;
+  const T* __restrict__ p_grad_out_0 = (const T*)A.grad_out.data;
+  const T* __restrict__ p_x_1 = (const T*)A.x.data;
+  T* __restrict__ o_0 = (T*)A.grad_x.data;
+  const int64_t nvec = n / VEC;
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;
+  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; c0 += step) {
+    sg::Raw<T, VEC> l_p_grad_out_0[UNROLL];
+    sg::Raw<T, VEC> l_p_x_1[UNROLL];
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * blockDim.x;
+      if (c < nvec) {
+        sg::load_raw<VEC>(p_grad_out_0 + c * VEC, l_p_grad_out_0[u]);
+        sg::load_raw<VEC>(p_x_1 + c * VEC, l_p_x_1[u]);
       }
     }
-    // final pass: outputs
-      if constexpr (ITEMS > 0) {
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
+    #pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = c0 + (int64_t)u * blockDim.x;
+      if (c < nvec) {
         acc_t st_0[VEC];
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_2 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_7_3 = (mul_6_2 * (acc_t)sg::to_acc(r_p_x_1[k].v[v]));
-          const acc_t mul_8_5 = (mul_7_3 * (acc_t)0.044715);
-          const acc_t add_2_6 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) + mul_8_5);
-          const acc_t mul_9_8 = (add_2_6 * (acc_t)0.7978845608028654);
-          const acc_t tanh_1_9 = sg::tanh_<T>((acc_t)(mul_9_8));
-          const acc_t add_3_11 = (tanh_1_9 + (acc_t)1.0);
-          const acc_t mul_11_13 = (add_3_11 * (acc_t)0.5);
-          const acc_t mul_10_14 = ((acc_t)sg::to_acc(r_p_x_1[k].v[v]) * (acc_t)0.5);
-          const acc_t mul_12_15 = (tanh_1_9 * tanh_1_9);
-          const acc_t sub_16 = ((acc_t)1.0 - mul_12_15);
-          const acc_t mul_15_17 = (mul_10_14 * sub_16);
-          const acc_t mul_13_19 = (mul_6_2 * (acc_t)0.134145);
-          const acc_t add_4_20 = (mul_13_19 + (acc_t)1.0);
-          const acc_t mul_14_21 = (add_4_20 * (acc_t)0.7978845608028654);
-          const acc_t mul_16_22 = (mul_15_17 * mul_14_21);
-          const acc_t add_5_23 = (mul_11_13 + mul_16_22);
-          const acc_t mul_17_24 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * add_5_23);
-          st_0[v] = (acc_t)(mul_17_24);
-        }
-        sg::store_vec<VEC>(o_0 + c * VEC, st_0);
-        }
-      }
-      } else {
-      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
-        sg::Raw<T, VEC> l_p_grad_out_0[UNROLL];
-        sg::Raw<T, VEC> l_p_x_1[UNROLL];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-          const int64_t c = c0 + (int64_t)u * TPR;
-          if (c * VEC < W) {
-            sg::load_raw<VEC>(p_grad_out_0 + c * VEC, l_p_grad_out_0[u]);
-            sg::load_raw<VEC>(p_x_1 + c * VEC, l_p_x_1[u]);
-          }
-        }
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-        const int64_t c = c0 + (int64_t)u * TPR;
-        if (c * VEC < W) {
-        acc_t st_0[VEC];
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_6_2 = ((acc_t)sg::to_acc(l_p_x_1[u].v[v]) * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
           const acc_t mul_7_3 = (mul_6_2 * (acc_t)sg::to_acc(l_p_x_1[u].v[v]));
           const acc_t mul_8_5 = (mul_7_3 * (acc_t)0.044715);
@@ -756,124 +573,60 @@ gelu_tanh_bwd_rows(const gelu_tanh_bwd_args A, float* __restrict__ partials, int
           st_0[v] = (acc_t)(mul_17_24);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
-        }
       }
-      }
-      }
+    }
+  }
+  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    sg::Raw<T, 1> t_p_grad_out_0; t_p_grad_out_0.v[0] = p_grad_out_0[e];
+    sg::Raw<T, 1> t_p_x_1; t_p_x_1.v[0] = p_x_1[e];
+    acc_t st_0[1];
+    {
+      constexpr int v = 0;
+      const acc_t mul_6_2 = ((acc_t)sg::to_acc(t_p_x_1.v[v]) * (acc_t)sg::to_acc(t_p_x_1.v[v]));
+      const acc_t mul_7_3 = (mul_6_2 * (acc_t)sg::to_acc(t_p_x_1.v[v]));
+      const acc_t mul_8_5 = (mul_7_3 * (acc_t)0.044715);
+      const acc_t add_2_6 = ((acc_t)sg::to_acc(t_p_x_1.v[v]) + mul_8_5);
+      const acc_t mul_9_8 = (add_2_6 * (acc_t)0.7978845608028654);
+      const acc_t tanh_1_9 = sg::tanh_<T>((acc_t)(mul_9_8));
+      const acc_t add_3_11 = (tanh_1_9 + (acc_t)1.0);
+      const acc_t mul_11_13 = (add_3_11 * (acc_t)0.5);
+      const acc_t mul_10_14 = ((acc_t)sg::to_acc(t_p_x_1.v[v]) * (acc_t)0.5);
+      const acc_t mul_12_15 = (tanh_1_9 * tanh_1_9);
+      const acc_t sub_16 = ((acc_t)1.0 - mul_12_15);
+      const acc_t mul_15_17 = (mul_10_14 * sub_16);
+      const acc_t mul_13_19 = (mul_6_2 * (acc_t)0.134145);
+      const acc_t add_4_20 = (mul_13_19 + (acc_t)1.0);
+      const acc_t mul_14_21 = (add_4_20 * (acc_t)0.7978845608028654);
+      const acc_t mul_16_22 = (mul_15_17 * mul_14_21);
+      const acc_t add_5_23 = (mul_11_13 + mul_16_22);
+      const acc_t mul_17_24 = ((acc_t)sg::to_acc(t_p_grad_out_0.v[v]) * add_5_23);
+      st_0[0] = (acc_t)(mul_17_24);
+    }
+    sg::store_vec<1>(o_0 + e, st_0);
   }
 }
 
 template <typename T>
 static cudaError_t gelu_tanh_bwd_launch(const gelu_tanh_bwd_args& A, cudaStream_t stream)
 {
-  const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.D));
-  const int64_t rows_per_group = rows;
-  const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
-  if (rows == 0 || W == 0) return cudaSuccess;
+  const int64_t n = ((int64_t)(A.N)) * W;
+  if (n == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
-  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
-  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
-  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
-  constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
-  const bool vec_ok = W % VEC == 0
-      && sg::aligned16(A.grad_out.data)
-      && (0) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
+  // 16-byte accesses need aligned pointers (offset views may not be); the total size need
+  // not be a multiple of VEC (scalar tail)
+  const bool vec_ok = sg::aligned16(A.grad_out.data)
       && sg::aligned16(A.x.data)
-      && (0) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
-      && sg::aligned16(A.grad_x.data)
-      && ((int64_t)(A.D)) % VEC == 0;
-  const int64_t chunks = vec_ok ? W / VEC : W;
-  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held
-  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
-  // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
-  int tpr = 0, items = 0;
-  // split rows only where the row is wider than one block holds, on sm_90+ code
-  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<gelu_tanh_bwd_rows<T, VEC, 2048, ITEMS_MAX, 512>>();
-  if (vec_ok) {
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)16) { tpr = 16; items = 1; }
-    if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)32) { tpr = 32; items = 1; }
-    if (tpr == 0 && 2 <= ITEMS_MAX && chunks <= (int64_t)64) { tpr = 32; items = 2; }
-    if (tpr == 0 && 4 <= ITEMS_MAX && chunks <= (int64_t)128) { tpr = 32; items = 4; }
-    if (tpr == 0 && 8 <= ITEMS_MAX && chunks <= (int64_t)256) { tpr = 32; items = 8; }
-    if (tpr == 0 && chunks <= (int64_t)64 * ITEMS_MAX) { tpr = 64; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)128 * ITEMS_MAX) { tpr = 128; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
-    if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
-    if (tpr == 0 && split_ok && chunks <= (int64_t)2048 * ITEMS_MAX) { tpr = 2048; items = ITEMS_MAX; }  // a cluster of 4 blocks
-    if (tpr == 0 && split_ok && chunks <= (int64_t)4096 * ITEMS_MAX) { tpr = 4096; items = ITEMS_MAX; }  // a cluster of 8 blocks
-    if (tpr == 0) { tpr = 512; items = 0; }
-  } else {
-    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
-  }
-  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
-  const int rpb = tpr >= block ? 1 : block / tpr;
-  const int cl = tpr > block ? tpr / block : 1;  // blocks per row
-  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
-  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).
-  int per_sm = 1;
-#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<gelu_tanh_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
-#define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_OCC(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_OCC(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_OCC(VEC, 32, 8); }
-    else if (tpr == 64 && items == ITEMS_MAX) SG_OCC(VEC, 64, ITEMS_MAX);
-    else if (tpr == 128 && items == ITEMS_MAX) SG_OCC(VEC, 128, ITEMS_MAX);
-    else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
-    else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
-    else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
-    else if (tpr == 2048 && items == ITEMS_MAX) SG_OCC_CL(VEC, 2048, ITEMS_MAX);
-    else if (tpr == 4096 && items == ITEMS_MAX) SG_OCC_CL(VEC, 4096, ITEMS_MAX);
-    else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
-  } else {
-    if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
-  }
-#undef SG_OCC
-#undef SG_OCC_CL
-  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
-  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
-  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
-  if (gx < 1) gx = 1;
-  gx = per_group_blocks;  // not persistent
-  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass
-  const dim3 grid((unsigned)gx, (unsigned)groups);
-  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
-  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
-  const gelu_tanh_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) gelu_tanh_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
-#define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(gelu_tanh_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
-    if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
-    else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
-    else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
-    else if (tpr == 32 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 1); }
-    else if (tpr == 32 && items == 2) { if constexpr (2 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 2); }
-    else if (tpr == 32 && items == 4) { if constexpr (4 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 4); }
-    else if (tpr == 32 && items == 8) { if constexpr (8 <= ITEMS_MAX) SG_LAUNCH(VEC, 32, 8); }
-    else if (tpr == 64 && items == ITEMS_MAX) SG_LAUNCH(VEC, 64, ITEMS_MAX);
-    else if (tpr == 128 && items == ITEMS_MAX) SG_LAUNCH(VEC, 128, ITEMS_MAX);
-    else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
-    else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
-    else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
-    else if (tpr == 2048 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 2048, ITEMS_MAX);
-    else if (tpr == 4096 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 4096, ITEMS_MAX);
-    else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
-  } else {
-    if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
-  }
-#undef SG_LAUNCH
-#undef SG_LAUNCH_CL
+      && sg::aligned16(A.grad_x.data);
+  constexpr int BLOCK = 256;
+  const int vec = vec_ok ? VEC : 1;
+  const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * 1 - 1) / ((int64_t)BLOCK * 1);
+  // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest
+  const int per_sm = vec_ok ? sg::blocks_per_sm<gelu_tanh_bwd_flat<T, VEC>>(BLOCK) : sg::blocks_per_sm<gelu_tanh_bwd_flat<T, 1>>(BLOCK);
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 64;
+  const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;
+  if (vec_ok) gelu_tanh_bwd_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
+  else gelu_tanh_bwd_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
   return cudaGetLastError();
 }
 

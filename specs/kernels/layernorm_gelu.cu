@@ -1193,7 +1193,7 @@ __global__ void __launch_bounds__(256) layernorm_gelu_bwd_finalize_cols(const la
 }
 
 template <typename T>
-static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, cudaStream_t stream)
+static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, cudaStream_t stream, size_t* need = nullptr)
 {
   const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.D));
@@ -1281,13 +1281,13 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 2 * (size_t)W + (size_t)slots * 0);
-  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
-  if (err != cudaSuccess) return err;
+  if (need) { *need = partial_bytes; return cudaSuccess; }
+  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
+  float* partials = (float*)A.workspace;
   const layernorm_gelu_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); cudaFreeAsync(partials, stream); return e_; } } while (0)
+#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(layernorm_gelu_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 4, 1); }
@@ -1309,7 +1309,6 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
   layernorm_gelu_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
-  cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
 
@@ -1321,4 +1320,16 @@ extern "C" cudaError_t layernorm_gelu_backward(const layernorm_gelu_bwd_args* a,
     case SPECGEN_BFLOAT16: return layernorm_gelu_bwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" size_t layernorm_gelu_backward_workspace(const layernorm_gelu_bwd_args* a)
+{
+  size_t need = 0;
+  switch (a->x.dtype) {  // the spec's working dtype
+    case SPECGEN_FLOAT32: (void)layernorm_gelu_bwd_launch<float>(*a, nullptr, &need); break;
+    case SPECGEN_FLOAT16: (void)layernorm_gelu_bwd_launch<__half>(*a, nullptr, &need); break;
+    case SPECGEN_BFLOAT16: (void)layernorm_gelu_bwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
+    default: break;
+  }
+  return need;
 }
