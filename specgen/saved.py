@@ -112,18 +112,13 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
     import torch
 
     from .inputs import TORCH_DTYPES
-    from .reference import reference_failure
 
-    namespace = dict(spec.reference_fn().__globals__)
     filename = str(spec.path or f"<{spec.name}>")
     out = {}
+    with torch.no_grad():
+        results = saved_expressions(spec, args)
     for value in saved_values(spec):
-        code = compile("\n" * (value.line - 1) + value.expression, filename, "eval")
-        try:
-            with torch.no_grad():
-                result = eval(code, {**namespace, **args})  # noqa: S307 - the spec's own code, as the reference
-        except Exception as error:  # the user's expression: report it at its YAML line
-            raise reference_failure(spec, error, f"while computing saved value {value.name!r}") from None
+        result = results[value.field]
         if not isinstance(result, torch.Tensor):
             raise SpecError(f"saved value {value.name!r} is a {type(result).__name__}, not a tensor",
                             location=Location(filename, value.line), field=f"saved.{value.name}")
@@ -136,6 +131,24 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
         floating = value.type.dtype is None or value.type.dtype not in INT_DTYPES + ("bool",)
         target = torch.float64 if dtype == "float64" and floating else TORCH_DTYPES[saved_dtype(value, dtype)]
         out[value.field] = result.detach().to(target).contiguous()
+    return out
+
+
+def saved_expressions(spec, args: dict) -> dict[str, object]:
+    """Each definition evaluated as written on `args` (tensors and scalars by name), in the
+    reference's namespace, by ABI field name: no cast, no check (the builtin generator traces
+    this with symbolic sizes; evaluate_saved checks and casts)."""
+    from .reference import reference_failure
+
+    namespace = dict(spec.reference_fn().__globals__)
+    filename = str(spec.path or f"<{spec.name}>")
+    out = {}
+    for value in saved_values(spec):
+        code = compile("\n" * (value.line - 1) + value.expression, filename, "eval")
+        try:
+            out[value.field] = eval(code, {**namespace, **args})  # noqa: S307 - the spec's own code, as the reference
+        except Exception as error:  # the user's expression: report it at its YAML line
+            raise reference_failure(spec, error, f"while computing saved value {value.name!r}") from None
     return out
 
 

@@ -153,3 +153,14 @@ def test_a_definition_of_the_wrong_shape_is_refused(tmp_path):
     spec, _ = _spec(tmp_path, 'lse: "Tensor[N] float32 = torch.logsumexp(logits, dim=-1, keepdim=True)"')
     with pytest.raises(SpecError, match=r"shape \(3, 1\); its declaration Tensor\[N\] float32 says \(3,\)"):
         prepare(spec, make_case({"N": 3, "C": 4}, "float32"), "forward", "cpu")
+
+
+def test_specgen_check_evaluates_the_definitions(tmp_path):
+    from specgen.checking import check_spec
+
+    good = check_spec(SAVED / "cross_entropy_lse.yaml")
+    assert good.ok, good.error
+    path = tmp_path / "ce.yaml"
+    path.write_text(CE + '  lse: "Tensor[N] float32 = torch.logsumexp(logits, dim=1, keepdim=True)"\n')
+    bad = check_spec(path)
+    assert not bad.ok and "saved value 'lse' has shape" in str(bad.error) and bad.error.location.line == 14
