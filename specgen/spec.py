@@ -351,8 +351,8 @@ def load_spec(path: str | Path) -> KernelSpec:
             raise SpecError(f"{key} must be text (got {type(data.get(key)).__name__})",
                             location=pos.location((key,)), field=key)
     reference_line = pos.values[("reference",)][0] + (1 if pos.styles.get(("reference",)) in ("|", ">") else 0)
-    saved_lines = {name: pos.values[("saved", name)][0] for name in data.get("saved") or {}
-                   if isinstance(data.get("saved"), dict) and ("saved", name) in pos.values}
+    saved = data.get("saved") if isinstance(data.get("saved"), dict) else {}  # else pydantic says what is wrong
+    saved_lines = {name: pos.values[("saved", name)][0] for name in saved if ("saved", name) in pos.values}
     try:
         spec = KernelSpec.model_validate({**data, "path": path, "reference_line": reference_line,
                                           "saved_lines": saved_lines})

@@ -164,3 +164,14 @@ def test_specgen_check_evaluates_the_definitions(tmp_path):
     path.write_text(CE + '  lse: "Tensor[N] float32 = torch.logsumexp(logits, dim=1, keepdim=True)"\n')
     bad = check_spec(path)
     assert not bad.ok and "saved value 'lse' has shape" in str(bad.error) and bad.error.location.line == 14
+
+
+@pytest.mark.parametrize("value, message", [
+    ("5", "valid dictionary"), ("[lse]", "valid dictionary"), ("{lse: 3}", "valid string"),
+])
+def test_a_saved_block_of_the_wrong_shape_is_a_spec_error(tmp_path, value, message):
+    path = tmp_path / "ce.yaml"
+    path.write_text(CE.replace("saved:\n", f"saved: {value}\n"))
+    with pytest.raises(SpecError, match=message) as caught:
+        load_spec(path)
+    assert caught.value.field.startswith("saved") and caught.value.location.line == 13
