@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from .errors import Location, SpecError
 from .names import name_problem
-from .signature import INT_DTYPES, SignatureSyntaxError, TensorType, parse_tensor_type
+from .abi import MAX_DIMS
+from .signature import SignatureSyntaxError, TensorType, parse_tensor_type
 
 PREFIX = "saved_"  # a saved value's ABI field (and argument) name is PREFIX + its name
 EXAMPLE = 'saved: {lse: "Tensor[N] float32 = torch.logsumexp(logits.float(), dim=-1)"}'
@@ -52,7 +53,7 @@ def parse_saved(name: str, text: str) -> SavedValue:
     return SavedValue(name, ttype, source)
 
 
-def _error_at(spec, pos, name: str, message: str, offset: int = 0, hint: str | None = None) -> SpecError:
+def _error_at(pos, name: str, message: str, offset: int = 0, hint: str | None = None) -> SpecError:
     where = pos.location(("saved", name))
     style = pos.styles.get(("saved", name))
     if offset and style in (None, '"', "'"):
@@ -69,25 +70,26 @@ def check_saved(spec, pos) -> None:
     bound = sig.input_symbols()
     for name, text in spec.saved.items():
         if problem := name_problem(name, "saved value"):
-            raise _error_at(spec, pos, name, f"saved value {name!r}: {problem}", hint="rename the saved value")
+            raise _error_at(pos, name, f"saved value {name!r}: {problem}", hint="rename the saved value")
         field = PREFIX + name
         for clash in (name, field):
             if clash in taken:
-                raise _error_at(spec, pos, name, f"saved value {name!r}: {clash!r} is already {taken[clash]} "
+                raise _error_at(pos, name, f"saved value {name!r}: {clash!r} is already {taken[clash]} "
                                                  f"of the signature", hint="rename the saved value")
         if field in grads or name in grads:
-            raise _error_at(spec, pos, name, f"saved value {name!r} collides with a gradient's name",
+            raise _error_at(pos, name, f"saved value {name!r} collides with a gradient's name",
                             hint="rename the saved value")
         try:
             value = parse_saved(name, text)
         except SignatureSyntaxError as error:
-            raise _error_at(spec, pos, name, f"{error.message}\n    {error.caret()}", error.offset) from None
-        if len(value.type.dims) > 8:
-            raise _error_at(spec, pos, name, f"saved value {name!r} has more than 8 dimensions")
+            raise _error_at(pos, name, f"{error.message}\n    {error.caret()}", error.offset) from None
+        if len(value.type.dims) > MAX_DIMS:
+            raise _error_at(pos, name, f"saved value {name!r} has {len(value.type.dims)} dimensions; the kernel ABI "
+                                       f"allows at most {MAX_DIMS}")
         for dim in value.type.dims:
             if dim.symbol and dim.symbol not in bound:
-                raise _error_at(spec, pos, name, f"dimension {dim.symbol!r} of saved value {name!r} is not bound "
-                                                 f"by any input", text.find(dim.symbol),
+                raise _error_at(pos, name, f"dimension {dim.symbol!r} of saved value {name!r} is not bound "
+                                                 f"by any input", text.find(dim.symbol, text.find("[")),
                                 hint=f"use the inputs' dimensions: {', '.join(sorted(bound))}")
     if spec.saved and spec.backward != "kernel":
         raise SpecError("saved values are for a backward kernel to read; this spec has backward: "
@@ -128,8 +130,7 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
             raise SpecError(f"saved value {value.name!r} has shape {tuple(result.shape)}; its declaration "
                             f"{value.type} says {shape}", location=Location(filename, value.line),
                             field=f"saved.{value.name}", hint="make the expression's shape match the type")
-        floating = value.type.dtype is None or value.type.dtype not in INT_DTYPES + ("bool",)
-        target = torch.float64 if dtype == "float64" and floating else TORCH_DTYPES[saved_dtype(value, dtype)]
+        target = torch.float64 if dtype == "float64" and value.type.is_floating else TORCH_DTYPES[saved_dtype(value, dtype)]
         out[value.field] = result.detach().to(target).contiguous()
     return out
 

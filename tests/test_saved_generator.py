@@ -128,3 +128,16 @@ def test_the_generated_kernel_passes_the_verifier(name, tmp_path):
     kernel.write_text(build_source(spec))
     verdict = verify_kernel(spec, kernel)
     assert verdict.passed, verdict.summary()
+
+
+def test_an_llm_agent_is_told_to_write_and_read_the_saved_values():
+    from specgen import abi
+    from specgen.agents.base import KernelTask
+    from specgen.agents.prompts import system_prompt
+
+    def prompt(spec):
+        return system_prompt(KernelTask(spec, abi.header_text(spec), abi.header_filename(spec)))
+
+    saved = prompt(load_spec(SAVED / "cross_entropy_lse.yaml"))
+    assert "saved_lse: Tensor[N] float32 = torch.logsumexp(logits.float(), dim=-1)" in saved
+    assert "saved intermediates" not in prompt(load_spec(SPECS / "cross_entropy.yaml"))
