@@ -158,6 +158,61 @@ def test_an_op_named_like_another_ops_fwd_saved_is_refused(specs, tmp_path):
         package_model("sgclash", [specs[0], load_spec(tmp_path / "clash.yaml")], {})
 
 
+CPU_PROBE = """
+import sys, warnings, torch
+warnings.simplefilter("ignore")
+import sgsaved
+from sgsaved import _ops
+ops = getattr(torch.ops, _ops.NAMESPACE)
+dump = torch._C._dispatch_dump(_ops.NAMESPACE + "::rmsnorm_rstd")
+print("loaded=" + str(sgsaved.CUDA_KERNELS_LOADED))
+print("autograd=" + ("cpp" if "Autograd[alias]: registered at ./torch-ext/torch_binding.cpp" in dump else dump))
+x, w = torch.randn(5, 13, requires_grad=True), torch.randn(13, requires_grad=True)
+out = ops.rmsnorm_rstd(x, w, 1e-6)
+g = torch.randn_like(out)
+gx, gw = torch.autograd.grad(out, (x, w), g)
+xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+ex, ew = torch.autograd.grad(xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6) * wr, (xr, wr), g)
+print("grad=" + str(torch.allclose(gx, ex, atol=1e-5) and torch.allclose(gw, ew, atol=1e-5)))
+"""
+
+
+def _install(pkg, tmp_path) -> dict:
+    """Build the wheel of `pkg` (nvcc compiles the kernels; no GPU needed), install it in a fresh
+    folder: the environment that imports it."""
+    import os
+
+    from specgen.package import build_wheel
+
+    root = emit_package(pkg, tmp_path / "sgsaved")
+    wheel = build_wheel(root, tmp_path / "dist")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
+                    str(wheel)], check=True)
+    return dict(os.environ, PYTHONPATH=str(site))
+
+
+def _generated_tests(env, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+                           "sgsaved.tests"], cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_the_binding_s_autograd_hands_the_saved_values_to_the_backward_on_the_cpu(pkg, tmp_path):
+    """The compiled binding's C++ Autograd kernel (the one CUDA calls take) also takes CPU
+    tensors: <op>_fwd_saved below autograd (the CPU reference and definitions), the saved values
+    kept, <op>_backward called with them. No GPU needed; the wheel is built and loaded."""
+    env = _install(pkg, tmp_path)
+    probe = subprocess.run([sys.executable, "-c", CPU_PROBE], cwd=tmp_path, capture_output=True, text=True, env=env,
+                           timeout=600)
+    if "loaded=False" in probe.stdout:
+        pytest.skip("the compiled binding does not load here (a torch without CUDA)")
+    assert probe.stdout.split() == ["loaded=True", "autograd=cpp", "grad=True"], probe.stdout + probe.stderr[-2000:]
+    tests = _generated_tests(env, tmp_path)  # opcheck and torch.compile through the C++ autograd
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+
+
 SAVED_PROBE = """
 import sys, torch
 import sgsaved
@@ -185,19 +240,9 @@ with torch.no_grad():  # inference: below autograd, the saved values are written
 @pytest.mark.slow
 def test_the_wheel_with_saved_values_runs_its_kernels_and_passes_its_tests(pkg, tmp_path):
     import dataclasses
-    import os
 
-    from specgen.package import build_wheel
-
-    pkg = dataclasses.replace(pkg, arch_list="9.0+PTX")
-    root = emit_package(pkg, tmp_path / "sgsaved")
-    wheel = build_wheel(root, tmp_path / "dist")
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site),
-                    str(wheel)], check=True)
-    env = dict(os.environ, PYTHONPATH=str(site))
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
-                            "sgsaved.tests"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
+    env = _install(dataclasses.replace(pkg, arch_list="9.0+PTX"), tmp_path)
+    tests = _generated_tests(env, tmp_path)  # on a GPU: its CUDA tests too (the kernels against float64)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     probe = subprocess.run([sys.executable, "-c", SAVED_PROBE], cwd=tmp_path, capture_output=True, text=True,
                            env=env, timeout=600)
