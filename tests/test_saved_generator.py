@@ -57,6 +57,19 @@ def test_rmsnorm_backward_reads_the_saved_rstd_instead_of_its_sum_of_squares():
     assert _stores(saved["forward"]) == {"out": "elem", "saved_rstd": "row"}
 
 
+def test_layernorm_backward_reads_the_saved_mean_and_rstd():
+    """Both statistics are read, the rstd although its variance was built on the mean (the
+    match is on the backward as traced): only sum(g * w) and sum(g * w * xhat) are left."""
+    plain = lower_spec(load_spec(SPECS / "layernorm_gelu.yaml"))["backward"]
+    saved = lower_spec(load_spec(SAVED / "layernorm_stats.yaml"))
+    assert _reductions(plain) == ["sum", "sum", "sum", "sum"]  # mean, variance, and the two of the gradient
+    assert _reductions(saved["backward"]) == ["sum", "sum"]
+    assert {"saved_mean", "saved_rstd"} <= _row_loads(saved["backward"])
+    # the forward stores its own mean and rstd (the definitions merged with the reference's)
+    assert _stores(saved["forward"]) == {"out": "elem", "saved_mean": "row", "saved_rstd": "row"}
+    assert _reductions(saved["forward"]) == ["sum", "sum"]
+
+
 def test_a_saved_value_that_rounds_what_the_kernel_computes_is_not_read(tmp_path):
     # rstd saved in the working dtype (bfloat16 for a bfloat16 call) is coarser than the
     # kernel's float32 rstd: the backward recomputes it
@@ -82,6 +95,7 @@ def test_the_folded_rows_and_the_axis_family_read_the_saved_rstd(name):
 
 
 CASES = [("cross_entropy_lse", {"N": 9, "C": 37}), ("rmsnorm_rstd", {"N": 9, "D": 37}),
+         ("layernorm_stats", {"N": 9, "D": 37}),
          ("rmsnorm_hw_rstd", {"B": 2, "C": 3, "H": 5, "W": 7}), ("rmsnorm_mid_rstd", {"B": 2, "C": 9, "L": 5})]
 
 
@@ -109,8 +123,11 @@ def test_the_kernel_writes_and_reads_the_saved_fields_of_the_header():
     assert "A.saved_lse.data" in source  # the forward's store and the backward's load
 
 
+ALL = ["cross_entropy_lse", "rmsnorm_rstd", "layernorm_stats", "rmsnorm_hw_rstd", "rmsnorm_mid_rstd"]
+
+
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", ["cross_entropy_lse", "rmsnorm_rstd", "rmsnorm_hw_rstd", "rmsnorm_mid_rstd"])
+@pytest.mark.parametrize("name", ALL)
 def test_the_kernel_compiles_against_its_header(name):
     spec = load_spec(SAVED / f"{name}.yaml")
     compiled = compile_source(spec, build_source(spec), arch="sm_90")
@@ -119,7 +136,7 @@ def test_the_kernel_compiles_against_its_header(name):
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", ["cross_entropy_lse", "rmsnorm_rstd", "rmsnorm_hw_rstd", "rmsnorm_mid_rstd"])
+@pytest.mark.parametrize("name", ALL)
 def test_the_generated_kernel_passes_the_verifier(name, tmp_path):
     from specgen.verify import verify_kernel
 

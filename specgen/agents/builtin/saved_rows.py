@@ -148,7 +148,9 @@ def reuse_saved_rows(spec, forward: Program, backward: Program) -> Program:
 
     def replace(n: Node, args: tuple, attrs: dict) -> Node:
         built = _same(n, args, attrs)
-        if built.level == "row" and (field := same_value.get(canon.key(built))) is not None:
+        # matched as the backward wrote it: once a saved mean replaced its sweep below, the rstd
+        # built on it no longer looks like the forward's, but the original node still does
+        if n.level == "row" and (field := same_value.get(canon.key(n))) is not None:
             return load(field)
         a = _log_softmax_of(built) if built.level == "elem" else None
         if a is not None and (field := lse_of.get(canon.key(a))) is not None:
