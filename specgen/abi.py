@@ -31,7 +31,7 @@ WORKSPACE = WORKSPACE_FIELDS[0]  # the key of a call's workspace among its tenso
 @dataclass(frozen=True)
 class AbiField:
     name: str
-    role: str  # input | scalar | dim | output | fwd_output | grad_output | grad_input | workspace
+    role: str  # input | scalar | dim | output | saved | fwd_output | saved_input | grad_output | grad_input | workspace
     tensor: TensorType | None = None  # tensor fields
     scalar: Param | None = None  # scalar fields
 
@@ -42,7 +42,7 @@ class AbiField:
     @property
     def written(self) -> bool:
         """Does the kernel write this field's tensor?"""
-        return self.role in ("output", "grad_input")
+        return self.role in ("output", "saved", "grad_input")
 
     def c_type(self) -> str:
         if self.is_tensor:
@@ -127,10 +127,15 @@ def fields(spec, direction: str = "forward") -> list[AbiField]:
     out: list[AbiField] = [AbiField(p.name, "input", tensor=p.type) for p in sig.inputs]
     out += [AbiField(p.name, "scalar", scalar=p) for p in sig.scalars]
     out += [AbiField(s, "dim") for s in sig.symbols()]
+    # saved intermediates (docs/ARCHITECTURE.md "Saved intermediates"): written by the forward after
+    # its outputs, read by the backward after the forward outputs; none: the fields are as before
+    saved = getattr(spec, "saved_values", ())
     if direction == "forward":
         out += [AbiField(o.name, "output", tensor=o.type) for o in sig.outputs]
+        out += [AbiField(v.field, "saved", tensor=v.type) for v in saved]
     elif direction == "backward":
         out += [AbiField(o.name, "fwd_output", tensor=o.type) for o in sig.outputs]
+        out += [AbiField(v.field, "saved_input", tensor=v.type) for v in saved]
         out += [AbiField(f"grad_{o.name}", "grad_output", tensor=o.type)
                 for o in sig.outputs if o.type.is_floating]
         out += [AbiField(f"grad_{p.name}", "grad_input", tensor=p.type)
@@ -170,7 +175,9 @@ _ROLE_TITLES = {
     "scalar": "scalars",
     "dim": "symbolic dimensions, resolved from the inputs' shapes",
     "output": "outputs: every element must be written",
+    "saved": "saved intermediates: written like outputs, every element; the backward reads them",
     "fwd_output": "the forward outputs (for the backward pass), read only",
+    "saved_input": "the forward's saved intermediates (as the spec defines them), read only",
     "grad_output": "gradients of the floating outputs, read only",
     "grad_input": "gradients of the floating inputs: written by the kernel, every element",
     "workspace": "scratch for this call only (the size function's bytes or more; NULL, 0 without one); "
@@ -252,7 +259,7 @@ _struct_cache: dict[tuple[str, str, str], type] = {}
 
 def ctypes_struct(spec, direction: str = "forward") -> type:
     """A ctypes.Structure class laid out exactly as the C struct of that direction."""
-    key = (spec.name, direction, str(spec.signature))
+    key = (spec.name, direction, str(spec.signature), tuple(str(v) for v in getattr(spec, "saved_values", ())))
     if key not in _struct_cache:
         _struct_cache[key] = type(struct_name(spec, direction), (ctypes.Structure,),
                                   {"_fields_": [(f.name, f.ctype()) for f in fields(spec, direction)]})

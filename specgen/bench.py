@@ -165,9 +165,10 @@ class BenchResult:
 
 def moved_bytes(spec, dims: dict, dtype: str, direction: str = "forward") -> int:
     """Bytes the op must move, from its ABI fields: forward, every input read once and every
-    output written once; backward, the forward inputs and the output gradients read once and
+    output and saved value written once; backward, the forward inputs, saved values and the output gradients read once and
     the input gradients written once (the forward outputs are not counted: see the module doc)."""
-    counted = {"forward": ("input", "output"), "backward": ("input", "grad_output", "grad_input")}[direction]
+    counted = {"forward": ("input", "output", "saved"),
+               "backward": ("input", "saved_input", "grad_output", "grad_input")}[direction]
     total = 0
     for f in abi.fields(spec, direction):
         if f.is_tensor and f.role in counted:

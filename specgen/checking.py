@@ -3,7 +3,7 @@
 The reference is the user's code: it runs in the sandbox (specgen/sandbox.py), one child
 per spec file, with a wall-clock timeout and memory, CPU and file-size limits. There it is
 called on small inputs of every dtype, once as written and once on float64 copies (the
-verifier's truth); it must return what the signature declares, leave its inputs alone and
+verifier's truth), and so is each saved value's definition; it must return what the signature declares, leave its inputs alone and
 return new tensors, not views of its inputs.
 """
 from __future__ import annotations
@@ -99,6 +99,7 @@ def _sandbox_failure(spec: KernelSpec, reply: dict, limits) -> SpecError:
 def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
     """Runs in the sandbox's grandchild: every dtype x `samples` shapes, as written and in float64."""
     from .inputs import make_inputs, upcast
+    from .saved import evaluate_saved
 
     rng = random.Random(seed)
     runs = []
@@ -109,6 +110,9 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
             run_reference_checked(spec, args, dims, dtype)
             # the verifier computes the truth in float64: that must work too
             run_reference_checked(spec, upcast(args), dims, "float64")
+            if spec.saved_values:  # each definition's shape, in both runs (specgen/saved.py)
+                evaluate_saved(spec, args, dtype)
+                evaluate_saved(spec, upcast(args), "float64")
             runs.append(f"{dtype} " + " ".join(f"{s}={v}" for s, v in dims.items()))
     return runs
 

@@ -521,3 +521,15 @@ def _check(sig: Signature, text: str) -> None:
             raise SignatureSyntaxError(
                 f"integer tensor {p.name!r} needs its value range, e.g. Tensor[N] {p.type.dtype} in [0, C)",
                 _offset_of(text, p.name), text)
+
+
+def parse_tensor_type(text: str) -> TensorType:
+    """One tensor type on its own (`Tensor[N] float32`), as the signature writes it; a saved
+    value's declaration (specgen/saved.py) uses it. Raises SignatureSyntaxError."""
+    parser = _Parser(text)
+    if parser.tok.text != "Tensor":
+        parser.error("expected a tensor type such as Tensor[N] float32")
+    ttype = parser.tensor_type()
+    if parser.tok.kind != "end":
+        parser.error("expected the end of the type")
+    return ttype

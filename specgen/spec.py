@@ -19,6 +19,7 @@ from .abi import ABI_VERSION, MAX_DIMS
 from .errors import Location, SpecError, UsageError
 from .names import name_problem
 from .replaces import Replaces, check_replaces
+from .saved import check_saved
 from .signature import FLOAT_DTYPES, Signature, SignatureSyntaxError, parse_signature
 from .yamlpos import Positions, load_yaml_with_positions
 
@@ -68,6 +69,7 @@ class KernelSpec(BaseModel):
     deterministic: bool = True
     libraries: list[Library] = Field(default_factory=list)
     replaces: list[Replaces] = Field(default_factory=list)  # specgen/replaces.py: the package's layers
+    saved: dict[str, str] = Field(default_factory=dict)  # specgen/saved.py: per-row values the backward reads
 
     @field_validator("replaces", mode="before")
     @classmethod
@@ -85,10 +87,18 @@ class KernelSpec(BaseModel):
     # Set by load_spec, not by YAML.
     path: Path | None = Field(default=None, exclude=True)
     reference_line: int = Field(default=1, exclude=True)  # YAML line of the reference's first line
+    saved_lines: dict[str, int] = Field(default_factory=dict, exclude=True)  # YAML line of each saved value
 
     @cached_property
     def signature(self) -> Signature:
         return parse_signature(self.signature_text)
+
+    @cached_property
+    def saved_values(self):
+        """The `saved:` declarations parsed (specgen/saved.py), in declaration order."""
+        from .saved import saved_values
+
+        return saved_values(self)
 
     @property
     def op(self) -> str:
@@ -108,6 +118,10 @@ class KernelSpec(BaseModel):
         data["signature"] = str(self.signature)
         data["abi_version"] = ABI_VERSION
         data.pop("replaces", None)  # the Python layers only: the kernel and its verification do not depend on it
+        # in order (it is the ABI's field order); absent when none, so the hash of a spec without them is as before
+        saved = data.pop("saved", None)
+        if saved:
+            data["saved"] = [[name, text] for name, text in saved.items()]
         _add_reference_fingerprint(self, data)
         return data
 
@@ -131,7 +145,7 @@ def _add_reference_fingerprint(spec: KernelSpec, data: dict) -> None:
 
 
 SPEC_FIELDS = [name if f.alias is None else f.alias for name, f in KernelSpec.model_fields.items()
-               if name not in ("path", "reference_line")]
+               if name not in ("path", "reference_line", "saved_lines")]
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -165,6 +179,7 @@ def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
         "benchmark": "a list of shapes, e.g. benchmark: [{N: 16384, D: 4096}]",
         "backward": "one of kernel, reference, none",
         "libraries": "libraries a kernel may call: cublas, cublasLt, cudnn, cufft, curand, cusparse, cusolver",
+        "saved": 'e.g. saved: {lse: "Tensor[N] float32 = torch.logsumexp(logits.float(), dim=-1)"}',
         "replaces": "e.g. replaces: {layer: RMSNorm, modules: [transformers.models.llama.modeling_llama.LlamaRMSNorm], "
                     "args: {x: hidden_states, weight: self.weight, eps: self.variance_epsilon}} (README: Layers)",
     }
@@ -318,6 +333,7 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
             raise SpecError("backward: kernel needs a floating input to differentiate",
                             location=pos.location(("backward",)), field="backward", hint="use backward: none")
     check_replaces(spec, pos)
+    check_saved(spec, pos)
 
 
 def load_spec(path: str | Path) -> KernelSpec:
@@ -335,8 +351,11 @@ def load_spec(path: str | Path) -> KernelSpec:
             raise SpecError(f"{key} must be text (got {type(data.get(key)).__name__})",
                             location=pos.location((key,)), field=key)
     reference_line = pos.values[("reference",)][0] + (1 if pos.styles.get(("reference",)) in ("|", ">") else 0)
+    saved = data.get("saved") if isinstance(data.get("saved"), dict) else {}  # else pydantic says what is wrong
+    saved_lines = {name: pos.values[("saved", name)][0] for name in saved if ("saved", name) in pos.values}
     try:
-        spec = KernelSpec.model_validate({**data, "path": path, "reference_line": reference_line})
+        spec = KernelSpec.model_validate({**data, "path": path, "reference_line": reference_line,
+                                          "saved_lines": saved_lines})
     except ValidationError as error:
         raise _pydantic_error(error, pos) from None
     try:

@@ -86,7 +86,8 @@ def system_prompt(task: KernelTask) -> str:
     spec = task.spec
     return render("system.j2", header_name=task.header_name, entry_points=task.entry_points(),
                   libraries=list(getattr(spec, "libraries", []) or []),
-                  deterministic=getattr(spec, "deterministic", True))
+                  deterministic=getattr(spec, "deterministic", True),
+                  saved=[(v.field, str(v)) for v in getattr(spec, "saved_values", ())])
 
 
 def task_prompt(task: KernelTask) -> str:

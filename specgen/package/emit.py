@@ -41,6 +41,7 @@ def environment() -> jinja2.Environment:
     env.filters["cstr"] = json.dumps  # a C++ string literal (ASCII; JSON escapes are C escapes)
     env.filters["prefixed"] = lambda value, prefix: f"{prefix}{value}"
     env.filters["cindex"] = lambda value: f"[{value}]"
+    env.filters["tuple_get"] = lambda index, name: f"std::get<{index}>({name})"
     env.filters["num"] = lambda value, digits=1: "–" if value is None else f"{value:.{digits}f}"
     env.filters["times"] = lambda value: "–" if value is None else f"{value:.2f}x"
     env.filters["percent"] = lambda value: "–" if value is None else f"{value:.0%}"

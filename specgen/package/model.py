@@ -123,8 +123,8 @@ class ScalarArgModel:
 
 # The binding's local variable of each ABI struct field: a role prefix keeps them apart from
 # each other and from the binding's other names (a symbol may be called `device`).
-KERNEL_PARAM_PREFIXES = {"input": "in_", "scalar": "sc_", "dim": "dim_", "output": "out_",
-                         "fwd_output": "fwd_", "grad_output": "gout_", "grad_input": "gin_"}
+KERNEL_PARAM_PREFIXES = {"input": "in_", "scalar": "sc_", "dim": "dim_", "output": "out_", "saved": "sv_",
+                         "fwd_output": "fwd_", "saved_input": "svin_", "grad_output": "gout_", "grad_input": "gin_"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ class KernelParam:
 
     @property
     def written(self) -> bool:
-        return self.role in ("output", "grad_input")
+        return self.role in ("output", "saved", "grad_input")
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,10 @@ class OpModel:
     provenance: dict = field(default_factory=dict)  # agent, model, verification, benchmark
     kernel_params_by_direction: dict = field(default_factory=dict)  # "forward"/"backward" -> KernelParam tuple
     replaces: tuple = ()  # specgen.replaces.Replaces: the layers that stand in for model modules
+    # saved intermediates (docs/ARCHITECTURE.md "Saved intermediates"): hidden outputs of
+    # `<op>_fwd_saved`, named by their ABI field (saved_<name>), and each one's definition
+    saved: tuple[TensorArgModel, ...] = ()
+    saved_definitions: tuple[tuple[str, str], ...] = ()  # (field, Python expression over the params)
 
     @property
     def result_class(self) -> str | None:
@@ -254,11 +258,23 @@ class OpModel:
         return f"{self.name}_backward"
 
     @property
+    def fwd_saved_name(self) -> str:
+        """The internal op that returns the outputs and the saved values (autograd calls it)."""
+        return f"{self.name}_fwd_saved"
+
+    @property
+    def fwd_saved_schema(self) -> str:
+        args = ", ".join(f"Tensor {p.name}" if isinstance(p, TensorArgModel) else p.schema
+                         for p in self.params)
+        return f"({args}) -> {_schema_returns(len(self.outputs) + len(self.saved))}"
+
+    @property
     def backward_schema(self) -> str:
         """inputs, scalars (no defaults), forward outputs, output grads -> input grads."""
         args = [f"Tensor {t.name}" for t in self.inputs]
         args += [f"{SCHEMA_SCALARS[s.kind]} {s.name}" for s in self.scalars]
         args += [f"Tensor {o.name}" for o in self.outputs]
+        args += [f"Tensor {v.name}" for v in self.saved]  # none: the schema is as before saved values
         args += [f"Tensor grad_{o.name}" for o in self.floating_outputs]
         return f"({', '.join(args)}) -> {_schema_returns(len(self.floating_inputs))}"
 
@@ -272,6 +288,7 @@ class OpModel:
         out = [("const at::Tensor&", f"a_{t.name}") for t in self.inputs]
         out += [(s.cpp_type, f"a_{s.name}") for s in self.scalars]
         out += [("const at::Tensor&", f"a_{o.name}") for o in self.outputs]
+        out += [("const at::Tensor&", f"a_{v.name}") for v in self.saved]
         out += [("const at::Tensor&", f"a_grad_{o.name}") for o in self.floating_outputs]
         return out
 
@@ -324,6 +341,9 @@ class OpModel:
     def output_index(self, name: str) -> int:
         return [o.name for o in self.outputs].index(name)
 
+    def saved_index(self, name: str) -> int:
+        return [v.name for v in self.saved].index(name)
+
     @property
     def py_params(self) -> str:
         return ", ".join(f"{p.name}: torch.Tensor" if isinstance(p, TensorArgModel) else p.py_param
@@ -366,6 +386,9 @@ class OpModel:
             "symbols": list(self.symbols),
             "verified_on": self.verified_on if self.has_kernel else None,
             "note": (self.provenance or {}).get("note"),
+            # only for an op with saved values: every other op's data is as before they existed
+            **({"saved": [tensor(t) for t in self.saved], "fwd_saved_schema": self.fwd_saved_schema}
+               if self.saved else {}),
         }
 
 
@@ -567,6 +590,8 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
         kernel_source=kernel_source,
         header_text=abi.header_text(spec),
         reference_source=reference_code(spec, resolve=False),  # an import path: its adapter
+        saved=tuple(_tensor_model(v.field, v.type) for v in spec.saved_values),
+        saved_definitions=tuple((v.field, v.expression) for v in spec.saved_values),
         provenance=dict(provenance or {}),
         kernel_params_by_direction={d: _kernel_params(spec, d) for d in abi.DIRECTIONS
                                     if d == "forward" or spec.backward == "kernel"},
@@ -668,6 +693,8 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
             raise UsageError(f"{spec.path or spec.name}: name: {problem}")
         ops.append(op_model(spec, kernels.get(spec.name), (provenance or {}).get(spec.name)))
     collisions = op_collisions([op.name for op in ops], {op.name: op.has_backward for op in ops})
+    collisions += [f"op {op.fwd_saved_name!r} collides with the internal op that returns the saved values of "
+                   f"{op.name!r}" for op in ops if op.saved and op.fwd_saved_name in {o.name for o in ops}]
     if collisions:
         raise UsageError("; ".join(collisions) + "; rename one of them")
     layer_owner: dict[str, str] = {}

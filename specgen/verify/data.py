@@ -9,8 +9,9 @@ from typing import Callable
 import torch
 
 from ..checking import run_reference_checked
-from ..inputs import as_tuple, expected_outputs, make_inputs, upcast
+from ..inputs import TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast
 from ..reference import reference_failure
+from ..saved import evaluate_saved
 from .layout import Layout, TensorRef
 from .strategies import Case, input_offset
 
@@ -144,7 +145,8 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
         read = dict(tensors)
         written = [OutputSlot(o.name, shape, tdtype) for o, (shape, tdtype)
                    in zip(sig.outputs, expected_outputs(sig, dims, case.dtype))]
-        derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [slot.name for slot in written])
+        written += saved_slots(spec, dims, case.dtype)
+        derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [o.name for o in sig.outputs])
     else:
         read, written, derive = _backward(spec, case, tensors, scalars, dims, device)
     truth, ref = ({}, {}) if later else derive(read)
@@ -165,12 +167,22 @@ def drop_truth(data: CaseData) -> None:
         data.truth, data.reference = {}, {}
 
 
+def saved_slots(spec, dims: dict, dtype: str) -> list[OutputSlot]:
+    """The forward's saved intermediates: checked as outputs are (docs/ARCHITECTURE.md "Saved intermediates")."""
+    return [OutputSlot(v.field, v.type.shape(dims), TORCH_DTYPES[v.type.dtype_for(dtype)])
+            for v in spec.saved_values]
+
+
 def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str, outputs: list[str]):
     def derive(inputs: dict) -> tuple[dict, dict]:
         tensors = {name: inputs[name] for name in names}  # by name: the staged views, not the drawn copies
         working = run_reference_checked(spec, {**tensors, **scalars}, dims, dtype)
         exact = run_reference_checked(spec, upcast({**tensors, **scalars}), dims, "float64")
-        return dict(zip(outputs, exact)), dict(zip(outputs, working))
+        # saved values: their definitions, in float64 for the truth (as the outputs' truth) and in the
+        # working dtype for the widening
+        exact_saved = evaluate_saved(spec, upcast({**tensors, **scalars}), "float64")
+        working_saved = evaluate_saved(spec, {**tensors, **scalars}, dtype)
+        return {**dict(zip(outputs, exact)), **exact_saved}, {**dict(zip(outputs, working)), **working_saved}
     return derive
 
 
@@ -186,6 +198,8 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
              .to(t.dtype) for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
+    # the definitions' values, not a forward kernel's: a backward is verified on its own
+    read.update(evaluate_saved(spec, {**tensors, **scalars}, case.dtype))
     read.update(grads)
     wrt = [p.name for p in sig.inputs if p.type.is_floating]
     names = list(tensors)

@@ -20,6 +20,7 @@ from .schedule import DEFAULT_VARIANT, H200_SMS, VARIANTS, Variant
 from .families.scan import scan_directions
 from .lower import lower
 from .optimize import cse, lone_norms, onehot_sums, reuse_forward_outputs
+from .saved_rows import reuse_saved_rows, shared_logsumexp
 from .trace import trace
 
 _programs: dict[str, dict] = {}
@@ -32,7 +33,11 @@ def lower_spec(spec) -> dict:
         try:
             directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
             programs = {d: cse(lone_norms(onehot_sums(cse(lower(trace(spec, d)))))) for d in directions}
+            if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep
+                programs["forward"] = cse(shared_logsumexp(programs["forward"]))
             if "backward" in programs:
+                # the saved intermediates first: a saved row replaces a sweep, a forward output only bytes
+                programs["backward"] = cse(reuse_saved_rows(spec, programs["forward"], programs["backward"]))
                 programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
         except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal
             programs = lower_family(spec, refusal)

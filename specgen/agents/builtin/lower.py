@@ -94,6 +94,8 @@ class Lowering:
         for p in sig.inputs:
             if p.type.is_floating:
                 self.types[f"grad_{p.name}"] = p.type
+        for value in self.spec.saved_values:  # the forward writes them, the backward may read them
+            self.types[value.field] = value.type
         primary = max(sig.inputs, key=lambda p: p.type.ndim)
         if primary.type.ndim < 1:
             raise AgentRefused(f"{self.spec.path}: the builtin generator needs a tensor input of rank >= 1")

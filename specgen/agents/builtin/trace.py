@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ...inputs import TORCH_DTYPES
 from ...reference import reference_failure
+from ...saved import saved_expressions
 from ..base import AgentRefused
 from .families.scan import trace_decompositions
 from .modules import modules_as_constants
@@ -138,9 +139,19 @@ def trace(spec, direction: str) -> Traced:
         return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
     if direction == "forward":
-        target, placeholders = forward, list(names)
+        # saved intermediates are more outputs of the forward: the reference's, then each definition
+        saved = [v.field for v in spec.saved_values]
+
+        def target(*tensors):
+            results = forward(*tensors)
+            if not saved:
+                return results
+            defined = saved_expressions(spec, {**dict(zip(names, tensors)), **scalars})
+            return results + tuple(defined[f] for f in saved)
+
+        placeholders = list(names)
         args = [examples[n] for n in names]
-        outputs = [o.name for o in sig.outputs]
+        outputs = [o.name for o in sig.outputs] + saved
     else:
         float_outs = [i for i, o in enumerate(sig.outputs) if o.type.is_floating]
         with torch.no_grad():

@@ -576,13 +576,15 @@ def _stored_exactly(spec, field_type, value: Node) -> bool:
 
 def reuse_forward_rows(forward: AxisProgram, backward: AxisProgram, spec) -> AxisProgram:
     """A backward recomputes values the forward stored per kept element (the extreme of
-    max/min, an argmax index, a norm) with a sweep over the block; the backward receives the
-    forward's outputs: read them instead, where the output holds the value exactly."""
+    max/min, an argmax index, a norm, a saved intermediate) with a sweep over the block; the
+    backward receives the forward's outputs and saved values: read them instead, where the
+    field holds the value exactly."""
     from ..optimize import _Canon, _rebuild, _same
 
     canon = _Canon()
     stored: dict[tuple, tuple[str, str]] = {}
-    fields = {o.name: o.type for o in spec.signature.outputs}
+    # the outputs, and the saved intermediates: written by the forward for the backward to read
+    fields = {o.name: o.type for o in spec.signature.outputs} | {v.field: v.type for v in spec.saved_values}
     for s in forward.stores:
         if s.kind == "row" and s.value.level == "row" and s.field in fields \
                 and _stored_exactly(spec, fields[s.field], s.value):
