@@ -203,6 +203,31 @@ def test_physics_floor_rejects_a_time_faster_than_the_memory(gelu):
     assert violation(bound.us * 1.2, bound) is None  # an honest kernel near the peak passes
 
 
+def test_physics_floor_does_not_count_an_input_the_outputs_do_not_depend_on(tmp_path):
+    # a held-out mean over all axes (session 11): its backward broadcasts the gradient, x gives only
+    # the shape; an honest kernel writing grad_x at 4.5 TB/s was refused as faster than physics
+    from pathlib import Path
+
+    from specgen.verify.physics import floor, l2_bytes, tensor_bytes, unread_inputs
+
+    mean = load_spec(Path(__file__).parent / "builtin_specs" / "mean_hw_flat.yaml")
+    assert unread_inputs(mean, "backward") == {"x"}
+    assert unread_inputs(mean, "forward") == frozenset()  # the mean reads every element
+    dims = {"B": 4096, "H": 256, "W": 256}
+    read, written = tensor_bytes(mean, dims, "float32", "backward", unread_inputs(mean, "backward"))
+    assert read == 4096 * 4 and written == 4096 * 256 * 256 * 4  # the gradient in, grad_x out
+    everything = sum(tensor_bytes(mean, dims, "float32", "backward"))  # x counted too: 2 GB
+    assert read + written - l2_bytes() <= floor(mean, dims, "float32", "backward").bytes_counted < everything - 2 ** 29
+    cross_entropy = load_spec(SPECS / "cross_entropy.yaml")  # logits and targets both matter
+    assert unread_inputs(cross_entropy, "backward") & {"logits", "target"} == set()
+    ignored = tmp_path / "ignores_y.yaml"
+    ignored.write_text((Path(__file__).parent / "builtin_specs" / "mean_hw_flat.yaml").read_text()
+                       .replace("name: mean_hw_flat", "name: ignores_y")
+                       .replace("mean_hw_flat(x: Tensor[B, H, W], scale", "ignores_y(x: Tensor[B, H, W], y: Tensor[B], scale")
+                       .replace("def reference(x, scale=2.0):", "def reference(x, y, scale=2.0):"))
+    assert unread_inputs(load_spec(ignored), "forward") == {"y"}
+
+
 def test_flop_floor_counts_a_matmul_reference():
     from specgen.verify.physics import reference_flops
 

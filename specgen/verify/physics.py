@@ -1,8 +1,10 @@
 """Physics as a hard bound: no kernel moves bytes faster than the memory can, or does
 arithmetic faster than the chip can.
 
-The byte floor counts what must come from device memory: every input byte (the L2 is flushed
-before each timed call) and the output bytes that cannot stay in the L2. Its rate is the
+The byte floor counts what must come from device memory: every byte of each input the outputs
+depend on (the L2 is flushed before each timed call) and the output bytes that cannot stay in
+the L2. An input the outputs do not depend on (mean's backward broadcasts its gradient; x gives
+only the shape) is not counted: a correct kernel need not read it (`unread_inputs`). Its rate is the
 HBM's theoretical peak (from the memory clock and bus width the driver reports; 4.8 TB/s on
 an H200 when unknown), not a measured copy: aten's elementwise kernels reach about 102% of a
 device-to-device copy on an H200, so a copy is no ceiling. The FLOP floor counts the matrix
@@ -70,11 +72,12 @@ class Floor:
         return text
 
 
-def tensor_bytes(spec, dims: dict, dtype: str, direction: str) -> tuple[int, int]:
-    """(bytes read, bytes written) by one call of `direction`, from its ABI fields."""
+def tensor_bytes(spec, dims: dict, dtype: str, direction: str, unread: frozenset = frozenset()) -> tuple[int, int]:
+    """(bytes read, bytes written) by one call of `direction`, from its ABI fields; the fields in
+    `unread` (see unread_inputs) are not counted."""
     read = written = 0
     for f in abi.fields(spec, direction):
-        if not f.is_tensor:
+        if not f.is_tensor or f.name in unread:
             continue
         itemsize = torch.empty((), dtype=TORCH_DTYPES[f.tensor.dtype_for(dtype)]).element_size()
         nbytes = math.prod(f.tensor.shape(dims)) * itemsize
@@ -117,8 +120,58 @@ def reference_flops(spec, dims: dict, dtype: str, direction: str) -> float:
         return 0.0
 
 
+PROBE_SEEDS = (7, 13)  # redraws of one input at a time; both must leave every output unchanged
+
+
+def unread_inputs(spec, direction: str) -> frozenset:
+    """The drawn ABI fields of `direction` (inputs, output gradients) whose values no output
+    depends on: drawn again alone
+    (twice, on the spec's small first case, on the CPU), they leave every output of the
+    reference bit for bit unchanged. Empty when the probe cannot run (every input counted)."""
+    key = (spec.hash(), direction)
+    if key not in _UNREAD:
+        try:
+            _UNREAD[key] = _probe_unread(spec, direction)
+        except Exception:  # noqa: BLE001 - the reference misbehaves here: count every input
+            _UNREAD[key] = frozenset()
+    return _UNREAD[key]
+
+
+_UNREAD: dict = {}
+
+
+def _probe_unread(spec, direction: str) -> frozenset:
+    from dataclasses import replace
+
+    from .data import prepare
+    from .strategies import smoke_case
+
+    case = smoke_case(spec)
+    base = prepare(spec, case, direction, "cpu", later=True)
+    truth, _ = base.derive(base.inputs)
+    redraws = [prepare(spec, replace(case, seed=case.seed + k), direction, "cpu", later=True).inputs
+               for k in PROBE_SEEDS]
+    unread = set()
+    drawn = {f.name for f in abi.fields(spec, direction) if f.role in ("input", "grad_output")}  # not derived ones
+    for name, tensor in base.inputs.items():
+        if name not in drawn:
+            continue
+        others = [r[name] for r in redraws if name in r and r[name].shape == tensor.shape
+                  and not torch.equal(r[name], tensor)]
+        if len(others) < len(PROBE_SEEDS):
+            continue  # not redrawn differently (a constant, an empty tensor): counted
+        if all(_same(truth, base.derive({**base.inputs, name: other})[0]) for other in others):
+            unread.add(name)
+    return frozenset(unread)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].nan_to_num(0.0), b[k].nan_to_num(0.0))
+                                        and torch.equal(a[k].isnan(), b[k].isnan()) for k in a)
+
+
 def floor(spec, dims: dict, dtype: str, direction: str, device_index: int = 0) -> Floor:
-    read, written = tensor_bytes(spec, dims, dtype, direction)
+    read, written = tensor_bytes(spec, dims, dtype, direction, unread_inputs(spec, direction))
     counted = read + max(0, written - l2_bytes(device_index))
     flops = reference_flops(spec, dims, dtype, direction)
     return Floor(counted, flops, hbm_peak_gbs(device_index), DENSE_PEAK_FLOPS.get(dtype))
