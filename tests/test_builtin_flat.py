@@ -188,3 +188,30 @@ def test_a_kernel_with_the_fast_forms_compiles():
 
     spec = load_spec(LEVEL1 / "elu.yaml")
     assert compile_source(spec, build_source(spec)).library.exists()
+
+
+def test_a_parameters_column_is_kept_incrementally_not_divided_per_chunk():
+    # the chunk loop reads a [W] parameter at chunk c % (W / VEC): the emitted recurrence (a start
+    # per thread, + blockDim per unrolled chunk, + the grid's stride per pass, each wrapped once)
+    # gives that index for every chunk, with no 64-bit division inside the loop
+    source = build_source(load_spec(SPECS / "bias_gelu.yaml")).split("// ======================= backward")[0]
+    loop = source[source.index("  for (int64_t c0 ="):source.index("  for (int64_t e =")]
+    assert "%" not in loop and "col += block_col; if (col >= wv) col -= wv;" in loop
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        wv, block, grid, unroll = rng.randint(1, 700), rng.choice([32, 64, 256]), rng.randint(1, 9), rng.choice([1, 2, 4])
+        nvec, step = rng.randint(1, 5000), grid * block * unroll
+        step_col, block_col = step % wv, block % wv
+        for b in range(grid):
+            for t in range(0, block, 37):
+                c0, col0 = b * block * unroll + t, (b * block * unroll + t) % wv
+                while c0 < nvec:
+                    col = col0
+                    for u in range(unroll):
+                        assert col == (c0 + u * block) % wv
+                        col += block_col
+                        col -= wv if col >= wv else 0
+                    c0, col0 = c0 + step, col0 + step_col
+                    col0 -= wv if col0 >= wv else 0
