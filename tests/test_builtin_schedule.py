@@ -10,7 +10,7 @@ import pytest
 
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, FEW_TPRS, VARIANTS, Variant, combine, items_max, few_rows_tpr,
-                                             plan, variants_named)
+                                             plan, variant_named, variants_named)
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
@@ -283,3 +283,20 @@ def test_few_rows_spread_over_a_cluster_only_while_they_leave_the_sms_idle():
     # a norm's backward sums weight gradients over rows (column partials): no split form
     assert "SG_LAUNCH_FEW" not in build_source(rmsnorm).split("// ======================= backward")[1]
     assert few_rows_tpr(DEFAULT_VARIANT, 1, 4096, 132) is None  # wider than 2048 chunks: the split schedules
+
+
+def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
+    fewblock = _variant("fewblock")
+    rmsnorm = load_spec(SPECS / "rmsnorm.yaml")
+    # row reductions too (no 64-element rule): 512 chunks -> 256 threads x 2
+    assert few_rows_tpr(fewblock, 8, 512, 132, row_free=False, plain_elems=32) == 256
+    assert few_rows_tpr(fewblock, 8, 512, 132, imax=1) is None  # 2 chunks must fit the registers
+    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "bfloat16", fewblock) == "few"
+    forward = build_source(rmsnorm, fewblock).split("// ======================= backward")[0]
+    assert "if (tpr == 256) SG_LAUNCH(VEC, 256, 2);" in forward and "SG_LAUNCH_FEW" not in forward
+    expr = re.search(r"(?:const )?int block = (.*?);  //", forward).group(1)
+    for tpr in (128, 256, 512, 1024):  # a whole block per row: never a split row's block
+        assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 2}) == tpr
+    # under a medium class of 256-thread blocks (cl256) the block form stops at 256 threads
+    combined = variant_named("medium:cl256+few:fewblock")
+    assert few_rows_tpr(combined, 8, 512, 132) == 256 and few_rows_tpr(combined, 8, 1024, 132) is None

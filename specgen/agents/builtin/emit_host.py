@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import abi
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
-from .schedule import FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, items_max
+from .schedule import FEW_BLOCK_TPRS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, items_max
 
 
 class HostEmitter:
@@ -53,7 +53,7 @@ class HostEmitter:
         latency-bound, not read twice."""
         if not variant.few_rows or self.colreduces:
             return False
-        if self.row_free():
+        if self.row_free() or self.few_block_form(variant):
             return True
         # with row reductions only where some dtype's plain schedule reaches FEW_MIN_ELEMS a thread
         # (else the kernel would carry instantiations no call takes)
@@ -61,9 +61,24 @@ class HostEmitter:
         return any(items_max(variant, self.words_per_item(sizes[d], 16 // sizes[d])) * (16 // sizes[d]) >= FEW_MIN_ELEMS
                    for d in self.spec.dtypes if d in sizes)
 
+    @staticmethod
+    def few_block_form(variant: Variant) -> bool:
+        return variant.few_form == "block"
+
+    def few_block_tprs(self, variant: Variant) -> list[int]:
+        return [t for t in FEW_BLOCK_TPRS if t <= variant.block_max]
+
     def few_rows_choice(self) -> list[str]:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
         schedule.few_rows_tpr, its Python mirror)."""
+        if self.few_block_form(self.variant):
+            tprs = self.few_block_tprs(self.variant)
+            sizes = " : ".join(f"chunks <= {2 * t} ? {t}" for t in tprs[:-1]) + (" : " if len(tprs) > 1 else "")
+            return [f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} fit in {FEW_WAVES} waves of a block per SM, a row "
+                    f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread",
+                    f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
+                    f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
+                    f"  if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}"]
         first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
         serial = "true" if self.row_free() else f"items * VEC >= {FEW_MIN_ELEMS}"
         sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
@@ -111,7 +126,12 @@ class HostEmitter:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
         split rows run `action`_CL, few rows `action`_FEW."""
         lines = []
-        if self.few_allowed(variant):
+        if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
+            tprs = self.few_block_tprs(variant)
+            chain = " else ".join(f"if (tpr == {t}) {action}(VEC, {t}, 2);" for t in tprs)
+            lines.append(f"  if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
+            lines.append("  else if (vec_ok) {")
+        elif self.few_allowed(variant):
             chain = " else ".join(f"if (tpr == {t}) {action}_FEW(VEC, {t});" for t in FEW_TPRS[:-1])
             lines.append(f"  if (few) {{ {chain} else {action}_FEW(VEC, {FEW_TPRS[-1]}); }}")
             lines.append("  else if (vec_ok) {")
@@ -219,7 +239,8 @@ class HostEmitter:
         if self.few_allowed(variant):
             lines += self.few_rows_choice()
         rb = variant.row_block
-        few_block = f"few ? tpr / {MAX_CLUSTER} : " if self.few_allowed(variant) else ""
+        clusters = self.few_allowed(variant) and not self.few_block_form(variant)
+        few_block = f"few ? tpr / {MAX_CLUSTER} : " if clusters else ""
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
         narrow_spread = self.few_allowed(variant) and not variant.persistent
         const = "" if narrow_spread else "const "
@@ -244,7 +265,7 @@ class HostEmitter:
             lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
                          f"((P) > 32 ? (P) : {rb})>>(block)")
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
-        few = self.few_allowed(variant)
+        few = self.few_allowed(variant) and not self.few_block_form(variant)  # the cluster macros
         if few:
             lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
         lines += self.schedule_chain(variant, "SG_OCC")

@@ -152,7 +152,7 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     tpr, items = plan(variant, width // vec, imax, split=emitter.split_allowed(variant))
     rows = math.prod(d.resolve(dims) for d in program.row_dims)
     if emitter.few_allowed(variant) and few_rows_tpr(variant, rows, width // vec, sms, row_free=emitter.row_free(),
-                                                     plain_elems=items * vec) is not None:
+                                                     plain_elems=items * vec, imax=imax) is not None:
         return "few"
     return shape_class(tpr, items)
 

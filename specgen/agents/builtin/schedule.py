@@ -37,6 +37,7 @@ LOOP_UNROLL = 4  # 16-byte chunks per thread in flight in the looped pass
 FEW_TPRS = (256, 512, 1024, 2048)
 FEW_MIN_CHUNKS = 129
 FEW_MIN_ELEMS = 64
+FEW_BLOCK_TPRS = (128, 256, 512, 1024)  # the block form: TPR for rows of up to 2 x TPR chunks
 FEW_WAVES = 2
 H200_SMS = 132  # the SM count the Python mirrors assume when no GPU is asked
 
@@ -85,8 +86,10 @@ class Variant:
     # and 2.3x in bfloat16 (residual SiLU, 4096 x 4096: benchmarks/flat_study.py, session 7)
     flat_unroll: int = 1
     flat_waves: int = 64
-    # few rows (decode sizes): a row over a cluster of blocks, one chunk per thread (FEW_TPRS)
+    # few rows (decode sizes): a row over a cluster of blocks, one chunk per thread (FEW_TPRS);
+    # `few_form` "block": one block per row instead, of FEW_BLOCK_TPRS threads, 2 chunks each
     few_rows: bool = True
+    few_form: str = "cluster"
 
     @property
     def schedules(self) -> tuple:
@@ -129,6 +132,9 @@ VARIANTS = [
     Variant("flat4w1", flat_unroll=4, flat_waves=1),
     # few rows: a block per row (the medium schedule) instead of a cluster of blocks per row
     Variant("nofew", few_rows=False),
+    # few rows: a whole block per row, 2 chunks a thread (Liger's softmax shape: 256 threads of 16
+    # bf16 for 4096), with or without row reductions; to time against the clusters by decode_ab.py
+    Variant("fewblock", few_form="block"),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -145,7 +151,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
                 "wide": ("loop_tpr", "loop_unroll"), "split": ("split_rows", "split_block"),
-                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows",)}
+                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form")}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -194,13 +200,16 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
 
 
 def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free: bool = True,
-                 plain_elems: int = FEW_MIN_ELEMS) -> int | None:
+                 plain_elems: int = FEW_MIN_ELEMS, imax: int = 8) -> int | None:
     """TPR of the few-rows schedule for `rows` rows of `chunks` 16-byte chunks on `sms` SMs
     (None: not taken). `row_free`: the program has no row reductions; `plain_elems`: elements a
-    thread holds in the plain schedule (ITEMS x VEC). Mirrors the generated host code, where the
-    program and device allow it."""
+    thread holds in the plain schedule (ITEMS x VEC); `imax`: the kernel's ITEMS_MAX. Mirrors
+    the generated host code, where the program and device allow it."""
     if not variant.few_rows or rows * MAX_CLUSTER > FEW_WAVES * sms or not FEW_MIN_CHUNKS <= chunks <= FEW_TPRS[-1]:
         return None
+    if variant.few_form == "block":  # a block of up to block_max threads per row, 2 chunks each
+        fits = [t for t in FEW_BLOCK_TPRS if t <= variant.block_max and chunks <= 2 * t]
+        return fits[0] if fits and imax >= 2 else None
     if not row_free and plain_elems < FEW_MIN_ELEMS:
         return None
     return next(t for t in FEW_TPRS if chunks <= t)
