@@ -2,7 +2,7 @@
 
 Tree: pyproject.toml, setup.py, MANIFEST.in, build.toml, README.md, LICENSE,
 torch-ext/torch_binding.cpp (the one C++ translation unit), torch-ext/<pkg>/ (Python API,
-registrations, embedded references, tests), kernels/<op>/<op>.cu + <op>_abi.h and, when an op
+registrations (_ops.py: ops_runtime.py, verbatim), embedded references, tests), kernels/<op>/<op>.cu + <op>_abi.h and, when an op
 with a kernel has an integer input with a value range, torch-ext/range_check.cu + .h (the
 device check of those values, launched by the binding).
 """
@@ -23,7 +23,9 @@ from .summary import performance_summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates" / "package"  # installed: specgen/templates
 RANGE_CTYPES = {name: f"{name}_t" for name in INT_DTYPES}  # the C type of each integer dtype
-LAYER_RUNTIME = Path(__file__).resolve().parent / "layer_runtime.py"  # a plain module, copied verbatim
+# plain modules, copied verbatim: the package's data (_spec_data.py) is what differs
+LAYER_RUNTIME = Path(__file__).resolve().parent / "layer_runtime.py"
+OPS_RUNTIME = Path(__file__).resolve().parent / "ops_runtime.py"
 
 
 def _templates_dir() -> Path:
@@ -72,6 +74,7 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
     context = _with_provenance({"pkg": pkg, "scalar_types": SCALAR_TYPES,
                                 "ops_data": {op.name: op.data() for op in pkg.ops},
                                 "provenance_data": {op.name: _plain(op.provenance) for op in pkg.ops},
+                                "range_sites_data": [(op.name, t.name) for op, t in pkg.range_sites],
                                 "summary": performance_summary(pkg),
                                 "dtype_codes": DTYPE_CODES, "range_dtypes": INT_DTYPES,
                                 "range_ctypes": RANGE_CTYPES})
@@ -83,7 +86,7 @@ def render_files(pkg: PackageModel) -> dict[str, str]:
         "build.toml": env.get_template("build.toml.j2").render(context),
         "README.md": env.get_template("README.md.j2").render(context),
         f"{py}/__init__.py": env.get_template("torch-ext/pkg/__init__.py.j2").render(context),
-        f"{py}/_ops.py": env.get_template("torch-ext/pkg/_ops.py.j2").render(context),
+        f"{py}/_ops.py": OPS_RUNTIME.read_text(),
         f"{py}/_spec_data.py": env.get_template("torch-ext/pkg/_spec_data.py.j2").render(context),
         f"{py}/layers.py": env.get_template("torch-ext/pkg/layers.py.j2").render(context),
         f"{py}/_patching.py": LAYER_RUNTIME.read_text(),
