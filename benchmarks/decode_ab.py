@@ -7,8 +7,10 @@ a few-microsecond kernel also time the launch, and hid the few-rows problem in s
 
 Sources: `committed` (specs/kernels/<op>.cu), `recorded` (the generator now, at the lock's
 variant), or any variant name (benchmarks/variant_ab.py). Every source runs in this process
-(ctypes) on the same inputs; each output is checked against the float64 truth with the spec's
-tolerances (a sanity check of the A/B, not a verification: the verifier decides what ships).
+(ctypes) on the same inputs; each output is compared with the float64 truth as the verifier
+compares (verify/compare.py: the spec's tolerances, widened by the reference's own error): a
+sanity check of the A/B, not a verification (the verifier decides what ships). Session 11's
+plain allclose flagged the committed kernels too (add_rmsnorm's grad_weight in bf16).
 Shapes: the first input's leading dim = each of --rows, its last dim = --hidden (rope: S rows of
 32 heads x 128). Writes DIR/decode_ab.json and prints a table (us per call, B/A).
 """
@@ -29,6 +31,7 @@ from variant_ab import compile_all, named, source_of  # noqa: E402
 from specgen import abi  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
+from specgen.verify.compare import compare  # noqa: E402
 from specgen.verify.data import prepare  # noqa: E402
 from specgen.verify.library import KernelLibrary  # noqa: E402
 from specgen.verify.strategies import make_case  # noqa: E402
@@ -75,7 +78,7 @@ def run_case(spec, libraries: dict, dims: dict, dtype: str, direction: str) -> d
             row["ok"][name] = f"error {lib.error_name(code)}"
             continue
         bad = [k for k, t in data.truth.items()
-               if not torch.allclose(outs[k].double(), t.double(), atol=data.atol[k], rtol=data.rtol, equal_nan=True)]
+               if compare(outs[k], t, data.atol[k], data.rtol, data.reference.get(k)) is not None]
         row["ok"][name] = "ok" if not bad else "MISMATCH " + ",".join(bad)
         row["us"][name] = device_us_per_call(launch)
     return row

@@ -87,3 +87,13 @@ def test_committed_and_recorded_name_the_lock_kernel_and_the_generator_source_no
     import pytest
     with pytest.raises(ValueError, match="no variant nope"):
         variant_ab.named("committed,nope")
+
+
+def test_decode_ab_shapes_put_the_rows_first_and_the_hidden_size_last():
+    import decode_ab
+    from specgen.spec import load_spec
+
+    specs = Path(__file__).resolve().parent.parent / "specs"
+    assert decode_ab.decode_dims(load_spec(specs / "swiglu.yaml"), 8, 4096) == {"N": 8, "H": 4096}  # x: [8, 8192]
+    assert decode_ab.decode_dims(load_spec(specs / "cross_entropy.yaml"), 1, 4096) == {"N": 1, "C": 4096}
+    assert decode_ab.decode_dims(load_spec(specs / "rope.yaml"), 32, 4096) == {"S": 32, "H": 32, "D": 128}
