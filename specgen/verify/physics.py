@@ -125,9 +125,9 @@ PROBE_SEEDS = (7, 13)  # redraws of one input at a time; both must leave every o
 
 def unread_inputs(spec, direction: str) -> frozenset:
     """The drawn ABI fields of `direction` (inputs, output gradients) whose values no output
-    depends on: drawn again alone
-    (twice, on the spec's small first case, on the CPU), they leave every output of the
-    reference bit for bit unchanged. Empty when the probe cannot run (every input counted)."""
+    depends on: drawn again alone (twice, on the spec's small first case, on the CPU), they
+    leave every output of the reference bit for bit unchanged. Empty when the probe cannot run
+    (every input counted)."""
     key = (spec.hash(), direction)
     if key not in _UNREAD:
         try:

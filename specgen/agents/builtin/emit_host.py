@@ -5,6 +5,7 @@ A mixin of emit.DirectionEmitter."""
 from __future__ import annotations
 
 from ... import abi
+from ...inputs import TORCH_DTYPES
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
 from .schedule import FEW_BLOCK_TPRS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, items_max
 
@@ -57,9 +58,8 @@ class HostEmitter:
             return True
         # with row reductions only where some dtype's plain schedule reaches FEW_MIN_ELEMS a thread
         # (else the kernel would carry instantiations no call takes)
-        sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-        return any(items_max(variant, self.words_per_item(sizes[d], 16 // sizes[d])) * (16 // sizes[d]) >= FEW_MIN_ELEMS
-                   for d in self.spec.dtypes if d in sizes)
+        vecs = {16 // TORCH_DTYPES[d].itemsize: TORCH_DTYPES[d].itemsize for d in self.spec.dtypes}
+        return any(items_max(variant, self.words_per_item(size, vec)) * vec >= FEW_MIN_ELEMS for vec, size in vecs.items())
 
     @staticmethod
     def few_block_form(variant: Variant) -> bool:
@@ -71,13 +71,14 @@ class HostEmitter:
     def few_rows_choice(self) -> list[str]:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
         schedule.few_rows_tpr, its Python mirror)."""
+        few_rows = (f"vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
+                    f"chunks >= {FEW_MIN_CHUNKS}")
         if self.few_block_form(self.variant):
             tprs = self.few_block_tprs(self.variant)
             sizes = " : ".join(f"chunks <= {2 * t} ? {t}" for t in tprs[:-1]) + (" : " if len(tprs) > 1 else "")
             return [f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} fit in {FEW_WAVES} waves of a block per SM, a row "
                     f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread",
-                    f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
-                    f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
+                    f"  const bool few = {few_rows} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
                     f"  if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}"]
         first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
         serial = "true" if self.row_free() else f"items * VEC >= {FEW_MIN_ELEMS}"
@@ -88,8 +89,7 @@ class HostEmitter:
                 f"  // a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} blocks, "
                 "one chunk per thread",
                 f"  // ({why})",
-                f"  const bool few = vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
-                f"chunks >= {FEW_MIN_CHUNKS} && chunks <= {FEW_TPRS[-1]} && {serial} && sg::clusters_ok<{first}>();",
+                f"  const bool few = {few_rows} && chunks <= {FEW_TPRS[-1]} && {serial} && sg::clusters_ok<{first}>();",
                 f"  if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}"]
 
     def row_free(self) -> bool:
@@ -236,13 +236,14 @@ class HostEmitter:
         lines.append("  } else {")
         lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
         lines.append("  }")
-        if self.few_allowed(variant):
+        few_on = self.few_allowed(variant)
+        few = few_on and not self.few_block_form(variant)  # over clusters: their own block size and macros
+        if few_on:
             lines += self.few_rows_choice()
         rb = variant.row_block
-        clusters = self.few_allowed(variant) and not self.few_block_form(variant)
-        few_block = f"few ? tpr / {MAX_CLUSTER} : " if clusters else ""
+        few_block = f"few ? tpr / {MAX_CLUSTER} : " if few else ""
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
-        narrow_spread = self.few_allowed(variant) and not variant.persistent
+        narrow_spread = few_on and not variant.persistent
         const = "" if narrow_spread else "const "
         lines.append(f"  {const}int block = {few_block}{self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
                      "// TPR > 32: one row per block (or per cluster)")
@@ -265,7 +266,6 @@ class HostEmitter:
             lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
                          f"((P) > 32 ? (P) : {rb})>>(block)")
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
-        few = self.few_allowed(variant) and not self.few_block_form(variant)  # the cluster macros
         if few:
             lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
         lines += self.schedule_chain(variant, "SG_OCC")
