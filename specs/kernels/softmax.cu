@@ -608,7 +608,14 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (a row reduction: the cluster's rounds pay off only over 64+ elements per thread)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && items * VEC >= 64 && sg::clusters_ok<softmax_fwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
+  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -616,7 +623,9 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<softmax_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
@@ -637,6 +646,7 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   }
 #undef SG_OCC
 #undef SG_OCC_CL
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -650,7 +660,9 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   const softmax_args args = A;
 #define SG_LAUNCH(V, P, I) softmax_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(softmax_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(softmax_fwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
@@ -671,6 +683,7 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
+#undef SG_LAUNCH_FEW
   return cudaGetLastError();
 }
 

@@ -1,6 +1,12 @@
 """The flat pointwise family: a program with no row structure (no reduction, no per-row
-value, no column index, no concatenation) is one loop over the flat element index of its
-outputs, whatever their rank or row width.
+value, no column index, no [W] parameter, no concatenation) is one loop over the flat element
+index of its outputs, whatever their rank or row width.
+
+A [W] parameter (a bias over rows) keeps the row form: there a thread keeps its columns'
+parameter chunks in registers over its rows, where the flat loop loads a chunk of the parameter
+beside every chunk of the input. bias_gelu's forward at [16384 x 8192] bf16 on the H200: 137.6 us
+in rows, 153.8 us flat with a `% W` per chunk, 176.0 us flat with the column kept incrementally
+(benchmarks/results/2026-12-02-h200-session12).
 
 One grid for the launch: BLOCK threads per block, each thread UNROLL 16-byte chunks in
 flight per input (all loads issued before any math), a grid of a block per BLOCK x UNROLL
@@ -8,7 +14,7 @@ chunks, capped at `waves` waves of resident blocks (x the SMs x blocks per SM) t
 stride over the rest. The default (one chunk per thread, up to 64 waves) is aten's shape;
 the variants of the tuner try more chunks per thread over fewer waves. The vector
 path needs 16-byte aligned pointers only (and a row width that is a multiple of VEC when a
-[W] parameter is read): a total size that is not a multiple of VEC takes its last
+per-channel parameter is read): a total size that is not a multiple of VEC takes its last
 (< VEC) elements in a scalar tail over the flat index, so an odd width stays vectorized.
 Math in fp32 (fp64 for float64); storage in the spec's dtype.
 """
@@ -30,7 +36,6 @@ class FlatPlan:
     """What the flat kernel of one direction does (the tests and the tuner read this)."""
 
     loads: tuple  # ABI fields read per element (same shape as the outputs)
-    params: tuple  # ABI fields read per column ([W] parameters broadcast over rows; index % W)
     bcasts: tuple  # ABI fields broadcast over other dims (per channel): read at the element's coordinates
     stores: tuple  # ABI fields written per element
     block: int = BLOCK
@@ -53,18 +58,18 @@ def plan_of(program: Program, variant=None) -> FlatPlan | None:
         return None
     if program.group_div:
         return None
-    loads, params, bcasts = [], [], []
+    loads, bcasts = [], []
     for n in program.nodes():
         if n.op in _NOT_FLAT or n.level in ("row", "post"):
             return None
         if n.op == "load" and n.level == "elem":
-            if n.attrs.get("offset") is not None or n.attrs.get("row_div"):
-                return None
-            target = {"col": params, "bcast": bcasts}.get(n.attrs["kind"], loads)
+            if n.attrs.get("offset") is not None or n.attrs.get("row_div") or n.attrs["kind"] == "col":
+                return None  # (a [W] parameter: the row form keeps it in registers, see above)
+            target = bcasts if n.attrs["kind"] == "bcast" else loads
             if n.attrs["field"] not in target:
                 target.append(n.attrs["field"])
     tuning = {} if variant is None else {"unroll": variant.flat_unroll, "waves": variant.flat_waves}
-    return FlatPlan(tuple(loads), tuple(params), tuple(bcasts), tuple(s.field for s in program.stores), **tuning)
+    return FlatPlan(tuple(loads), tuple(bcasts), tuple(s.field for s in program.stores), **tuning)
 
 
 def _emitter_base():
@@ -145,29 +150,16 @@ class FlatEmitter(_emitter_base()):
             lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
         lines += ["  const int64_t nvec = n / VEC;",
                   "  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;"]
-        cols = any(key[1] == "col" for key in self.streamed())
-        if cols:
-            # a [W] parameter's chunk at chunk c is c % (W / VEC) (W % VEC == 0 on this path): kept
-            # incrementally, as a 64-bit division per chunk cost bias_gelu's forward 11% at
-            # [16384 x 8192] bf16 on the H200 (session 11)
-            lines += ["  const int64_t wv = W / VEC;",
-                      "  const int64_t step_col = step % wv, block_col = (int64_t)blockDim.x % wv;",
-                      "  int64_t col0 = ((int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x) % wv;"]
         lines.append("  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; "
                      "c0 += step) {")
         for key in self.streamed():
             lines.append(f"    {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
-        if cols:
-            lines.append("    int64_t col = col0;")
         lines += ["    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
                   "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
         for key in self.streamed():
             pn = self.pointer_name(key)
-            index = "col * VEC" if key[1] == "col" else "c * VEC"
-            lines.append(f"        sg::load_raw<VEC>({pn} + {index}, l_{pn}[u]);")
+            lines.append(f"        sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
         lines.append("      }")
-        if cols:
-            lines.append("      col += block_col; if (col >= wv) col -= wv;")
         lines += ["    }", "    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
                   "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
         for i, _ in enumerate(p.stores):
@@ -188,8 +180,6 @@ class FlatEmitter(_emitter_base()):
         for i, _ in enumerate(p.stores):
             lines.append(f"        sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
         lines += ["      }", "    }"]
-        if cols:
-            lines.append("    col0 += step_col; if (col0 >= wv) col0 -= wv;")
         lines.append("  }")
         # the tail: the last n % VEC elements, one per thread of the first block
         lines.append("  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
@@ -204,8 +194,7 @@ class FlatEmitter(_emitter_base()):
                     lines += self.bcast_index(key, "e", masks[present], "    ")
                 tails[key] = self._bcast_ref(key, f"{pn}[{masks[present]}]")
                 continue
-            index = "e % W" if key[1] == "col" else "e"
-            lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[{index}];")
+            lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[e];")
             tails[key] = f"t_{pn}"
         for i, _ in enumerate(p.stores):
             lines.append(f"    acc_t st_{i}[1];")
@@ -236,7 +225,7 @@ class FlatEmitter(_emitter_base()):
             conds.append(f"sg::aligned16(A.{key[0]}.data)")
         for s in p.stores:
             conds.append(f"sg::aligned16(A.{s.field}.data)")
-        if plan.params or plan.bcasts:
+        if plan.bcasts:
             conds.append("W % VEC == 0")
         lines = ["template <typename T>",
                  f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
