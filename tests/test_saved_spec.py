@@ -142,6 +142,30 @@ def test_the_backward_reads_the_definitions_values():
     assert [slot.name for slot in data.outputs] == ["grad_x", "grad_weight"]
 
 
+def test_the_truth_of_a_definition_written_with_float_is_computed_in_float64():
+    # `x.float().mean(-1)` on float64 copies: the casts stay float64, so the truth is the exact mean
+    # (computed in float32 it was off by float32's rounding of a sum with cancellation, which a
+    # kernel's own float32 sum, ordered differently, could not match: session 12 on the H200)
+    spec = load_spec(SAVED / "layernorm_stats.yaml")
+    data = prepare(spec, make_case({"N": 64, "D": 129}, "float32", seed=18, distribution="huge"), "forward", "cpu")
+    x = data.inputs["x"].double()
+    exact = x.mean(-1)
+    assert data.truth["saved_mean"].dtype == torch.float64
+    assert torch.equal(data.truth["saved_mean"], exact)
+    in_float32 = x.float().mean(-1).double()
+    assert not torch.equal(in_float32, exact)  # the float32 run differs: what the old truth was
+    var = ((x - exact[:, None]) ** 2).mean(-1)
+    torch.testing.assert_close(data.truth["saved_rstd"], torch.rsqrt(var + 1e-5), rtol=1e-12, atol=0)
+
+
+def test_a_definition_that_still_narrows_in_the_truth_run_is_an_error_at_its_line(tmp_path):
+    spec, _ = _spec(tmp_path, 'lse: "Tensor[N] float32 = torch.logsumexp(logits, dim=-1).type(torch.float32)"')
+    with pytest.raises(SpecError) as caught:
+        prepare(spec, make_case({"N": 3, "C": 4}, "float32"), "forward", "cpu")
+    assert "comes back in float32 from float64 inputs" in str(caught.value)
+    assert caught.value.location.line == 14 and "promote_types" in caught.value.hint
+
+
 def test_an_expression_that_fails_is_reported_at_its_line(tmp_path):
     spec, path = _spec(tmp_path, 'lse: "Tensor[N] float32 = torch.logsumexp(logits, dim=5)"')
     with pytest.raises(SpecError) as caught:

@@ -570,6 +570,7 @@ add_rmsnorm_fwd_rows(const add_rmsnorm_args A, float* __restrict__ partials, int
       }
       }
       }
+    if (lane == 0) ((float*)A.saved_rstd.data)[row] = sg::from_acc<float>(rsqrt_10);
   }
 }
 
@@ -723,12 +724,11 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
   const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
   const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
   const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_8 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_10 = (acc_t)A.eps;
+  const acc_t sym_float_16 = (acc_t)(((int64_t)(A.D)));
   // column partials: one slot per block (narrow rows merge their row groups at the end)
   const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;
   const int64_t cslots = nbx * gridDim.y;
-  // column partials of sum_2_29: this thread's columns, summed over its rows
+  // column partials of sum_2_24: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
   for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
   float* cpart_0 = partials + (0 * cslots + cslot) * W;
@@ -760,9 +760,10 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         }
       }
     }
-    // pass 1: sum, sum over the row
-    acc_t sum_1_6 = (acc_t)0;
-    acc_t sum_3_16 = (acc_t)0;
+    const acc_t saved_rstd_4 = (acc_t)sg::to_acc(((const float*)A.saved_rstd.data)[row]);
+    const acc_t pow_1_13 = (saved_rstd_4 * saved_rstd_4 * saved_rstd_4);
+    // pass 1: sum over the row
+    acc_t sum_3_9 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -772,10 +773,8 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_3 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_5 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
-          const acc_t mul_5_15 = (mul_4_3 * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
-          sum_1_6 += mul_5;
-          sum_3_16 += mul_5_15;
+          const acc_t mul_5_8 = (mul_4_3 * (acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]));
+          sum_3_9 += mul_5_8;
         }
         }
       }
@@ -801,23 +800,17 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_3 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_5 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
-          const acc_t mul_5_15 = (mul_4_3 * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
-          sum_1_6 += mul_5;
-          sum_3_16 += mul_5_15;
+          const acc_t mul_5_8 = (mul_4_3 * (acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]));
+          sum_3_9 += mul_5_8;
         }
         }
       }
       }
       }
-    sg::group_reduce2<TPR, BLOCK>(sum_1_6, sg::Sum(), sum_3_16, sg::Sum(), red_smem);
-    const acc_t div_9 = ((acc_t)(sum_1_6) / (acc_t)(sym_float_8));
-    const acc_t add_1_11 = (div_9 + eps_10);
-    const acc_t rsqrt_12 = sg::rsqrt_((acc_t)(add_1_11));
-    const acc_t mul_7_18 = (sum_3_16 * (acc_t)-0.5);
-    const acc_t pow_1_20 = (rsqrt_12 * rsqrt_12 * rsqrt_12);
-    const acc_t mul_8_21 = (mul_7_18 * pow_1_20);
-    const acc_t div_1_22 = ((acc_t)(mul_8_21) / (acc_t)(sym_float_8));
+    sum_3_9 = sg::group_reduce<TPR, BLOCK>(sum_3_9, sg::Sum(), red_smem);
+    const acc_t mul_7_11 = (sum_3_9 * (acc_t)-0.5);
+    const acc_t mul_8_14 = (mul_7_11 * pow_1_13);
+    const acc_t div_1_17 = ((acc_t)(mul_8_14) / (acc_t)(sym_float_16));
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -830,16 +823,16 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_3 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * (acc_t)sg::to_acc(r_p_weight_2[k].v[v]));
-          const acc_t mul_6_13 = (mul_4_3 * rsqrt_12);
-          const acc_t add_2_14 = ((acc_t)sg::to_acc(r_p_grad_residual_out_0[k].v[v]) + mul_6_13);
-          const acc_t mul_9_24 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_25 = (div_1_22 * mul_9_24);
-          const acc_t add_3_26 = (add_2_14 + mul_10_25);
-          const acc_t mul_1_27 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * rsqrt_12);
-          const acc_t mul_3_28 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * mul_1_27);
-          st_0[v] = (acc_t)(add_3_26);
-          st_1[v] = (acc_t)(add_3_26);
-          cacc_0[k][v] += mul_3_28;
+          const acc_t mul_6_5 = (mul_4_3 * saved_rstd_4);
+          const acc_t add_2_6 = ((acc_t)sg::to_acc(r_p_grad_residual_out_0[k].v[v]) + mul_6_5);
+          const acc_t mul_9_19 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_20 = (div_1_17 * mul_9_19);
+          const acc_t add_3_21 = (add_2_6 + mul_10_20);
+          const acc_t mul_1_22 = ((acc_t)sg::to_acc(r_p_residual_out_3[k].v[v]) * saved_rstd_4);
+          const acc_t mul_3_23 = ((acc_t)sg::to_acc(r_p_grad_out_1[k].v[v]) * mul_1_22);
+          st_0[v] = (acc_t)(add_3_21);
+          st_1[v] = (acc_t)(add_3_21);
+          cacc_0[k][v] += mul_3_23;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -871,16 +864,16 @@ add_rmsnorm_bwd_rows(const add_rmsnorm_bwd_args A, float* __restrict__ partials,
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_3 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_2[u].v[v]));
-          const acc_t mul_6_13 = (mul_4_3 * rsqrt_12);
-          const acc_t add_2_14 = ((acc_t)sg::to_acc(l_p_grad_residual_out_0[u].v[v]) + mul_6_13);
-          const acc_t mul_9_24 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_25 = (div_1_22 * mul_9_24);
-          const acc_t add_3_26 = (add_2_14 + mul_10_25);
-          const acc_t mul_1_27 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * rsqrt_12);
-          const acc_t mul_3_28 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * mul_1_27);
-          st_0[v] = (acc_t)(add_3_26);
-          st_1[v] = (acc_t)(add_3_26);
-          cpart_0[c * VEC + v] += mul_3_28;
+          const acc_t mul_6_5 = (mul_4_3 * saved_rstd_4);
+          const acc_t add_2_6 = ((acc_t)sg::to_acc(l_p_grad_residual_out_0[u].v[v]) + mul_6_5);
+          const acc_t mul_9_19 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_20 = (div_1_17 * mul_9_19);
+          const acc_t add_3_21 = (add_2_6 + mul_10_20);
+          const acc_t mul_1_22 = ((acc_t)sg::to_acc(l_p_residual_out_3[u].v[v]) * saved_rstd_4);
+          const acc_t mul_3_23 = ((acc_t)sg::to_acc(l_p_grad_out_1[u].v[v]) * mul_1_22);
+          st_0[v] = (acc_t)(add_3_21);
+          st_1[v] = (acc_t)(add_3_21);
+          cpart_0[c * VEC + v] += mul_3_23;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -934,17 +927,17 @@ __global__ void __launch_bounds__(256) add_rmsnorm_bwd_finalize_cols(const add_r
     }
     __syncthreads();
     if (warp == 0 && j < W) {
-      double sum_2_29_f64 = fin[0][0][lane];
-      for (int w = 1; w < 8; ++w) sum_2_29_f64 += fin[0][w][lane];
-      const acc_t sum_2_29 = (acc_t)sum_2_29_f64;
-      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_29));
+      double sum_2_24_f64 = fin[0][0][lane];
+      for (int w = 1; w < 8; ++w) sum_2_24_f64 += fin[0][w][lane];
+      const acc_t sum_2_24 = (acc_t)sum_2_24_f64;
+      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_24));
     }
     __syncthreads();  // fin is reused by the next group
   }
 }
 
 template <typename T>
-static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStream_t stream)
+static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStream_t stream, size_t* need = nullptr)
 {
   const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.D));
@@ -1029,11 +1022,11 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 1 * (size_t)W + (size_t)slots * 0);
-  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
-  if (err != cudaSuccess) return err;
+  if (need) { *need = partial_bytes; return cudaSuccess; }
+  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
+  float* partials = (float*)A.workspace;
   const add_rmsnorm_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) add_rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(add_rmsnorm_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
@@ -1057,7 +1050,6 @@ static cudaError_t add_rmsnorm_bwd_launch(const add_rmsnorm_bwd_args& A, cudaStr
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
   add_rmsnorm_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
-  cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
 
@@ -1069,4 +1061,16 @@ extern "C" cudaError_t add_rmsnorm_backward(const add_rmsnorm_bwd_args* a, cudaS
     case SPECGEN_BFLOAT16: return add_rmsnorm_bwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" size_t add_rmsnorm_backward_workspace(const add_rmsnorm_bwd_args* a)
+{
+  size_t need = 0;
+  switch (a->x.dtype) {  // the spec's working dtype
+    case SPECGEN_FLOAT32: (void)add_rmsnorm_bwd_launch<float>(*a, nullptr, &need); break;
+    case SPECGEN_FLOAT16: (void)add_rmsnorm_bwd_launch<__half>(*a, nullptr, &need); break;
+    case SPECGEN_BFLOAT16: (void)add_rmsnorm_bwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
+    default: break;
+  }
+  return need;
 }

@@ -527,6 +527,11 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
       gather_8 = sub_1_6;
     }
     const acc_t neg_9 = (-gather_8);
+    const acc_t abs_17 = fabs((acc_t)(amax_1));
+    const bool eq_19 = (abs_17 == (acc_t)INFINITY);
+    const acc_t add_20 = (log_5 + amax_1);
+    const acc_t add_21 = (eq_19 ? amax_1 : add_20);
+    if (lane == 0) ((float*)A.saved_lse.data)[row] = sg::from_acc<float>(add_21);
     gacc_0 += (acc_t)(neg_9);
   }
   if (lane == 0) partials[0 * slots + slot] = (float)gacc_0;
@@ -560,7 +565,7 @@ __global__ void cross_entropy_fwd_finalize_global(const cross_entropy_args A, co
 }
 
 template <typename T>
-static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStream_t stream)
+static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStream_t stream, size_t* need = nullptr)
 {
   const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.C));
@@ -596,7 +601,14 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (a row reduction: the cluster's rounds pay off only over 64+ elements per thread)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && items * VEC >= 64 && sg::clusters_ok<cross_entropy_fwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
+  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -604,7 +616,9 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
@@ -621,6 +635,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_OCC
 #undef SG_OCC_CL
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -630,15 +645,17 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
-  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
-  if (err != cudaSuccess) return err;
+  if (need) { *need = partial_bytes; return cudaSuccess; }
+  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
+  float* partials = (float*)A.workspace;
   const cross_entropy_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(cross_entropy_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(cross_entropy_fwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
@@ -655,8 +672,8 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
+#undef SG_LAUNCH_FEW
   cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
-  cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
 
@@ -668,6 +685,18 @@ extern "C" cudaError_t cross_entropy_forward(const cross_entropy_args* a, cudaSt
     case SPECGEN_BFLOAT16: return cross_entropy_fwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" size_t cross_entropy_forward_workspace(const cross_entropy_args* a)
+{
+  size_t need = 0;
+  switch (a->logits.dtype) {  // the spec's working dtype
+    case SPECGEN_FLOAT32: (void)cross_entropy_fwd_launch<float>(*a, nullptr, &need); break;
+    case SPECGEN_FLOAT16: (void)cross_entropy_fwd_launch<__half>(*a, nullptr, &need); break;
+    case SPECGEN_BFLOAT16: (void)cross_entropy_fwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
+    default: break;
+  }
+  return need;
 }
 
 // ======================= backward =======================
@@ -716,67 +745,13 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
       }
     }
     const int64_t target_1 = (int64_t)(((const int64_t*)A.target.data)[row]);
+    const acc_t saved_lse_15 = (acc_t)sg::to_acc(((const float*)A.saved_lse.data)[row]);
+    const bool eq_17 = (saved_lse_15 == (acc_t)INFINITY);
+    const acc_t saved_lse_nan_at_inf_19 = (eq_17 ? (acc_t)NAN : saved_lse_15);
     const bool ge_22 = (target_1 >= (int64_t)0);
     const bool lt_24 = (target_1 < ((int64_t)(A.C)));
     const bool and_25 = (ge_22 && lt_24);
     const acc_t sum_4_28 = (and_25 ? mul_26 : (acc_t)0.0);
-    // pass 1: max and sum of exp(x - max) over the row
-    acc_t amax_15 = (acc_t)(-INFINITY);
-    acc_t sum_1_18 = (acc_t)0;
-      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          amax_15 = sg::max_(amax_15, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
-        }
-        }
-      }
-      if (amax_15 != (acc_t)(-INFINITY)) {  // else no element here adds anything
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_16 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_15);
-          const acc_t exp_17 = sg::exp_<T>((acc_t)(sub_16));
-          sum_1_18 += exp_17;
-        }
-        }
-      }
-      }
-      } else {  // streamed: one online sweep
-      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
-        sg::Raw<T, VEC> l_p_logits_0[UNROLL];
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-          const int64_t c = c0 + (int64_t)u * TPR;
-          if (c * VEC < W) {
-            sg::load_raw<VEC>(p_logits_0 + c * VEC, l_p_logits_0[u]);
-          }
-        }
-        #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-        const int64_t c = c0 + (int64_t)u * TPR;
-        if (c * VEC < W) {
-        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          on_0[v] = (acc_t)((acc_t)sg::to_acc(l_p_logits_0[u].v[v]));
-        }
-        sg::online_add_vec<T, VEC>(amax_15, sum_1_18, on_0);
-        }
-      }
-      }
-      }
-    sg::group_online<TPR, BLOCK>(amax_15, sum_1_18, red_smem);
-    const acc_t log_19 = sg::log_((acc_t)(sum_1_18));
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -790,8 +765,7 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
           const bool scatter_2 = (j == target_1);
           const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
           const acc_t mul_2_13 = (scatter_5 * div_1_12);
-          const acc_t sub_16 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_15);
-          const acc_t sub_1_20 = (sub_16 - log_19);
+          const acc_t sub_1_20 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - saved_lse_nan_at_inf_19);
           const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
           const acc_t mul_3_29 = (exp_1_21 * sum_4_28);
           const acc_t sub_2_30 = (mul_2_13 - mul_3_29);
@@ -821,8 +795,7 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
           const bool scatter_2 = (j == target_1);
           const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
           const acc_t mul_2_13 = (scatter_5 * div_1_12);
-          const acc_t sub_16 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - amax_15);
-          const acc_t sub_1_20 = (sub_16 - log_19);
+          const acc_t sub_1_20 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - saved_lse_nan_at_inf_19);
           const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
           const acc_t mul_3_29 = (exp_1_21 * sum_4_28);
           const acc_t sub_2_30 = (mul_2_13 - mul_3_29);
@@ -881,7 +854,14 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (no row reductions: the row's blocks need not meet)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && true && sg::clusters_ok<cross_entropy_bwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
+  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -889,7 +869,9 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
@@ -910,6 +892,7 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   }
 #undef SG_OCC
 #undef SG_OCC_CL
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -923,7 +906,9 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   const cross_entropy_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(cross_entropy_bwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(cross_entropy_bwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
@@ -944,6 +929,7 @@ static cudaError_t cross_entropy_bwd_launch(const cross_entropy_bwd_args& A, cud
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
+#undef SG_LAUNCH_FEW
   return cudaGetLastError();
 }
 

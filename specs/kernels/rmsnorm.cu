@@ -552,6 +552,7 @@ rmsnorm_fwd_rows(const rmsnorm_args A, float* __restrict__ partials, int64_t row
       }
       }
       }
+    if (lane == 0) ((float*)A.saved_rstd.data)[row] = sg::from_acc<float>(rsqrt_8);
   }
 }
 
@@ -700,8 +701,7 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;
   const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;
   const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;
-  const acc_t sym_float_7 = (acc_t)(((int64_t)(A.D)));
-  const acc_t eps_9 = (acc_t)A.eps;
+  const acc_t sym_float_14 = (acc_t)(((int64_t)(A.D)));
   // column partials: one slot per block (narrow rows merge their row groups at the end)
   const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;
   const int64_t cslots = nbx * gridDim.y;
@@ -709,7 +709,7 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
   // each column is one thread's (one row per block), so no atomics and no barriers
   extern __shared__ float col_smem[];
   acc_t* const csm = reinterpret_cast<acc_t*>(col_smem); (void)csm;
-  // column partials of sum_2_27: this thread's columns, summed over its rows
+  // column partials of sum_2_22: this thread's columns, summed over its rows
   acc_t cacc_0[ITEMS > 0 && TPR <= 32 ? ITEMS : 1][VEC];
   if constexpr (ITEMS > 0 && TPR > 32) for (int k = 0; k < ITEMS; ++k) { const int64_t c = (int64_t)k * TPR + lane; if (c * VEC < W) for (int v = 0; v < VEC; ++v) csm[0 * W + c * VEC + v] = 0; }
   for (int k = 0; k < (ITEMS > 0 && TPR <= 32 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
@@ -736,9 +736,10 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         }
       }
     }
-    // pass 1: sum, sum over the row
-    acc_t sum_1_5 = (acc_t)0;
-    acc_t sum_3_14 = (acc_t)0;
+    const acc_t saved_rstd_3 = (acc_t)sg::to_acc(((const float*)A.saved_rstd.data)[row]);
+    const acc_t pow_1_11 = (saved_rstd_3 * saved_rstd_3 * saved_rstd_3);
+    // pass 1: sum over the row
+    acc_t sum_3_7 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -749,10 +750,8 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(lz_p_weight_1.v[v]));
-          const acc_t mul_4 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          const acc_t mul_5_13 = (mul_4_2 * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
-          sum_1_5 += mul_4;
-          sum_3_14 += mul_5_13;
+          const acc_t mul_5_6 = (mul_4_2 * (acc_t)sg::to_acc(r_p_x_2[k].v[v]));
+          sum_3_7 += mul_5_6;
         }
         }
       }
@@ -778,23 +777,17 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          const acc_t mul_4 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          const acc_t mul_5_13 = (mul_4_2 * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
-          sum_1_5 += mul_4;
-          sum_3_14 += mul_5_13;
+          const acc_t mul_5_6 = (mul_4_2 * (acc_t)sg::to_acc(l_p_x_2[u].v[v]));
+          sum_3_7 += mul_5_6;
         }
         }
       }
       }
       }
-    sg::group_reduce2<TPR, BLOCK>(sum_1_5, sg::Sum(), sum_3_14, sg::Sum(), red_smem);
-    const acc_t div_8 = ((acc_t)(sum_1_5) / (acc_t)(sym_float_7));
-    const acc_t add_10 = (div_8 + eps_9);
-    const acc_t rsqrt_11 = sg::rsqrt_((acc_t)(add_10));
-    const acc_t mul_7_16 = (sum_3_14 * (acc_t)-0.5);
-    const acc_t pow_1_18 = (rsqrt_11 * rsqrt_11 * rsqrt_11);
-    const acc_t mul_8_19 = (mul_7_16 * pow_1_18);
-    const acc_t div_1_20 = ((acc_t)(mul_8_19) / (acc_t)(sym_float_7));
+    sum_3_7 = sg::group_reduce<TPR, BLOCK>(sum_3_7, sg::Sum(), red_smem);
+    const acc_t mul_7_9 = (sum_3_7 * (acc_t)-0.5);
+    const acc_t mul_8_12 = (mul_7_9 * pow_1_11);
+    const acc_t div_1_15 = ((acc_t)(mul_8_12) / (acc_t)(sym_float_14));
     // final pass: outputs and column partials
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -808,14 +801,14 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_2 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(lz_p_weight_1.v[v]));
-          const acc_t mul_6_12 = (mul_4_2 * rsqrt_11);
-          const acc_t mul_9_22 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_23 = (div_1_20 * mul_9_22);
-          const acc_t add_1_24 = (mul_6_12 + mul_10_23);
-          const acc_t mul_1_25 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * rsqrt_11);
-          const acc_t mul_3_26 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_25);
-          st_0[v] = (acc_t)(add_1_24);
-          if constexpr (TPR > 32) ccl_0[v] = mul_3_26; else cacc_0[k][v] += mul_3_26;
+          const acc_t mul_6_4 = (mul_4_2 * saved_rstd_3);
+          const acc_t mul_9_17 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_18 = (div_1_15 * mul_9_17);
+          const acc_t add_1_19 = (mul_6_4 + mul_10_18);
+          const acc_t mul_1_20 = ((acc_t)sg::to_acc(r_p_x_2[k].v[v]) * saved_rstd_3);
+          const acc_t mul_3_21 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * mul_1_20);
+          st_0[v] = (acc_t)(add_1_19);
+          if constexpr (TPR > 32) ccl_0[v] = mul_3_21; else cacc_0[k][v] += mul_3_21;
         }
         if constexpr (TPR > 32) sg::smem_add_vec<VEC>(csm + 0 * W + c * VEC, ccl_0);
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
@@ -844,14 +837,14 @@ rmsnorm_bwd_rows(const rmsnorm_bwd_args A, float* __restrict__ partials, int64_t
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
           const acc_t mul_4_2 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_weight_1[u].v[v]));
-          const acc_t mul_6_12 = (mul_4_2 * rsqrt_11);
-          const acc_t mul_9_22 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)2.0);
-          const acc_t mul_10_23 = (div_1_20 * mul_9_22);
-          const acc_t add_1_24 = (mul_6_12 + mul_10_23);
-          const acc_t mul_1_25 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * rsqrt_11);
-          const acc_t mul_3_26 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_25);
-          st_0[v] = (acc_t)(add_1_24);
-          cpart_0[c * VEC + v] += mul_3_26;
+          const acc_t mul_6_4 = (mul_4_2 * saved_rstd_3);
+          const acc_t mul_9_17 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * (acc_t)2.0);
+          const acc_t mul_10_18 = (div_1_15 * mul_9_17);
+          const acc_t add_1_19 = (mul_6_4 + mul_10_18);
+          const acc_t mul_1_20 = ((acc_t)sg::to_acc(l_p_x_2[u].v[v]) * saved_rstd_3);
+          const acc_t mul_3_21 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * mul_1_20);
+          st_0[v] = (acc_t)(add_1_19);
+          cpart_0[c * VEC + v] += mul_3_21;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -903,17 +896,17 @@ __global__ void __launch_bounds__(256) rmsnorm_bwd_finalize_cols(const rmsnorm_b
     }
     __syncthreads();
     if (warp == 0 && j < W) {
-      double sum_2_27_f64 = fin[0][0][lane];
-      for (int w = 1; w < 8; ++w) sum_2_27_f64 += fin[0][w][lane];
-      const acc_t sum_2_27 = (acc_t)sum_2_27_f64;
-      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_27));
+      double sum_2_22_f64 = fin[0][0][lane];
+      for (int w = 1; w < 8; ++w) sum_2_22_f64 += fin[0][w][lane];
+      const acc_t sum_2_22 = (acc_t)sum_2_22_f64;
+      ((T*)A.grad_weight.data)[g * ((int64_t)(A.D)) + 0 + j] = sg::from_acc<T>((acc_t)(sum_2_22));
     }
     __syncthreads();  // fin is reused by the next group
   }
 }
 
 template <typename T>
-static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t stream)
+static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t stream, size_t* need = nullptr)
 {
   const int64_t rows = ((int64_t)(A.N));
   const int64_t W = ((int64_t)(A.D));
@@ -999,13 +992,13 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 1 * (size_t)W + (size_t)slots * 0);
-  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
-  if (err != cudaSuccess) return err;
+  if (need) { *need = partial_bytes; return cudaSuccess; }
+  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
+  float* partials = (float*)A.workspace;
   const rmsnorm_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); cudaFreeAsync(partials, stream); return e_; } } while (0)
+#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(rmsnorm_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 4, 1); }
@@ -1027,7 +1020,6 @@ static cudaError_t rmsnorm_bwd_launch(const rmsnorm_bwd_args& A, cudaStream_t st
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
   rmsnorm_bwd_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < 65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);
-  cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
 
@@ -1039,4 +1031,16 @@ extern "C" cudaError_t rmsnorm_backward(const rmsnorm_bwd_args* a, cudaStream_t 
     case SPECGEN_BFLOAT16: return rmsnorm_bwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" size_t rmsnorm_backward_workspace(const rmsnorm_bwd_args* a)
+{
+  size_t need = 0;
+  switch (a->x.dtype) {  // the spec's working dtype
+    case SPECGEN_FLOAT32: (void)rmsnorm_bwd_launch<float>(*a, nullptr, &need); break;
+    case SPECGEN_FLOAT16: (void)rmsnorm_bwd_launch<__half>(*a, nullptr, &need); break;
+    case SPECGEN_BFLOAT16: (void)rmsnorm_bwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
+    default: break;
+  }
+  return need;
 }

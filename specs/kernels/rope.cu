@@ -596,7 +596,14 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (no row reductions: the row's blocks need not meet)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && true && sg::clusters_ok<rope_fwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
+  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
   // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
@@ -604,7 +611,9 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<rope_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
@@ -625,6 +634,7 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   }
 #undef SG_OCC
 #undef SG_OCC_CL
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -638,7 +648,9 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   const rope_args args = A;
 #define SG_LAUNCH(V, P, I) rope_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(rope_fwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(rope_fwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
@@ -659,6 +671,7 @@ static cudaError_t rope_fwd_launch(const rope_args& A, cudaStream_t stream)
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
+#undef SG_LAUNCH_FEW
   return cudaGetLastError();
 }
 
@@ -944,7 +957,7 @@ __global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __res
 }
 
 template <typename T>
-static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
+static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, size_t* need = nullptr)
 {
   const int64_t rows = ((int64_t)(A.S)) * ((int64_t)(A.H));
   const int64_t W = ((int64_t)((A.D) / 2));
@@ -1037,11 +1050,11 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  float* partials = nullptr;
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
   const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 4 * (size_t)W + (size_t)slots * 0);
-  cudaError_t err = cudaMallocAsync((void**)&partials, partial_bytes, stream);
-  if (err != cudaSuccess) return err;
+  if (need) { *need = partial_bytes; return cudaSuccess; }
+  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
+  float* partials = (float*)A.workspace;
   const rope_bwd_args args = A;
 #define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(rope_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
@@ -1065,7 +1078,6 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
   rope_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
-  cudaFreeAsync(partials, stream);
   return cudaGetLastError();
 }
 
@@ -1077,4 +1089,16 @@ extern "C" cudaError_t rope_backward(const rope_bwd_args* a, cudaStream_t stream
     case SPECGEN_BFLOAT16: return rope_bwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" size_t rope_backward_workspace(const rope_bwd_args* a)
+{
+  size_t need = 0;
+  switch (a->x.dtype) {  // the spec's working dtype
+    case SPECGEN_FLOAT32: (void)rope_bwd_launch<float>(*a, nullptr, &need); break;
+    case SPECGEN_FLOAT16: (void)rope_bwd_launch<__half>(*a, nullptr, &need); break;
+    case SPECGEN_BFLOAT16: (void)rope_bwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
+    default: break;
+  }
+  return need;
 }
