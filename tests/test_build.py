@@ -107,7 +107,7 @@ def test_fresh_verified_kernel_is_reused_and_the_readme_shows_its_record(folder,
     assert "verified on sm_90 (NVIDIA H200)" in readme and "64 cases" in readme
     assert "| N=4096, H=4096 | bfloat16 | 40.0 | 80.0 | 50.0 | 2.00x | 1.25x | 75% |" in readme
     assert files["kernels/swiglu/swiglu.cu"] == SWIGLU_CU
-    assert "UNVERIFIED_OPS = []" in files["torch-ext/mykernels/__init__.py"]
+    assert "UNVERIFIED_OPS = []" in files["torch-ext/mykernels/_spec_data.py"]
     summary = capsys.readouterr().err
     assert "2.00x" in summary and "1.25x" in summary and "sm_90" in summary
 
@@ -135,7 +135,7 @@ def test_an_unverified_kernel_needs_no_verify_and_the_package_says_so(folder, tm
     assert build(folder / "swiglu.yaml", "--no-verify", "-o", tmp_path / "dist") == 0
     files = stub_wheel["files"]
     assert "**Not verified on a GPU**" in files["README.md"]
-    assert "UNVERIFIED_OPS = ['swiglu']" in files["torch-ext/specgen_kernels/__init__.py"]
+    assert "UNVERIFIED_OPS = ['swiglu']" in files["torch-ext/specgen_kernels/_spec_data.py"]
     assert "'verified_on': None" in files["torch-ext/specgen_kernels/_spec_data.py"]
 
 

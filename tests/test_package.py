@@ -112,13 +112,13 @@ def test_binding_allocates_the_workspace_only_for_a_kernel_that_asks():
     cpp = _binding(SWIGLU_WS_CU)
     assert "at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device))" in cpp
     forward = cpp.split("cuda_forward(")[1].split("cuda_backward(")[0]
-    asked = forward.index("allocate_workspace(swiglu_forward_workspace(&args), device, kSpec.where);")
-    assert forward.index("args.out = ") < asked < forward.index("args.workspace = workspace.data_ptr();")
-    assert forward.index("args.workspace_bytes = workspace.numel();") < forward.index("check_launch(swiglu_forward(")
+    asked = forward.index("attach_workspace(args, swiglu_forward_workspace(&args), device, kSpec.where);")
+    assert forward.index("args.out = ") < asked < forward.index("check_launch(swiglu_forward(")
     backward = cpp.split("cuda_backward(")[1]
-    assert "allocate_workspace(" not in backward and "args.workspace" not in backward
+    assert "attach_workspace(args" not in backward
+    assert "args.workspace = workspace.data_ptr();" in cpp and "args.workspace_bytes = workspace.numel();" in cpp
     plain = _binding(SWIGLU_CU)
-    assert "allocate_workspace(swiglu" not in plain and "args.workspace" not in plain
+    assert "attach_workspace(args" not in plain
 
 
 def test_binding_allocates_the_backward_workspace_of_a_builtin_kernel():
@@ -129,8 +129,8 @@ def test_binding_allocates_the_backward_workspace_of_a_builtin_kernel():
     model = package_model("sgtest", [spec], {"rmsnorm": build_source(spec)}, arch_list="9.0")
     cpp = render_files(model)["torch-ext/torch_binding.cpp"]
     forward, backward = cpp.split("cuda_backward(")[0].split("cuda_forward(")[1], cpp.split("cuda_backward(")[1]
-    assert "allocate_workspace(" not in forward
-    assert "allocate_workspace(rmsnorm_backward_workspace(&args), device, kSpec.backward_where);" in backward
+    assert "attach_workspace(args" not in forward
+    assert "attach_workspace(args, rmsnorm_backward_workspace(&args), device, kSpec.backward_where);" in backward
 
 
 @pytest.mark.nvcc
