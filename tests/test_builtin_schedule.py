@@ -14,6 +14,8 @@ from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, FEW_
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
 
+from builtin_support import without_saved
+
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
@@ -73,14 +75,18 @@ def _streamed_passes(source: str) -> int:
     return source.count("for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR)")
 
 
-def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times():
-    # the backward's first batch is max(x) plus the sum over the target column: the max still
-    # pairs with sum(exp(x - max)) in one online pass, the other sum riding along
-    source = build_source(load_spec(SPECS / "cross_entropy.yaml"))
+def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times(tmp_path):
+    # recomputing its statistics (no saved lse), the backward's first batch is max(x) plus the sum
+    # over the target column: the max still pairs with sum(exp(x - max)) in one online pass, the
+    # other sum riding along
+    source = build_source(without_saved(SPECS / "cross_entropy.yaml", tmp_path))
     forward, backward = source.split("// ======================= backward")
     assert backward.count("sg::group_online<TPR, BLOCK>(") == 1
     assert _streamed_passes(backward) == 2  # online (max, sum, target sum), then the gradient
     assert _streamed_passes(forward) == 1  # the loss needs no second sweep
+    # with the saved lse (specs/cross_entropy.yaml): one pass, no reduction over the row
+    saved = build_source(load_spec(SPECS / "cross_entropy.yaml")).split("// ======================= backward")[1]
+    assert "sg::group_online<TPR, BLOCK>(" not in saved and _streamed_passes(saved) == 1
 
 
 def test_transcendentals_follow_the_storage_dtype():
@@ -169,8 +175,9 @@ def test_a_row_in_registers_takes_its_exact_max_then_its_exps_then_one_round():
     assert "// in registers: this thread's exact" not in online and "sg::online_add_vec<T, VEC>(" in online
 
 
-def test_two_reductions_of_one_sweep_share_a_round():
-    backward = build_source(load_spec(SPECS / "rmsnorm.yaml")).split("// ======================= backward")[1]
+def test_two_reductions_of_one_sweep_share_a_round(tmp_path):
+    rmsnorm = without_saved(SPECS / "rmsnorm.yaml", tmp_path)  # (the example saves its rstd: one sum left)
+    backward = build_source(rmsnorm).split("// ======================= backward")[1]
     assert backward.count("sg::group_reduce2<TPR, BLOCK>(") == 1  # sum(x * x) and sum(g * w * x)
     assert "sg::group_reduce<TPR, BLOCK>(" not in backward
 

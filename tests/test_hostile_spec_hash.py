@@ -10,15 +10,17 @@ from specgen.spec import find_spec_files, load_spec
 
 from conftest import SPECS
 
+# add_rmsnorm, cross_entropy and rmsnorm were re-pinned in session 12: their specs declare `saved:`
+# values now (a change of the spec, regenerated and locked on the H200 with it)
 PINNED = {
-    "add_rmsnorm": "9a6b8457df5d9776bc499588b3076f56fc89d1affc8b54f82458b2e80175fc1a",
+    "add_rmsnorm": "815c6a250d5aa6bdc43c088ff6f0e58b6b7976401718ace73e49b3437137ac7b",
     "bias_gelu": "9b6e6a2d9094208813eec218d27f690b19c8ad13577ddb4a28b0098d5c239cb4",
-    "cross_entropy": "341856604c842cc0765cccc71c696162ac79360c17d01f204c402d55b39a399e",
+    "cross_entropy": "ed7afc4abc729f386b935f73e6fbbd478fc38697d4566df806d555cd2cccd273",
     "gelu_tanh": "5fab83aa36d63f972f085041a1f715ca33afd6e6f5e8d0e3db5a736b4345d52f",
     "layernorm_gelu": "bfd4012593778fe1a228d0753c0be4128148b3c095a107b24f977fcd14cdd743",
     "linear_bias_relu": "7fe44fdedb7cc18ef9e5b986dfc8fab41dbe8bb798c86097a7130a730e5ea2bd",
     "log_softmax": "5646106f298338b43c07b55d79b376984b64607637191f2d339f22dc9e31c1ff",
-    "rmsnorm": "1e7021e67f7f79f0ecc4185edd2f35e251082f3ef175842b18e9b24021a6f143",
+    "rmsnorm": "0cbfa13a49a5a8e553ed4d6b1ea02fc8d03178812da246a9f47872d51dcb4890",
     "rope": "8f38c09df84b247d24352df11cce68cd801707349b1ec2a420bd48bb545f4d80",
     "softmax": "ce269b7b082c782f16e102faa1d19dc5cf189eaf27e1da06a4eff1f371119208",
     "swiglu": "4bf3673f5557698e631ecd4ca3cf57c0d31ea67c91274ab803c5de667dbce60b",

@@ -69,9 +69,16 @@ CHECK = re.compile(r"check_range\(in_(\w+), (\d+), size_of\(DimSpec\{(-?\d+), (-
                    r"size_of\(DimSpec\{(-?\d+), (-?\d+), (-?\d+), (-?\d+)\}, call\.dims\), device, kSpec\.where\);")
 
 
+def _forward_body(block: str) -> str:
+    """The function that checks and launches the forward: cuda_fwd_saved for an op with saved
+    values (its cuda_forward calls it and drops them), cuda_forward otherwise."""
+    entry = " cuda_fwd_saved(" if " cuda_fwd_saved(" in block else " cuda_forward("
+    return block.split(entry)[1].split("\n}\n")[0]
+
+
 def _launches(block: str) -> list[tuple[str, int, tuple, tuple]]:
-    """The device range checks a cuda_forward launches: (argument, site, lo DimSpec, hi DimSpec)."""
-    forward = block.split(" cuda_forward(")[1].split("\n}\n")[0]
+    """The device range checks a forward launches: (argument, site, lo DimSpec, hi DimSpec)."""
+    forward = _forward_body(block)
     return [(m[0], int(m[1]), tuple(map(int, m[2:6])), tuple(map(int, m[6:10]))) for m in CHECK.findall(forward)]
 
 
@@ -109,7 +116,7 @@ def test_the_binding_launches_the_check_only_for_ops_that_declare_ranges_with_th
                 want = tuple(d.resolve(dims) for d in params[name].type.value_range)
                 assert (_size(lo, op.symbols, dims), _size(hi, op.symbols, dims)) == want, (op.name, name, dims)
         # before the op's kernel, on the contiguous argument; not in the backward
-        forward = blocks[op.name].split(" cuda_forward(")[1].split("\n}\n")[0]
+        forward = _forward_body(blocks[op.name])
         for t in op.ranged_inputs:
             assert forward.index(f"const at::Tensor in_{t.name} = a_{t.name}.contiguous();") < forward.index(
                 f"check_range(in_{t.name},") < forward.index(f"{op.name}_forward(&args")
@@ -124,10 +131,12 @@ def test_the_binding_launches_the_check_only_for_ops_that_declare_ranges_with_th
 def test_every_kernel_call_reads_the_record_first_and_the_error_is_worded_as_the_cpu_path(pkg, files):
     cpp = files["torch-ext/torch_binding.cpp"]
     for name, block in _op_blocks(cpp).items():
-        for entry in (" cuda_forward(", " cuda_backward("):
+        for entry in (" cuda_fwd_saved(", " cuda_forward(", " cuda_backward("):
             if entry in block:  # every op with a kernel raises what an earlier call's check found
-                body = block.split(entry)[1].split("\n}\n")[0]
-                assert body.split("{\n", 1)[1].lstrip().startswith("raise_range_violation();"), (name, entry)
+                body = block.split(entry)[1].split("\n}\n")[0].split("{\n", 1)[1].lstrip()
+                # (an op with saved values: cuda_forward calls cuda_fwd_saved, which raises first)
+                delegates = entry == " cuda_forward(" and body.startswith("const auto all = cuda_fwd_saved(")
+                assert body.startswith("raise_range_violation();") or delegates, (name, entry)
     assert 'm.def("_check_device_contracts() -> ()", &raise_range_violation);' in cpp
     # no iostream formatting of numbers in the new C++: std::to_string, one C string to TORCH_CHECK
     section = cpp.split("integer value ranges, on the device")[1].split("}  // namespace")[0]

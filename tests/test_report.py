@@ -39,7 +39,8 @@ def test_every_op_with_its_timings_speedups_and_verification(report):
         assert f"{value:,.1f}" in section
     assert f"{row['speedup_vs_compile']:.2f}×" in section and f"{row['kernel_roofline_fraction']:.0%}" in section
     assert "N=16384, D=8192" in section  # dims in the signature's order
-    assert "256 cases" in section and "dtypes float32, float16, bfloat16" in section
+    cases = lock["ops"]["rmsnorm"]["records"][0]["verification"]["examples"]
+    assert f"{cases} cases" in section and "dtypes float32, float16, bfloat16" in section
     assert "forward bfloat16" in section and "compute-sanitizer: not recorded" in section
     assert "Roofline" in report and "copy roofline" in report
     assert "No kernel: CUDA runs the reference" in report  # linear_bias_relu

@@ -46,6 +46,8 @@ typedef struct add_rmsnorm_args {
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor residual_out;       /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* saved intermediates: written like outputs, every element; the backward reads them */
+  specgen_tensor saved_rstd;         /* Tensor[N] float32  (float32) */
   /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
   void* workspace;                   /* device memory, 256-byte aligned */
   int64_t workspace_bytes;
@@ -64,6 +66,8 @@ typedef struct add_rmsnorm_bwd_args {
   /* the forward outputs (for the backward pass), read only */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor residual_out;       /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* the forward's saved intermediates (as the spec defines them), read only */
+  specgen_tensor saved_rstd;         /* Tensor[N] float32  (float32) */
   /* gradients of the floating outputs, read only */
   specgen_tensor grad_out;           /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   specgen_tensor grad_residual_out;  /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */

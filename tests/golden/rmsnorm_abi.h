@@ -44,6 +44,8 @@ typedef struct rmsnorm_args {
   int64_t D;                         /* in [1, 16384] */
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* saved intermediates: written like outputs, every element; the backward reads them */
+  specgen_tensor saved_rstd;         /* Tensor[N] float32  (float32) */
   /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
   void* workspace;                   /* device memory, 256-byte aligned */
   int64_t workspace_bytes;
@@ -60,6 +62,8 @@ typedef struct rmsnorm_bwd_args {
   int64_t D;                         /* in [1, 16384] */
   /* the forward outputs (for the backward pass), read only */
   specgen_tensor out;                /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
+  /* the forward's saved intermediates (as the spec defines them), read only */
+  specgen_tensor saved_rstd;         /* Tensor[N] float32  (float32) */
   /* gradients of the floating outputs, read only */
   specgen_tensor grad_out;           /* Tensor[N, D]  (working dtype: float32 | float16 | bfloat16) */
   /* gradients of the floating inputs: written by the kernel, every element */
