@@ -94,3 +94,12 @@ def test_the_abi_header_is_the_one_of_the_plain_symbol(batched, plain):
              .splitlines() if "OP(x: Tensor[B" not in line]
     assert strip == other
     assert abi.fields(batched, "forward") == abi.fields(plain, "forward")
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_batched", "add_batched"])
+def test_specgen_check_runs_the_batched_specs_references_on_the_plain_symbol(name):
+    from specgen.checking import check_spec
+
+    result = check_spec(BATCH / f"{name}.yaml", samples=1)
+    assert result.ok, result.error
+    assert result.runs and all(" B=" in run for run in result.runs)
