@@ -55,6 +55,8 @@ def test_the_public_op_keeps_its_schema_and_the_inner_op_takes_the_registrations
     assert 'm.impl("rmsnorm_batched", TORCH_FN(op_rmsnorm_batched::batched_forward));' in cpp
     assert f'.findSchemaOrThrow("{ns}::rmsnorm_batched_rows", "")' in cpp
     assert "fold_batch(a_x, 1, " in cpp and "fold_batch(a_weight" not in cpp
+    init = render_files(pkg)["torch-ext/sgbatch/__init__.py"]
+    assert "        x: [*B, D]\n        weight: [D]\n        returns out: [*B, D]\n" in init  # the docstring
 
 
 def test_a_package_without_a_batch_group_renders_no_composite():

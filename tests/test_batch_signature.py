@@ -3,13 +3,16 @@ back and is checked; below the package (ABI header, builtin generator) it is the
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
+from test_signature import signatures
 
 from specgen import abi
 from specgen.agents.builtin.generator import build_source
-from specgen.signature import SignatureSyntaxError, parse_signature
+from specgen.signature import Dim, SignatureSyntaxError, TensorType, parse_signature
 from specgen.spec import load_spec
 
 BATCH = Path(__file__).resolve().parent / "batch_specs"
@@ -29,6 +32,33 @@ def test_a_batch_group_is_the_plain_symbol_with_a_flag_and_prints_back():
     assert sig != parse_signature(BATCHED.replace("*B", "B"))
     alone = parse_signature("f(x: Tensor[*B]) -> Tensor[*B] float32")
     assert str(alone) == "f(x: Tensor[*B]) -> Tensor[*B] float32" and alone.outputs[0].type.batch
+
+
+def _starred(t: TensorType) -> TensorType:
+    return replace(t, dims=(Dim("B"),) + t.dims, batch=True)
+
+
+@st.composite
+def batched_signatures(draw):
+    """The signature language's generated signatures with a batch group *B on the first input
+    and on any other tensors."""
+    sig = draw(signatures())
+    params = [replace(p, type=_starred(p.type)) if p.is_tensor and (k == 0 or draw(st.booleans())) else p
+              for k, p in enumerate(sig.params)]
+    outputs = [replace(o, type=_starred(o.type)) if draw(st.booleans()) else o for o in sig.outputs]
+    return replace(sig, params=tuple(params), outputs=tuple(outputs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batched_signatures())
+def test_batched_signatures_print_then_parse_back(sig):
+    text = str(sig)
+    assert "*B" in text
+    parsed = parse_signature(text)
+    assert parsed == sig and str(parsed) == text
+    plain = parse_signature(text.replace("*B", "B"))  # the same dims, the plain symbol
+    assert [p.type.rows() for p in parsed.inputs] == [p.type for p in plain.inputs]
+    assert [o.type.rows() for o in parsed.outputs] == [o.type for o in plain.outputs]
 
 
 # `at`: a regular expression that matches where the error points
