@@ -122,23 +122,24 @@ def grad_input_names(spec) -> list[str]:
 
 
 def fields(spec, direction: str = "forward") -> list[AbiField]:
-    """The struct's fields in ABI order."""
+    """The struct's fields in ABI order. A batch group `*B` is the one axis B here: the package
+    folds the leading dims before the kernel, which never sees them."""
     sig = spec.signature
-    out: list[AbiField] = [AbiField(p.name, "input", tensor=p.type) for p in sig.inputs]
+    out: list[AbiField] = [AbiField(p.name, "input", tensor=p.type.rows()) for p in sig.inputs]
     out += [AbiField(p.name, "scalar", scalar=p) for p in sig.scalars]
     out += [AbiField(s, "dim") for s in sig.symbols()]
     # saved intermediates (docs/ARCHITECTURE.md "Saved intermediates"): written by the forward after
     # its outputs, read by the backward after the forward outputs; none: the fields are as before
     saved = getattr(spec, "saved_values", ())
     if direction == "forward":
-        out += [AbiField(o.name, "output", tensor=o.type) for o in sig.outputs]
-        out += [AbiField(v.field, "saved", tensor=v.type) for v in saved]
+        out += [AbiField(o.name, "output", tensor=o.type.rows()) for o in sig.outputs]
+        out += [AbiField(v.field, "saved", tensor=v.type.rows()) for v in saved]
     elif direction == "backward":
-        out += [AbiField(o.name, "fwd_output", tensor=o.type) for o in sig.outputs]
-        out += [AbiField(v.field, "saved_input", tensor=v.type) for v in saved]
-        out += [AbiField(f"grad_{o.name}", "grad_output", tensor=o.type)
+        out += [AbiField(o.name, "fwd_output", tensor=o.type.rows()) for o in sig.outputs]
+        out += [AbiField(v.field, "saved_input", tensor=v.type.rows()) for v in saved]
+        out += [AbiField(f"grad_{o.name}", "grad_output", tensor=o.type.rows())
                 for o in sig.outputs if o.type.is_floating]
-        out += [AbiField(f"grad_{p.name}", "grad_input", tensor=p.type)
+        out += [AbiField(f"grad_{p.name}", "grad_input", tensor=p.type.rows())
                 for p in sig.inputs if p.type.is_floating]
     else:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
@@ -223,6 +224,8 @@ def header_text(spec) -> str:
         f"{__version__} (ABI version {ABI_VERSION}).\n"
         f"   Do not edit: `specgen header` writes it from the signature\n"
         f"     {spec.signature}\n"
+        + "".join(f"   The package folds the leading dims *{b} into one axis {b} before the kernel.\n"
+                  for b in spec.signature.batch_symbols()) +
         f"   A kernel file includes only CUDA headers and this header, and defines the entry\n"
         f"   point(s) below. All work goes on `stream`; return cudaGetLastError() or another\n"
         f"   cudaError_t. Working dtypes: {', '.join(spec.dtypes)} (dispatch on .dtype).\n"

@@ -105,6 +105,10 @@ class TensorType:
     dims: tuple[Dim, ...]
     dtype: str | None = None  # None: the spec's working (floating) dtype
     value_range: tuple[Dim, Dim] | None = None  # integer tensors: [lo, hi)
+    # `Tensor[*B, D]`: the first dim is a group of zero or more leading dims. Only the package
+    # folds the group; below it (ABI, verifier, generator, lock) dims[0] is the plain symbol B,
+    # their product, so that code needs no case of its own.
+    batch: bool = False
 
     @property
     def ndim(self) -> int:
@@ -126,8 +130,19 @@ class TensorType:
     def dtype_for(self, working_dtype: str) -> str:
         return self.dtype or working_dtype
 
+    @property
+    def batch_symbol(self) -> str | None:
+        return self.dims[0].symbol if self.batch else None
+
+    def rows(self) -> "TensorType":
+        """The type as a kernel sees it: a batch group `*B` is the one axis B."""
+        return TensorType(self.dims, self.dtype, self.value_range)
+
     def __str__(self) -> str:
-        text = "Tensor[" + ", ".join(str(d) for d in self.dims) + "]"
+        dims = [str(d) for d in self.dims]
+        if self.batch:
+            dims[0] = "*" + dims[0]
+        text = "Tensor[" + ", ".join(dims) + "]"
         if self.dtype:
             text += f" {self.dtype}"
         if self.value_range:
@@ -203,6 +218,11 @@ class Signature:
     def input_symbols(self) -> set[str]:
         return {s for p in self.inputs for d in p.type.dims if (s := d.symbol)}
 
+    def batch_symbols(self) -> list[str]:
+        """The symbols written as a leading batch group (`*B`), in order of first appearance."""
+        found = [t.batch_symbol for t in [p.type for p in self.inputs] + [o.type for o in self.outputs]]
+        return list(dict.fromkeys(s for s in found if s))
+
     def symbol_divisors(self) -> dict[str, int]:
         """The multiple each symbol must be, so that every `S*mul/div` is whole."""
         need: dict[str, int] = {}
@@ -270,6 +290,9 @@ class _Parser:
         self.text = text
         self.tokens = _tokenize(text)
         self.i = 0
+        # every symbol use in a shape, for the batch-group rules: (symbol, starred, token, is_output)
+        self.uses: list[tuple[str, bool, _Token, bool]] = []
+        self.in_outputs = False
 
     # -- helpers
     @property
@@ -320,9 +343,11 @@ class _Parser:
                     break
                 self.take(",", "',' or ')' after a parameter")
         self.take("->", "'->' and the output type(s)")
+        self.in_outputs = True
         outputs = self.outputs()
         if self.tok.kind != "end":
             self.error("expected the end of the signature")
+        self.check_batch_groups()
         return Signature(op.text, tuple(params), tuple(outputs), text=self.text)
 
     def param(self) -> Param:
@@ -393,7 +418,15 @@ class _Parser:
         self.take("Tensor")
         self.take("[", "'[' after Tensor (write Tensor[] for a 0-d tensor)")
         dims: list[Dim] = []
-        if not self.accept("]"):
+        batch = self.tok.text == "*" and self.tok.kind == "punct"
+        if batch:
+            dims.append(self.batch_dim())
+            closed = self.accept("]")
+            if not closed:
+                self.take(",", "',' or ']' after the batch group")
+        else:
+            closed = self.accept("]")
+        if not closed:
             while True:
                 dims.append(self.dim())
                 if self.accept("]"):
@@ -418,7 +451,34 @@ class _Parser:
             hi = self.dim(allow_negative=True)
             self.take(")", "')': value ranges are half-open, [lo, hi)")
             value_range = (lo, hi)
-        return TensorType(tuple(dims), dtype, value_range)
+        return TensorType(tuple(dims), dtype, value_range, batch)
+
+    def batch_dim(self) -> Dim:
+        """`*NAME`, the first dim only: a group of zero or more leading dims."""
+        star = self.take("*")
+        if self.tok.kind != "name":
+            self.error("a batch group is '*' and a plain symbol, such as *B")
+        name = self.tok
+        self.i += 1
+        if self.tok.text not in (",", "]"):
+            self.error("a batch group is '*' and a plain symbol, such as *B (no sizes or expressions)")
+        self.uses.append((name.text, True, star, self.in_outputs))
+        return Dim(name.text)
+
+    def check_batch_groups(self) -> None:
+        """A starred symbol is starred wherever it appears, as a tensor's first dim only, and an
+        input carries it wherever an output does."""
+        starred = {sym for sym, star, _, _ in self.uses if star}
+        for sym, star, token, _ in self.uses:
+            if sym in starred and not star:
+                raise SignatureSyntaxError(
+                    f"{sym!r} is a batch group (*{sym}) elsewhere: write it *{sym}, as the first dim, in every "
+                    f"tensor that uses it", token.offset, self.text)
+        for sym, star, token, is_output in self.uses:
+            if star and is_output and not any(s == sym and not out for s, _, _, out in self.uses):
+                raise SignatureSyntaxError(
+                    f"output batch group *{sym} is carried by no input: an input must have it as its first dim",
+                    token.offset, self.text)
 
     def dim(self, allow_negative: bool = False) -> Dim:
         """INT | SYM | INT*SYM | SYM*INT, then optional /INT, then optional +INT or -INT."""
@@ -437,6 +497,8 @@ class _Parser:
             mul = 1
             if self.accept("*"):
                 mul = self.integer("an integer after '*'")
+        elif start.text == "*" and start.kind == "punct":
+            self.error("only a tensor's first dim may be a batch group (*NAME)")
         else:
             self.error("expected a dimension (a symbol such as N, a size such as 64, or 2*H, D/2)")
         div = 1
@@ -452,6 +514,7 @@ class _Parser:
             add = -self.integer("an integer after '-'")
         if mul <= 0 or div <= 0:
             self.error("multipliers and divisors must be positive", start)
+        self.uses.append((sym, False, start, self.in_outputs))
         return Dim(sym, mul, div, add)
 
     def outputs(self) -> list[Output]:

@@ -34,7 +34,8 @@ def compiled(name):
         return False
     table = torch._C._dispatch_dump_table(f"{ns}::{name}")
     return any(l.startswith("CUDA:") and "torch_binding.cpp" in l for l in table.splitlines())
-registered = [name for name in kernels if compiled(name)]
+# an op with a batch group (Tensor[*B, ...]) has its kernel on `<op>_rows` (its public op is a composite)
+registered = [name for name in kernels if compiled(ops[name].get("rows", name))]
 print(json.dumps({"torch": torch.__version__, "python": sys.version.split()[0], "file": pkg.__file__,
                   "kernels_loaded": pkg.CUDA_KERNELS_LOADED, "error": str(pkg.CUDA_KERNELS_ERROR or ""),
                   "kernel_ops": kernels, "registered": registered, "unverified": pkg.UNVERIFIED_OPS}))

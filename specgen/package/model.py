@@ -173,6 +173,10 @@ class OpModel:
     # `<op>_fwd_saved`, named by their ABI field (saved_<name>), and each one's definition
     saved: tuple[TensorArgModel, ...] = ()
     saved_definitions: tuple[tuple[str, str], ...] = ()  # (field, Python expression over the params)
+    # `Tensor[*B, D]` (docs/ARCHITECTURE.md "Leading batch dims"): the batch group's symbol. The
+    # op's registrations then sit on `<op>_rows` (the op on [B, D]), and `<op>` is a composite
+    # that folds the leading dims into B, calls it and restores them; None: no batch group.
+    batch: str | None = None
 
     @property
     def result_class(self) -> str | None:
@@ -252,6 +256,21 @@ class OpModel:
         args = ", ".join(f"Tensor {p.name}" if isinstance(p, TensorArgModel) else p.schema
                          for p in self.params)
         return f"({args}) -> {_schema_returns(len(self.outputs))}"
+
+    @property
+    def rows_name(self) -> str:
+        """The op that the kernel, the reference, the fake kernel and the autograd are registered
+        on: `<op>_rows` under a batch group's composite `<op>`, else `<op>` itself. Its companions
+        keep the public name: `<op>_fwd_saved`, `<op>_backward`."""
+        return f"{self.name}_rows" if self.batch else self.name
+
+    def is_batched(self, t: TensorArgModel) -> bool:
+        """Whether `t` starts with the batch group (the starred symbol is only ever a first dim)."""
+        return self.batch is not None and bool(t.dims) and t.dims[0].symbol == self.batch
+
+    @property
+    def batched_inputs(self) -> tuple[TensorArgModel, ...]:
+        return tuple(t for t in self.inputs if self.is_batched(t))
 
     @property
     def backward_name(self) -> str:
@@ -389,6 +408,8 @@ class OpModel:
             # only for an op with saved values: every other op's data is as before they existed
             **({"saved": [tensor(t) for t in self.saved], "fwd_saved_schema": self.fwd_saved_schema}
                if self.saved else {}),
+            # only for an op with a batch group, likewise
+            **({"batch": self.batch, "rows": self.rows_name} if self.batch else {}),
         }
 
 
@@ -459,6 +480,11 @@ class PackageModel:
     @property
     def has_kernels(self) -> bool:
         return any(op.has_kernel for op in self.ops)
+
+    @property
+    def has_batched_kernels(self) -> bool:
+        """Whether the binding registers a batch group's composite (ops with a kernel only)."""
+        return any(op.batch and op.has_kernel for op in self.ops)
 
     @property
     def range_sites(self) -> list[tuple[OpModel, TensorArgModel]]:
@@ -575,6 +601,10 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
     if not inputs:
         raise UsageError(f"{spec.path or spec.name}: signature: the op takes no tensor; the package needs at "
                          f"least one tensor input to place its outputs on a device")
+    batch = sig.batch_symbols()
+    if len(batch) > 1:  # one lead shape per call keeps the composite's rule simple
+        raise UsageError(f"{spec.path or spec.name}: signature: {len(batch)} batch groups "
+                         f"({', '.join('*' + b for b in batch)}); a package op takes at most one")
     return OpModel(
         name=spec.name,
         description=" ".join(spec.description.split()),
@@ -596,6 +626,7 @@ def op_model(spec, kernel_source: str | None, provenance: dict | None = None) ->
         kernel_params_by_direction={d: _kernel_params(spec, d) for d in abi.DIRECTIONS
                                     if d == "forward" or spec.backward == "kernel"},
         replaces=tuple(getattr(spec, "replaces", None) or ()),
+        batch=batch[0] if batch else None,
     )
 
 
@@ -695,6 +726,9 @@ def package_model(name: str, specs, kernels: dict[str, str | None], *, version: 
     collisions = op_collisions([op.name for op in ops], {op.name: op.has_backward for op in ops})
     collisions += [f"op {op.fwd_saved_name!r} collides with the internal op that returns the saved values of "
                    f"{op.name!r}" for op in ops if op.saved and op.fwd_saved_name in {o.name for o in ops}]
+    collisions += [f"op {op.rows_name!r} collides with the internal op that runs {op.name!r} on its batch group "
+                   f"folded into one axis (*{op.batch})" for op in ops
+                   if op.batch and op.rows_name in {o.name for o in ops} | {o.rows_name for o in ops if o is not op}]
     if collisions:
         raise UsageError("; ".join(collisions) + "; rename one of them")
     layer_owner: dict[str, str] = {}

@@ -13,11 +13,16 @@ op with a kernel and of its backward: it checks the arguments, allocates the out
 launches the kernel with no Python per call, and registers the autograd of the ops whose
 backward is a kernel (in C++, at the Autograd key). Its errors are RuntimeErrors worded as
 the checks here. An op without a verified CUDA kernel runs its reference on CUDA too.
+
+An op with a batch group (`x: Tensor[*B, D]`) has all of that on `<op>_rows` (the op on
+[B, D]); its public `<op>` is a CompositeImplicitAutograd kernel that folds the leading dims
+into B and restores them (in C++ in the binding for an op with a kernel, else here).
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import warnings
 
 import torch
@@ -51,9 +56,16 @@ def reference(op_name: str):
     return importlib.import_module(f"{__package__}._reference_{op_name}").reference
 
 
+def rows_name(op):
+    """The op that the reference, fake kernel, CUDA kernel and autograd are registered on:
+    `<op>_rows` when `<op>` is a batch group's composite (`Tensor[*B, D]`), else `<op>`."""
+    return op.get("rows", op["name"])
+
+
 def _where(op, suffix=""):
-    """The op as errors name it: <namespace>.<op> (the op alone outside a package)."""
-    name = f"{op['name']}{suffix}"
+    """The op as errors name it: <namespace>.<op> (the op alone outside a package); with no
+    suffix, the op the checks run in (`<op>_rows` under a batch group's composite)."""
+    name = f"{op['name']}{suffix}" if suffix else rows_name(op)
     return f"{NAMESPACE}.{name}" if NAMESPACE else name
 
 
@@ -358,6 +370,62 @@ def _fake_backward(op):
     return fake
 
 
+# ---------------------------------------------------------------- a batch group: `Tensor[*B, D]`
+
+def is_batched(op, spec):
+    """Whether the tensor `spec` starts with the op's batch group (the starred symbol is only
+    ever a first dim)."""
+    return bool(op.get("batch")) and bool(spec["dims"]) and spec["dims"][0][0] == op["batch"]
+
+
+def fold_batch(op, tensors, where=None):
+    """The batched inputs with their leading dims folded into one axis, and those dims (`lead`,
+    None when the op has no batched input). An input declared [*B, D] is read as lead + [D]:
+    lead is every axis before the declared rest, zero or more, the same in every batched input."""
+    where = where or (f"{NAMESPACE}.{op['name']}" if NAMESPACE else op["name"])
+    folded, lead, first = dict(tensors), None, None
+    for spec in op["inputs"]:
+        if not is_batched(op, spec):
+            continue
+        name, t = spec["name"], tensors[spec["name"]]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        rest = len(spec["dims"]) - 1
+        torch._check(t.dim() >= rest,
+                     lambda: f"{where}: {name} must have at least {rest} dims (*{op['batch']} then "
+                             f"{_shape_text({'dims': spec['dims'][1:]})}), got shape {tuple(t.shape)} "
+                             f"(signature: {op['signature']})")
+        shape = tuple(t.shape[:t.dim() - rest])
+        if first is None:
+            lead, first = shape, (name, t)
+        else:
+            torch._check(shape == lead,
+                         lambda: f"{where}: {name} has leading dims {list(shape)} (shape {tuple(t.shape)}) but "
+                                 f"{first[0]} has {list(lead)} (shape {tuple(first[1].shape)}); the batch group "
+                                 f"*{op['batch']} must be the same in every argument (signature: {op['signature']})")
+        folded[name] = t.reshape((math.prod(shape),) + tuple(t.shape[t.dim() - rest:]))
+    return folded, lead
+
+
+def unfold_batch(op, outs, lead):
+    """The outputs of `<op>_rows` with their batch axis back as the leading dims `lead`."""
+    return tuple(o.reshape(tuple(lead) + tuple(o.shape[1:])) if is_batched(op, spec) else o
+                 for spec, o in zip(op["outputs"], outs))
+
+
+def batched_forward(op):
+    """The public op of a batch group: fold the leading dims, run `<op>_rows`, restore them."""
+    def forward(*args):
+        inner = getattr(getattr(torch.ops, NAMESPACE), rows_name(op))
+        tensors, scalars = split_args(op, args)
+        folded, lead = fold_batch(op, tensors)
+        result = inner(*join_args(op, folded, scalars))
+        outs = unfold_batch(op, result if isinstance(result, tuple) else (result,), lead)
+        return outs[0] if len(outs) == 1 else outs
+
+    return forward
+
+
 # ---------------------------------------------------------------- CUDA without _C
 
 def _not_loaded(op, where):
@@ -373,7 +441,7 @@ def _not_loaded(op, where):
 # ---------------------------------------------------------------- registration
 
 def _autograd(op):
-    qualname = f"{NAMESPACE}::{op['name']}"
+    qualname = f"{NAMESPACE}::{rows_name(op)}"
     backward_op = getattr(getattr(torch.ops, NAMESPACE), f"{op['name']}_backward") if op["has_backward"] else None
 
     def setup_context(ctx, inputs, output):
@@ -432,25 +500,28 @@ def _autograd_saved(op):
     def autograd_forward(*args):
         return SavedFunction.apply(*args)
 
-    torch.library.impl(f"{NAMESPACE}::{op['name']}", "Autograd", autograd_forward, lib=LIB)
+    torch.library.impl(f"{NAMESPACE}::{rows_name(op)}", "Autograd", autograd_forward, lib=LIB)
 
 
 def _register(op):
     """Schemas, the CPU path and fake kernels; CUDA for ops without a kernel (the reference)."""
-    qualname = f"{NAMESPACE}::{op['name']}"
+    public = f"{NAMESPACE}::{op['name']}"  # `<op>_fwd_saved` and `<op>_backward` are named after it
+    qualname = f"{NAMESPACE}::{rows_name(op)}"
+    if op.get("batch"):  # the public op: a composite over `<op>_rows` (_register_batched)
+        torch.library.define(public, op["schema"], lib=LIB)
     torch.library.define(qualname, op["schema"], lib=LIB)
     torch.library.impl(qualname, "CPU", _reference_forward(op), lib=LIB)
     torch.library.register_fake(qualname, _fake_forward(op), lib=LIB)
     if not op["has_kernel"]:
         torch.library.impl(qualname, "CUDA", _reference_forward(op), lib=LIB)
     if op.get("saved"):  # the outputs and the saved values, for the autograd of the op
-        torch.library.define(f"{qualname}_fwd_saved", op["fwd_saved_schema"], lib=LIB)
-        torch.library.impl(f"{qualname}_fwd_saved", "CPU", _reference_fwd_saved(op), lib=LIB)
-        torch.library.register_fake(f"{qualname}_fwd_saved", _fake_fwd_saved(op), lib=LIB)
+        torch.library.define(f"{public}_fwd_saved", op["fwd_saved_schema"], lib=LIB)
+        torch.library.impl(f"{public}_fwd_saved", "CPU", _reference_fwd_saved(op), lib=LIB)
+        torch.library.register_fake(f"{public}_fwd_saved", _fake_fwd_saved(op), lib=LIB)
         if not op["has_kernel"]:
-            torch.library.impl(f"{qualname}_fwd_saved", "CUDA", _reference_fwd_saved(op), lib=LIB)
+            torch.library.impl(f"{public}_fwd_saved", "CUDA", _reference_fwd_saved(op), lib=LIB)
     if op["has_backward"]:
-        backward_name = f"{qualname}_backward"
+        backward_name = f"{public}_backward"
         torch.library.define(backward_name, op["backward_schema"], lib=LIB)
         torch.library.impl(backward_name, "CPU", _reference_backward(op), lib=LIB)
         torch.library.register_fake(backward_name, _fake_backward(op), lib=LIB)
@@ -460,12 +531,20 @@ def _register(op):
 
 def _register_without_binding(op):
     """CUDA for an op with a kernel when `_C` did not load: the clear "did not load" error."""
-    qualname = f"{NAMESPACE}::{op['name']}"
-    torch.library.impl(qualname, "CUDA", _not_loaded(op, _where(op)), lib=LIB)
+    public = f"{NAMESPACE}::{op['name']}"
+    torch.library.impl(f"{NAMESPACE}::{rows_name(op)}", "CUDA", _not_loaded(op, _where(op)), lib=LIB)
     if op.get("saved"):
-        torch.library.impl(f"{qualname}_fwd_saved", "CUDA", _not_loaded(op, _where(op, "_fwd_saved")), lib=LIB)
+        torch.library.impl(f"{public}_fwd_saved", "CUDA", _not_loaded(op, _where(op, "_fwd_saved")), lib=LIB)
     if op["has_backward_kernel"]:
-        torch.library.impl(f"{qualname}_backward", "CUDA", _not_loaded(op, _where(op, "_backward")), lib=LIB)
+        torch.library.impl(f"{public}_backward", "CUDA", _not_loaded(op, _where(op, "_backward")), lib=LIB)
+
+
+def _register_batched(op):
+    """The public op of a batch group (`x: Tensor[*B, D]`) as a CompositeImplicitAutograd kernel
+    over `<op>_rows`: autograd, fake tensors and every device then go through the inner op's
+    registrations, with no code of their own. The binding registers the same in C++ for ops
+    with a kernel; this one serves the rest, and every op when `_C` did not load."""
+    torch.library.impl(f"{NAMESPACE}::{op['name']}", "CompositeImplicitAutograd", batched_forward(op), lib=LIB)
 
 
 # no op of the package has a CUDA kernel (or `_C` did not load): CUDA runs the references
@@ -489,6 +568,8 @@ if _DATA:  # a package's _ops: register its ops (specgen's own copy registers no
     for _op in OPS.values():
         if _op["has_kernel"] and not CUDA_KERNELS_LOADED:
             _register_without_binding(_op)
+        if _op.get("batch") and not (CUDA_KERNELS_LOADED and _op["has_kernel"]):
+            _register_batched(_op)  # else the binding's C++ composite
         # the binding registers, in C++, the autograd of ops whose backward is a kernel
         if not (CUDA_KERNELS_LOADED and _op["has_backward_kernel"]):
             _autograd_saved(_op) if _op.get("saved") and _op["has_backward"] else _autograd(_op)
