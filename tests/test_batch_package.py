@@ -3,7 +3,6 @@
 folds the leading dims into B and restores them (docs/ARCHITECTURE.md "Leading batch dims")."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from package_support import import_tree
 from specgen.agents.builtin.generator import build_source
 from specgen.errors import UsageError
 from specgen.package.emit import emit_package, render_files
@@ -77,12 +77,8 @@ def test_an_op_named_like_another_ops_rows_op_is_refused(batched, tmp_path):
 def module(pkg, tmp_path_factory):
     """The emitted tree imported as it is (no _C: the Python composite and the CPU reference)."""
     root = emit_package(pkg, tmp_path_factory.mktemp("tree") / "sgbatch")
-    init = root / "torch-ext" / "sgbatch" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("sgbatch", init)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sgbatch"] = mod
     with pytest.warns(UserWarning, match="NOT verified"):  # no provenance: as if built with --no-verify
-        spec.loader.exec_module(mod)
+        mod = import_tree(root, "sgbatch")
     assert not mod.CUDA_KERNELS_LOADED
     return mod
 
@@ -168,12 +164,7 @@ def pair_module(tmp_path_factory):
     """An op with two batched inputs and a batched output, no kernel (the reference everywhere)."""
     folder = tmp_path_factory.mktemp("pair")
     pkg = package_model("sgpair", [load_spec(BATCH / "add_batched.yaml")], {}, arch_list="9.0")
-    root = emit_package(pkg, folder / "sgpair")
-    spec = importlib.util.spec_from_file_location("sgpair", root / "torch-ext" / "sgpair" / "__init__.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sgpair"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return import_tree(emit_package(pkg, folder / "sgpair"), "sgpair")
 
 
 def test_two_batched_inputs_must_agree_on_the_leading_dims(pair_module):
@@ -197,7 +188,7 @@ def test_two_batched_inputs_differentiate_through_the_composite(pair_module):
 
 @pytest.mark.slow
 def test_the_batched_binding_compiles_against_the_installed_torch(pkg, tmp_path):
-    from binding_support import binding_syntax_errors
+    from package_support import binding_syntax_errors
 
     root = emit_package(pkg, tmp_path / "sgbatch")
     assert binding_syntax_errors(root, [op.name for op in pkg.ops if op.has_kernel]) == ""

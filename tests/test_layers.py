@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from package_support import import_tree
 from specgen.errors import SpecError, UsageError
 from specgen.package import emit_package, package_model
 from specgen.package.layer_runtime import call
@@ -32,20 +33,10 @@ def _specs(names=OPS):
     return [load_spec(SPECS / f"{n}.yaml") for n in names]
 
 
-def _import_tree(root: Path, name: str, module_name: str | None = None):
-    """Import the package of an emitted tree (under another module name when given)."""
-    init = root / "torch-ext" / name / "__init__.py"
-    spec = importlib.util.spec_from_file_location(module_name or name, init)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name or name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
     root = emit_package(package_model("sglayers", _specs(), {}), tmp_path_factory.mktemp("pkg") / "sglayers")
-    return root, _import_tree(root, "sglayers")
+    return root, import_tree(root, "sglayers")
 
 
 # ----- the spec field -------------------------------------------------------------------------
@@ -226,12 +217,12 @@ def test_patch_checks_the_modules_and_the_layer_names(package):
 def test_namespaces_are_unique_per_build_and_a_build_loads_twice(tmp_path, package):
     _, sg = package
     other = emit_package(package_model("sglayers", _specs(), {}, version="0.2.0"), tmp_path / "v2" / "sglayers")
-    v2 = _import_tree(other, "sglayers", "sglayers_v2")
+    v2 = import_tree(other, "sglayers", "sglayers_v2")
     assert v2.NAMESPACE != sg.NAMESPACE and v2.NAMESPACE.startswith("sglayers_")
     x, w = torch.randn(3, 8), torch.randn(8)
     torch.testing.assert_close(v2.rmsnorm(x, w), sg.rmsnorm(x, w))
     root, _ = package
-    again = _import_tree(root, "sglayers", "_sglayers_copy")  # what the kernels loader does
+    again = import_tree(root, "sglayers", "_sglayers_copy")  # what the kernels loader does
     assert again.ops is sg.ops or again.NAMESPACE == sg.NAMESPACE
     torch.testing.assert_close(again.rmsnorm(x, w), sg.rmsnorm(x, w))
 

@@ -244,7 +244,7 @@ def test_the_binding_compiles_against_the_installed_torch(specs, tmp_path):
     headers: one translation unit, syntax and types only (the wheel test links and loads one)."""
     import glob
 
-    from binding_support import binding_syntax_errors
+    from package_support import binding_syntax_errors
 
     all_specs = [load_spec(p) for p in sorted(glob.glob(str(SPECS / "*.yaml")))]
     kernels = {s.name: (SPECS / "kernels" / f"{s.name}.cu").read_text() for s in all_specs

@@ -4,17 +4,16 @@ and the package around it (setup.py, MANIFEST, build.toml, the Python entry poin
 package is emitted, never built (the generated GPU test runs the check on a GPU)."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from package_support import import_tree
 from specgen.abi import DTYPE_CODES
 from specgen.package import emit_package, package_model, render_files
 from specgen.signature import INT_DTYPES
@@ -180,20 +179,11 @@ def test_the_build_toml_with_the_check_is_accepted_by_the_kernels_parser(pkg, tm
     rust.Build.open(root)  # raises ValueError on a schema violation
 
 
-def _import_tree(root: Path, name: str):
-    init = root / "torch-ext" / name / "__init__.py"
-    spec = importlib.util.spec_from_file_location(name, init)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_check_device_contracts_is_public_and_silent_without_the_compiled_binding(pkg, tmp_path):
     pytest.importorskip("torch")
     root = emit_package(pkg, tmp_path / "sgrange")
     with pytest.warns(UserWarning, match="NOT verified"):  # built as if with --no-verify
-        module = _import_tree(root, "sgrange")
+        module = import_tree(root, "sgrange")
     assert "check_device_contracts" in module.__all__
     assert not module.CUDA_KERNELS_LOADED  # an emitted tree: no _C
     assert module.check_device_contracts() is None

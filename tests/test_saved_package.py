@@ -3,7 +3,6 @@ internal `<op>_fwd_saved` returns the outputs and the saved values, `<op>_backwa
 and the binding's autograd saves them for it (docs/ARCHITECTURE.md "Saved intermediates")."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from package_support import import_tree
 from specgen.agents.builtin.generator import build_source
 from specgen.package.emit import emit_package, render_files
 from specgen.package.model import package_model
@@ -68,7 +68,7 @@ def test_the_binding_allocates_them_and_the_autograd_saves_them(pkg):
 
 @pytest.mark.slow
 def test_the_binding_compiles_against_the_installed_torch(pkg, tmp_path):
-    from binding_support import binding_syntax_errors
+    from package_support import binding_syntax_errors
 
     root = emit_package(pkg, tmp_path / "sgsaved")
     assert binding_syntax_errors(root, [op.name for op in pkg.ops]) == ""
@@ -78,12 +78,8 @@ def test_the_binding_compiles_against_the_installed_torch(pkg, tmp_path):
 def module(pkg, tmp_path_factory):
     """The emitted tree imported as it is (no _C: the Python path, the CPU reference)."""
     root = emit_package(pkg, tmp_path_factory.mktemp("tree") / "sgsaved")
-    init = root / "torch-ext" / "sgsaved" / "__init__.py"
-    spec = importlib.util.spec_from_file_location("sgsaved", init)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sgsaved"] = mod
     with pytest.warns(UserWarning, match="NOT verified"):  # no provenance: as if built with --no-verify
-        spec.loader.exec_module(mod)
+        mod = import_tree(root, "sgsaved")
     assert not mod.CUDA_KERNELS_LOADED
     return mod
 

@@ -1,16 +1,28 @@
-"""The package binding's syntax check against the installed torch's headers: one translation
-unit, syntax and types only (a built wheel's test links and loads one). Shared by the package
-tests of plain, saved and batched ops."""
+"""Helpers for the tests of emitted packages (plain, saved, batched ops, layers, range checks):
+importing an emitted tree as it is, and the binding's syntax check against the installed torch's
+headers (one translation unit, syntax and types only; a built wheel's test links and loads one)."""
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
+
+def import_tree(root: Path, name: str, module_name: str | None = None):
+    """Import the package `name` of an emitted tree (under `module_name` when given), no _C built."""
+    init = root / "torch-ext" / name / "__init__.py"
+    spec = importlib.util.spec_from_file_location(module_name or name, init)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name or name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def binding_syntax_errors(root: Path, kernel_dirs: list[str]) -> str:
