@@ -8,9 +8,7 @@ import pytest
 
 from conftest import SPECS
 from specgen.cli import main
-from verify_support import ADVERSARIAL, GOOD, TESTS, record
-
-VERIFY_SPECS = TESTS / "verify_specs"  # the specs the hand-written kernels were written for
+from verify_support import ADVERSARIAL, GOOD, kernel_spec_path, record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 
@@ -30,7 +28,7 @@ def test_compile_on_a_cache_miss_is_under_3_s(tmp_path):
     from specgen.spec import load_spec
     from specgen.verify import static_checks
 
-    spec = load_spec(VERIFY_SPECS / "rmsnorm.yaml")
+    spec = load_spec(kernel_spec_path("rmsnorm"))
     started = time.perf_counter()
     verdict, compiled = static_checks(spec, GOOD / "rmsnorm.cu", cache_dir=tmp_path)
     seconds = time.perf_counter() - started
@@ -44,7 +42,7 @@ def test_verifying_one_candidate_on_a_warm_worker_is_under_10_s():
     from specgen.spec import load_spec
     from specgen.verify import DEFAULT_EXAMPLES, verify_kernel
 
-    gelu, rms = load_spec(SPECS / "gelu_tanh.yaml"), load_spec(VERIFY_SPECS / "rmsnorm.yaml")
+    gelu, rms = load_spec(SPECS / "gelu_tanh.yaml"), load_spec(kernel_spec_path("rmsnorm"))
     verify_kernel(gelu, GOOD / "gelu_tanh.cu")  # warms the shared worker (torch, CUDA, compile cache)
     verify_kernel(rms, GOOD / "rmsnorm.cu")  # and this compile
     started = time.perf_counter()

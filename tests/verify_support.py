@@ -39,9 +39,14 @@ class KernelCase:
 
     @property
     def spec_path(self) -> Path:
-        """tests/verify_specs/ first: the spec as the hand-written kernel was written for it."""
-        pinned = TESTS / "verify_specs" / f"{self.spec}.yaml"
-        return pinned if pinned.exists() else REPO / "specs" / f"{self.spec}.yaml"
+        return kernel_spec_path(self.spec)
+
+
+def kernel_spec_path(name: str) -> Path:
+    """The spec a hand-written kernel of tests/kernels or tests/adversarial was written for:
+    tests/verify_specs/ first (the example spec as it was), else specs/."""
+    pinned = TESTS / "verify_specs" / f"{name}.yaml"
+    return pinned if pinned.exists() else REPO / "specs" / f"{name}.yaml"
 
 
 def _header(path: Path) -> dict[str, str]:
