@@ -9,6 +9,7 @@ imports and helpers). A saved value is a hidden output of the forward (`saved_<n
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 from .errors import Location, SpecError
@@ -118,7 +119,7 @@ def evaluate_saved(spec, args: dict, dtype: str) -> dict[str, object]:
 
     filename = str(spec.path or f"<{spec.name}>")
     out = {}
-    with torch.no_grad(), (KeepFloat64() if dtype == "float64" else contextlib.nullcontext()):
+    with torch.no_grad(), (keep_float64() if dtype == "float64" else contextlib.nullcontext()):
         results = saved_expressions(spec, args)
     for value in saved_values(spec):
         result = results[value.field]
@@ -148,17 +149,20 @@ def _narrow_float(dtype) -> bool:
     return isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != torch.float64
 
 
-def KeepFloat64():
-    """A torch function mode for the truth run: a definition's casts of float64 tensors to a
-    narrower floating dtype (`.float()`, `.half()`, `.bfloat16()`, `.to(torch.float32)`,
-    `dtype=torch.float32`) stay in float64. A definition states the math; written for the working
-    dtypes (`logits.float()`), its float64 run would otherwise compute the truth in float32."""
+@functools.cache
+def _keep_float64_class():
+    """The mode's class, built once (torch is imported only when a definition is evaluated)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     narrowing = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
 
-    class _KeepFloat64(TorchFunctionMode):
+    class KeepFloat64(TorchFunctionMode):
+        """For the truth run: a definition's casts of float64 tensors to a narrower floating dtype
+        (`.float()`, `.half()`, `.bfloat16()`, `.to(torch.float32)`, `dtype=torch.float32`) stay in
+        float64. A definition states the math; written for the working dtypes (`logits.float()`),
+        its float64 run would otherwise compute the truth in float32."""
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = dict(kwargs or {})
             first = args[0] if args else None
@@ -170,7 +174,12 @@ def KeepFloat64():
                 kwargs["dtype"] = torch.float64
             return func(*args, **kwargs)
 
-    return _KeepFloat64()
+    return KeepFloat64
+
+
+def keep_float64():
+    """A fresh KeepFloat64 mode (see its class)."""
+    return _keep_float64_class()()
 
 
 def saved_expressions(spec, args: dict) -> dict[str, object]:
