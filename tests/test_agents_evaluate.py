@@ -3,10 +3,12 @@ from pathlib import Path
 
 import pytest
 
-from agents_support import FAST, make_task
-from specgen.agents.base import Candidate
+from agents_support import FAST, SPEC_YAML, make_task
+from specgen import abi
+from specgen.agents.base import Candidate, KernelTask
 from specgen.agents.evaluate import KernelEvaluator, summarize_benchmark
 from specgen.agents.prompts import feedback_text
+from specgen.spec import load_spec
 from specgen.verify.verdict import PASSED, WRONG_RESULT, Counterexample, Verdict
 
 
@@ -81,3 +83,21 @@ def test_a_bench_result_becomes_timings(evaluator, monkeypatch):
     line = feedback_text(1, "done", True, timings=timings, per_shape=timings["per_shape"], target=0.8)
     assert "kernel 6.00 us; eager PyTorch 8.00 us (kernel 1.33x faster)" in line
     assert "[N=64, float32] kernel 2.00 us" in line
+
+
+def test_a_spec_without_benchmark_shapes_is_measured_as_not_timed(tmp_path, monkeypatch):
+    """`benchmark:` is optional: the loop's measurement says nothing was timed instead of failing
+    (an internal error in `specgen build` on the H200, session 13)."""
+    path = tmp_path / "scale_add.yaml"
+    path.write_text(SPEC_YAML.split("benchmark:")[0])
+    spec = load_spec(path)
+    assert not spec.benchmark
+    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec))
+
+    def no_bench(*args, **kwargs):
+        raise AssertionError("nothing may be timed without benchmark shapes")
+
+    monkeypatch.setattr("specgen.bench.benchmark_kernel", no_bench)
+    timings = KernelEvaluator(task).measure(Candidate(FAST, "openai"), Path("/x.so"))
+    assert timings["per_shape"] == [] and "no `benchmark:` shapes" in timings["note"]
+    assert summarize_benchmark(timings["per_shape"]).get("kernel_us") is None

@@ -80,6 +80,10 @@ def summarize_benchmark(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return timings
 
 
+NOT_TIMED = ("not timed: the spec has no `benchmark:` shapes (add rows such as `benchmark: [{N: 4096}]` to "
+             "time the kernel beside eager and torch.compile)")
+
+
 @dataclass
 class KernelEvaluator(Evaluator):
     """The real evaluator for one task: toolchain, verifier, benchmark."""
@@ -125,6 +129,8 @@ class KernelEvaluator(Evaluator):
         return result
 
     def measure(self, candidate: Candidate, library: Path) -> dict[str, Any]:
+        if not self.task.spec.benchmark:  # `benchmark:` is optional: a verified kernel with nothing to time
+            return {"per_shape": [], "note": NOT_TIMED}
         try:  # needs torch and a GPU; imported only here
             from ..bench import benchmark_kernel
         except ImportError as error:

@@ -1,0 +1,137 @@
+"""The generator's reciprocal square root on the GPU: CUDA's `rsqrtf` (within 2 ulp, the prelude
+now) against `1.f / sqrtf(x)` (two correctly rounded steps, as torch's CPU layer norm), on the
+float32 layer norms whose `huge` inputs the verifier refused once (held-out `layernorm_2d_affine`,
+session 11; benchmarks/precision_study.py models it on the CPU).
+
+    python benchmarks/rsqrt_ab.py --out DIR [--seeds 24] [--verify layernorm_hw_affine,...]
+
+For each spec (tests/builtin_specs/layernorm_hw_affine.yaml and the development suite's float32
+norms) both sources are built, launched on the same cases (every seed, `huge` and `normal`
+inputs, the failing width of the held-out problem and odd ones) and each output compared with the
+float64 truth as the verifier compares (verify/compare.py). With --verify each source also goes
+through the verifier itself once (seed 0; --verify names the specs, default the first). Writes DIR/rsqrt_ab.json and prints a table of
+refusals per source: the prelude changes only if `1.f / sqrtf` is refused less and no slower
+(its timings at the benchmark shape are in the table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from decode_ab import device_us_per_call  # noqa: E402
+from variant_ab import compile_all  # noqa: E402
+from specgen import abi  # noqa: E402
+from specgen.agents.builtin.generator import build_source  # noqa: E402
+from specgen.agents.builtin.prelude import PRELUDE  # noqa: E402
+from specgen.fsutil import write_atomic  # noqa: E402
+from specgen.spec import load_spec  # noqa: E402
+from specgen.verify.compare import compare  # noqa: E402
+from specgen.verify.data import prepare  # noqa: E402
+from specgen.verify.library import KernelLibrary  # noqa: E402
+from specgen.verify.strategies import make_case  # noqa: E402
+
+NOW = "__device__ __forceinline__ float rsqrt_(float x) { return rsqrtf(x); }"
+EXACT = "__device__ __forceinline__ float rsqrt_(float x) { return 1.f / sqrtf(x); }"
+SPECS = {  # spec -> the shapes of its cases: the held-out problem's failing width (131967), odd ones
+    "tests/builtin_specs/layernorm_hw_affine.yaml": [{"B": 2, "H": 129, "W": 1023}, {"B": 2, "H": 255, "W": 253},
+                                                     {"B": 3, "H": 7, "W": 33}],
+    "benchmarks/level1/specs/layernorm_module.yaml": [{"B": 2, "C": 3, "H": 129, "W": 341},
+                                                      {"B": 2, "C": 5, "H": 7, "W": 9}],
+    "benchmarks/level1/specs/rmsnorm_channels.yaml": [{"B": 2, "C": 63, "H": 31, "W": 33}],
+    "benchmarks/level1/specs/instance_norm.yaml": [{"B": 2, "C": 3, "H": 255, "W": 253}, {"B": 2, "C": 3, "H": 9, "W": 7}],
+    "benchmarks/level1/specs/groupnorm_module.yaml": [{"B": 2, "G": 3, "H": 65, "W": 63}],
+}
+
+
+def refusals(spec, lib, shapes, seeds: int) -> dict:
+    counts = {"huge": [0, 0], "normal": [0, 0]}  # refused, cases
+    first = []
+    for dims in shapes:
+        for seed in range(seeds):
+            for distribution in counts:
+                data = prepare(spec, make_case(dims, "float32", seed=seed, distribution=distribution), "forward")
+                outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
+                tensors = {**data.inputs, **outs}
+                need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
+                if need:
+                    tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
+                code = lib.launcher("forward", tensors, data.scalars, data.dims, torch.cuda.current_stream())()
+                torch.cuda.synchronize()
+                bad = [k for k, t in data.truth.items() if code or
+                       compare(outs[k], t, data.atol[k], data.rtol, data.reference.get(k)) is not None]
+                counts[distribution][1] += 1
+                if bad:
+                    counts[distribution][0] += 1
+                    if len(first) < 3:
+                        first.append({"dims": dims, "seed": seed, "distribution": distribution, "outputs": bad})
+    return {"counts": counts, "first_refusals": first}
+
+
+def timing(spec, lib) -> float:
+    data = prepare(spec, make_case(dict(spec.benchmark[0]), "float32", seed=0), "forward")
+    outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
+    tensors = {**data.inputs, **outs}
+    need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
+    if need:
+        tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
+    return device_us_per_call(lib.launcher("forward", tensors, data.scalars, data.dims, torch.cuda.current_stream()),
+                              calls=20)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, default=24)
+    parser.add_argument("--verify", default="layernorm_hw_affine",
+                        help="comma-separated spec names whose two sources also go through the verifier ('' none)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("rsqrt_ab: no CUDA GPU")
+        return 3
+    assert NOW in PRELUDE, "the prelude's rsqrt_ changed: update rsqrt_ab.py"
+    specs, sources = {}, {}
+    for path in SPECS:
+        spec = load_spec(REPO / path)
+        try:
+            source = build_source(spec)
+        except Exception as error:  # refused: nothing to compare
+            print(f"rsqrt_ab: {spec.name}: {error}", file=sys.stderr)
+            continue
+        if NOW not in source:
+            print(f"rsqrt_ab: {spec.name}: its kernel has no prelude rsqrt_", file=sys.stderr)
+            continue
+        specs[spec.name] = spec
+        sources[(spec.name, "rsqrtf")] = (spec, source)
+        sources[(spec.name, "1/sqrtf")] = (spec, source.replace(NOW, EXACT))
+    libs = compile_all(sources)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (name, which), (spec, source) in sources.items():
+        started = time.perf_counter()
+        lib = KernelLibrary(spec, libs[(name, which)])
+        shapes = SPECS[str(spec.path.relative_to(REPO))]
+        row = {"spec": name, "rsqrt": which, **refusals(spec, lib, shapes, args.seeds), "shapes": shapes}
+        row["benchmark_us"] = timing(spec, lib)
+        if name in args.verify.split(","):
+            from specgen.verify import verify_kernel
+            verdict = verify_kernel(spec, source)
+            row["verifier"] = "PASS" if verdict.passed else f"FAIL {verdict.summary()[:300]}"
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        rows.append(row)
+        c = row["counts"]
+        print(f"{name:22s} {which:8s} refused huge {c['huge'][0]}/{c['huge'][1]} normal {c['normal'][0]}/"
+              f"{c['normal'][1]}  {row['benchmark_us']:8.1f} us  {row.get('verifier', '')}", flush=True)
+        write_atomic(args.out / "rsqrt_ab.json", json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
