@@ -52,8 +52,8 @@ def main() -> int:
         print("batch_overhead: no CUDA GPU")
         return 3
     pkg = importlib.import_module(args.package)
-    ns = getattr(torch.ops, args.package)
-    public, rows_op = getattr(ns, args.op), getattr(ns, f"{args.op}_rows")
+    ns = getattr(torch.ops, pkg._ops.NAMESPACE)
+    public, rows_op = getattr(ns, args.op), getattr(ns, f"{args.op}_rows")  # the namespace is unique per build
     weight = torch.randn(D, device="cuda", dtype=torch.bfloat16)
     check = agrees(public, rows_op, weight)
     print(f"batched vs rows on the GPU: {check}", flush=True)

@@ -117,8 +117,8 @@ def grad_output_names(spec) -> list[str]:
 
 
 def grad_input_names(spec) -> list[str]:
-    """`grad_<in>` for each floating input: the gradients the backward kernel writes."""
-    return [f"grad_{p.name}" for p in spec.signature.inputs if p.type.is_floating]
+    """`grad_<in>` for each floating input not in `no_grad:`: the gradients the backward kernel writes."""
+    return [f"grad_{p.name}" for p in spec.signature.inputs if p.type.differentiable]
 
 
 def fields(spec, direction: str = "forward") -> list[AbiField]:
@@ -140,7 +140,7 @@ def fields(spec, direction: str = "forward") -> list[AbiField]:
         out += [AbiField(f"grad_{o.name}", "grad_output", tensor=o.type.rows())
                 for o in sig.outputs if o.type.is_floating]
         out += [AbiField(f"grad_{p.name}", "grad_input", tensor=p.type.rows())
-                for p in sig.inputs if p.type.is_floating]
+                for p in sig.inputs if p.type.differentiable]
     else:
         raise ValueError(f"direction must be one of {DIRECTIONS}, not {direction!r}")
     out += [AbiField(name, "workspace") for name in WORKSPACE_FIELDS]

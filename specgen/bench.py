@@ -195,8 +195,9 @@ def bench_inputs(spec, dims: dict, dtype: str, seed: int, device: str = "cuda") 
 
 # ------------------------------------------------------------------ the backward's operands
 
-def floating_inputs(spec) -> list[str]:
-    return [p.name for p in spec.signature.inputs if p.type.is_floating]
+def differentiable_inputs(spec) -> list[str]:
+    """The inputs the backward differentiates (floating, not in `no_grad:`): the baselines' too."""
+    return [p.name for p in spec.signature.inputs if p.type.differentiable]
 
 
 def backward_operands(spec, args: dict) -> tuple[dict, dict]:
@@ -214,7 +215,7 @@ def autograd_backward(spec, fn: Callable, args: dict, grads: dict) -> Callable[[
     """A callable running only the backward of `fn` (the reference, eager or compiled): the
     forward runs once here, outside any timed region, and each call is
     `torch.autograd.grad(..., retain_graph=True)` through that graph."""
-    wrt = floating_inputs(spec)
+    wrt = differentiable_inputs(spec)
     leaves = {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
     with torch.enable_grad():
         outs = as_tuple(fn(**leaves))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 INT_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
@@ -109,6 +109,9 @@ class TensorType:
     # folds the group; below it (ABI, verifier, generator, lock) dims[0] is the plain symbol B,
     # their product, so that code needs no case of its own.
     batch: bool = False
+    # The spec's `no_grad:` list (not the signature's text): a floating input the backward gives
+    # no gradient (rope's cos/sin tables). Set by KernelSpec.signature.
+    no_grad: bool = False
 
     @property
     def ndim(self) -> int:
@@ -117,6 +120,11 @@ class TensorType:
     @property
     def is_floating(self) -> bool:
         return self.dtype is None or self.dtype in FLOAT_DTYPES
+
+    @property
+    def differentiable(self) -> bool:
+        """An input the backward computes a gradient for (`grad_<name>` in the ABI)."""
+        return self.is_floating and not self.no_grad
 
     def symbols(self) -> list[str]:
         found = [d.symbol for d in self.dims if d.symbol]
@@ -136,7 +144,7 @@ class TensorType:
 
     def rows(self) -> "TensorType":
         """The type as a kernel sees it: a batch group `*B` is the one axis B."""
-        return TensorType(self.dims, self.dtype, self.value_range)
+        return replace(self, batch=False)
 
     def __str__(self) -> str:
         dims = [str(d) for d in self.dims]
@@ -217,6 +225,13 @@ class Signature:
 
     def input_symbols(self) -> set[str]:
         return {s for p in self.inputs for d in p.type.dims if (s := d.symbol)}
+
+    def without_grads(self, names) -> "Signature":
+        """The signature with the tensor inputs `names` marked no_grad (the spec's `no_grad:`)."""
+        names = set(names)
+        params = tuple(replace(p, type=replace(p.type, no_grad=True)) if p.is_tensor and p.name in names else p
+                       for p in self.params)
+        return replace(self, params=params)
 
     def batch_symbols(self) -> list[str]:
         """The symbols written as a leading batch group (`*B`), in order of first appearance."""

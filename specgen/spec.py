@@ -70,6 +70,7 @@ class KernelSpec(BaseModel):
     libraries: list[Library] = Field(default_factory=list)
     replaces: list[Replaces] = Field(default_factory=list)  # specgen/replaces.py: the package's layers
     saved: dict[str, str] = Field(default_factory=dict)  # specgen/saved.py: per-row values the backward reads
+    no_grad: list[str] = Field(default_factory=list)  # floating inputs the backward gives no gradient
 
     @field_validator("replaces", mode="before")
     @classmethod
@@ -91,7 +92,8 @@ class KernelSpec(BaseModel):
 
     @cached_property
     def signature(self) -> Signature:
-        return parse_signature(self.signature_text)
+        parsed = parse_signature(self.signature_text)
+        return parsed.without_grads(self.no_grad) if self.no_grad else parsed
 
     @cached_property
     def saved_values(self):
@@ -122,6 +124,8 @@ class KernelSpec(BaseModel):
         saved = data.pop("saved", None)
         if saved:
             data["saved"] = [[name, text] for name, text in saved.items()]
+        if not data.get("no_grad"):
+            data.pop("no_grad", None)
         _add_reference_fingerprint(self, data)
         return data
 
@@ -180,6 +184,7 @@ def _pydantic_error(error: ValidationError, pos: Positions) -> SpecError:
         "backward": "one of kernel, reference, none",
         "libraries": "libraries a kernel may call: cublas, cublasLt, cudnn, cufft, curand, cusparse, cusolver",
         "saved": 'e.g. saved: {lse: "Tensor[N] float32 = torch.logsumexp(logits.float(), dim=-1)"}',
+        "no_grad": "a list of floating input names, e.g. no_grad: [cos, sin]",
         "replaces": "e.g. replaces: {layer: RMSNorm, modules: [transformers.models.llama.modeling_llama.LlamaRMSNorm], "
                     "args: {x: hidden_states, weight: self.weight, eps: self.variance_epsilon}} (README: Layers)",
     }
@@ -236,7 +241,7 @@ def _check_names(spec: KernelSpec, pos: Positions) -> None:
                                 hint=f"rename the {role}")
     if spec.backward != "none":
         taken = {p.name for p in sig.params} | {o.name for o in sig.outputs} | set(sig.symbols())
-        grads = [p.name for p in sig.inputs if p.type.is_floating] + [o.name for o in sig.outputs if o.type.is_floating]
+        grads = [p.name for p in sig.inputs if p.type.differentiable] + [o.name for o in sig.outputs if o.type.is_floating]
         for name in grads:
             if f"grad_{name}" in taken:
                 raise _at_signature(f"{'grad_' + name!r} is also the name of the gradient of {name!r} in the "
@@ -272,6 +277,29 @@ def _check_lists(spec: KernelSpec, pos: Positions) -> None:
             raise SpecError(f"{dtype} is listed twice", location=pos.location(("dtypes", index)),
                             field=f"dtypes[{index}]", hint="list each working dtype once")
         seen[dtype] = index
+
+
+def _check_no_grad(spec: KernelSpec, pos: Positions) -> None:
+    """`no_grad:` names floating tensor inputs, each once, of an op with a backward."""
+    if not spec.no_grad:
+        return
+    if spec.backward == "none":
+        raise SpecError("no_grad is given but the op has no backward (backward: none)",
+                        location=pos.location(("no_grad",)), field="no_grad",
+                        hint="remove no_grad, or give the op a backward (backward: kernel | reference)")
+    inputs = {p.name: p for p in spec.signature.inputs}
+    floating = [name for name, p in inputs.items() if p.type.is_floating]
+    seen: set[str] = set()
+    for index, name in enumerate(spec.no_grad):
+        where = pos.location(("no_grad", index))
+        if name in seen:
+            raise SpecError(f"{name!r} is listed twice", location=where, field=f"no_grad[{index}]",
+                            hint="list each input once")
+        seen.add(name)
+        if name not in inputs or not inputs[name].type.is_floating:
+            what = "an integer input (it has no gradient anyway)" if name in inputs else "not a tensor input"
+            raise SpecError(f"no_grad: {name!r} is {what}", location=where, field=f"no_grad[{index}]",
+                            hint=f"{_suggest(name, floating)}list floating tensor inputs: {', '.join(floating)}")
 
 
 def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
@@ -328,9 +356,11 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
             if value % divisors.get(symbol, 1):
                 raise SpecError(f"benchmark {symbol}={value} is not a multiple of {divisors[symbol]}",
                                 location=where, field=f"benchmark[{index}]")
+    _check_no_grad(spec, pos)
     if spec.backward == "kernel":
-        if not any(p.type.is_floating for p in sig.inputs):
-            raise SpecError("backward: kernel needs a floating input to differentiate",
+        if not any(p.type.differentiable for p in sig.inputs):
+            raise SpecError("backward: kernel needs a floating input to differentiate"
+                            + (" (every floating input is in no_grad)" if spec.no_grad else ""),
                             location=pos.location(("backward",)), field="backward", hint="use backward: none")
     check_replaces(spec, pos)
     check_saved(spec, pos)

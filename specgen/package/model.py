@@ -82,6 +82,7 @@ class TensorArgModel:
     dtype: str | None  # None: the working dtype
     value_range: tuple[DimModel, DimModel] | None  # integer tensors: [lo, hi)
     signature_type: str  # "Tensor[N, D]"
+    differentiable: bool = False  # an input the backward gives a gradient (floating, not in `no_grad:`)
 
     @property
     def ndim(self) -> int:
@@ -227,8 +228,14 @@ class OpModel:
         return tuple(p for p in self.params if isinstance(p, ScalarArgModel))
 
     @property
-    def floating_inputs(self) -> tuple[TensorArgModel, ...]:
-        return tuple(t for t in self.inputs if t.is_floating)
+    def grad_inputs(self) -> tuple[TensorArgModel, ...]:
+        """The inputs the backward returns a gradient for (floating, not in the spec's `no_grad:`)."""
+        return tuple(t for t in self.inputs if t.differentiable)
+
+    @property
+    def no_grad_inputs(self) -> tuple[TensorArgModel, ...]:
+        """Floating inputs the spec gives no gradient: a call where one requires grad is refused."""
+        return tuple(t for t in self.inputs if t.is_floating and not t.differentiable)
 
     @property
     def floating_outputs(self) -> tuple[TensorArgModel, ...]:
@@ -249,7 +256,7 @@ class OpModel:
 
     @property
     def has_backward(self) -> bool:
-        return self.backward != "none" and bool(self.floating_inputs) and bool(self.floating_outputs)
+        return self.backward != "none" and bool(self.grad_inputs) and bool(self.floating_outputs)
 
     @property
     def schema(self) -> str:
@@ -295,7 +302,7 @@ class OpModel:
         args += [f"Tensor {o.name}" for o in self.outputs]
         args += [f"Tensor {v.name}" for v in self.saved]  # none: the schema is as before saved values
         args += [f"Tensor grad_{o.name}" for o in self.floating_outputs]
-        return f"({', '.join(args)}) -> {_schema_returns(len(self.floating_inputs))}"
+        return f"({', '.join(args)}) -> {_schema_returns(len(self.grad_inputs))}"
 
     # The C++ binding (torch_binding.cpp.j2): parameters as the schemas order them, prefixed
     # `a_` so that no argument name collides with a C++ keyword or a local of the binding.
@@ -337,10 +344,10 @@ class OpModel:
 
     def cpp_grad_slots(self, found: str) -> str:
         """What a C++ autograd backward returns, one entry per forward argument: `found[k]`
-        (the backward op's k-th result) for a floating input, an undefined tensor otherwise."""
+        (the backward op's k-th result) for an input with a gradient, an undefined tensor otherwise."""
         slots, k = [], 0
         for p in self.params:
-            if isinstance(p, TensorArgModel) and p.is_floating:
+            if isinstance(p, TensorArgModel) and p.differentiable:
                 slots.append(f"{found}[{k}]")
                 k += 1
             else:
@@ -384,7 +391,8 @@ class OpModel:
             return [(d.symbol, d.mul, d.div, d.add) for d in t.dims]
 
         def tensor(t):
-            entry = {"name": t.name, "dims": dims(t), "dtype": t.dtype, "floating": t.is_floating}
+            entry = {"name": t.name, "dims": dims(t), "dtype": t.dtype, "floating": t.is_floating,
+                     "grad": t.differentiable}
             if t.value_range:
                 entry["range"] = [(d.symbol, d.mul, d.div, d.add) for d in t.value_range]
             return entry
@@ -549,7 +557,8 @@ def _dim_model(dim: Dim) -> DimModel:
 
 def _tensor_model(name: str, t: TensorType) -> TensorArgModel:
     value_range = (_dim_model(t.value_range[0]), _dim_model(t.value_range[1])) if t.value_range else None
-    return TensorArgModel(name, tuple(_dim_model(d) for d in t.dims), t.dtype, value_range, str(t))
+    return TensorArgModel(name, tuple(_dim_model(d) for d in t.dims), t.dtype, value_range, str(t),
+                          differentiable=t.differentiable)
 
 
 def _param_model(p: Param):

@@ -339,12 +339,12 @@ def _reference_backward(op, fn=None):
         tensors, scalars, outs, grads = _split_backward_args(op, args)
         _check_backward(op, tensors, outs, grads, where)
         with torch.enable_grad():
-            leaves = {name: t.detach().requires_grad_(spec["floating"])
+            leaves = {name: t.detach().requires_grad_(spec["grad"])
                       for (name, t), spec in zip(tensors.items(), op["inputs"])}
             result = fn(*join_args(op, leaves, scalars))
             result = tuple(result) if isinstance(result, (tuple, list)) else (result,)
             results = [r for r, spec in zip(result, op["outputs"]) if spec["floating"]]
-            wanted = [leaves[spec["name"]] for spec in op["inputs"] if spec["floating"]]
+            wanted = [leaves[spec["name"]] for spec in op["inputs"] if spec["grad"]]
             pairs = [(o, g.to(o.dtype)) for o, g in zip(results, grads) if o.requires_grad]
             if not pairs:
                 raise RuntimeError(f"{where}: the reference recorded no autograd graph "
@@ -364,7 +364,7 @@ def _fake_backward(op):
         tensors, _, outs, grads = _split_backward_args(op, args)
         _check_backward(op, tensors, outs, grads, where)
         grads = tuple(torch.empty_like(tensors[spec["name"]], memory_format=torch.contiguous_format)
-                      for spec in op["inputs"] if spec["floating"])
+                      for spec in op["inputs"] if spec["grad"])
         return grads[0] if len(grads) == 1 else grads
 
     return fake
@@ -440,12 +440,28 @@ def _not_loaded(op, where):
 
 # ---------------------------------------------------------------- registration
 
+def refuse_no_grad_inputs(op, tensors: dict) -> None:
+    """A call that asks for the gradient of an input the spec lists in `no_grad:` is refused:
+    silently leaving its .grad empty would be a wrong result (the binding's C++ says the same).
+    Called where a graph is recorded (grad mode on: inside an autograd.Function it reads off)."""
+    for spec in op["inputs"]:
+        if spec["floating"] and not spec["grad"] and tensors[spec["name"]].requires_grad:
+            raise RuntimeError(no_grad_message(op, spec["name"]))
+
+
+def no_grad_message(op, name: str) -> str:
+    return (f"{NAMESPACE}.{op['name']}: {name} requires grad, but the op's spec lists it in no_grad (its backward "
+            f"computes no gradient for {name}): pass {name}.detach(), or build the op from a spec without {name} "
+            f"in no_grad")
+
+
 def _autograd(op):
     qualname = f"{NAMESPACE}::{rows_name(op)}"
     backward_op = getattr(getattr(torch.ops, NAMESPACE), f"{op['name']}_backward") if op["has_backward"] else None
 
     def setup_context(ctx, inputs, output):
         tensors, scalars = split_args(op, inputs)
+        refuse_no_grad_inputs(op, tensors)
         outs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*tensors.values(), *outs)
         ctx.scalars = scalars
@@ -459,7 +475,7 @@ def _autograd(op):
                  for g, o, spec in zip(grad_outputs, outs, op["outputs"]) if spec["floating"]]
         result = backward_op(*inputs, *ctx.scalars, *outs, *grads)
         result = iter(result if isinstance(result, tuple) else (result,))
-        per_input = {spec["name"]: next(result) if spec["floating"] else None for spec in op["inputs"]}
+        per_input = {spec["name"]: next(result) if spec["grad"] else None for spec in op["inputs"]}
         return tuple(per_input[name] if kind == "tensor" else None for kind, name in op["params"])
 
     torch.library.register_autograd(qualname, backward, setup_context=setup_context, lib=LIB)
@@ -494,10 +510,12 @@ def _autograd_saved(op):
                      for g, o, spec in zip(grad_outputs, outs, op["outputs"]) if spec["floating"]]
             result = backward_op(*inputs, *ctx.scalars, *outs, *values, *grads)
             result = iter(result if isinstance(result, tuple) else (result,))
-            per_input = {spec["name"]: next(result) if spec["floating"] else None for spec in op["inputs"]}
+            per_input = {spec["name"]: next(result) if spec["grad"] else None for spec in op["inputs"]}
             return tuple(per_input[name] if kind == "tensor" else None for kind, name in op["params"])
 
     def autograd_forward(*args):
+        if torch.is_grad_enabled():
+            refuse_no_grad_inputs(op, split_args(op, args)[0])
         return SavedFunction.apply(*args)
 
     torch.library.impl(f"{NAMESPACE}::{rows_name(op)}", "Autograd", autograd_forward, lib=LIB)

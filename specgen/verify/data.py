@@ -201,10 +201,10 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     # the definitions' values, not a forward kernel's: a backward is verified on its own
     read.update(evaluate_saved(spec, {**tensors, **scalars}, case.dtype))
     read.update(grads)
-    wrt = [p.name for p in sig.inputs if p.type.is_floating]
+    wrt = [p.name for p in sig.inputs if p.type.differentiable]  # no_grad inputs: no gradient to check
     names = list(tensors)
     written = [OutputSlot(f"grad_{p.name}", tuple(tensors[p.name].shape), tensors[p.name].dtype)
-               for p in sig.inputs if p.type.is_floating]
+               for p in sig.inputs if p.type.differentiable]
 
     def gradients(inputs: dict, grads: dict, grad_dtype) -> dict[str, torch.Tensor]:
         leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in inputs.items()}

@@ -100,7 +100,7 @@ def reference_flops(spec, dims: dict, dtype: str, direction: str) -> float:
             if p.is_tensor:
                 args[p.name] = torch.empty(p.type.shape(dims), dtype=TORCH_DTYPES[p.type.dtype_for(dtype)],
                                            device="meta", requires_grad=direction == "backward"
-                                           and p.type.is_floating)
+                                           and p.type.differentiable)
             else:
                 args[p.name] = default_scalar(p)
         counter = FlopCounterMode(display=False)

@@ -690,12 +690,12 @@ extern "C" cudaError_t rope_forward(const rope_args* a, cudaStream_t stream)
 // One row group of TPR threads per row; rows = S * H, columns = D/2. BLOCK threads per block;
 // __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
 template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 4 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4, 32))
+__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 32))
 rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
   using acc_t = typename sg::Acc<T>::type;
   // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
-  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
+  constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)((A.D) / 2));
@@ -717,29 +717,6 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
   const int64_t add_10_11 = (add_7_7 + sub_3_10);
   const int64_t sub_9_12 = (add_10_11 - sub_3_10);
   const int64_t add_12_13 = ((int64_t)0 + sub_9_12);
-  // column partials: one slot per block (narrow rows merge their row groups at the end)
-  const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;
-  const int64_t cslots = nbx * gridDim.y;
-  // column partials of sum_2_28: this thread's columns, summed over its rows
-  acc_t cacc_0[ITEMS > 0 ? ITEMS : 1][VEC];
-  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_0[k][v] = 0;
-  float* cpart_0 = partials + (0 * cslots + cslot) * W;
-  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = 0.f;
-  // column partials of sum_4_31: this thread's columns, summed over its rows
-  acc_t cacc_1[ITEMS > 0 ? ITEMS : 1][VEC];
-  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_1[k][v] = 0;
-  float* cpart_1 = partials + (1 * cslots + cslot) * W;
-  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = 0.f;
-  // column partials of sum_1_34: this thread's columns, summed over its rows
-  acc_t cacc_2[ITEMS > 0 ? ITEMS : 1][VEC];
-  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_2[k][v] = 0;
-  float* cpart_2 = partials + (2 * cslots + cslot) * W;
-  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = 0.f;
-  // column partials of sum_3_36: this thread's columns, summed over its rows
-  acc_t cacc_3[ITEMS > 0 ? ITEMS : 1][VEC];
-  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) cacc_3[k][v] = 0;
-  float* cpart_3 = partials + (3 * cslots + cslot) * W;
-  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) for (int v = 0; v < VEC; ++v) cpart_3[c * VEC + v] = 0.f;
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -747,8 +724,6 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
     const T* p_sin_1 = (const T*)A.sin.data + (row / (((int64_t)(A.H)))) * ((int64_t)((A.D) / 2)) + 0;
     const T* p_grad_out_2 = (const T*)A.grad_out.data + row * ((int64_t)(A.D)) + 0;
     const T* p_cos_3 = (const T*)A.cos.data + (row / (((int64_t)(A.H)))) * ((int64_t)((A.D) / 2)) + 0;
-    const T* p_x_4 = (const T*)A.x.data + row * ((int64_t)(A.D)) + ((int64_t)0 + (((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2));
-    const T* p_x_5 = (const T*)A.x.data + row * ((int64_t)(A.D)) + 0;
     T* o_0 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + 0;
     T* o_1 = (T*)A.grad_x.data + row * ((int64_t)(A.D)) + ((int64_t)((A.D) / 2));
     // the row stays in registers across passes, raw in the storage dtype (half the
@@ -757,8 +732,6 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
     sg::Raw<T, VEC> r_p_sin_1[ITEMS > 0 ? ITEMS : 1];
     sg::Raw<T, VEC> r_p_grad_out_2[ITEMS > 0 ? ITEMS : 1];
     sg::Raw<T, VEC> r_p_cos_3[ITEMS > 0 ? ITEMS : 1];
-    sg::Raw<T, VEC> r_p_x_4[ITEMS > 0 ? ITEMS : 1];
-    sg::Raw<T, VEC> r_p_x_5[ITEMS > 0 ? ITEMS : 1];
     if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -768,12 +741,10 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
           sg::load_raw<VEC>(p_sin_1 + c * VEC, r_p_sin_1[k]);
           sg::load_raw<VEC>(p_grad_out_2 + c * VEC, r_p_grad_out_2[k]);
           sg::load_raw<VEC>(p_cos_3 + c * VEC, r_p_cos_3[k]);
-          sg::load_raw<VEC>(p_x_4 + c * VEC, r_p_x_4[k]);
-          sg::load_raw<VEC>(p_x_5 + c * VEC, r_p_x_5[k]);
         }
       }
     }
-    // final pass: outputs and column partials
+    // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -784,23 +755,15 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_16 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
-          const acc_t mul_12_19 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
-          const acc_t add_16_20 = (mul_6_16 + mul_12_19);
-          const acc_t mul_8_21 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t mul_5_16 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t mul_8_19 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
+          const acc_t add_15_20 = (mul_5_16 + mul_8_19);
+          const acc_t mul_6_21 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_cos_3[k].v[v]));
           const acc_t neg_2_22 = (-(acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]));
-          const acc_t mul_10_23 = (neg_2_22 * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
-          const acc_t add_14_24 = (mul_8_21 + mul_10_23);
-          const acc_t mul_7_27 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
-          const acc_t mul_11_30 = ((acc_t)sg::to_acc(r_p_grad_out_2[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
-          const acc_t mul_5_33 = ((acc_t)sg::to_acc(r_p_grad_out_0[k].v[v]) * (acc_t)sg::to_acc(r_p_x_5[k].v[v]));
-          const acc_t mul_9_35 = (neg_2_22 * (acc_t)sg::to_acc(r_p_x_4[k].v[v]));
-          st_0[v] = (acc_t)(add_16_20);
+          const acc_t mul_7_23 = (neg_2_22 * (acc_t)sg::to_acc(r_p_sin_1[k].v[v]));
+          const acc_t add_14_24 = (mul_6_21 + mul_7_23);
+          st_0[v] = (acc_t)(add_15_20);
           st_1[v] = (acc_t)(add_14_24);
-          cacc_0[k][v] += mul_7_27;
-          cacc_1[k][v] += mul_11_30;
-          cacc_2[k][v] += mul_5_33;
-          cacc_3[k][v] += mul_9_35;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -812,8 +775,6 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
         sg::Raw<T, VEC> l_p_sin_1[UNROLL];
         sg::Raw<T, VEC> l_p_grad_out_2[UNROLL];
         sg::Raw<T, VEC> l_p_cos_3[UNROLL];
-        sg::Raw<T, VEC> l_p_x_4[UNROLL];
-        sg::Raw<T, VEC> l_p_x_5[UNROLL];
         #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
           const int64_t c = c0 + (int64_t)u * TPR;
@@ -822,8 +783,6 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
             sg::load_raw<VEC>(p_sin_1 + c * VEC, l_p_sin_1[u]);
             sg::load_raw<VEC>(p_grad_out_2 + c * VEC, l_p_grad_out_2[u]);
             sg::load_raw<VEC>(p_cos_3 + c * VEC, l_p_cos_3[u]);
-            sg::load_raw<VEC>(p_x_4 + c * VEC, l_p_x_4[u]);
-            sg::load_raw<VEC>(p_x_5 + c * VEC, l_p_x_5[u]);
           }
         }
         #pragma unroll
@@ -835,23 +794,15 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          const acc_t mul_6_16 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
-          const acc_t mul_12_19 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
-          const acc_t add_16_20 = (mul_6_16 + mul_12_19);
-          const acc_t mul_8_21 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t mul_5_16 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t mul_8_19 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
+          const acc_t add_15_20 = (mul_5_16 + mul_8_19);
+          const acc_t mul_6_21 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_cos_3[u].v[v]));
           const acc_t neg_2_22 = (-(acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]));
-          const acc_t mul_10_23 = (neg_2_22 * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
-          const acc_t add_14_24 = (mul_8_21 + mul_10_23);
-          const acc_t mul_7_27 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
-          const acc_t mul_11_30 = ((acc_t)sg::to_acc(l_p_grad_out_2[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
-          const acc_t mul_5_33 = ((acc_t)sg::to_acc(l_p_grad_out_0[u].v[v]) * (acc_t)sg::to_acc(l_p_x_5[u].v[v]));
-          const acc_t mul_9_35 = (neg_2_22 * (acc_t)sg::to_acc(l_p_x_4[u].v[v]));
-          st_0[v] = (acc_t)(add_16_20);
+          const acc_t mul_7_23 = (neg_2_22 * (acc_t)sg::to_acc(l_p_sin_1[u].v[v]));
+          const acc_t add_14_24 = (mul_6_21 + mul_7_23);
+          st_0[v] = (acc_t)(add_15_20);
           st_1[v] = (acc_t)(add_14_24);
-          cpart_0[c * VEC + v] += mul_7_27;
-          cpart_1[c * VEC + v] += mul_11_30;
-          cpart_2[c * VEC + v] += mul_5_33;
-          cpart_3[c * VEC + v] += mul_9_35;
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         sg::store_vec<VEC>(o_1 + c * VEC, st_1);
@@ -860,114 +811,20 @@ rope_bwd_rows(const rope_bwd_args A, float* __restrict__ partials, int64_t rows_
       }
       }
   }
-  if constexpr (ITEMS > 0 && TPR > 32) {  // one row group per block: straight out
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_0[c * VEC + v] = (float)cacc_0[k][v];
-    }
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_1[c * VEC + v] = (float)cacc_1[k][v];
-    }
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_2[c * VEC + v] = (float)cacc_2[k][v];
-    }
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_3[c * VEC + v] = (float)cacc_3[k][v];
-    }
-  } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order
-    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch
-    constexpr int CW = TPR * ITEMS * VEC;
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_0[k][v];
-    }
-    __syncthreads();
-    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
-      float t = 0.f;
-      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
-      cpart_0[jj] = t;
-    }
-    __syncthreads();
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_1[k][v];
-    }
-    __syncthreads();
-    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
-      float t = 0.f;
-      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
-      cpart_1[jj] = t;
-    }
-    __syncthreads();
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_2[k][v];
-    }
-    __syncthreads();
-    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
-      float t = 0.f;
-      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
-      cpart_2[jj] = t;
-    }
-    __syncthreads();
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t c = (int64_t)k * TPR + lane;
-      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = (float)cacc_3[k][v];
-    }
-    __syncthreads();
-    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {
-      float t = 0.f;
-      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];
-      cpart_3[jj] = t;
-    }
-    __syncthreads();
-  }
-}
-
-// Sums of the per-slot column partials, in slot order (deterministic), then the epilogue:
-// a thread per column of a group (grouped reductions: many groups of few slots each).
-template <typename T>
-__global__ void rope_bwd_finalize_cols(const rope_bwd_args A, const float* __restrict__ partials, int64_t cslots, int64_t groups)
-{
-  using acc_t = typename sg::Acc<T>::type;
-  const int64_t W = ((int64_t)((A.D) / 2));
-  const int64_t per_group = cslots / groups;
-  for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; idx += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = idx / W, j = idx % W;
-    double sum_2_28_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_2_28_f64 += (double)partials[(0 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_2_28 = (acc_t)sum_2_28_f64;
-    double sum_4_31_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_4_31_f64 += (double)partials[(1 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_4_31 = (acc_t)sum_4_31_f64;
-    double sum_1_34_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_1_34_f64 += (double)partials[(2 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_1_34 = (acc_t)sum_1_34_f64;
-    double sum_3_36_f64 = 0;
-    for (int64_t s = 0; s < per_group; ++s) sum_3_36_f64 += (double)partials[(3 * cslots + g * per_group + s) * W + j];
-    const acc_t sum_3_36 = (acc_t)sum_3_36_f64;
-    const acc_t add_17_32 = (sum_2_28 + sum_4_31);
-    ((T*)A.grad_cos.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_17_32));
-    const acc_t add_15_37 = (sum_1_34 + sum_3_36);
-    ((T*)A.grad_sin.data)[g * ((int64_t)((A.D) / 2)) + 0 + j] = sg::from_acc<T>((acc_t)(add_15_37));
-  }
 }
 
 template <typename T>
-static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, size_t* need = nullptr)
+static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream)
 {
   const int64_t rows = ((int64_t)(A.S)) * ((int64_t)(A.H));
   const int64_t W = ((int64_t)((A.D) / 2));
-  const int64_t rows_per_group = ((int64_t)(A.H));
+  const int64_t rows_per_group = rows;
   const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;
   if (rows == 0 || W == 0) return cudaSuccess;
   constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
   // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed
-  // input and the fp32 column partials; ITEMS_MAX chunks fit the variant's 32 registers of row data.
-  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + 4 * VEC * (int)sizeof(typename sg::Acc<T>::type) / 4;
+  // input; ITEMS_MAX chunks fit the variant's 32 registers of row data.
+  constexpr int WORDS = (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4;
   constexpr int ITEMS_MAX = sg::items_max(32, WORDS, 8);
   const bool vec_ok = W % VEC == 0
       && sg::aligned16(A.grad_out.data)
@@ -982,12 +839,6 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, 
       && sg::aligned16(A.cos.data)
       && (0) % VEC == 0
       && ((int64_t)((A.D) / 2)) % VEC == 0
-      && sg::aligned16(A.x.data)
-      && (((int64_t)0 + (((((int64_t)(A.D)) + (int64_t)2) - (int64_t)1) / (int64_t)2))) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
-      && sg::aligned16(A.x.data)
-      && (0) % VEC == 0
-      && ((int64_t)(A.D)) % VEC == 0
       && sg::aligned16(A.grad_x.data)
       && ((int64_t)(A.D)) % VEC == 0
       && sg::aligned16(A.grad_x.data)
@@ -998,6 +849,8 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, 
   // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows
   // wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.
   int tpr = 0, items = 0;
+  // split rows only where the row is wider than one block holds, on sm_90+ code
+  const bool split_ok = vec_ok && chunks > (int64_t)1024 * ITEMS_MAX && sg::clusters_ok<rope_bwd_rows<T, VEC, 2048, ITEMS_MAX, 512>>();
   if (vec_ok) {
     if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
     if (tpr == 0 && 1 <= ITEMS_MAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
@@ -1011,19 +864,30 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, 
     if (tpr == 0 && chunks <= (int64_t)256 * ITEMS_MAX) { tpr = 256; items = ITEMS_MAX; }
     if (tpr == 0 && chunks <= (int64_t)512 * ITEMS_MAX) { tpr = 512; items = ITEMS_MAX; }
     if (tpr == 0 && chunks <= (int64_t)1024 * ITEMS_MAX) { tpr = 1024; items = ITEMS_MAX; }
+    if (tpr == 0 && split_ok && chunks <= (int64_t)2048 * ITEMS_MAX) { tpr = 2048; items = ITEMS_MAX; }  // a cluster of 4 blocks
+    if (tpr == 0 && split_ok && chunks <= (int64_t)4096 * ITEMS_MAX) { tpr = 4096; items = ITEMS_MAX; }  // a cluster of 8 blocks
     if (tpr == 0) { tpr = 512; items = 0; }
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  const int block = items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (no row reductions: the row's blocks need not meet)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && true && sg::clusters_ok<rope_bwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 1024 ? 512 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
+  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
   const int cl = tpr > block ? tpr / block : 1;  // blocks per row
-  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
-  // registers decide), each striding over rows; fewer when there are fewer rows.
+  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:
+  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-  if (vec_ok) {
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 16, 1); }
@@ -1036,29 +900,31 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, 
     else if (tpr == 256 && items == ITEMS_MAX) SG_OCC(VEC, 256, ITEMS_MAX);
     else if (tpr == 512 && items == ITEMS_MAX) SG_OCC(VEC, 512, ITEMS_MAX);
     else if (tpr == 1024 && items == ITEMS_MAX) SG_OCC(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 2048 && items == ITEMS_MAX) SG_OCC_CL(VEC, 2048, ITEMS_MAX);
+    else if (tpr == 4096 && items == ITEMS_MAX) SG_OCC_CL(VEC, 4096, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_OCC(VEC, 512, 0);
   } else {
     if (items == 1) SG_OCC(1, 32, 1); else SG_OCC(1, 256, 0);
   }
 #undef SG_OCC
 #undef SG_OCC_CL
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
   if (gx < 1) gx = 1;
+  gx = per_group_blocks;  // not persistent
   if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  // per-slot partials of the reductions over rows, summed in slot order by the finalize
-  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 4 * (size_t)W + (size_t)slots * 0);
-  if (need) { *need = partial_bytes; return cudaSuccess; }
-  if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
-  float* partials = (float*)A.workspace;
+  float* partials = nullptr;
   const rope_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, ((P) > 32 ? (size_t)0 : (size_t)128 * (I) * (V) * sizeof(float)), stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH(V, P, I) rope_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(rope_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (vec_ok) {
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(rope_bwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+  else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
     else if (tpr == 16 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 16, 1); }
@@ -1071,13 +937,15 @@ static cudaError_t rope_bwd_launch(const rope_bwd_args& A, cudaStream_t stream, 
     else if (tpr == 256 && items == ITEMS_MAX) SG_LAUNCH(VEC, 256, ITEMS_MAX);
     else if (tpr == 512 && items == ITEMS_MAX) SG_LAUNCH(VEC, 512, ITEMS_MAX);
     else if (tpr == 1024 && items == ITEMS_MAX) SG_LAUNCH(VEC, 1024, ITEMS_MAX);
+    else if (tpr == 2048 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 2048, ITEMS_MAX);
+    else if (tpr == 4096 && items == ITEMS_MAX) SG_LAUNCH_CL(VEC, 4096, ITEMS_MAX);
     else if (tpr == 512 && items == 0) SG_LAUNCH(VEC, 512, 0);
   } else {
     if (items == 1) SG_LAUNCH(1, 32, 1); else SG_LAUNCH(1, 256, 0);
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-  rope_bwd_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? (groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);
+#undef SG_LAUNCH_FEW
   return cudaGetLastError();
 }
 
@@ -1089,16 +957,4 @@ extern "C" cudaError_t rope_backward(const rope_bwd_args* a, cudaStream_t stream
     case SPECGEN_BFLOAT16: return rope_bwd_launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
-}
-
-extern "C" size_t rope_backward_workspace(const rope_bwd_args* a)
-{
-  size_t need = 0;
-  switch (a->x.dtype) {  // the spec's working dtype
-    case SPECGEN_FLOAT32: (void)rope_bwd_launch<float>(*a, nullptr, &need); break;
-    case SPECGEN_FLOAT16: (void)rope_bwd_launch<__half>(*a, nullptr, &need); break;
-    case SPECGEN_BFLOAT16: (void)rope_bwd_launch<__nv_bfloat16>(*a, nullptr, &need); break;
-    default: break;
-  }
-  return need;
 }

@@ -64,8 +64,6 @@ typedef struct rope_bwd_args {
   specgen_tensor grad_out;           /* Tensor[S, H, D]  (working dtype: float32 | float16 | bfloat16) */
   /* gradients of the floating inputs: written by the kernel, every element */
   specgen_tensor grad_x;             /* Tensor[S, H, D]  (working dtype: float32 | float16 | bfloat16) */
-  specgen_tensor grad_cos;           /* Tensor[S, D/2]  (working dtype: float32 | float16 | bfloat16) */
-  specgen_tensor grad_sin;           /* Tensor[S, D/2]  (working dtype: float32 | float16 | bfloat16) */
   /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
   void* workspace;                   /* device memory, 256-byte aligned */
   int64_t workspace_bytes;

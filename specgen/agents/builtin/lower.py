@@ -92,7 +92,7 @@ class Lowering:
             if o.type.is_floating:
                 self.types[f"grad_{o.name}"] = o.type
         for p in sig.inputs:
-            if p.type.is_floating:
+            if p.type.differentiable:
                 self.types[f"grad_{p.name}"] = p.type
         for value in self.spec.saved_values:  # the forward writes them, the backward may read them
             self.types[value.field] = value.type

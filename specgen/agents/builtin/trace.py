@@ -132,7 +132,7 @@ def trace(spec, direction: str) -> Traced:
     scalars, sentinels = _scalars(spec)
     fn = spec.reference_fn()
     names = [p.name for p in sig.inputs]
-    floating = [n for n, p in zip(names, sig.inputs) if p.type.is_floating]
+    floating = [n for n, p in zip(names, sig.inputs) if p.type.differentiable]  # what the backward differentiates
 
     def forward(*tensors):
         result = fn(**dict(zip(names, tensors)), **scalars)
