@@ -310,3 +310,23 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
     # under a medium class of 256-thread blocks (cl256) the block form stops at 256 threads
     combined = variant_named("medium:cl256+few:fewblock")
     assert few_rows_tpr(combined, 8, 512, 132) == 256 and few_rows_tpr(combined, 8, 1024, 132) is None
+
+
+def test_the_chains_variant_sums_a_streamed_row_in_one_partial_per_chunk_in_flight():
+    """`chains` (wide class): each float sum of the looped pass keeps UNROLL partials, folded after
+    the sweep; the default and the row held in registers are unchanged."""
+    chains = _variant("chains")
+    assert chains.loop_chains and "loop_chains" in CLASS_FIELDS["wide"] and not DEFAULT_VARIANT.loop_chains
+    spec = load_spec(Path(__file__).resolve().parent / "builtin_specs" / "layernorm_hw_affine.yaml")
+    default, chained = build_source(spec), build_source(spec, chains)
+    assert "_c[UNROLL]" not in default
+    names = re.findall(r"acc_t (\w+)_c\[UNROLL\];", chained)
+    assert len(set(names)) >= 3  # the forward's mean and variance, the backward's sums
+    for name in set(names):
+        assert re.search(rf"\b{name}_c\[u\] \+= ", chained), name
+        assert f"for (int u = 0; u < UNROLL; ++u) {name} += {name}_c[u];" in chained
+    # outside the looped passes the two sources are the same text
+    strip = re.compile(r"^\s*(acc_t \w+_c\[UNROLL\];.*|for \(int u = 0; u < UNROLL; \+\+u\) \w+(_c\[u\] = \(acc_t\)0| \+= "
+                       r"\w+_c\[u\]);|// Schedule variant: .*)$")
+    kept = [line.replace("_c[u] += ", " += ") for line in chained.splitlines() if not strip.match(line)]
+    assert kept == [line for line in default.splitlines() if not strip.match(line)]

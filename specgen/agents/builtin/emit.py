@@ -224,6 +224,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             + [c.args[0] for c in col_nodes]
         needed = {n.id for n in self.closure(roots, "elem")}
         loads = [(key, ns) for key, ns in self.elem_loads.items() if any(x.id in needed for x in ns)]
+        # the `chains` variant: a streamed row's float sums keep one partial per chunk in flight
+        # (shorter sequential chains: float32 sums of wide rows closer to torch's pairwise ones)
+        chained = [acc for kind, _, acc in consumers if kind == "sum"] if self.variant.loop_chains else []
         out = []
         for mode in modes:
             body = []
@@ -235,6 +238,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 body.append("        if (c * VEC < W) {")
                 slot = "r_{}[k]"
             else:
+                for acc in chained:
+                    body.append(f"      acc_t {acc}_c[UNROLL];  // a sum per chunk in flight: chains UNROLL times shorter")
+                    body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc}_c[u] = (acc_t)0;")
                 # LOOP_UNROLL chunks per thread are loaded before any is used: several
                 # 16-byte loads in flight per thread even though the row is streamed.
                 body.append("      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {")
@@ -284,7 +290,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 if kind == "online":
                     continue
                 val = self.expr(n.args[0], ctx)
-                if kind == "sum":
+                if kind == "sum" and mode == "loop" and acc in chained:
+                    body.append(f"{inner}{acc}_c[u] += {val};")
+                elif kind == "sum":
                     body.append(f"{inner}{acc} += {val};")
                 else:
                     body.append(f"{inner}{acc} = sg::{kind}_({acc}, (acc_t)({val}));")
@@ -310,6 +318,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             body.append("      }")
             if mode == "loop":
                 body.append("      }")
+                for acc in chained:
+                    body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc} += {acc}_c[u];")
             out.append(body)
         if len(out) == 1:
             return out[0]

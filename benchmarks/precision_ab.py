@@ -1,17 +1,23 @@
-"""The generator's reciprocal square root on the GPU: CUDA's `rsqrtf` (within 2 ulp, the prelude
-now) against `1.f / sqrtf(x)` (two correctly rounded steps, as torch's CPU layer norm), on the
-float32 layer norms whose `huge` inputs the verifier refused once (held-out `layernorm_2d_affine`,
-session 11; benchmarks/precision_study.py models it on the CPU).
+"""How precisely the generator's float32 norms compute at `huge` inputs, source by source: the
+verifier's comparison refused the held-out `layernorm_2d_affine` (session 11) at one element of a
+131967-wide row where the bias cancels most of weight x xhat.
 
-    python benchmarks/rsqrt_ab.py --out DIR [--seeds 24] [--verify layernorm_hw_affine,...]
+    python benchmarks/precision_ab.py --out DIR [--sources default,chains] [--seeds 24] \
+        [--verify layernorm_hw_affine,...]
 
+Sources: `default` (the generator's kernel), `1/sqrtf` (the same with the prelude's `rsqrtf`, within
+2 ulp, replaced by `1.f / sqrtf`, two correctly rounded steps as torch's CPU layer norm), or a
+schedule variant's name (`chains`: a streamed row's sums kept as one partial per chunk in flight).
 For each spec (tests/builtin_specs/layernorm_hw_affine.yaml and the development suite's float32
-norms) both sources are built, launched on the same cases (every seed, `huge` and `normal`
-inputs, the failing width of the held-out problem and odd ones) and each output compared with the
-float64 truth as the verifier compares (verify/compare.py). With --verify each source also goes
-through the verifier itself once (seed 0; --verify names the specs, default the first). Writes DIR/rsqrt_ab.json and prints a table of
-refusals per source: the prelude changes only if `1.f / sqrtf` is refused less and no slower
-(its timings at the benchmark shape are in the table).
+norms) every source is launched on the same cases (every seed, `huge` and `normal` inputs, the
+held-out problem's failing width and odd ones) and each output compared with the float64 truth as
+the verifier compares (verify/compare.py); each source is timed at a looped wide-row shape and at
+the spec's benchmark shape. --verify names the specs whose sources also go through the verifier
+(seed 0). Writes DIR/precision_ab.json and prints a line per (spec, source).
+
+Session 13 (H200, call 1, as rsqrt_ab.py): `1/sqrtf` changed nothing (layernorm_hw_affine refused at
+19/72 `huge` cases with rsqrtf, 21/72 with 1/sqrtf, all at the 131967 width; the non-affine norms
+at the same widths 0): the rsqrt is not the cause; the row sums' sequential chains are the suspect.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from variant_ab import compile_all  # noqa: E402
 from specgen import abi  # noqa: E402
 from specgen.agents.builtin.generator import build_source  # noqa: E402
 from specgen.agents.builtin.prelude import PRELUDE  # noqa: E402
+from specgen.agents.builtin.schedule import variant_named  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
 from specgen.verify.compare import compare  # noqa: E402
@@ -75,8 +82,8 @@ def refusals(spec, lib, shapes, seeds: int) -> dict:
     return {"counts": counts, "first_refusals": first}
 
 
-def timing(spec, lib) -> float:
-    data = prepare(spec, make_case(dict(spec.benchmark[0]), "float32", seed=0), "forward")
+def timing(spec, lib, dims: dict) -> float:
+    data = prepare(spec, make_case(dims, "float32", seed=0), "forward")
     outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
     tensors = {**data.inputs, **outs}
     need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
@@ -86,31 +93,40 @@ def timing(spec, lib) -> float:
                               calls=20)
 
 
+def source_named(spec, name: str) -> str:
+    if name == "1/sqrtf":
+        return build_source(spec).replace(NOW, EXACT)
+    return build_source(spec, variant_named(name))
+
+
+def wide(shapes: list[dict], spec) -> dict:
+    """A timed shape of ~64 rows as wide as the widest case row (the looped pass)."""
+    dims = dict(max(shapes, key=lambda d: sum(d.values())))
+    first = spec.signature.inputs[0].type.dims[0].symbol
+    dims[first] = 64 if first in ("B",) else dims[first]
+    return dims
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=24)
+    parser.add_argument("--sources", default="default,chains")
     parser.add_argument("--verify", default="layernorm_hw_affine",
-                        help="comma-separated spec names whose two sources also go through the verifier ('' none)")
+                        help="comma-separated spec names whose sources also go through the verifier ('' none)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        print("rsqrt_ab: no CUDA GPU")
+        print("precision_ab: no CUDA GPU")
         return 3
-    assert NOW in PRELUDE, "the prelude's rsqrt_ changed: update rsqrt_ab.py"
-    specs, sources = {}, {}
+    assert NOW in PRELUDE, "the prelude's rsqrt_ changed: update precision_ab.py"
+    sources = {}
     for path in SPECS:
         spec = load_spec(REPO / path)
-        try:
-            source = build_source(spec)
-        except Exception as error:  # refused: nothing to compare
-            print(f"rsqrt_ab: {spec.name}: {error}", file=sys.stderr)
-            continue
-        if NOW not in source:
-            print(f"rsqrt_ab: {spec.name}: its kernel has no prelude rsqrt_", file=sys.stderr)
-            continue
-        specs[spec.name] = spec
-        sources[(spec.name, "rsqrtf")] = (spec, source)
-        sources[(spec.name, "1/sqrtf")] = (spec, source.replace(NOW, EXACT))
+        for which in args.sources.split(","):
+            try:
+                sources[(spec.name, which)] = (spec, source_named(spec, which))
+            except Exception as error:  # refused: nothing to compare
+                print(f"precision_ab: {spec.name} {which}: {error}", file=sys.stderr)
     libs = compile_all(sources)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -118,8 +134,10 @@ def main() -> int:
         started = time.perf_counter()
         lib = KernelLibrary(spec, libs[(name, which)])
         shapes = SPECS[str(spec.path.relative_to(REPO))]
-        row = {"spec": name, "rsqrt": which, **refusals(spec, lib, shapes, args.seeds), "shapes": shapes}
-        row["benchmark_us"] = timing(spec, lib)
+        row = {"spec": name, "source": which, **refusals(spec, lib, shapes, args.seeds), "shapes": shapes}
+        row["wide_dims"] = wide(shapes, spec)
+        row["wide_us"] = timing(spec, lib, row["wide_dims"])
+        row["benchmark_us"] = timing(spec, lib, dict(spec.benchmark[0]))
         if name in args.verify.split(","):
             from specgen.verify import verify_kernel
             verdict = verify_kernel(spec, source)
@@ -128,8 +146,9 @@ def main() -> int:
         rows.append(row)
         c = row["counts"]
         print(f"{name:22s} {which:8s} refused huge {c['huge'][0]}/{c['huge'][1]} normal {c['normal'][0]}/"
-              f"{c['normal'][1]}  {row['benchmark_us']:8.1f} us  {row.get('verifier', '')}", flush=True)
-        write_atomic(args.out / "rsqrt_ab.json", json.dumps(rows, indent=1, default=str))
+              f"{c['normal'][1]}  wide {row['wide_us']:8.1f} us  benchmark {row['benchmark_us']:8.1f} us  "
+              f"{row.get('verifier', '')}", flush=True)
+        write_atomic(args.out / "precision_ab.json", json.dumps(rows, indent=1, default=str))
     return 0
 
 
