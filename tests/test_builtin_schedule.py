@@ -316,7 +316,7 @@ def test_the_chains_variant_sums_a_streamed_row_in_one_partial_per_chunk_in_flig
     """`chains` (wide class): each float sum of the looped pass keeps UNROLL partials, folded after
     the sweep; the default and the row held in registers are unchanged."""
     chains = _variant("chains")
-    assert chains.loop_chains and "loop_chains" in CLASS_FIELDS["wide"] and not DEFAULT_VARIANT.loop_chains
+    assert chains.loop_sums == "chains" and "loop_sums" in CLASS_FIELDS["wide"] and DEFAULT_VARIANT.loop_sums == "plain"
     spec = load_spec(Path(__file__).resolve().parent / "builtin_specs" / "layernorm_hw_affine.yaml")
     default, chained = build_source(spec), build_source(spec, chains)
     assert "_c[UNROLL]" not in default
@@ -330,3 +330,14 @@ def test_the_chains_variant_sums_a_streamed_row_in_one_partial_per_chunk_in_flig
                        r"\w+_c\[u\]);|// Schedule variant: .*)$")
     kept = [line.replace("_c[u] += ", " += ") for line in chained.splitlines() if not strip.match(line)]
     assert kept == [line for line in default.splitlines() if not strip.match(line)]
+
+
+def test_the_kahan_variant_compensates_each_partial_of_a_streamed_sum():
+    spec = load_spec(Path(__file__).resolve().parent / "builtin_specs" / "layernorm_hw_affine.yaml")
+    chains, kahan = build_source(spec, _variant("chains")), build_source(spec, _variant("kahan"))
+    names = set(re.findall(r"acc_t (\w+)_c\[UNROLL\];", kahan))
+    assert names == set(re.findall(r"acc_t (\w+)_c\[UNROLL\];", chains))
+    for name in names:
+        assert f"acc_t {name}_k[UNROLL];" in kahan and f"{name}_c[u] += " not in kahan
+        assert re.search(rf"const acc_t t_ = {name}_c\[u\] \+ y_; {name}_k\[u\] = \(t_ - {name}_c\[u\]\) - y_; "
+                         rf"{name}_c\[u\] = t_;", kahan), name

@@ -224,9 +224,11 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             + [c.args[0] for c in col_nodes]
         needed = {n.id for n in self.closure(roots, "elem")}
         loads = [(key, ns) for key, ns in self.elem_loads.items() if any(x.id in needed for x in ns)]
-        # the `chains` variant: a streamed row's float sums keep one partial per chunk in flight
-        # (shorter sequential chains: float32 sums of wide rows closer to torch's pairwise ones)
-        chained = [acc for kind, _, acc in consumers if kind == "sum"] if self.variant.loop_chains else []
+        # the `chains` and `kahan` variants: a streamed row's float sums keep one partial per chunk
+        # in flight (shorter sequential chains), `kahan` each compensated: float32 sums of wide
+        # rows as precise as torch's pairwise ones (nvcc keeps IEEE order without fast math)
+        chained = [acc for kind, _, acc in consumers if kind == "sum"] if self.variant.loop_sums != "plain" else []
+        kahan = self.variant.loop_sums == "kahan"
         out = []
         for mode in modes:
             body = []
@@ -241,6 +243,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 for acc in chained:
                     body.append(f"      acc_t {acc}_c[UNROLL];  // a sum per chunk in flight: chains UNROLL times shorter")
                     body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc}_c[u] = (acc_t)0;")
+                    if kahan:
+                        body.append(f"      acc_t {acc}_k[UNROLL];  // each partial's compensation (Kahan)")
+                        body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc}_k[u] = (acc_t)0;")
                 # LOOP_UNROLL chunks per thread are loaded before any is used: several
                 # 16-byte loads in flight per thread even though the row is streamed.
                 body.append("      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {")
@@ -290,7 +295,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 if kind == "online":
                     continue
                 val = self.expr(n.args[0], ctx)
-                if kind == "sum" and mode == "loop" and acc in chained:
+                if kind == "sum" and mode == "loop" and acc in chained and kahan:
+                    body.append(f"{inner}{{ const acc_t y_ = ({val}) - {acc}_k[u]; const acc_t t_ = {acc}_c[u] + y_; "
+                                f"{acc}_k[u] = (t_ - {acc}_c[u]) - y_; {acc}_c[u] = t_; }}")
+                elif kind == "sum" and mode == "loop" and acc in chained:
                     body.append(f"{inner}{acc}_c[u] += {val};")
                 elif kind == "sum":
                     body.append(f"{inner}{acc} += {val};")

@@ -90,9 +90,10 @@ class Variant:
     # `few_form` "block": one block per row instead, of FEW_BLOCK_TPRS threads, 2 chunks each
     few_rows: bool = True
     few_form: str = "cluster"
-    # wide rows (looped): `loop_chains` True keeps each float sum as UNROLL partials, one per chunk
-    # in flight, added at the end of the sweep: sequential chains UNROLL times shorter
-    loop_chains: bool = False
+    # wide rows (looped): how a float sum is kept over the sweep. "plain": one accumulator per
+    # thread; "chains": UNROLL partials, one per chunk in flight, added at the end of the sweep
+    # (sequential chains UNROLL times shorter); "kahan": those partials, each compensated (Kahan)
+    loop_sums: str = "plain"
 
     @property
     def schedules(self) -> tuple:
@@ -138,9 +139,12 @@ VARIANTS = [
     # few rows: a whole block per row, 2 chunks a thread (Liger's softmax shape: 256 threads of 16
     # bf16 for 4096), with or without row reductions; to time against the clusters by decode_ab.py
     Variant("fewblock", few_form="block"),
-    # wide rows: a sum per chunk in flight (held-out layernorm_2d_affine was refused at `huge`
-    # float32 inputs: 512 chains of 258 sequential adds over a 131967-wide row)
-    Variant("chains", loop_chains=True),
+    # wide rows: a sum per chunk in flight, or those compensated (held-out layernorm_2d_affine was
+    # refused at `huge` float32 inputs: 512 chains of 258 sequential adds over a 131967-wide row;
+    # on the H200 `chains` cut layernorm_hw_affine's refusals there from 19/72 to 7/72 at the same
+    # time, results/2026-12-02-h200-session13/precision_ab.json)
+    Variant("chains", loop_sums="chains"),
+    Variant("kahan", loop_sums="kahan"),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -156,7 +160,7 @@ def variants_named(names: str) -> list[Variant]:
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
-                "wide": ("loop_tpr", "loop_unroll", "loop_chains"), "split": ("split_rows", "split_block"),
+                "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form")}
 
 
