@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from builtin_bench import EXTRA_SHAPES  # noqa: E402
-from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named, variants_named  # noqa: E402
+from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named  # noqa: E402
 from specgen.agents.builtin.generator import build_source, compile_many  # noqa: E402
 from specgen.bench import bench_spec  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
@@ -75,11 +75,10 @@ def source_of(spec, variant) -> str:
 
 
 def named(names: str) -> list:
-    """Variants and source names, in the order given; ValueError for an unknown name."""
+    """Variants (plain, or combined per shape class: `few:fewblock+medium:twopass`) and source
+    names, in the order given; ValueError for an unknown name."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    plain = variants_named(",".join(n for n in wanted if n not in SOURCE_NAMES))
-    by_name = {v.name: v for v in plain}
-    return [Named(n) if n in SOURCE_NAMES else by_name[n] for n in wanted]
+    return [Named(n) if n in SOURCE_NAMES else variant_named(n) for n in wanted]
 
 
 def compile_all(sources: dict) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import variant_ab  # noqa: E402
@@ -97,3 +99,12 @@ def test_decode_ab_shapes_put_the_rows_first_and_the_hidden_size_last():
     assert decode_ab.decode_dims(load_spec(specs / "swiglu.yaml"), 8, 4096) == {"N": 8, "H": 4096}  # x: [8, 8192]
     assert decode_ab.decode_dims(load_spec(specs / "cross_entropy.yaml"), 1, 4096) == {"N": 1, "C": 4096}
     assert decode_ab.decode_dims(load_spec(specs / "rope.yaml"), 32, 4096) == {"S": 32, "H": 32, "D": 128}
+
+
+def test_sources_may_name_a_combination_of_variants_per_shape_class():
+    found = variant_ab.named("committed,fewblock,few:fewblock+medium:twopass")
+    assert [v.name for v in found] == ["committed", "fewblock", "few:fewblock+medium:twopass"]
+    combined = found[2]
+    assert combined.few_form == "block" and combined.reg_pair == "twopass" and combined.row_block == 128
+    with pytest.raises(ValueError, match="no variant nosuch"):
+        variant_ab.named("nosuch")
