@@ -34,6 +34,8 @@ reference: |
 
 # kernel: generate a backward kernel; reference: autograd through the reference; none.
 backward: kernel
+# Inputs no model differentiates (rope's cos/sin tables) can go without a gradient:
+# no_grad: [weight]
 
 # Per-dtype tolerances (defaults exist for every dtype; the verifier also allows 4x the
 # reference's own rounding error in the working dtype).
