@@ -62,16 +62,22 @@ def device_us_per_call(launch, calls: int = CALLS) -> float:
     return sum(_device_time(e) for e in prof.events() if _on_device(e)) / calls
 
 
+def launcher_for(lib, data, direction: str):
+    """(launch, outputs) for one prepared case: fresh output buffers and the workspace the kernel
+    asks for, and a callable that launches it on the current stream (returns its error code)."""
+    outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
+    tensors = {**data.inputs, **outs}
+    need = lib.workspace_bytes(direction, tensors, data.scalars, data.dims)
+    if need:
+        tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
+    return lib.launcher(direction, tensors, data.scalars, data.dims, torch.cuda.current_stream()), outs
+
+
 def run_case(spec, libraries: dict, dims: dict, dtype: str, direction: str) -> dict:
     data = prepare(spec, make_case(dims, dtype, seed=0), direction, "cuda")
     row = {"op": spec.name, "direction": direction, "dims": dims, "dtype": dtype, "us": {}, "ok": {}}
     for name, lib in libraries.items():
-        outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
-        tensors = {**data.inputs, **outs}
-        need = lib.workspace_bytes(direction, tensors, data.scalars, data.dims)
-        if need:
-            tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
-        launch = lib.launcher(direction, tensors, data.scalars, data.dims, torch.cuda.current_stream())
+        launch, outs = launcher_for(lib, data, direction)
         code = launch()
         torch.cuda.synchronize()
         if code:

@@ -23,9 +23,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from decode_ab import decode_dims  # noqa: E402
+from decode_ab import decode_dims, launcher_for  # noqa: E402
 from variant_ab import compile_all, named, source_of  # noqa: E402
-from specgen import abi  # noqa: E402
 from specgen.fsutil import write_atomic  # noqa: E402
 from specgen.spec import load_spec  # noqa: E402
 from specgen.verify.data import prepare  # noqa: E402
@@ -71,12 +70,7 @@ def kernels_per_call(launch, calls: int = CALLS) -> list[dict]:
 
 def ours(spec, lib, dims, dtype):
     data = prepare(spec, make_case(dims, dtype, seed=0), "forward", "cuda")
-    outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
-    tensors = {**data.inputs, **outs}
-    need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
-    if need:
-        tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
-    return lib.launcher("forward", tensors, data.scalars, data.dims, torch.cuda.current_stream()), data
+    return launcher_for(lib, data, "forward")[0], data
 
 
 def main() -> int:

@@ -32,9 +32,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from decode_ab import device_us_per_call  # noqa: E402
+from decode_ab import device_us_per_call, launcher_for  # noqa: E402
 from variant_ab import compile_all  # noqa: E402
-from specgen import abi  # noqa: E402
 from specgen.agents.builtin.generator import build_source  # noqa: E402
 from specgen.agents.builtin.prelude import PRELUDE  # noqa: E402
 from specgen.agents.builtin.schedule import variant_named  # noqa: E402
@@ -65,12 +64,8 @@ def refusals(spec, lib, shapes, seeds: int) -> dict:
         for seed in range(seeds):
             for distribution in counts:
                 data = prepare(spec, make_case(dims, "float32", seed=seed, distribution=distribution), "forward")
-                outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
-                tensors = {**data.inputs, **outs}
-                need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
-                if need:
-                    tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
-                code = lib.launcher("forward", tensors, data.scalars, data.dims, torch.cuda.current_stream())()
+                launch, outs = launcher_for(lib, data, "forward")
+                code = launch()
                 torch.cuda.synchronize()
                 bad = [k for k, t in data.truth.items() if code or
                        compare(outs[k], t, data.atol[k], data.rtol, data.reference.get(k)) is not None]
@@ -84,13 +79,7 @@ def refusals(spec, lib, shapes, seeds: int) -> dict:
 
 def timing(spec, lib, dims: dict) -> float:
     data = prepare(spec, make_case(dims, "float32", seed=0), "forward")
-    outs = {s.name: torch.empty(s.shape, dtype=s.dtype, device="cuda") for s in data.outputs}
-    tensors = {**data.inputs, **outs}
-    need = lib.workspace_bytes("forward", tensors, data.scalars, data.dims)
-    if need:
-        tensors[abi.WORKSPACE] = torch.empty(need, dtype=torch.uint8, device="cuda")
-    return device_us_per_call(lib.launcher("forward", tensors, data.scalars, data.dims, torch.cuda.current_stream()),
-                              calls=20)
+    return device_us_per_call(launcher_for(lib, data, "forward")[0], calls=20)
 
 
 def source_named(spec, name: str) -> str:

@@ -42,3 +42,13 @@ def binding_syntax_errors(root: Path, kernel_dirs: list[str]) -> str:
                "-include", str(root / "torch-ext" / "glibc_compat.h"), str(root / "torch-ext" / "torch_binding.cpp")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     return "" if result.returncode == 0 else (result.stderr[-4000:] or f"exit {result.returncode}")
+
+
+def run_generated_tests(root: Path, name: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The package's own tests (`<name>.tests`) run from the emitted tree's torch-ext/ (its CPU
+    path: no _C is built), with -rA so that each test's outcome is in the output."""
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(root / "torch-ext"))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--pyargs",
+                           f"{name}.tests"], cwd=cwd, capture_output=True, text=True, env=env, timeout=900)

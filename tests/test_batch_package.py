@@ -4,14 +4,12 @@ folds the leading dims into B and restores them (docs/ARCHITECTURE.md "Leading b
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from package_support import import_tree
+from package_support import import_tree, run_generated_tests
 from specgen.agents.builtin.generator import build_source
 from specgen.errors import UsageError
 from specgen.package.emit import emit_package, render_files
@@ -198,15 +196,10 @@ def test_the_batched_binding_compiles_against_the_installed_torch(pkg, tmp_path)
 def test_the_generated_cpu_tests_pass_from_the_tree(batched, tmp_path):
     """The package's own tests (opcheck, fake kernels, torch.compile, wrong ranks, the leading
     dims against the inner op) with both batched specs, on the CPU path of the emitted tree."""
-    import os
-
     specs = [batched, load_spec(BATCH / "add_batched.yaml")]
     pkg = package_model("sgbatchtests", specs, {batched.name: build_source(batched)}, arch_list="9.0")
     root = emit_package(pkg, tmp_path / "sgbatchtests")
-    env = dict(os.environ, PYTHONPATH=str(root / "torch-ext"))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                             "--pyargs", "sgbatchtests.tests"], cwd=tmp_path, capture_output=True, text=True,
-                            env=env, timeout=900)
+    result = run_generated_tests(root, "sgbatchtests", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     for test in ("test_leading_dims_fold_into_the_inner_op_cpu[rmsnorm_batched]",
                  "test_leading_dims_fold_into_the_inner_op_cpu[add_batched]",

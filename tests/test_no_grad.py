@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from builtin_support import check_backward
-from package_support import import_tree
+from package_support import import_tree, run_generated_tests
 from specgen import abi
 from specgen.agents.builtin.generator import build_source
 from specgen.errors import SpecError
@@ -143,15 +143,8 @@ def test_the_no_grad_binding_compiles_against_the_installed_torch(pkg, tmp_path)
 def test_the_generated_cpu_tests_pass_from_the_tree(pkg, tmp_path):
     """The package's own tests for the op, on the CPU path of the emitted tree: the refusal, the
     fake backward's one gradient, autograd against the reference."""
-    import os
-    import subprocess
-    import sys
-
     root = emit_package(pkg, tmp_path / "sgnograd")
-    env = dict(os.environ, PYTHONPATH=str(root / "torch-ext"))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                             "--pyargs", "sgnograd.tests"], cwd=tmp_path, capture_output=True, text=True,
-                            env=env, timeout=900)
+    result = run_generated_tests(root, "sgnograd", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     for test in ("test_an_input_without_a_gradient_is_refused_when_it_requires_grad_cpu[rope_tables]",
                  "test_backward_op_fake_kernel_matches_the_real_one[rope_tables]"):

@@ -124,12 +124,10 @@ def test_the_generated_cpu_tests_pass_from_the_tree(pkg, tmp_path):
     """The package's own tests (opcheck of the public op with its Python autograd through
     <op>_fwd_saved, fake kernels of the backward with its saved arguments, torch.compile
     fullgraph forward and backward) on the CPU path of the emitted tree."""
-    import os
+    from package_support import run_generated_tests
 
     root = emit_package(pkg, tmp_path / "sgsaved")
-    env = dict(os.environ, PYTHONPATH=str(root / "torch-ext"))
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
-                             "sgsaved.tests"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900)
+    result = run_generated_tests(root, "sgsaved", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
 
