@@ -95,6 +95,26 @@ def test_backward_bytes_are_inputs_and_output_grads_read_plus_input_grads_writte
     assert moved_bytes(ce, {"N": 3, "C": 10}, "float16", "backward") == 30 * 2 + 3 * 8 + 3 * 4 + 4 + 30 * 2
 
 
+def test_backward_bytes_leave_out_an_input_no_gradient_depends_on():
+    """A sum's backward broadcasts its gradient: x only gives the shape, a correct kernel never
+    reads it, so the roofline (as the verifier's physics floor) does not count it."""
+    from specgen.verify.physics import unread_inputs
+
+    spec = load_spec(SPECS.parent / "benchmarks" / "level1" / "specs" / "sum_last_keepdim.yaml")
+    unread = unread_inputs(spec, "backward")
+    assert unread == {"x"}
+    dims = {symbol: 8 for symbol in spec.signature.symbols()}
+    full, honest = moved_bytes(spec, dims, "float32", "backward"), moved_bytes(spec, dims, "float32", "backward", unread)
+    x_bytes = 4 * 8 ** len(spec.signature.inputs[0].type.dims)
+    assert full - honest == x_bytes
+    # rope is linear in x: its backward reads grad_out and the tables (no_grad, still read), not x.
+    # Counting x put the H200's rope backward at 139-148% of the copy roofline (session 13).
+    rope = load_spec(SPECS / "rope.yaml")
+    assert unread_inputs(rope, "backward") == {"x"}
+    dims = {"S": 4, "H": 2, "D": 8}
+    assert moved_bytes(rope, dims, "float32", "backward", unread_inputs(rope, "backward")) == (64 + 16 + 16 + 64) * 4
+
+
 def _swiglu_inputs(n: int):
     import torch
 
