@@ -58,3 +58,17 @@ def test_feedback_for_each_stage():
     wrong = feedback_text(3, "verify", False, reason="wrong-result: max abs error 2",
                           counterexample={"shape": "N=7", "dtype": "float32", "where": "tail"})
     assert "Failure: wrong-result" in wrong and "shape: N=7" in wrong and "where: tail" in wrong
+
+
+def test_the_task_prompt_says_which_inputs_get_no_gradient():
+    from pathlib import Path
+
+    from specgen import abi
+    from specgen.agents.base import KernelTask
+    from specgen.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / "rope.yaml")
+    task = KernelTask(spec=spec, header=abi.header_text(spec), header_name=abi.header_filename(spec))
+    text = conversation(task, [])[1]["content"]
+    assert "gradients of every floating input except cos, sin (no_grad: the header has no field for them)" in text
+    assert "grad_cos" not in text
