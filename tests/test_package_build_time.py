@@ -115,3 +115,36 @@ def test_the_binding_skips_gccs_early_collections_only_with_gcc(monkeypatch, tmp
         assert is_gcc() == (name == "gcc")
     monkeypatch.setenv("CXX", str(tmp_path / "missing"))
     assert is_gcc() is False
+
+
+def test_build_skips_its_own_dependency_check_and_build_wheel_checks_the_requirements(tmp_path, monkeypatch):
+    """`python -m build -x`: no extra Python process asks setup.py for its requirements (~2 s);
+    build_wheel checks the [build-system] requirements in-process instead, as `build` would."""
+    import importlib.util
+
+    from specgen.errors import EnvironmentMissing
+    from specgen.package import wheel
+
+    if importlib.util.find_spec("build") is not None:
+        command = wheel._build_command(tmp_path, tmp_path / "dist")
+        assert command[1:3] == ["-m", "build"] and "--skip-dependency-check" in command and "--no-isolation" in command
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=1", "pytest>=99", "no-such-dist-sg", '
+        '"no-such-dist-marked; python_version < \'3\'"]\nbuild-backend = "setuptools.build_meta"\n')
+    assert wheel.missing_build_requirements(tmp_path) == ["pytest>=99", "no-such-dist-sg"]
+    monkeypatch.setattr(wheel, "_build_command", lambda *a, **kw: [sys.executable, "-m", "build",
+                                                                    "--skip-dependency-check"])
+    try:
+        wheel.build_wheel(tmp_path, tmp_path / "dist", needs_cuda=False)
+    except EnvironmentMissing as error:
+        assert "pytest>=99" in str(error) and "no-such-dist-sg" in str(error) and "pip install" in str(error)
+    else:
+        raise AssertionError("a missing build requirement did not stop the build")
+
+
+def test_a_generated_packages_build_requirements_are_met_here(tmp_path):
+    from specgen.package import wheel
+
+    (tmp_path / "pyproject.toml").write_text(render_files(package_model(
+        "sgreq", [load_spec(SPECS / "swiglu.yaml")], {"swiglu": SWIGLU_CU}))["pyproject.toml"])
+    assert wheel.missing_build_requirements(tmp_path) == []
