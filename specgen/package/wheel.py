@@ -90,6 +90,9 @@ def build_wheel(tree: str | Path, out_dir: str | Path, *, needs_cuda: bool = Tru
         env["MAX_JOBS"] = str(jobs)
     before = set(out_dir.glob("*.whl"))
     command = _build_command(tree, out_dir, sdist=sdist)
+    if "--skip-dependency-check" in command and (missing := missing_build_requirements(tree)):
+        raise EnvironmentMissing(f"building the wheel of {tree} needs {', '.join(missing)} (its pyproject.toml's "
+                                 f"build requirements, not installed here): pip install {' '.join(missing)}")
     launchers = None
     if needs_cuda and object_cache:
         launchers = tempfile.mkdtemp(prefix="specgen-launchers-")
@@ -264,12 +267,49 @@ def _build_command(tree: Path, out_dir: Path, *, sdist: bool = False) -> list[st
     import importlib.util
 
     if importlib.util.find_spec("build") is not None:
+        # -x: build_wheel checks the build requirements itself, in this process (missing_build_requirements);
+        # `build` asks the backend for them in one more Python process (setup.py egg_info): ~2 s a build
         return [sys.executable, "-m", "build", "--wheel", *(["--sdist"] if sdist else []), "--no-isolation",
-                "--outdir", str(out_dir), str(tree)]
+                "--skip-dependency-check", "--outdir", str(out_dir), str(tree)]
     if sdist:
         raise EnvironmentMissing("building the sdist needs the `build` package: pip install build")
     return [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index",
             "-w", str(out_dir), str(tree)]
+
+
+def missing_build_requirements(tree: Path) -> list[str]:
+    """The requirements of `tree`'s [build-system] that this Python does not meet ("torch>=2.14,<2.15"),
+    checked as `build` checks them without isolation (installed, version in range, markers applied),
+    without its extra Python process; [] when all are met or the file has none."""
+    import importlib.metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: `build` itself depends on tomli there
+        import tomli as tomllib
+
+    try:
+        requires = tomllib.loads((Path(tree) / "pyproject.toml").read_text()).get("build-system", {}).get("requires", [])
+    except (OSError, ValueError):
+        return []  # `build` reports an unreadable pyproject.toml
+    missing = []
+    for text in requires:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue  # `build` reports it
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(text)
+            continue
+        if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+            missing.append(text)
+    return missing
 
 
 def normalize_sdist(path: Path, epoch: int) -> None:
