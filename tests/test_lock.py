@@ -153,3 +153,33 @@ def test_corrupt_lock_is_a_clear_error(spec, spec_dir):
     (spec_dir / "specgen.lock").write_text("{not json")
     with pytest.raises(LockError, match="not a valid specgen lock"):
         Lock.load(spec_dir)
+
+
+def test_no_nvidia_device_means_no_gpu_without_importing_torch(monkeypatch, tmp_path):
+    """On Linux with no NVIDIA device node or driver entry there is no GPU: gpu_available says so
+    without importing torch (~4 s of every CPU-only build); with one, torch is asked."""
+    import sys
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(lockmod, "NVIDIA_DEVICE_PATHS", (str(tmp_path / "nvidiactl"),))
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch would raise ImportError
+    assert not lockmod.nvidia_device_present() and lockmod.gpu_available() is False
+    (tmp_path / "nvidiactl").touch()
+    assert lockmod.nvidia_device_present()
+    assert lockmod.gpu_available() is False  # torch asked: here it cannot be imported, so no GPU either
+    monkeypatch.setattr(sys, "platform", "win32")  # elsewhere torch is always asked
+    (tmp_path / "nvidiactl").unlink()
+    assert lockmod.nvidia_device_present()
+
+
+def test_the_cli_parser_and_the_builtin_package_import_no_torch():
+    """`specgen --help` and the parser of every command load without torch (the builtin agent's
+    names load generator.py on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import specgen.cli as c; c.build_parser(); import specgen.agents.builtin.tune; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "from specgen.agents.builtin import build_source; assert build_source.__module__.endswith('generator')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
