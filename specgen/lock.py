@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -86,8 +87,6 @@ NVIDIA_DEVICE_PATHS = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", 
 def nvidia_device_present() -> bool:
     """False only where no GPU can be: Linux without any NVIDIA device node or driver entry.
     Elsewhere (other systems) torch is asked."""
-    import sys
-
     if not sys.platform.startswith("linux"):
         return True
     return any(os.path.exists(path) for path in NVIDIA_DEVICE_PATHS)

@@ -440,13 +440,18 @@ def _not_loaded(op, where):
 
 # ---------------------------------------------------------------- registration
 
-def refuse_no_grad_inputs(op, tensors: dict) -> None:
-    """A call that asks for the gradient of an input the spec lists in `no_grad:` is refused:
-    silently leaving its .grad empty would be a wrong result (the binding's C++ says the same).
-    Called where a graph is recorded (grad mode on: inside an autograd.Function it reads off)."""
-    for spec in op["inputs"]:
-        if spec["floating"] and not spec["grad"] and tensors[spec["name"]].requires_grad:
-            raise RuntimeError(no_grad_message(op, spec["name"]))
+def no_grad_inputs(op) -> list[str]:
+    """The floating inputs the spec lists in `no_grad:` (the backward gives them no gradient)."""
+    return [spec["name"] for spec in op["inputs"] if spec["floating"] and not spec["grad"]]
+
+
+def refuse_no_grad_inputs(op, names: list[str], tensors: dict) -> None:
+    """A call that asks for the gradient of one of `names` (no_grad_inputs) is refused: silently
+    leaving its .grad empty would be a wrong result (the binding's C++ says the same). Called
+    where a graph is recorded (grad mode on: inside an autograd.Function it reads off)."""
+    for name in names:
+        if tensors[name].requires_grad:
+            raise RuntimeError(no_grad_message(op, name))
 
 
 def no_grad_message(op, name: str) -> str:
@@ -458,10 +463,11 @@ def no_grad_message(op, name: str) -> str:
 def _autograd(op):
     qualname = f"{NAMESPACE}::{rows_name(op)}"
     backward_op = getattr(getattr(torch.ops, NAMESPACE), f"{op['name']}_backward") if op["has_backward"] else None
+    no_grad = no_grad_inputs(op)
 
     def setup_context(ctx, inputs, output):
         tensors, scalars = split_args(op, inputs)
-        refuse_no_grad_inputs(op, tensors)
+        refuse_no_grad_inputs(op, no_grad, tensors)
         outs = output if isinstance(output, tuple) else (output,)
         ctx.save_for_backward(*tensors.values(), *outs)
         ctx.scalars = scalars
@@ -513,9 +519,11 @@ def _autograd_saved(op):
             per_input = {spec["name"]: next(result) if spec["grad"] else None for spec in op["inputs"]}
             return tuple(per_input[name] if kind == "tensor" else None for kind, name in op["params"])
 
+    no_grad = no_grad_inputs(op)
+
     def autograd_forward(*args):
-        if torch.is_grad_enabled():
-            refuse_no_grad_inputs(op, split_args(op, args)[0])
+        if no_grad and torch.is_grad_enabled():
+            refuse_no_grad_inputs(op, no_grad, split_args(op, args)[0])
         return SavedFunction.apply(*args)
 
     torch.library.impl(f"{NAMESPACE}::{rows_name(op)}", "Autograd", autograd_forward, lib=LIB)
