@@ -78,6 +78,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", default="softmax")
     parser.add_argument("--sources", default="committed,nofew,fewblock")
+    parser.add_argument("--plain", action="store_true",
+                        help="launch each candidate 5 times with no profiler (under ncu, which owns CUPTI)")
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--dtypes", default="bfloat16,float32")
@@ -111,6 +113,12 @@ def main() -> int:
             if liger:
                 launches["liger"] = lambda x=first: liger.apply(x)
             for who, launch in launches.items():
+                if args.plain:
+                    for _ in range(5):
+                        launch()
+                    torch.cuda.synchronize()
+                    print(f"{spec.name} rows={rows} {dtype:9s} {who:16s} launched 5 times", flush=True)
+                    continue
                 kernels = kernels_per_call(launch)
                 total = sum(k["us_per_call"] for k in kernels)
                 results.append({"op": spec.name, "rows": rows, "hidden": args.hidden, "dtype": dtype,

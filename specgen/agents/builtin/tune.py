@@ -283,17 +283,19 @@ def previous_variants(entry) -> list[str]:
     return found
 
 
-def candidates(spec, variants: list[Variant] | None = None,
-               prefer: list[str] = ()) -> tuple[list[tuple[Variant, str]], list[str]]:
+def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = (), *,
+               every_class: bool = False) -> tuple[list[tuple[Variant, str]], list[str]]:
     """(variant, source) pairs worth trying, default first, then `prefer`: one per distinct
     kernel text, and only variants that change a field of a shape class some benchmark row is
-    in (under the default or under the variant itself: a field can move rows between classes)."""
+    in (under the default or under the variant itself: a field can move rows between classes).
+    `every_class`: no such filter (the verifier's sizes reach every class: a variant that cannot
+    speed up a benchmark row can still be the one that verifies)."""
     from .generator import build_source
 
     variants = list(variants or VARIANTS)
     order = [DEFAULT_VARIANT.name] + [n for n in prefer if n != DEFAULT_VARIANT.name]
     variants.sort(key=lambda v: order.index(v.name) if v.name in order else len(order))
-    default_classes = _row_classes(spec, DEFAULT_VARIANT) if spec.benchmark else None
+    default_classes = _row_classes(spec, DEFAULT_VARIANT) if spec.benchmark and not every_class else None
     pairs, seen, notes = [], set(), []
     for variant in variants:
         if variant.name != DEFAULT_VARIANT.name and default_classes is not None:
@@ -385,6 +387,17 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     if skipped:
         run.notes.append(f"time budget of {budget_s:g} s: {len(skipped)} variant(s) not tried "
                          f"({', '.join(skipped)})")
+    if not run.passed:  # none verified: the variants set aside for speed may still verify
+        tried = {_same(source) for _, source in pairs}
+        extra = [(v, s) for v, s in candidates(spec, variants, prefer, every_class=True)[0] if _same(s) not in tried]
+        if extra:
+            run.notes.append(f"no variant that can speed up a benchmark row verified: tried "
+                             f"{', '.join(v.name for v, _ in extra)} for correctness")
+            backend.prepare(spec, [source for _, source in extra])
+        for variant, source in extra:
+            if run.passed and run.over_budget():
+                break
+            run.attempt(variant, source)
     if not run.passed:
         first = next(iter(run.tried.values()), {})
         raise Rejected(f"{spec.path}: no builtin kernel variant passed verification: {first.get('reason', '')}")
