@@ -301,6 +301,11 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
     # row reductions too (no 64-element rule): 512 chunks -> 256 threads x 2
     assert few_rows_tpr(fewblock, 8, 512, 132, row_free=False, plain_elems=32) == 256
     assert few_rows_tpr(fewblock, 8, 512, 132, imax=1) is None  # 2 chunks must fit the registers
+    # a block per row: rows up to two waves of one block per SM (the clusters: rows x 8 blocks)
+    assert few_rows_tpr(fewblock, 264, 512, 132) == 256 and few_rows_tpr(fewblock, 265, 512, 132) is None
+    assert few_rows_tpr(DEFAULT_VARIANT, 64, 512, 132) is None
+    assert shape_class_of(load_spec(SPECS / "softmax.yaml"), "forward", {"B": 64, "D": 4096}, "bfloat16",
+                          _variant("fewtwo")) == "few"
     assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "bfloat16", fewblock) == "few"
     forward = build_source(rmsnorm, fewblock).split("// ======================= backward")[0]
     assert "if (tpr == 256) SG_LAUNCH(VEC, 256, 2);" in forward and "SG_LAUNCH_FEW" not in forward
@@ -310,6 +315,40 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
     # under a medium class of 256-thread blocks (cl256) the block form stops at 256 threads
     combined = variant_named("medium:cl256+few:fewblock")
     assert few_rows_tpr(combined, 8, 512, 132) == 256 and few_rows_tpr(combined, 8, 1024, 132) is None
+
+
+def test_fewtwo_gives_few_row_blocks_their_own_exact_max_then_sum_instantiation():
+    """`fewtwo` (few class): few-row blocks take a max round, then a sum round (no exps in the
+    merge), as their own instantiation (FEW), while the medium rows keep their (max, sum) form."""
+    softmax, rmsnorm = load_spec(SPECS / "softmax.yaml"), load_spec(SPECS / "rmsnorm.yaml")
+    fewtwo = _variant("fewtwo")
+    assert fewtwo.few_pair == "twopass" and "few_pair" in CLASS_FIELDS["few"]
+    forward, backward = build_source(softmax, fewtwo).split("// ======================= backward")
+    assert "template <typename T, int VEC, int TPR, int ITEMS, int BLOCK, bool FEW = false>" in forward
+    assert "if (tpr == 256) SG_LAUNCH_FEWB(VEC, 256, 2);" in forward
+    assert re.search(r"#define SG_LAUNCH_FEWB\(V, P, I\) softmax_fwd_rows<T, V, P, I, P, true>", forward)
+    assert re.search(r"#define SG_LAUNCH\(V, P, I\) softmax_fwd_rows<T, V, P, I, \(\(P\) > 32", forward)
+    exact, rest = forward.split("if constexpr (FEW) {", 1)[1].split("} else {  // the other rows' own", 1)
+    assert exact.index("sg::Max()") < exact.index("sg::Sum()") and "group_online" not in exact
+    assert "group_online" in rest.split("// final pass")[0]  # the other rows: the default's merged pair
+    assert "FEW" not in backward  # no (max, sum) pair there: no second instantiation
+    # the medium rows on the same form already (few-row blocks are medium rows): one instantiation
+    both = build_source(softmax, variant_named("medium:twopass+few:fewtwo"))
+    assert "bool FEW" not in both and "if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK)" in both
+    # a combination keeps each class's own pair form; no pair at all: fewblock's text
+    combined = variant_named("medium:cl256+few:fewtwo")
+    assert combined.few_pair == "twopass" and combined.reg_pair == "local" and combined.block_max == 256
+    # its few-row blocks are not capped at cl256's 256 threads (a float32 row of 4096: 512 threads),
+    # and such a block is launched whole: a 1024-thread row launched as a 256-thread split block
+    # hung the verifier's B=64 D=7168 float32 case on the H200 (session 14, call 3)
+    assert few_rows_tpr(combined, 8, 1024, 132) == 512 and few_rows_tpr(combined, 64, 1792, 132) == 1024
+    forward = build_source(softmax, combined).split("// ======================= backward")[0]
+    expr = re.search(r"(?:const )?int block = (.*?);  //", forward).group(1)
+    for tpr in (128, 256, 512, 1024):
+        assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 2}) == tpr
+    assert _c_ternary(expr, {"few": 0, "tpr": 1024, "items": 4}) == 256  # a medium row of 1024: split as before
+    same = re.compile(r"// Schedule variant: .*")
+    assert same.sub("", build_source(rmsnorm, fewtwo)) == same.sub("", build_source(rmsnorm, _variant("fewblock")))
 
 
 def test_the_chains_variant_sums_a_streamed_row_in_one_partial_per_chunk_in_flight():

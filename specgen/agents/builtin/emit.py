@@ -418,7 +418,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         row_stores = [s for s in p.stores if s.kind == "row"]
         lines.append(f"// One row group of TPR threads per row; {self.describe_rows()}. BLOCK threads per block;")
         lines.append(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
-        lines.append("template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>")
+        few_flag = ", bool FEW = false" if self.few_pair_own(variant) else ""
+        lines.append(f"template <typename T, int VEC, int TPR, int ITEMS, int BLOCK{few_flag}>")
         lines.append(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
                      f"{self.words_per_item_expr(not self.col_smem)}, {variant.data_regs}))")
         lines.append(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
@@ -547,8 +548,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                     lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
                     for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
                         lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
-                    if variant.reg_pair == "twopass":
-                        lines += self.emit_exact_pair(m, s, others, ctx)
+                    if variant.reg_pair == "twopass" or self.few_pair_own(variant):
+                        lines += self.emit_exact_pair(m, s, others, ctx, variant)
                     else:
                         lines += self.emit_online_pair(m, s, others, ctx, "    ", variant.reg_pair == "local")
                     for n in [m, s] + [n for _, n, _ in others]:
@@ -590,13 +591,19 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         lines.append("}")
         return "\n".join(lines)
 
-    def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx) -> list[str]:
+    def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, variant: Variant) -> list[str]:
         """The `twopass` variant's (max, sum): a medium row (one block, in registers) takes the
         exact two sweeps, whose exps are independent of each other (the max and the batch's
         other reductions in one round, then the sum of exp(x - max)); narrow, split and
-        streamed rows keep the online sweep, so the variant changes the medium class only."""
+        streamed rows keep the online sweep, so the variant changes the medium class only.
+        `few_pair` "twopass": the few-row blocks (FEW) take the same form, whatever the rest do."""
         mv, sv = self.var(m), self.var(s)
-        lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
+        medium = variant.reg_pair == "twopass"
+        if self.few_pair_own(variant):
+            when = "FEW || (ITEMS > 0 && TPR > 32 && TPR <= BLOCK)" if medium else "FEW"
+            lines = [f"    if constexpr ({when}) {{  // {'medium or ' if medium else ''}few-row block: the exact two-pass form"]
+        else:
+            lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
         lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
         for kind, n, acc in [("max", m, mv)] + others:
             lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
@@ -604,8 +611,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         pass_ctx.names[m.id] = mv
         lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
         lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
-        lines.append("    } else {  // one online sweep, one reduction round")
-        lines += self.emit_online_pair(m, s, others, ctx, "      ")
+        local = not medium and variant.reg_pair == "local"
+        lines.append("    } else {  // " + ("the other rows' own (max, sum) form" if local else "one online sweep, one reduction round"))
+        lines += self.emit_online_pair(m, s, others, ctx, "      ", local)
         lines.append("    }")
         return lines
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ... import abi
 from ...inputs import TORCH_DTYPES
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
-from .schedule import FEW_BLOCK_TPRS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, items_max
+from .schedule import FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, few_block_tprs, items_max
 
 
 class HostEmitter:
@@ -65,8 +65,15 @@ class HostEmitter:
     def few_block_form(variant: Variant) -> bool:
         return variant.few_form == "block"
 
-    def few_block_tprs(self, variant: Variant) -> list[int]:
-        return [t for t in FEW_BLOCK_TPRS if t <= variant.block_max]
+    def few_pair_own(self, variant: Variant) -> bool:
+        """Few-row blocks with their own (max, sum) form: an instantiation flag FEW."""
+        reductions = [n for n in self.nodes if n.op == "rowreduce"]
+        return (variant.few_pair != "same" and variant.few_pair != variant.reg_pair and self.few_allowed(variant)
+                and self.few_block_form(variant) and self.online_partner(reductions, reductions) is not None)
+
+    @staticmethod
+    def few_block_tprs(variant: Variant) -> list[int]:
+        return few_block_tprs(variant)
 
     def few_rows_choice(self) -> list[str]:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
@@ -76,7 +83,10 @@ class HostEmitter:
         if self.few_block_form(self.variant):
             tprs = self.few_block_tprs(self.variant)
             sizes = " : ".join(f"chunks <= {2 * t} ? {t}" for t in tprs[:-1]) + (" : " if len(tprs) > 1 else "")
-            return [f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} fit in {FEW_WAVES} waves of a block per SM, a row "
+            # a block per row: rows up to FEW_WAVES per SM (64 rows of 4096 bf16 took 0.75x eager's
+            # log-softmax in the medium schedule's 64-thread rows: results/2026-12-02-h200-session14)
+            few_rows = f"vec_ok && rows <= {FEW_WAVES} * (int64_t)sg::sm_count() && chunks >= {FEW_MIN_CHUNKS}"
+            return [f"  // few rows (decode sizes): while the rows fit in {FEW_WAVES} waves of a block per SM, a row "
                     f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread",
                     f"  const bool few = {few_rows} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
                     f"  if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}"]
@@ -128,7 +138,8 @@ class HostEmitter:
         lines = []
         if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
             tprs = self.few_block_tprs(variant)
-            chain = " else ".join(f"if (tpr == {t}) {action}(VEC, {t}, 2);" for t in tprs)
+            act = f"{action}_FEWB" if self.few_pair_own(variant) else action
+            chain = " else ".join(f"if (tpr == {t}) {act}(VEC, {t}, 2);" for t in tprs)
             lines.append(f"  if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
             lines.append("  else if (vec_ok) {")
         elif self.few_allowed(variant):
@@ -242,6 +253,8 @@ class HostEmitter:
             lines += self.few_rows_choice()
         rb = variant.row_block
         few_block = f"few ? tpr / {MAX_CLUSTER} : " if few else ""
+        if few_on and not few and max(self.few_block_tprs(variant)) > variant.block_max:
+            few_block = "few ? tpr : "  # a few-row block wider than the medium rows' blocks: never split
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
         narrow_spread = few_on and not variant.persistent
         const = "" if narrow_spread else "const "
@@ -268,11 +281,15 @@ class HostEmitter:
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
         if few:
             lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
+        if self.few_pair_own(variant):
+            lines.append(f"#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, P, true>>(block)")
         lines += self.schedule_chain(variant, "SG_OCC")
         lines.append("#undef SG_OCC")
         lines.append("#undef SG_OCC_CL")
         if few:
             lines.append("#undef SG_OCC_FEW")
+        if self.few_pair_own(variant):
+            lines.append("#undef SG_OCC_FEWB")
         lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
         lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
         lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
@@ -310,11 +327,16 @@ class HostEmitter:
             lines.append(f"#define SG_LAUNCH_FEW(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
                          f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, args, partials, "
                          "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
+        if self.few_pair_own(variant):  # few-row blocks: their own instantiation (their own (max, sum) form)
+            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) {self.kname}_rows<T, V, P, I, P, true>"
+                         "<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
         lines.append("#undef SG_LAUNCH_CL")
         if few:
             lines.append("#undef SG_LAUNCH_FEW")
+        if self.few_pair_own(variant):
+            lines.append("#undef SG_LAUNCH_FEWB")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(self.finalize_cols_launch())
         if any(s.kind == "global" for s in p.stores):

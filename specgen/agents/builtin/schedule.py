@@ -90,6 +90,10 @@ class Variant:
     # `few_form` "block": one block per row instead, of FEW_BLOCK_TPRS threads, 2 chunks each
     few_rows: bool = True
     few_form: str = "cluster"
+    # few rows in the block form: "same" takes the medium rows' (max, sum) form (`reg_pair`);
+    # "twopass" the exact two rounds (a max round, then a sum round: no exps in the merge), as
+    # its own instantiation (template flag FEW), so the medium rows keep theirs
+    few_pair: str = "same"
     # wide rows (looped): how a float sum is kept over the sweep. "plain": one accumulator per
     # thread; "chains": UNROLL partials, one per chunk in flight, added at the end of the sweep
     # (sequential chains UNROLL times shorter); "kahan": those partials, each compensated (Kahan)
@@ -139,6 +143,9 @@ VARIANTS = [
     # few rows: a whole block per row, 2 chunks a thread (Liger's softmax shape: 256 threads of 16
     # bf16 for 4096), with or without row reductions; to time against the clusters by decode_ab.py
     Variant("fewblock", few_form="block"),
+    # few rows: the block form with the exact two rounds for (max, sum). Softmax forward at 8 x 4096
+    # bf16: 2.07 us against fewblock's 2.87 and the clusters' 3.15 (results/2026-12-02-h200-session14)
+    Variant("fewtwo", few_form="block", few_pair="twopass"),
     # wide rows: a sum per chunk in flight, or those compensated (held-out layernorm_2d_affine was
     # refused at `huge` float32 inputs: 512 chains of 258 sequential adds over a 131967-wide row;
     # on the H200 `chains` cut layernorm_hw_affine's refusals there from 19/72 to 7/72 at the same
@@ -161,7 +168,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
-                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form")}
+                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair")}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -209,16 +216,27 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
     raise AssertionError("the schedule list ends with the looped pass")
 
 
+def few_block_tprs(variant: Variant) -> list[int]:
+    """Threads per row of the block form of few rows: up to the medium rows' `block_max`, or
+    any with its own (max, sum) form (`few_pair`: an instantiation of its own; under cl256's
+    256-thread medium blocks a float32 row of 4096 would otherwise miss the form)."""
+    return [t for t in FEW_BLOCK_TPRS if t <= variant.block_max or variant.few_pair != "same"]
+
+
 def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free: bool = True,
                  plain_elems: int = FEW_MIN_ELEMS, imax: int = 8) -> int | None:
     """TPR of the few-rows schedule for `rows` rows of `chunks` 16-byte chunks on `sms` SMs
     (None: not taken). `row_free`: the program has no row reductions; `plain_elems`: elements a
     thread holds in the plain schedule (ITEMS x VEC); `imax`: the kernel's ITEMS_MAX. Mirrors
     the generated host code, where the program and device allow it."""
-    if not variant.few_rows or rows * MAX_CLUSTER > FEW_WAVES * sms or not FEW_MIN_CHUNKS <= chunks <= FEW_TPRS[-1]:
+    block = variant.few_form == "block"
+    # a row takes a cluster of MAX_CLUSTER blocks, or one block in the block form: either way
+    # while the rows' blocks fit in FEW_WAVES waves of one block per SM
+    blocks = rows if block else rows * MAX_CLUSTER
+    if not variant.few_rows or blocks > FEW_WAVES * sms or not FEW_MIN_CHUNKS <= chunks <= FEW_TPRS[-1]:
         return None
-    if variant.few_form == "block":  # a block of up to block_max threads per row, 2 chunks each
-        fits = [t for t in FEW_BLOCK_TPRS if t <= variant.block_max and chunks <= 2 * t]
+    if block:  # a block per row, 2 chunks each
+        fits = [t for t in few_block_tprs(variant) if chunks <= 2 * t]
         return fits[0] if fits and imax >= 2 else None
     if not row_free and plain_elems < FEW_MIN_ELEMS:
         return None
