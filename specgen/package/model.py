@@ -16,6 +16,7 @@ from .. import abi
 from ..reference_import import reference_code
 from ..errors import UsageError
 from ..signature import Dim, Param, TensorType, format_scalar
+from .torch_build import installed_torch_build
 
 # The oldest torch a package without compiled code supports (its Python uses torch.library
 # as of 2.10). A package with kernels requires the torch minor version it was built against
@@ -644,12 +645,8 @@ def cuda_runtime_requirement(cuda_version: str | None = None) -> str | None:
     links libcudart.so.<major>, which torch's own CUDA wheels provide as nvidia-cuda-runtime
     (CUDA 13) or nvidia-cuda-runtime-cu<major> (CUDA 12 and older). None for a CPU torch."""
     if cuda_version is None:
-        try:
-            import torch
-
-            cuda_version = torch.version.cuda
-        except ImportError:  # pragma: no cover
-            return None
+        build = installed_torch_build()
+        cuda_version = build.cuda if build else None
     if not cuda_version:
         return None
     major = int(str(cuda_version).split(".")[0])
@@ -660,12 +657,11 @@ def cuda_runtime_requirement(cuda_version: str | None = None) -> str | None:
 def installed_torch() -> tuple[tuple[int, int], bool] | None:
     """((major, minor), cxx11 ABI) of the torch installed here (the one a wheel build compiles
     against), or None without torch."""
-    try:
-        import torch
-    except ImportError:
+    build = installed_torch_build()
+    if build is None:
         return None
-    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    return (int(match[1]), int(match[2])), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    match = re.match(r"(\d+)\.(\d+)", build.version)
+    return (int(match[1]), int(match[2])), build.cxx11_abi
 
 
 def build_namespace(name: str, version: str, ops, specgen_version: str) -> str:

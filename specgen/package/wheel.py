@@ -54,11 +54,10 @@ def _object_cache_env(tree: Path, launchers: Path, env: dict) -> dict:
 def torch_build_id() -> str:
     """The torch the binding compiles against (version, C++ ABI, CUDA): part of every object
     cache key, since the binding uses torch's C++ API (not stable across versions)."""
-    try:
-        import torch
-    except ImportError:
-        return "no torch"
-    return f"torch {torch.__version__} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)} cuda={torch.version.cuda}"
+    from .torch_build import installed_torch_build
+
+    build = installed_torch_build()
+    return build.id() if build else "no torch"
 
 
 # 1980-01-01, the earliest date a zip can hold: the wheel's and the sdist's entries carry it,
