@@ -30,7 +30,7 @@ def test_backward_struct_holds_inputs_outputs_and_gradients():
     spec = load_spec(SPECS / "add_rmsnorm.yaml")
     names = [(f.name, f.role) for f in abi.fields(spec, "backward")]
     assert names == [("x", "input"), ("residual", "input"), ("weight", "input"), ("eps", "scalar"),
-                     ("B", "dim"), ("D", "dim"), ("out", "fwd_output"), ("residual_out", "fwd_output"),
+                     ("N", "dim"), ("D", "dim"), ("out", "fwd_output"), ("residual_out", "fwd_output"),
                      ("saved_rstd", "saved_input"),  # the forward's saved reciprocal RMS
                      ("grad_out", "grad_output"), ("grad_residual_out", "grad_output"),
                      ("grad_x", "grad_input"), ("grad_residual", "grad_input"), ("grad_weight", "grad_input"),
@@ -88,7 +88,7 @@ def test_set_workspace_hands_over_pointer_and_size():
     spec = load_spec(SPECS / "rmsnorm.yaml")
     packed = abi.pack_args(spec, "forward", {"x": torch.randn(2, 4), "weight": torch.randn(4),
                                              "out": torch.empty(2, 4), "saved_rstd": torch.empty(2)}, {},
-                           {"B": 2, "D": 4})
+                           {"N": 2, "D": 4})
     assert (packed.workspace, packed.workspace_bytes) == (None, 0)
     scratch = torch.empty(1000, dtype=torch.uint8)
     abi.set_workspace(packed, scratch)
@@ -123,10 +123,10 @@ def test_pack_args_describes_the_tensors():
     out = torch.empty(5, 10, dtype=torch.bfloat16)
     rstd = torch.empty(5)  # the saved reciprocal RMS (specs/rmsnorm.yaml `saved:`)
     packed = abi.pack_args(spec, "forward", {"x": x, "weight": w, "out": out, "saved_rstd": rstd}, {"eps": 1e-3},
-                           {"B": 5, "D": 10})
+                           {"N": 5, "D": 10})
     assert packed.x.data == x.data_ptr() and packed.x.ndim == 2
     assert list(packed.x.sizes[:2]) == [5, 10] and list(packed.x.strides[:2]) == [10, 1]
     assert packed.out.dtype == abi.DTYPE_CODES["bfloat16"] and packed.eps == pytest.approx(1e-3)
-    assert (packed.B, packed.D) == (5, 10) and packed.saved_rstd.data == rstd.data_ptr()
+    assert (packed.N, packed.D) == (5, 10) and packed.saved_rstd.data == rstd.data_ptr()
     with pytest.raises(KeyError, match="weight"):
-        abi.pack_args(spec, "forward", {"x": x, "out": out, "saved_rstd": rstd}, {}, {"B": 5, "D": 10})
+        abi.pack_args(spec, "forward", {"x": x, "out": out, "saved_rstd": rstd}, {}, {"N": 5, "D": 10})

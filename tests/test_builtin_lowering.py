@@ -22,7 +22,7 @@ from specgen.spec import load_spec
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 OPS = ["gelu_tanh", "bias_gelu", "swiglu", "layernorm_gelu", "rmsnorm", "add_rmsnorm", "softmax",
        "log_softmax", "cross_entropy", "rope"]
-SHAPES = {"N": 6, "B": 6, "D": 40, "C": 33, "H": 3, "S": 4}
+SHAPES = {"N": 6, "D": 40, "C": 33, "H": 3, "S": 4}
 
 
 def _dims(spec):

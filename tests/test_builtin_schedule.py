@@ -20,14 +20,14 @@ SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 
 @pytest.mark.parametrize("op, direction, dims, dtype, expected", [
-    ("softmax", "forward", {"B": 16384, "D": 8192}, "bfloat16", "medium"),
-    ("softmax", "forward", {"B": 16384, "D": 8192}, "float32", "medium"),
-    ("softmax", "forward", {"B": 1024, "D": 131072}, "bfloat16", "split"),  # a cluster of 4 blocks per row
-    ("softmax", "forward", {"B": 1024, "D": 131072}, "float32", "split"),  # a cluster of 8
+    ("softmax", "forward", {"N": 16384, "D": 8192}, "bfloat16", "medium"),
+    ("softmax", "forward", {"N": 16384, "D": 8192}, "float32", "medium"),
+    ("softmax", "forward", {"N": 1024, "D": 131072}, "bfloat16", "split"),  # a cluster of 4 blocks per row
+    ("softmax", "forward", {"N": 1024, "D": 131072}, "float32", "split"),  # a cluster of 8
     ("cross_entropy", "backward", {"N": 1024, "C": 131072}, "float32", "split"),
     ("cross_entropy", "forward", {"N": 1024, "C": 131072}, "float32", "wide"),  # a loss: read once anyway
-    ("rmsnorm", "backward", {"B": 4, "D": 262144}, "float32", "wide"),  # column partials: never split
-    ("softmax", "forward", {"B": 64, "D": 256}, "float32", "narrow"),
+    ("rmsnorm", "backward", {"N": 4, "D": 262144}, "float32", "wide"),  # column partials: never split
+    ("softmax", "forward", {"N": 64, "D": 256}, "float32", "narrow"),
     ("cross_entropy", "forward", {"N": 8192, "C": 32768}, "float32", "medium"),  # 128 KB rows in registers
     ("layernorm_gelu", "backward", {"N": 16384, "D": 4096}, "bfloat16", "medium"),
 ])
@@ -276,20 +276,20 @@ def test_few_rows_spread_over_a_cluster_only_while_they_leave_the_sms_idle():
     softmax, rmsnorm, swiglu = (load_spec(SPECS / f"{op}.yaml") for op in ("softmax", "rmsnorm", "swiglu"))
     # 8 rows of 4096 bf16 (512 chunks): 8 clusters of 8 blocks; 64 rows already fill the H200's 132 SMs
     assert few_rows_tpr(DEFAULT_VARIANT, 8, 512, 132) == 512
-    assert shape_class_of(softmax, "forward", {"B": 8, "D": 4096}, "bfloat16") == "few"
-    assert shape_class_of(softmax, "forward", {"B": 33, "D": 4096}, "bfloat16") == "few"
-    assert shape_class_of(softmax, "forward", {"B": 34, "D": 4096}, "bfloat16") == "medium"
-    assert shape_class_of(softmax, "forward", {"B": 8, "D": 1024}, "bfloat16") == "narrow"  # 128 chunks: too narrow
-    assert shape_class_of(softmax, "forward", {"B": 8, "D": 4096}, "bfloat16", _variant("nofew")) == "medium"
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16") == "few"
+    assert shape_class_of(softmax, "forward", {"N": 33, "D": 4096}, "bfloat16") == "few"
+    assert shape_class_of(softmax, "forward", {"N": 34, "D": 4096}, "bfloat16") == "medium"
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 1024}, "bfloat16") == "narrow"  # 128 chunks: too narrow
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "bfloat16", _variant("nofew")) == "medium"
     # a row reduction pays the cluster's rounds: only where the plain schedule gives a thread 64+
     # elements (softmax forward bf16: 8 chunks of 8); float32's 8 chunks of 4 keep a block per row
-    assert shape_class_of(softmax, "forward", {"B": 8, "D": 4096}, "float32") == "medium"
+    assert shape_class_of(softmax, "forward", {"N": 8, "D": 4096}, "float32") == "medium"
     assert few_rows_tpr(DEFAULT_VARIANT, 8, 1024, 132, row_free=False, plain_elems=32) is None
     # no row reduction (swiglu): always spread, in either dtype
     assert shape_class_of(swiglu, "forward", {"N": 8, "H": 4096}, "float32") == "few"
     assert shape_class_of(swiglu, "backward", {"N": 8, "H": 4096}, "bfloat16") == "few"
     # rmsnorm's forward holds x and the weight: 4 chunks of 8 bf16 a thread, under 64
-    assert shape_class_of(rmsnorm, "forward", {"B": 8, "D": 4096}, "bfloat16") == "medium"
+    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "bfloat16") == "medium"
     # a norm's backward sums weight gradients over rows (column partials): no split form
     assert "SG_LAUNCH_FEW" not in build_source(rmsnorm).split("// ======================= backward")[1]
     assert few_rows_tpr(DEFAULT_VARIANT, 1, 4096, 132) is None  # wider than 2048 chunks: the split schedules
@@ -304,9 +304,9 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
     # a block per row: rows up to two waves of one block per SM (the clusters: rows x 8 blocks)
     assert few_rows_tpr(fewblock, 264, 512, 132) == 256 and few_rows_tpr(fewblock, 265, 512, 132) is None
     assert few_rows_tpr(DEFAULT_VARIANT, 64, 512, 132) is None
-    assert shape_class_of(load_spec(SPECS / "softmax.yaml"), "forward", {"B": 64, "D": 4096}, "bfloat16",
+    assert shape_class_of(load_spec(SPECS / "softmax.yaml"), "forward", {"N": 64, "D": 4096}, "bfloat16",
                           _variant("fewtwo")) == "few"
-    assert shape_class_of(rmsnorm, "forward", {"B": 8, "D": 4096}, "bfloat16", fewblock) == "few"
+    assert shape_class_of(rmsnorm, "forward", {"N": 8, "D": 4096}, "bfloat16", fewblock) == "few"
     forward = build_source(rmsnorm, fewblock).split("// ======================= backward")[0]
     assert "if (tpr == 256) SG_LAUNCH(VEC, 256, 2);" in forward and "SG_LAUNCH_FEW" not in forward
     expr = re.search(r"(?:const )?int block = (.*?);  //", forward).group(1)

@@ -38,7 +38,7 @@ def test_every_op_with_its_timings_speedups_and_verification(report):
     for value in (row["eager_us"], row["compile_us"], row["kernel_us"]):
         assert f"{value:,.1f}" in section
     assert f"{row['speedup_vs_compile']:.2f}×" in section and f"{row['kernel_roofline_fraction']:.0%}" in section
-    assert "B=16384, D=8192" in section  # dims in the signature's order
+    assert "N=16384, D=8192" in section  # dims in the signature's order
     cases = lock["ops"]["rmsnorm"]["records"][0]["verification"]["examples"]
     assert f"{cases} cases" in section and "dtypes float32, float16, bfloat16" in section
     assert "forward bfloat16" in section and "compute-sanitizer: not recorded" in section

@@ -144,7 +144,7 @@ def test_a_timed_set_derives_its_truth_at_the_check_and_drops_it_after():
 
     spec = load_spec(SPECS / "rmsnorm.yaml")
     for direction in ("forward", "backward"):
-        case = make_case({"B": 6, "D": 40}, "float32", seed=3)
+        case = make_case({"N": 6, "D": 40}, "float32", seed=3)
         eager = prepare(spec, case, direction, "cpu")
         lazy = prepare(spec, case, direction, "cpu", later=True)
         assert eager.truth and not lazy.truth and not lazy.reference

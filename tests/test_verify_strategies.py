@@ -65,11 +65,11 @@ def test_drawn_cases_are_legal(name):
 
 def test_smoke_and_large_cases():
     spec = load_spec(SPECS / "softmax.yaml")
-    assert smoke_case(spec).dim_map == {"B": 37, "D": 37}
+    assert smoke_case(spec).dim_map == {"N": 37, "D": 37}
     large = large_case(spec, BUDGET)
     assert case_elements(spec.signature, large.dim_map) <= BUDGET * LARGE_CASE_FACTOR
     assert large.dim_map["D"] == spec.benchmark[0]["D"]  # rows as wide as benchmarked: many blocks per row
-    assert large.dim_map["B"] >= 64
+    assert large.dim_map["N"] >= 64
 
 
 @pytest.mark.parametrize("name", ["softmax", "rmsnorm", "gelu_tanh", "swiglu", "cross_entropy"])
@@ -88,7 +88,7 @@ def test_every_dtype_meets_a_misaligned_pointer_at_a_vector_friendly_size(name):
 
 def test_the_walk_gives_each_dtype_every_member_of_the_edge_triples():
     spec = load_spec(SPECS / "softmax.yaml")
-    walked = [c for c in boundary_cases(spec) if c.dim_map["B"] in (3, 33, 1, 129)]
+    walked = [c for c in boundary_cases(spec) if c.dim_map["N"] in (3, 33, 1, 129)]
     for dtype in spec.dtypes:
         residues = {c.dim_map["D"] % 4 for c in walked if c.dtype == dtype and c.dim_map["D"] > 4}
         assert {0, 1, 3} <= residues, (dtype, residues)

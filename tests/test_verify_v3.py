@@ -149,7 +149,7 @@ def test_full_size_cases_cover_benchmark_shapes_and_range_tops(rmsnorm):
     dims = [c.dim_map for c in cases]
     for shape in rmsnorm.benchmark:
         assert {k: int(v) for k, v in shape.items()} in dims
-    assert any(d["B"] == rmsnorm.dims["B"][1] for d in dims)
+    assert any(d["N"] == rmsnorm.dims["N"][1] for d in dims)
     assert any(d["D"] == rmsnorm.dims["D"][1] for d in dims)
 
 
