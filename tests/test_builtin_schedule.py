@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, FEW_TPRS, VARIANTS, Variant, combine, items_max, few_rows_tpr,
+from specgen.agents.builtin.schedule import (CLASS_FIELDS, DEFAULT_VARIANT, FEW_TPRS, VARIANTS, Variant, combine, items_max, few_block_tprs, few_rows_tpr,
                                              plan, variant_named, variants_named)
 from specgen.agents.builtin.generator import shape_class_of
 from specgen.spec import load_spec
@@ -228,7 +228,10 @@ def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, 
     source = build_source(load_spec(SPECS / f"{op}.yaml"), variant)
     for direction_source in source.split("// ======================= backward"):
         expr = re.search(r"(?:const )?int block = (.*?);  //", direction_source).group(1)
-        if "few ?" in expr:  # few rows: a cluster of 8 blocks of TPR / 8 threads, as the launch instantiates them
+        if "few ?" in expr and variant.few_form == "block":  # few rows, a whole block each: never split
+            for tpr in few_block_tprs(variant):
+                assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 2}) == tpr
+        elif "few ?" in expr:  # few rows: a cluster of 8 blocks of TPR / 8 threads, as the launch instantiates them
             assert variant.few_rows and "#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(" \
                 in direction_source and ", V, P, 1, (P) / 8>, grid, block," in direction_source
             for tpr in FEW_TPRS:

@@ -71,17 +71,11 @@ class HostEmitter:
         return (variant.few_pair != "same" and variant.few_pair != variant.reg_pair and self.few_allowed(variant)
                 and self.few_block_form(variant) and self.online_partner(reductions, reductions) is not None)
 
-    @staticmethod
-    def few_block_tprs(variant: Variant) -> list[int]:
-        return few_block_tprs(variant)
-
     def few_rows_choice(self) -> list[str]:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
         schedule.few_rows_tpr, its Python mirror)."""
-        few_rows = (f"vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
-                    f"chunks >= {FEW_MIN_CHUNKS}")
         if self.few_block_form(self.variant):
-            tprs = self.few_block_tprs(self.variant)
+            tprs = few_block_tprs(self.variant)
             sizes = " : ".join(f"chunks <= {2 * t} ? {t}" for t in tprs[:-1]) + (" : " if len(tprs) > 1 else "")
             # a block per row: rows up to FEW_WAVES per SM (64 rows of 4096 bf16 took 0.75x eager's
             # log-softmax in the medium schedule's 64-thread rows: results/2026-12-02-h200-session14)
@@ -90,6 +84,8 @@ class HostEmitter:
                     f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread",
                     f"  const bool few = {few_rows} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
                     f"  if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}"]
+        few_rows = (f"vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
+                    f"chunks >= {FEW_MIN_CHUNKS}")
         first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
         serial = "true" if self.row_free() else f"items * VEC >= {FEW_MIN_ELEMS}"
         sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
@@ -137,7 +133,7 @@ class HostEmitter:
         split rows run `action`_CL, few rows `action`_FEW."""
         lines = []
         if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
-            tprs = self.few_block_tprs(variant)
+            tprs = few_block_tprs(variant)
             act = f"{action}_FEWB" if self.few_pair_own(variant) else action
             chain = " else ".join(f"if (tpr == {t}) {act}(VEC, {t}, 2);" for t in tprs)
             lines.append(f"  if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
@@ -252,9 +248,9 @@ class HostEmitter:
         if few_on:
             lines += self.few_rows_choice()
         rb = variant.row_block
-        few_block = f"few ? tpr / {MAX_CLUSTER} : " if few else ""
-        if few_on and not few and max(self.few_block_tprs(variant)) > variant.block_max:
-            few_block = "few ? tpr : "  # a few-row block wider than the medium rows' blocks: never split
+        # a few row's block: a cluster's share of the row, or (the block form) the whole row, never
+        # split even when wider than the medium rows' blocks (fewtwo under cl256)
+        few_block = f"few ? tpr / {MAX_CLUSTER} : " if few else "few ? tpr : " if few_on else ""
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
         narrow_spread = few_on and not variant.persistent
         const = "" if narrow_spread else "const "
