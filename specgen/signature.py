@@ -233,6 +233,12 @@ class Signature:
                        for p in self.params)
         return replace(self, params=params)
 
+    def rows(self) -> "Signature":
+        """The signature as the kernel sees it: every batch group `*N` folded to its one axis N."""
+        params = tuple(replace(p, type=p.type.rows()) if p.is_tensor else p for p in self.params)
+        outputs = tuple(replace(o, type=o.type.rows()) for o in self.outputs)
+        return replace(self, params=params, outputs=outputs)
+
     def batch_symbols(self) -> list[str]:
         """The symbols written as a leading batch group (`*B`), in order of first appearance."""
         found = [t.batch_symbol for t in [p.type for p in self.inputs] + [o.type for o in self.outputs]]

@@ -117,7 +117,9 @@ class KernelSpec(BaseModel):
     def canonical(self) -> dict:
         """The parsed spec as plain data: what the lock's spec hash covers."""
         data = self.model_dump(mode="json", by_alias=True)
-        data["signature"] = str(self.signature)
+        # the kernel's contract: a batch group `*N` is the one axis N to the kernel, its ABI and its
+        # verification, so writing `*N` for `N` leaves the hash (and a verified lock) as it was
+        data["signature"] = str(self.signature.rows())
         data["abi_version"] = ABI_VERSION
         data.pop("replaces", None)  # the Python layers only: the kernel and its verification do not depend on it
         # in order (it is the ABI's field order); absent when none, so the hash of a spec without them is as before

@@ -29,7 +29,7 @@ def batched():
 
 @pytest.fixture(scope="module")
 def pkg(batched):
-    return package_model("sgbatch", [batched, load_spec(SPECS / "swiglu.yaml")], {batched.name: build_source(batched)},
+    return package_model("sgbatch", [batched, load_spec(SPECS / "bias_gelu.yaml")], {batched.name: build_source(batched)},
                          arch_list="9.0")
 
 
@@ -40,8 +40,8 @@ def test_the_public_op_keeps_its_schema_and_the_inner_op_takes_the_registrations
         "B", "rmsnorm_batched_rows", "rmsnorm_batched_fwd_saved", "rmsnorm_batched_backward")
     assert [t.name for t in op.batched_inputs] == ["x"]
     assert op.data()["batch"] == "B" and op.data()["rows"] == "rmsnorm_batched_rows"
-    swiglu = pkg.ops[1]
-    assert swiglu.rows_name == "swiglu" and "batch" not in swiglu.data() and "rows" not in swiglu.data()
+    plain = pkg.ops[1]
+    assert plain.rows_name == "bias_gelu" and "batch" not in plain.data() and "rows" not in plain.data()
     cpp = render_files(pkg)["torch-ext/torch_binding.cpp"]
     ns = pkg.namespace
     assert 'm.impl("rmsnorm_batched_rows", TORCH_FN(op_rmsnorm_batched::cuda_forward));' in cpp
@@ -57,13 +57,13 @@ def test_the_public_op_keeps_its_schema_and_the_inner_op_takes_the_registrations
 
 
 def test_a_package_without_a_batch_group_renders_no_composite():
-    plain = package_model("sgplain", [load_spec(SPECS / "swiglu.yaml")], {}, arch_list="9.0")
+    plain = package_model("sgplain", [load_spec(SPECS / "bias_gelu.yaml")], {}, arch_list="9.0")
     files = render_files(plain)
     assert "CompositeImplicitAutograd" not in files.get("torch-ext/torch_binding.cpp", "")
 
 
 def test_an_op_named_like_another_ops_rows_op_is_refused(batched, tmp_path):
-    text = (SPECS / "swiglu.yaml").read_text().replace("swiglu", "rmsnorm_batched_rows")
+    text = (SPECS / "bias_gelu.yaml").read_text().replace("bias_gelu", "rmsnorm_batched_rows")
     (tmp_path / "rmsnorm_batched_rows.yaml").write_text(text)
     other = load_spec(tmp_path / "rmsnorm_batched_rows.yaml")
     with pytest.raises(UsageError, match="'rmsnorm_batched_rows' collides with the internal op that runs "

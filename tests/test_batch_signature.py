@@ -80,12 +80,31 @@ def test_each_batch_group_rule_is_a_syntax_error_at_its_character(text, at, word
 
 
 def test_a_spec_without_a_batch_group_hashes_and_prints_as_before():
-    spec = load_spec(SPECS / "rmsnorm.yaml")
+    spec = load_spec(SPECS / "layernorm_gelu.yaml")
     assert not spec.signature.batch_symbols()
-    assert str(spec.signature) == spec.signature.text.replace("1e-6", "1e-06")
+    assert str(spec.signature) == spec.signature.text.replace("1e-5", "1e-05")
     # the lock records this hash for the committed kernel: a change here would orphan it
     lock = (SPECS / "specgen.lock").read_text()
     assert spec.hash() in lock
+
+
+def test_writing_a_batch_group_for_the_row_axis_keeps_the_kernel_contract_and_its_hash(tmp_path):
+    """`*N` is the axis N to the kernel (same ABI struct, same verification): the spec hash covers
+    the signature as the kernel sees it, so a verified lock stays fresh. The package's signature
+    keeps the group (its composite op folds the leading dims)."""
+    batched = load_spec(SPECS / "gelu_tanh.yaml")
+    assert batched.signature.batch_symbols() == ["N"]
+    plain_text = (SPECS / "gelu_tanh.yaml").read_text().replace("Tensor[*N, D]", "Tensor[N, D]")
+    assert plain_text != (SPECS / "gelu_tanh.yaml").read_text()
+    (tmp_path / "gelu_tanh.yaml").write_text(plain_text)
+    plain = load_spec(tmp_path / "gelu_tanh.yaml")
+    assert not plain.signature.batch_symbols()
+    assert batched.hash() == plain.hash()
+    assert str(batched.signature.rows()) == str(plain.signature) != str(batched.signature)
+    # any other change still moves it: a group on a different axis symbol is another ABI
+    other = plain_text.replace("Tensor[N, D]", "Tensor[*M, D]").replace("{N:", "{M:").replace("N: ", "M: ")
+    (tmp_path / "gelu_tanh.yaml").write_text(other)
+    assert load_spec(tmp_path / "gelu_tanh.yaml").hash() != plain.hash()
 
 
 # ---------------------------------------------------------------- below the package: the plain symbol B
