@@ -8,7 +8,9 @@ Prints a table (median milliseconds per step, and each variant against eager) an
 JSON. Variants: eager; specgen (`<package>.patch(model)`: every module a spec's `replaces:`
 names); liger-rmsnorm (Liger's patch limited to RMSNorm, the same modules specgen swaps);
 liger (Liger's default Llama patch: RMSNorm, SwiGLU, RoPE, fused linear cross-entropy).
-Before timing, each patched variant's logits are compared with eager's (bf16 tolerance).
+Before timing, each patched variant's logits are compared with eager's (bf16 tolerance). eager,
+specgen and liger-rmsnorm are timed interleaved (--rounds rounds taking them in turn: the
+decode step is host-bound and the machine drifts); liger after them, alone.
 Needs a CUDA GPU, transformers, and liger-kernel for the Liger rows (skipped without it).
 """
 from __future__ import annotations
@@ -51,6 +53,19 @@ def timed(fn, warmup: int, iters: int) -> list[float]:
     return times
 
 
+def interleaved(steps: dict, rounds: int, warmup: int, iters: int, timer=None) -> dict:
+    """Each step's median time over `rounds` rounds that take the steps in turn (a, b, c, a, b,
+    c, ...), so a drift of the machine (a host-bound decode step moved 1.66x between two runs of
+    the same variant, session 15) falls on every variant alike. Returns name -> the per-round
+    medians; a variant's time is the median of those."""
+    timer = timer or timed
+    medians: dict = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            medians[name].append(statistics.median(timer(step, warmup, iters)))
+    return medians
+
+
 def train_step(model, ids):
     def step():
         model.zero_grad(set_to_none=True)
@@ -74,6 +89,25 @@ def decode_step(model, prompt):
                   cache_position=torch.tensor([length], device=token.device))
         cache.crop(-1)  # drop the token just added: every call decodes at the same position
     return step
+
+
+def profile_decode(step, name: str, path: str) -> None:
+    """Where a decode step's time goes: 10 steps under torch.profiler, the top host ops by self
+    CPU time and the top device kernels, appended to `path` under the variant's name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+    averages = prof.key_averages()
+    with open(path, "a") as handle:
+        handle.write(f"==== {name}: 10 decode steps, host ops by self CPU time\n")
+        handle.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+        handle.write(f"==== {name}: device kernels by device time\n")
+        handle.write(averages.table(sort_by="self_device_time_total", row_limit=15) + "\n")
 
 
 def variants(args, base):
@@ -107,6 +141,27 @@ def variants(args, base):
             ("liger", liger())]
 
 
+def time_group(group: dict, ids, prompt, args) -> None:
+    """Train and decode steps of the group's models, interleaved (`interleaved`), into their rows."""
+    if not group:
+        return
+    for model, _ in group.values():
+        model.train()
+    train = interleaved({name: train_step(model, ids) for name, (model, _) in group.items()},
+                        args.rounds, args.warmup, args.iters)
+    for model, _ in group.values():
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    decode = interleaved({name: decode_step(model, prompt) for name, (model, _) in group.items()},
+                         args.rounds, args.warmup, args.iters * 5)
+    for name, (model, row) in group.items():
+        row["train_ms"], row["decode_ms"] = statistics.median(train[name]), statistics.median(decode[name])
+        row["train_rounds_ms"], row["decode_rounds_ms"] = train[name], decode[name]
+        row["timed_with"] = sorted(group)
+        if args.profile_decode:
+            profile_decode(decode_step(model, prompt), name, args.profile_decode)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--package", default="specgen_kernels")
@@ -124,6 +179,11 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of timing that take the variants in turn (eager, specgen, Liger's RMSNorm)")
+    parser.add_argument("--profile-decode", metavar="FILE",
+                        help="also profile 10 decode steps of each variant (torch.profiler): the host ops by "
+                             "self CPU time and the device kernels, appended to FILE")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("model_patch: needs a CUDA GPU", file=sys.stderr)
@@ -135,26 +195,25 @@ def main(argv=None) -> int:
     with torch.no_grad():
         reference = base(input_ids=ids[:1, :128]).logits.float()
 
-    rows = []
+    rows, group = [], {}
     for name, build in variants(args, base):
+        if name == "liger":  # its patch rewrites transformers' module functions: after the others
+            time_group(group, ids, prompt, args)
+            group = {}
         try:
             model, note = build()
         except Exception as error:  # noqa: BLE001 - a row that says why
             model, note = None, f"{type(error).__name__}: {error}"
         row = {"variant": name, "note": note}
+        rows.append(row)
         if model is None:
-            rows.append(row)
             continue
         if name != "eager":
             with torch.no_grad():
                 logits = model(input_ids=ids[:1, :128]).logits.float()
             row["max_logit_diff"] = (logits - reference).abs().max().item()
-        model.train()
-        row["train_ms"] = statistics.median(timed(train_step(model, ids), args.warmup, args.iters))
-        model.eval()
-        row["decode_ms"] = statistics.median(timed(decode_step(model, prompt), args.warmup, args.iters * 5))
-        model.zero_grad(set_to_none=True)
-        rows.append(row)
+        group[name] = (model, row)
+    time_group(group, ids, prompt, args)
     eager = rows[0]
     for row in rows:
         for key in ("train_ms", "decode_ms"):

@@ -205,3 +205,13 @@ def test_the_generated_cpu_tests_pass_from_the_tree(batched, tmp_path):
                  "test_leading_dims_fold_into_the_inner_op_cpu[add_batched]",
                  "test_wrong_rank_is_a_clear_error[add_batched]", "test_compile_fullgraph_cpu[rmsnorm_batched]"):
         assert re.search(rf"PASSED \S*tests/test_ops\.py::{re.escape(test)}", result.stdout), test
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "add_rmsnorm", "softmax", "log_softmax", "gelu_tanh", "swiglu"])
+def test_the_example_ops_that_models_call_on_batch_seq_hidden_take_leading_dims(name):
+    """The example specs write their row axis as a batch group (`*N`): the public op folds the
+    leading dims (issue 13: `rmsnorm(x[2, 8, 64], w)` raised "x must be 2-d")."""
+    spec = load_spec(SPECS / f"{name}.yaml")
+    op = package_model("sgexamples", [spec], {}, arch_list="9.0").ops[0]
+    assert (op.batch, op.rows_name) == ("N", f"{name}_rows")
+    assert [t.name for t in op.batched_inputs] == (["x", "residual"] if name == "add_rmsnorm" else ["x"])

@@ -180,7 +180,8 @@ def test_patched_llama_matches_the_unpatched_model_in_outputs_and_gradients(pack
         got = patched(ids, labels=ids)
     # the ops ran (rmsnorm saves its rstd for the backward: under autograd its forward is rmsnorm_fwd_saved)
     assert recorder.seen.count("rmsnorm") + recorder.seen.count("rmsnorm_fwd_saved") == 5
-    assert recorder.seen.count("gelu_tanh") == 2
+    # gelu_tanh takes `*N`: its public op is a composite over gelu_tanh_rows, which the dispatch mode sees
+    assert recorder.seen.count("gelu_tanh") + recorder.seen.count("gelu_tanh_rows") == 2
     torch.testing.assert_close(got.logits, expected.logits, rtol=1e-5, atol=1e-5)
     expected.loss.backward()
     got.loss.backward()
