@@ -1,7 +1,9 @@
 # Stage `model_patch` (scripts/gpu-suite model_patch): a transformers Llama model patched with the
 # package (`<pkg>.patch(model)`) beside eager and Liger-Kernel's patch, a training step and a
 # decode step: benchmarks/model_patch.py. Also the package's own layer tests on the GPU
-# (tests/test_layers.py: outputs and gradients of the patched model against the unpatched one).
+# (tests/test_layers.py: outputs and gradients of the patched model against the unpatched one),
+# and benchmarks/liger_ops.py on the same wheel: issue 13's device-time table of the ops beside
+# Liger-Kernel, eager and torch.compile (LIGER_OPS=0 skips it; LIGER_OPS_ARGS adds flags).
 # Needs the wheels of transformers, liger-kernel and their dependencies in .whl-model/ (carry it;
 # pip download --no-deps ... -d .whl-model; the GPU machine has no internet).
 # Knobs: PACKAGE_WHEEL=path.whl (test a wheel built earlier; default: build specs/ --locked),
@@ -39,4 +41,9 @@ timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_layers.py -rs -k
 timeout 400 python3 benchmarks/model_patch.py --package "$PKG" --out "$OUT_DIR/model_patch.json" \
   ${MODEL_PATCH_ARGS:-} 2>&1 | tee "$OUT_DIR/model_patch.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${LIGER_OPS:-1}" != 0 ]; then
+  timeout 300 python3 benchmarks/liger_ops.py --package "$PKG" --dtypes bfloat16,float32 \
+    --out "$OUT_DIR/liger_ops.json" ${LIGER_OPS_ARGS:-} 2>&1 | tee "$OUT_DIR/liger_ops.log" | grep -E "^\|"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 exit $status
