@@ -3,8 +3,11 @@ importing an emitted tree as it is, and the binding's syntax check against the i
 headers (one translation unit, syntax and types only; a built wheel's test links and loads one)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 import shutil
+import tempfile
 import subprocess
 import sys
 import sysconfig
@@ -13,6 +16,19 @@ from pathlib import Path
 import pytest
 
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
+
+@functools.cache
+def unbatched_spec(path: Path):
+    """The spec at `path` with every batch group `*S` written as the plain axis `S`: for tests of
+    the plain op's registrations and messages (tests/test_batch_package.py checks the batched
+    ones). Its kernel contract and spec hash are the same (the hash covers the folded signature)."""
+    from specgen.spec import load_spec
+
+    text = re.sub(r"Tensor\[\*(\w)", r"Tensor[\1", Path(path).read_text())
+    copy = Path(tempfile.mkdtemp(prefix="unbatched-")) / Path(path).name
+    copy.write_text(text)
+    return load_spec(copy)
 
 
 def import_tree(root: Path, name: str, module_name: str | None = None):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from package_support import unbatched_spec
 from specgen.package import ops_runtime as rt
 from specgen.package.emit import render_files
 from specgen.package.model import package_model
 from specgen.reference import load_reference
-from specgen.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
@@ -22,8 +22,10 @@ SAVED = Path(__file__).resolve().parent / "saved_specs"
 
 
 def _spec(name):
+    """The plain op (a batch group `*N` written `N`): these tests check the messages of the op that
+    runs; a batched op's run under `<op>_rows` (tests/test_batch_package.py)."""
     folder = SAVED if (SAVED / f"{name}.yaml").exists() else SPECS
-    return load_spec(folder / f"{name}.yaml")
+    return unbatched_spec(folder / f"{name}.yaml")
 
 
 def _op(name):

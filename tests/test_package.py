@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from package_support import unbatched_spec
 from specgen.errors import UsageError
 from specgen.package import emit_package, package_model, render_files
 from specgen.package.model import parse_arch_list
@@ -18,6 +19,11 @@ from specgen.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = REPO / "specs"
+
+
+def _plain_swiglu():
+    return unbatched_spec(SPECS / "swiglu.yaml")  # the plain op's registrations; the batched: test_batch_package
+
 
 # A small hand-written kernel, so these tests need no generator.
 SWIGLU_CU = r"""// A simple SwiGLU kernel for the package tests: out[n, h] = silu(x[n, h]) * x[n, H + h].
@@ -73,7 +79,7 @@ extern "C" cudaError_t swiglu_backward(const swiglu_bwd_args* a, cudaStream_t s)
 
 @pytest.fixture(scope="module")
 def specs():
-    return [load_spec(SPECS / "swiglu.yaml"), load_spec(SPECS / "cross_entropy.yaml")]
+    return [_plain_swiglu(), load_spec(SPECS / "cross_entropy.yaml")]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +108,7 @@ extern "C" size_t swiglu_forward_workspace(const swiglu_args* a) { return (size_
 
 
 def _binding(source: str) -> str:
-    model = package_model("sgtest", [load_spec(SPECS / "swiglu.yaml")], {"swiglu": source}, arch_list="9.0")
+    model = package_model("sgtest", [_plain_swiglu()], {"swiglu": source}, arch_list="9.0")
     return render_files(model)["torch-ext/torch_binding.cpp"]
 
 
@@ -137,7 +143,7 @@ def test_binding_allocates_the_backward_workspace_of_a_builtin_kernel():
 def test_the_gate_refuses_a_size_function_the_binding_would_not_call():
     from specgen.package.gate import kernel_refusals
 
-    spec = load_spec(SPECS / "swiglu.yaml")
+    spec = _plain_swiglu()
     assert kernel_refusals(spec, SWIGLU_WS_CU, arch="sm_90") == []
     hidden = SWIGLU_CU + '\n#define WS(op) op##_forward_workspace\nextern "C" size_t WS(swiglu)(const swiglu_args*) { return 0; }\n'
     assert any("without spelling its name" in r for r in kernel_refusals(spec, hidden, arch="sm_90"))
@@ -223,7 +229,7 @@ def test_binding_is_the_cuda_and_autograd_implementation_in_cpp(pkg):
     # sizes outside the spec's dims: said once per op (swiglu: N in [1, 65536], H in [1, 16384])
     import re
     ranges = re.search(r'"float32, float16, bfloat16",\n    \{(\{[^\n]*\})\},\n\};', cpp.split("op_swiglu")[1])
-    spec_ranges = load_spec(SPECS / "swiglu.yaml").dims
+    spec_ranges = _plain_swiglu().dims
     assert ranges and ranges.group(1) == ", ".join(f"{{{lo}, {hi}}}" for lo, hi in
                                                   (spec_ranges[s] for s in ("N", "H")))
     assert "warn_outside_ranges(op, where, call.dims);" in cpp and "op.warned_outside.exchange(true)" in cpp
