@@ -7,10 +7,10 @@ import functools
 import importlib.util
 import re
 import shutil
-import tempfile
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
