@@ -21,6 +21,7 @@ time per row, and the fraction of the copy bandwidth each reaches).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -76,9 +77,33 @@ def source_of(spec, variant) -> str:
 
 def named(names: str) -> list:
     """Variants (plain, or combined per shape class: `few:fewblock+medium:twopass`) and source
-    names, in the order given; ValueError for an unknown name."""
+    names, in the order given; ValueError for an unknown name. A variant may carry field
+    overrides for an experiment the tuner does not try: `regs16~min_threads=2048~items_cap=2`."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    return [Named(n) if n in SOURCE_NAMES else variant_named(n) for n in wanted]
+    return [Named(n) if n in SOURCE_NAMES else overridden(n) for n in wanted]
+
+
+def overridden(name: str):
+    """`base~field=value~...`: the variant `base` with those Variant fields replaced (ints,
+    true/false, or strings), named by the whole text."""
+    base, *pairs = name.split("~")
+    variant = variant_named(base)
+    fields = {f.name: f for f in dataclasses.fields(variant)}
+    changes = {}
+    for pair in pairs:
+        key, _, text = pair.partition("=")
+        if key not in fields or key == "name" or not text:
+            raise ValueError(f"{name!r}: '{pair}' is not field=value of a Variant ({', '.join(fields)})")
+        current = getattr(variant, key)
+        if isinstance(current, bool):
+            if text not in ("true", "false"):
+                raise ValueError(f"{name!r}: {key} takes true or false, not {text!r}")
+            changes[key] = text == "true"
+        elif isinstance(current, int):
+            changes[key] = int(text)
+        else:
+            changes[key] = text
+    return dataclasses.replace(variant, name=name, **changes) if pairs else variant
 
 
 def compile_all(sources: dict) -> dict:

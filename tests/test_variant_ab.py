@@ -108,3 +108,23 @@ def test_sources_may_name_a_combination_of_variants_per_shape_class():
     assert combined.few_form == "block" and combined.reg_pair == "twopass" and combined.row_block == 128
     with pytest.raises(ValueError, match="no variant nosuch"):
         variant_ab.named("nosuch")
+
+
+def test_a_source_may_override_fields_of_a_variant_for_an_experiment():
+    """`base~field=value`: the base variant with those fields replaced, named by the whole text;
+    a field that is not a Variant's, or a value of the wrong kind, is a ValueError naming it."""
+    from specgen.agents.builtin.schedule import variant_named
+
+    (got,) = variant_ab.named("regs16~min_threads=2048~few_rows=false~few_form=block")
+    base = variant_named("regs16")
+    assert got.name == "regs16~min_threads=2048~few_rows=false~few_form=block"
+    assert (got.min_threads, got.few_rows, got.few_form) == (2048, False, "block")
+    assert (got.data_regs, got.items_cap) == (base.data_regs, base.items_cap) == (16, 4)
+    (combined,) = variant_ab.named("few:fewtwo+medium:cl256~data_regs=8")
+    assert (combined.data_regs, combined.block_max, combined.few_pair) == (8, 256, "twopass")
+    with pytest.raises(ValueError, match="registers"):
+        variant_ab.named("default~registers=8")
+    with pytest.raises(ValueError, match="true or false"):
+        variant_ab.named("default~few_rows=1")
+    with pytest.raises(ValueError):
+        variant_ab.named("default~data_regs=many")
