@@ -65,7 +65,9 @@ def test_every_element_is_written_once_at_odd_sizes(n, vec, grid):
 
 def test_grid_is_a_block_per_256_chunks_up_to_its_waves():
     plan = flat.FlatPlan(("x",), (), ("out",))
-    assert plan.grid(1 << 30, 4) == 132 * 8 * 64  # capped: the blocks stride over the rest
+    assert plan.grid(1 << 40, 4) == 132 * 8 * 4096  # capped: the blocks stride over the rest
+    assert plan.grid(1 << 30, 4) == (1 << 30) // 4 // 256  # 4 GB of float32: aten's grid, no cap
+    assert flat.FlatPlan(("x",), (), ("out",), waves=64).grid(1 << 30, 4) == 132 * 8 * 64
     assert plan.grid(4096 * 4096, 8) == 4096 * 4096 // 8 // 256  # one chunk per thread
     assert plan.grid(1000, 4) == 1
     persistent = flat.FlatPlan(("x",), (), ("out",), unroll=4, waves=1)
@@ -128,9 +130,10 @@ def test_flat_kernels_are_their_own_tuning_class():
     spec = load_spec(SPECS / "gelu_tanh.yaml")
     assert shape_class_of(spec, "forward", {"N": 16384, "D": 8192}, "bfloat16") == "flat"
     program = lower_spec(spec)["forward"]
-    flat2, persistent = variants_named("flat2w32,flat4w1")
+    flat2, persistent, old_default = variants_named("flat2w32,flat4w1,flat1w64")
     default = flat.plan_of(program, DEFAULT_VARIANT)
-    assert (default.unroll, default.waves) == (1, 64)
+    assert (default.unroll, default.waves) == (1, 4096)
+    assert (flat.plan_of(program, old_default).unroll, flat.plan_of(program, old_default).waves) == (1, 64)
     assert (flat.plan_of(program, flat2).unroll, flat.plan_of(program, flat2).waves) == (2, 32)
     assert (flat.plan_of(program, persistent).unroll, flat.plan_of(program, persistent).waves) == (4, 1)
     assert build_source(spec, flat2) != build_source(spec) != build_source(spec, persistent)

@@ -228,7 +228,8 @@ def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, 
     source = build_source(load_spec(SPECS / f"{op}.yaml"), variant)
     for direction_source in source.split("// ======================= backward"):
         expr = re.search(r"(?:const )?int block = (.*?);  //", direction_source).group(1)
-        if "few ?" in expr and variant.few_form == "block":  # few rows, a whole block each: never split
+        if "few ? tpr :" in expr:  # few rows, a whole block each (programs with row reductions): never split
+            assert variant.few_form == "block"
             for tpr in few_block_tprs(variant):
                 assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 2}) == tpr
         elif "few ?" in expr:  # few rows: a cluster of 8 blocks of TPR / 8 threads, as the launch instantiates them
@@ -303,9 +304,10 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
     rmsnorm = load_spec(SPECS / "rmsnorm.yaml")
     # row reductions too (no 64-element rule): 512 chunks -> 256 threads x 2
     assert few_rows_tpr(fewblock, 8, 512, 132, row_free=False, plain_elems=32) == 256
-    assert few_rows_tpr(fewblock, 8, 512, 132, imax=1) is None  # 2 chunks must fit the registers
+    assert few_rows_tpr(fewblock, 8, 512, 132, row_free=False, imax=1) is None  # 2 chunks must fit the registers
     # a block per row: rows up to two waves of one block per SM (the clusters: rows x 8 blocks)
-    assert few_rows_tpr(fewblock, 264, 512, 132) == 256 and few_rows_tpr(fewblock, 265, 512, 132) is None
+    assert few_rows_tpr(fewblock, 264, 512, 132, row_free=False) == 256
+    assert few_rows_tpr(fewblock, 265, 512, 132, row_free=False) is None
     assert few_rows_tpr(DEFAULT_VARIANT, 64, 512, 132) is None
     assert shape_class_of(load_spec(SPECS / "softmax.yaml"), "forward", {"N": 64, "D": 4096}, "bfloat16",
                           _variant("fewtwo")) == "few"
@@ -317,7 +319,23 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
         assert _c_ternary(expr, {"few": 1, "tpr": tpr, "items": 2}) == tpr
     # under a medium class of 256-thread blocks (cl256) the block form stops at 256 threads
     combined = variant_named("medium:cl256+few:fewblock")
-    assert few_rows_tpr(combined, 8, 512, 132) == 256 and few_rows_tpr(combined, 8, 1024, 132) is None
+    assert few_rows_tpr(combined, 8, 512, 132, row_free=False) == 256
+    assert few_rows_tpr(combined, 8, 1024, 132, row_free=False) is None
+
+
+def test_the_block_form_of_few_rows_is_for_programs_with_row_reductions():
+    """A program without row reductions (swiglu, cross-entropy's backward from the saved
+    log-sum-exp) keeps the cluster of blocks, one chunk a thread, under fewblock/fewtwo; one with
+    them (cross-entropy's forward) takes a block per row."""
+    fewtwo = _variant("fewtwo")
+    ce, swiglu = load_spec(SPECS / "cross_entropy.yaml"), load_spec(SPECS / "swiglu.yaml")
+    assert few_rows_tpr(fewtwo, 8, 512, 132) == 512  # row-free: 8 clusters of 8 blocks of 64
+    assert few_rows_tpr(fewtwo, 8, 512, 132, row_free=False) == 256  # a block of 256, 2 chunks a thread
+    forward, backward = build_source(ce, fewtwo).split("// ======================= backward")
+    assert "SG_LAUNCH_FEWB(VEC, 256, 2)" in forward and "sg::launch_cluster<8>" not in forward
+    assert "sg::launch_cluster<8>" in backward and "_FEWB" not in backward
+    assert build_source(swiglu, fewtwo).replace("fewtwo", "default") == build_source(swiglu)
+    assert shape_class_of(ce, "backward", {"N": 8, "C": 4096}, "bfloat16", fewtwo) == "few"
 
 
 def test_fewtwo_gives_few_row_blocks_their_own_exact_max_then_sum_instantiation():
@@ -344,7 +362,8 @@ def test_fewtwo_gives_few_row_blocks_their_own_exact_max_then_sum_instantiation(
     # its few-row blocks are not capped at cl256's 256 threads (a float32 row of 4096: 512 threads),
     # and such a block is launched whole: a 1024-thread row launched as a 256-thread split block
     # hung the verifier's B=64 D=7168 float32 case on the H200 (session 14, call 3)
-    assert few_rows_tpr(combined, 8, 1024, 132) == 512 and few_rows_tpr(combined, 64, 1792, 132) == 1024
+    assert few_rows_tpr(combined, 8, 1024, 132, row_free=False) == 512
+    assert few_rows_tpr(combined, 64, 1792, 132, row_free=False) == 1024
     forward = build_source(softmax, combined).split("// ======================= backward")[0]
     expr = re.search(r"(?:const )?int block = (.*?);  //", forward).group(1)
     for tpr in (128, 256, 512, 1024):

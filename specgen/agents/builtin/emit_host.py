@@ -61,9 +61,12 @@ class HostEmitter:
         vecs = {16 // TORCH_DTYPES[d].itemsize: TORCH_DTYPES[d].itemsize for d in self.spec.dtypes}
         return any(items_max(variant, self.words_per_item(size, vec)) * vec >= FEW_MIN_ELEMS for vec, size in vecs.items())
 
-    @staticmethod
-    def few_block_form(variant: Variant) -> bool:
-        return variant.few_form == "block"
+    def few_block_form(self, variant: Variant) -> bool:
+        """A few row as one block (`few_form` "block") is for programs with row reductions (fewer
+        rounds than a cluster's); a program without keeps the cluster, one chunk a thread: at 8 x
+        4096 on the H200 the block form made swiglu 1.34-1.51x and cross-entropy's backward
+        1.11-1.31x slower (results/2026-12-02-h200-session16, call 1)."""
+        return variant.few_form == "block" and not self.row_free()
 
     def few_pair_own(self, variant: Variant) -> bool:
         """Few-row blocks with their own (max, sum) form: an instantiation flag FEW."""

@@ -81,13 +81,16 @@ class Variant:
     col_smem: bool = False
     moments: bool = False
     # flat pointwise kernels (families/flat.py): 16-byte chunks in flight per thread, and the grid's
-    # cap in waves of resident blocks. One chunk per thread over up to 64 waves (aten's shape: a
-    # block per 256 chunks) beat four chunks over one persistent wave on the H200 by 8% in float32
-    # and 2.3x in bfloat16 (residual SiLU, 4096 x 4096: benchmarks/flat_study.py, session 7)
+    # cap in waves of resident blocks. One chunk per thread beat four chunks over one persistent
+    # wave on the H200 by 8% in float32 and 2.3x in bfloat16 (residual SiLU, 4096 x 4096, session 7);
+    # a block per 256 chunks with no cap in practice (aten's grid: no striding loop) beat the old cap
+    # of 64 waves by 4-5% at 6.4 GB and reaches 100.8% / 99.5% of x.neg()'s bandwidth in float32 /
+    # bfloat16, where 64 waves gave 96.1% / 96.6% (hardsigmoid, benchmarks/flat_study.py, session 16)
     flat_unroll: int = 1
-    flat_waves: int = 64
+    flat_waves: int = 4096
     # few rows (decode sizes): a row over a cluster of blocks, one chunk per thread (FEW_TPRS);
-    # `few_form` "block": one block per row instead, of FEW_BLOCK_TPRS threads, 2 chunks each
+    # `few_form` "block": one block per row instead, of FEW_BLOCK_TPRS threads, 2 chunks each (programs
+    # with row reductions; the others keep the clusters)
     few_rows: bool = True
     few_form: str = "cluster"
     # few rows in the block form: "same" takes the medium rows' (max, sum) form (`reg_pair`);
@@ -135,8 +138,9 @@ VARIANTS = [
     # on the H200 (Chan's merge per shuffle level; results/2026-11-30-h200-moments-tune)
     Variant("moments", moments=True),
     # flat pointwise: two chunks in flight per thread over 32 waves, or four over one persistent
-    # wave (the default before session 7)
+    # wave (the default before session 7), or one over at most 64 waves
     Variant("flat2w32", flat_unroll=2, flat_waves=32),
+    Variant("flat1w64", flat_waves=64),  # the default until session 16
     Variant("flat4w1", flat_unroll=4, flat_waves=1),
     # few rows: a block per row (the medium schedule) instead of a cluster of blocks per row
     Variant("nofew", few_rows=False),
@@ -229,7 +233,7 @@ def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free
     (None: not taken). `row_free`: the program has no row reductions; `plain_elems`: elements a
     thread holds in the plain schedule (ITEMS x VEC); `imax`: the kernel's ITEMS_MAX. Mirrors
     the generated host code, where the program and device allow it."""
-    block = variant.few_form == "block"
+    block = variant.few_form == "block" and not row_free  # (HostEmitter.few_block_form says why)
     # a row takes a cluster of MAX_CLUSTER blocks, or one block in the block form: either way
     # while the rows' blocks fit in FEW_WAVES waves of one block per SM
     blocks = rows if block else rows * MAX_CLUSTER

@@ -11,8 +11,8 @@ in rows, 153.8 us flat with a `% W` per chunk, 176.0 us flat with the column kep
 One grid for the launch: BLOCK threads per block, each thread UNROLL 16-byte chunks in
 flight per input (all loads issued before any math), a grid of a block per BLOCK x UNROLL
 chunks, capped at `waves` waves of resident blocks (x the SMs x blocks per SM) that then
-stride over the rest. The default (one chunk per thread, up to 64 waves) is aten's shape;
-the variants of the tuner try more chunks per thread over fewer waves. The vector
+stride over the rest. The default (one chunk per thread, up to 4096 waves: no cap in practice)
+is aten's shape; the variants of the tuner try more chunks per thread over fewer waves. The vector
 path needs 16-byte aligned pointers only (and a row width that is a multiple of VEC when a
 per-channel parameter is read): a total size that is not a multiple of VEC takes its last
 (< VEC) elements in a scalar tail over the flat index, so an odd width stays vectorized.
