@@ -70,8 +70,8 @@ def recorded_variant(spec):
 def source_of(spec, variant) -> str:
     if variant.name == "committed":
         return (REPO / "specs" / "kernels" / f"{spec.name}.cu").read_text()
-    if variant.name == "recorded":
-        return build_source(spec, recorded_variant(spec))
+    if variant.name.split("~")[0] == "recorded":  # with any overrides of its fields
+        return build_source(spec, with_fields(recorded_variant(spec), variant.name))
     return build_source(spec, variant)
 
 
@@ -80,14 +80,23 @@ def named(names: str) -> list:
     names, in the order given; ValueError for an unknown name. A variant may carry field
     overrides for an experiment the tuner does not try: `regs16~min_threads=2048~items_cap=2`."""
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    return [Named(n) if n in SOURCE_NAMES else overridden(n) for n in wanted]
+    found = []
+    for name in wanted:
+        base = name.split("~")[0]
+        if base == "committed" and name != base:
+            raise ValueError(f"{name!r}: the committed kernel has no fields to override")
+        if base in SOURCE_NAMES:  # `recorded~...`: checked against the default now, applied per op
+            with_fields(DEFAULT_VARIANT, name)
+            found.append(Named(name))
+        else:
+            found.append(with_fields(variant_named(base), name))
+    return found
 
 
-def overridden(name: str):
-    """`base~field=value~...`: the variant `base` with those Variant fields replaced (ints,
-    true/false, or strings), named by the whole text."""
-    base, *pairs = name.split("~")
-    variant = variant_named(base)
+def with_fields(variant, name: str):
+    """`variant` with the field overrides of `name` (`base~field=value~...`: ints, true/false, or
+    strings) replaced, named by the whole text; `variant` itself when `name` has none."""
+    pairs = name.split("~")[1:]
     fields = {f.name: f for f in dataclasses.fields(variant)}
     changes = {}
     for pair in pairs:

@@ -128,3 +128,21 @@ def test_a_source_may_override_fields_of_a_variant_for_an_experiment():
         variant_ab.named("default~few_rows=1")
     with pytest.raises(ValueError):
         variant_ab.named("default~data_regs=many")
+
+
+def test_recorded_takes_overrides_applied_to_each_ops_own_recorded_variant():
+    import dataclasses
+
+    from specgen.agents.builtin.generator import build_source
+    from specgen.spec import load_spec
+
+    (source,) = variant_ab.named("recorded~reg_pair=twopass")
+    assert isinstance(source, variant_ab.Named)
+    spec = load_spec(variant_ab.REPO / "specs" / "log_softmax.yaml")
+    recorded = variant_ab.recorded_variant(spec)
+    want = build_source(spec, dataclasses.replace(recorded, name=source.name, reg_pair="twopass"))
+    assert variant_ab.source_of(spec, source) == want != build_source(spec, recorded)
+    with pytest.raises(ValueError, match="no fields to override"):
+        variant_ab.named("committed~reg_pair=twopass")
+    with pytest.raises(ValueError, match="not field=value"):
+        variant_ab.named("recorded~nosuch=1")

@@ -10,7 +10,7 @@
 
 // Deterministic: fixed reduction trees, no atomics.
 
-// Schedule variant: cl256.
+// Schedule variant: few:fewtwo+medium:cl256+split:cl256.
 
 #include "cross_entropy_abi.h"
 
@@ -423,7 +423,7 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // One row group of TPR threads per row; rows = N, columns = C. BLOCK threads per block;
 // __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
-template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK, bool FEW = false>
 __global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
 cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
@@ -465,6 +465,34 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
     // pass 1: max and sum of exp(x - max) over the row
     acc_t amax_1 = (acc_t)(-INFINITY);
     acc_t sum_1_4 = (acc_t)0;
+    if constexpr (FEW) {  // few-row block: the exact two-pass form
+      #pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t c = (int64_t)k * TPR + lane;
+        if (c * VEC < W) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const int64_t j = c * VEC + v; (void)j;
+          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_logits_0[k].v[v])));
+        }
+        }
+      }
+      amax_1 = sg::group_reduce<TPR, BLOCK>(amax_1, sg::Max(), red_smem);
+      #pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t c = (int64_t)k * TPR + lane;
+        if (c * VEC < W) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const int64_t j = c * VEC + v; (void)j;
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          sum_1_4 += exp_3;
+        }
+        }
+      }
+      sum_1_4 = sg::group_reduce<TPR, BLOCK>(sum_1_4, sg::Sum(), red_smem);
+    } else {  // the other rows' own (max, sum) form
       if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -517,7 +545,8 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
       }
       }
       }
-    sg::group_online<TPR, BLOCK>(amax_1, sum_1_4, red_smem);
+      sg::group_online<TPR, BLOCK>(amax_1, sum_1_4, red_smem);
+    }
     const acc_t log_5 = sg::log_((acc_t)(sum_1_4));
     acc_t gather_8;
     {
@@ -601,12 +630,10 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
-  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
-  // (a row reduction: the cluster's rounds pay off only over 64+ elements per thread)
-  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && items * VEC >= 64 && sg::clusters_ok<cross_entropy_fwd_rows<T, VEC, 256, 1, 32>>();
-  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
-  int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while the rows fit in 2 waves of a block per SM, a row of 129-2048 chunks takes a whole block, 2 chunks per thread
+  const bool few = vec_ok && rows <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && 2 <= ITEMS_MAX;
+  if (few) { tpr = chunks <= 256 ? 128 : chunks <= 512 ? 256 : chunks <= 1024 ? 512 : 1024; items = 2; }
+  int block = few ? tpr : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
   if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
@@ -616,8 +643,8 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-#define SG_OCC_FEW(V, P) per_sm = 1
-  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
+#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, P, true>>(block)
+  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_OCC_FEWB(VEC, 128, 2); else if (tpr == 256) SG_OCC_FEWB(VEC, 256, 2); else if (tpr == 512) SG_OCC_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_OCC_FEWB(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
@@ -635,7 +662,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_OCC
 #undef SG_OCC_CL
-#undef SG_OCC_FEW
+#undef SG_OCC_FEWB
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -653,8 +680,8 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   const cross_entropy_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(cross_entropy_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(cross_entropy_fwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
+#define SG_LAUNCH_FEWB(V, P, I) cross_entropy_fwd_rows<T, V, P, I, P, true><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_LAUNCH_FEWB(VEC, 128, 2); else if (tpr == 256) SG_LAUNCH_FEWB(VEC, 256, 2); else if (tpr == 512) SG_LAUNCH_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_LAUNCH_FEWB(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -672,7 +699,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-#undef SG_LAUNCH_FEW
+#undef SG_LAUNCH_FEWB
   cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
   return cudaGetLastError();
 }

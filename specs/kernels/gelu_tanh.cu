@@ -501,7 +501,7 @@ static cudaError_t gelu_tanh_fwd_launch(const gelu_tanh_args& A, cudaStream_t st
   const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * 1 - 1) / ((int64_t)BLOCK * 1);
   // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest
   const int per_sm = vec_ok ? sg::blocks_per_sm<gelu_tanh_fwd_flat<T, VEC>>(BLOCK) : sg::blocks_per_sm<gelu_tanh_fwd_flat<T, 1>>(BLOCK);
-  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 64;
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 4096;
   const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;
   if (vec_ok) gelu_tanh_fwd_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
   else gelu_tanh_fwd_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
@@ -623,7 +623,7 @@ static cudaError_t gelu_tanh_bwd_launch(const gelu_tanh_bwd_args& A, cudaStream_
   const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * 1 - 1) / ((int64_t)BLOCK * 1);
   // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest
   const int per_sm = vec_ok ? sg::blocks_per_sm<gelu_tanh_bwd_flat<T, VEC>>(BLOCK) : sg::blocks_per_sm<gelu_tanh_bwd_flat<T, 1>>(BLOCK);
-  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 64;
+  const int64_t cap = (int64_t)sg::sm_count() * per_sm * 4096;
   const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;
   if (vec_ok) gelu_tanh_bwd_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
   else gelu_tanh_bwd_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);
