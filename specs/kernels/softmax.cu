@@ -10,7 +10,7 @@
 
 // Deterministic: fixed reduction trees, no atomics.
 
-// Schedule variant: few:fewtwo+medium:cl256+split:default+wide:cl256.
+// Schedule variant: few:fewtwo+medium:cl256two+split:default+wide:cl256.
 
 #include "softmax_abi.h"
 
@@ -423,7 +423,7 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // One row group of TPR threads per row; rows = N, columns = D. BLOCK threads per block;
 // __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
-template <typename T, int VEC, int TPR, int ITEMS, int BLOCK, bool FEW = false>
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
 softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
@@ -461,7 +461,7 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
     // pass 1: max and sum of exp(x - max) over the row
     acc_t amax_1 = (acc_t)(-INFINITY);
     acc_t sum_1_4 = (acc_t)0;
-    if constexpr (FEW) {  // few-row block: the exact two-pass form
+    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -488,35 +488,22 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         }
       }
       sum_1_4 = sg::group_reduce<TPR, BLOCK>(sum_1_4, sg::Sum(), red_smem);
-    } else {  // the other rows' own (max, sum) form
-      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)
+    } else {  // one online sweep, one reduction round
+      if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
+        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
+          on_0[v] = (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v]));
         }
-        }
-      }
-      if (amax_1 != (acc_t)(-INFINITY)) {  // else no element here adds anything
-      #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t c = (int64_t)k * TPR + lane;
-        if (c * VEC < W) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const int64_t j = c * VEC + v; (void)j;
-          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_1);
-          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
-          sum_1_4 += exp_3;
-        }
+        sg::online_add_vec<T, VEC>(amax_1, sum_1_4, on_0);
         }
       }
-      }
-      } else {  // streamed: one online sweep
+      } else {
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
         #pragma unroll
@@ -650,8 +637,7 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<softmax_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<softmax_fwd_rows<T, V, P, I, P, true>>(block)
-  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_OCC_FEWB(VEC, 128, 2); else if (tpr == 256) SG_OCC_FEWB(VEC, 256, 2); else if (tpr == 512) SG_OCC_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_OCC_FEWB(VEC, 1024, 2); } }
+  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_OCC(VEC, 128, 2); else if (tpr == 256) SG_OCC(VEC, 256, 2); else if (tpr == 512) SG_OCC(VEC, 512, 2); else if (tpr == 1024) SG_OCC(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
@@ -673,7 +659,6 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   }
 #undef SG_OCC
 #undef SG_OCC_CL
-#undef SG_OCC_FEWB
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -687,8 +672,7 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   const softmax_args args = A;
 #define SG_LAUNCH(V, P, I) softmax_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(softmax_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-#define SG_LAUNCH_FEWB(V, P, I) softmax_fwd_rows<T, V, P, I, P, true><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
-  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_LAUNCH_FEWB(VEC, 128, 2); else if (tpr == 256) SG_LAUNCH_FEWB(VEC, 256, 2); else if (tpr == 512) SG_LAUNCH_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_LAUNCH_FEWB(VEC, 1024, 2); } }
+  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_LAUNCH(VEC, 128, 2); else if (tpr == 256) SG_LAUNCH(VEC, 256, 2); else if (tpr == 512) SG_LAUNCH(VEC, 512, 2); else if (tpr == 1024) SG_LAUNCH(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -710,7 +694,6 @@ static cudaError_t softmax_fwd_launch(const softmax_args& A, cudaStream_t stream
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-#undef SG_LAUNCH_FEWB
   return cudaGetLastError();
 }
 
