@@ -31,8 +31,8 @@ def _rows(spec) -> int:
 
 def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(op_path):
     spec = load_spec(op_path)
-    # fewblock: its block per row takes the 64-row benchmark row (fewtwo: the same text for swiglu)
-    times = {"default": 100.0, "regs16": 90.0, "wave": 50.0, "cl256": 95.0, "fewblock": 99.0}
+    # (fewblock and fewtwo give swiglu, a row-free program, the default's text: not tried again)
+    times = {"default": 100.0, "regs16": 90.0, "wave": 50.0, "cl256": 95.0}
     backend = FakeBackend(kernel_us=lambda v, row: times[v], failing={"wave"})
     result = tune.tune(spec, backend, budget_s=1000, clock=backend.clock)
     assert result.variant == "regs16" and result.decision == tune.KERNEL  # wave is faster but wrong
@@ -41,7 +41,7 @@ def test_tuner_verifies_and_times_every_variant_and_keeps_the_fastest_verified(o
     assert set(variants) == set(times)
     assert variants["wave"]["verified"] is False and "wrong_output" in variants["wave"]["reason"]
     assert "rows" not in variants["wave"]  # a wrong kernel is never timed
-    for name in ("default", "regs16", "cl256", "fewblock"):
+    for name in ("default", "regs16", "cl256"):
         assert variants[name]["verified"] and len(variants[name]["rows"]) == _rows(spec)
         assert variants[name]["geomean_us"] == pytest.approx(times[name])
     verified = [name for kind, name in backend.calls if kind == "verify"]

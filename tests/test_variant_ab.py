@@ -84,7 +84,7 @@ def test_committed_and_recorded_name_the_lock_kernel_and_the_generator_source_no
     assert (committed.name, recorded.name, wave.name) == ("committed", "recorded", "wave")
     spec = load_spec(variant_ab.REPO / "specs" / "softmax.yaml")
     assert variant_ab.source_of(spec, committed) == (variant_ab.REPO / "specs" / "kernels" / "softmax.cu").read_text()
-    assert variant_ab.recorded_variant(spec).name == "few:fewtwo+medium:cl256+split:default+wide:cl256"
+    assert variant_ab.recorded_variant(spec).name == "few:fewtwo+medium:cl256two+split:default+wide:cl256"
     assert variant_ab.source_of(spec, recorded) == build_source(spec, variant_ab.recorded_variant(spec))
     import pytest
     with pytest.raises(ValueError, match="no variant nope"):
