@@ -134,7 +134,8 @@ VARIANTS = [
     Variant("cl256", block_max=256, split_block=256),
     # cl256's blocks with the exact two rounds for (max, sum) (a max round, then the sum: no exps in
     # the merge): softmax forward bf16 at 16384 x 4096 69.5 us against cl256's 75.3, cross-entropy
-    # forward 0.82-0.90x cl256's time at 16384 x 4096 and 4096 x 8192 (session 16, calls 2-3)
+    # forward 0.82-0.90x cl256's time at 16384 x 4096 and 4096 x 8192 (session 16, calls 2-3);
+    # its narrow and split rows take the online sweep (emit_exact_pair says what that costs)
     Variant("cl256two", block_max=256, split_block=256, reg_pair="twopass"),
     # medium rows with column partials (norm backwards): the partials in shared memory
     Variant("csmem", col_smem=True),
