@@ -356,6 +356,12 @@ def test_fewtwo_gives_few_row_blocks_their_own_exact_max_then_sum_instantiation(
     # the medium rows on the same form already (few-row blocks are medium rows): one instantiation
     both = build_source(softmax, variant_named("medium:twopass+few:fewtwo"))
     assert "bool FEW" not in both and "if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK)" in both
+    # and only the medium rows: narrow and split rows in registers keep the default's own pair form
+    # (each thread's exact pair, one merge round), not the online sweep
+    for name in ("medium:twopass+few:fewtwo", "cl256two"):
+        forward = build_source(softmax, variant_named(name)).split("// ======================= backward")[0]
+        assert "} else {  // the other rows' own (max, sum) form" in forward, name
+        assert "one online sweep, one reduction round" not in forward, name
     # a combination keeps each class's own pair form; no pair at all: fewblock's text
     combined = variant_named("medium:cl256+few:fewtwo")
     assert combined.few_pair == "twopass" and combined.reg_pair == "local" and combined.block_max == 256

@@ -10,7 +10,7 @@
 
 // Deterministic: fixed reduction trees, no atomics.
 
-// Schedule variant: few:fewtwo+medium:cl256+split:cl256.
+// Schedule variant: few:fewtwo+medium:cl256two+split:cl256.
 
 #include "cross_entropy_abi.h"
 
@@ -419,11 +419,33 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // ---- end of helpers ----
 
 
+namespace sg {
+// Launch with the whole grid (grid.x = cl <= 8 blocks, grid.y = 1) as one cluster, its size known
+// only at run time: its blocks meet at cluster.sync() and read each other's shared memory.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int block, int cl, cudaStream_t stream,
+                                    Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+}  // namespace sg
+
 // ======================= forward =======================
 
 // One row group of TPR threads per row; rows = N, columns = C. BLOCK threads per block;
 // __launch_bounds__ keeps >= 1024 threads resident per SM (a register cap).
-template <typename T, int VEC, int TPR, int ITEMS, int BLOCK, bool FEW = false>
+template <typename T, int VEC, int TPR, int ITEMS, int BLOCK>
 __global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, 1024, (VEC * (int)sizeof(T) + 3) / 4, 32))
 cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials, int64_t rows_per_group)
 {
@@ -465,7 +487,7 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
     // pass 1: max and sum of exp(x - max) over the row
     acc_t amax_1 = (acc_t)(-INFINITY);
     acc_t sum_1_4 = (acc_t)0;
-    if constexpr (FEW) {  // few-row block: the exact two-pass form
+    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
@@ -563,6 +585,29 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
     if (lane == 0) ((float*)A.saved_lse.data)[row] = sg::from_acc<float>(add_21);
     gacc_0 += (acc_t)(neg_9);
   }
+  if constexpr (TPR == BLOCK) {
+    if (partials == nullptr) {  // few rows, the grid one cluster (the host's fin_cluster): finalized here
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      __shared__ float fin_part[1];  // this block's partials (its row's)
+      if (threadIdx.x == 0) fin_part[0] = (float)gacc_0;
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();  // every block's partials are in its shared memory
+      if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+        const int blocks = (int)cluster.num_blocks();
+        double tree_0[8];
+        for (int r = 0; r < 8; ++r) tree_0[r] = r < blocks ? (double)*cluster.map_shared_rank(fin_part + 0, r) : 0.0;
+        for (int w = 4; w > 0; w /= 2) for (int r = 0; r < w; ++r) tree_0[r] += tree_0[r + w];
+        const acc_t sum_3_10 = (acc_t)tree_0[0];
+        const acc_t div_16 = ((acc_t)(sum_3_10) / (acc_t)(convert_element_type_1_15));
+        *(float*)A.out.data = (float)(div_16);
+      }
+      cluster.sync();  // the first block has read every block's shared memory
+#else
+      __trap();  // the host launches it so only for code built for sm_90+ (clusters_ok)
+#endif
+      return;
+    }
+  }
   if (lane == 0) partials[0 * slots + slot] = (float)gacc_0;
 }
 
@@ -643,7 +688,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, P, true>>(block)
+#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, P>>(block)
   if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_OCC_FEWB(VEC, 128, 2); else if (tpr == 256) SG_OCC_FEWB(VEC, 256, 2); else if (tpr == 512) SG_OCC_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_OCC_FEWB(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
@@ -672,15 +717,18 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
+  // few rows of a loss (8 at most, a block each): the grid runs as one cluster whose
+  // first block sums the partials and writes the result: no finalize launch, no workspace
+  const bool fin_cluster = few && groups == 1 && gx <= 8 && sg::clusters_ok<cross_entropy_fwd_rows<T, VEC, 128, 2, 128>>();
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
-  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
+  const size_t partial_bytes = fin_cluster ? (size_t)0 : sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
   if (need) { *need = partial_bytes; return cudaSuccess; }
   if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
   float* partials = (float*)A.workspace;
   const cross_entropy_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(cross_entropy_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-#define SG_LAUNCH_FEWB(V, P, I) cross_entropy_fwd_rows<T, V, P, I, P, true><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
+#define SG_LAUNCH_FEWB(V, P, I) do { if (fin_cluster) { const cudaError_t e_ = sg::launch_cluster_n(cross_entropy_fwd_rows<T, V, P, I, P>, grid, block, (int)gx, stream, args, (float*)nullptr, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } else cross_entropy_fwd_rows<T, V, P, I, P><<<grid, block, 0, stream>>>(args, partials, rows_per_group); } while (0)
   if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_LAUNCH_FEWB(VEC, 128, 2); else if (tpr == 256) SG_LAUNCH_FEWB(VEC, 256, 2); else if (tpr == 512) SG_LAUNCH_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_LAUNCH_FEWB(VEC, 1024, 2); } }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
@@ -700,7 +748,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
 #undef SG_LAUNCH_FEWB
-  cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
+  if (!fin_cluster) cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
   return cudaGetLastError();
 }
 

@@ -488,22 +488,35 @@ softmax_fwd_rows(const softmax_args A, float* __restrict__ partials, int64_t row
         }
       }
       sum_1_4 = sg::group_reduce<TPR, BLOCK>(sum_1_4, sg::Sum(), red_smem);
-    } else {  // one online sweep, one reduction round
-      if constexpr (ITEMS > 0) {
+    } else {  // the other rows' own (max, sum) form
+      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
         const int64_t c = (int64_t)k * TPR + lane;
         if (c * VEC < W) {
-        acc_t on_0[VEC];  // the chunk, fed to the online (max, sum) at once
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
           const int64_t j = c * VEC + v; (void)j;
-          on_0[v] = (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v]));
+          amax_1 = sg::max_(amax_1, (acc_t)((acc_t)sg::to_acc(r_p_x_0[k].v[v])));
         }
-        sg::online_add_vec<T, VEC>(amax_1, sum_1_4, on_0);
         }
       }
-      } else {
+      if (amax_1 != (acc_t)(-INFINITY)) {  // else no element here adds anything
+      #pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const int64_t c = (int64_t)k * TPR + lane;
+        if (c * VEC < W) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const int64_t j = c * VEC + v; (void)j;
+          const acc_t sub_2 = ((acc_t)sg::to_acc(r_p_x_0[k].v[v]) - amax_1);
+          const acc_t exp_3 = sg::exp_<T>((acc_t)(sub_2));
+          sum_1_4 += exp_3;
+        }
+        }
+      }
+      }
+      } else {  // streamed: one online sweep
       for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {
         sg::Raw<T, VEC> l_p_x_0[UNROLL];
         #pragma unroll

@@ -585,6 +585,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         lines.append("  }")
         if self.colreduces:
             lines += self.emit_column_partials_out()
+        if self.finalizes_in_cluster(variant):
+            lines += self.emit_cluster_finalize(ctx)
         for i, g in enumerate(self.globalreduces):
             base = f"{len(self.colreduces)} * cslots * W + " if self.colreduces else ""
             lines.append(f"  if (lane == 0) partials[{base}{i} * slots + slot] = (float)gacc_{i};")
@@ -594,12 +596,11 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
     def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, variant: Variant) -> list[str]:
         """The `twopass` variant's (max, sum): a medium row (one block, in registers) takes the
         exact two sweeps, whose exps are independent of each other (the max and the batch's
-        other reductions in one round, then the sum of exp(x - max)); narrow, split and
-        streamed rows take the online sweep. In registers that is not the default's form
-        ("local"), so the variant changes narrow and split rows too: softmax's split rows of
-        131072 were 2-4% slower under cl256two than under cl256 on the H200 (session 16).
-        results/2026-12-02-h200-session16/twopass-local.diff keeps the default's form there; it
-        changes the kernel of record (softmax), so it waits for a GPU session to regenerate it.
+        other reductions in one round, then the sum of exp(x - max)); narrow and split rows in
+        registers keep the default's form ("local": one merge round of each thread's exact pair)
+        and streamed rows the online sweep, so the variant changes the medium class only (until
+        session 17 the others took the online sweep in registers too: softmax's split rows of
+        131072 were 2-4% slower for it on the H200).
         `few_pair` "twopass": the few-row blocks (FEW) take the same form, whatever the rest do."""
         mv, sv = self.var(m), self.var(s)
         medium = variant.reg_pair == "twopass"
@@ -615,7 +616,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         pass_ctx.names[m.id] = mv
         lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
         lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
-        local = not medium and variant.reg_pair == "local"
+        local = variant.reg_pair in ("local", "twopass")  # "online" keeps its own sweep
         lines.append("    } else {  // " + ("the other rows' own (max, sum) form" if local else "one online sweep, one reduction round"))
         lines += self.emit_online_pair(m, s, others, ctx, "      ", local)
         lines.append("    }")

@@ -46,19 +46,69 @@ class FinalizeEmitter:
                 lines.append("  __syncthreads();")
                 ctx.names[g.id] = self.var(g)
             lines.append("  if (threadIdx.x != 0) return;")
-            for n in self.nodes:
-                if n.level == "global" and n.op not in ("dim", "stride") and n.id not in ctx.names:
-                    ctx.names[n.id] = self.var(n)
-                    lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr_fresh(n, ctx)};")
-            for s in glob:
-                t = self.ctype_of(s.field)
-                for n in self.closure([s.value], "post"):
-                    if n.id not in ctx.names and n.op != "globalreduce":
-                        ctx.names[n.id] = self.var(n)
-                        lines.append(f"  const acc_t {self.var(n)} = {self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
-                lines.append(f"  *({t}*)A.{s.field}.data = ({t})({self.expr(s.value, ctx)});")
+            lines += self.global_epilogue(ctx, "  ")
             lines.append("}")
         return "\n".join(lines)
+
+    def global_epilogue(self, ctx: Ctx, indent: str) -> list[str]:
+        """The outputs of the reductions over all rows, named in ctx: the global-level values they
+        need (those ctx does not name yet), then each store."""
+        lines = []
+        for n in self.nodes:
+            if n.level == "global" and n.op not in ("dim", "stride") and n.id not in ctx.names:
+                ctx.names[n.id] = self.var(n)
+                lines.append(f"{indent}const {self.ctype_var(n)} {self.var(n)} = {self.expr_fresh(n, ctx)};")
+        for s in (s for s in self.post_stores() if s.kind == "global"):
+            t = self.ctype_of(s.field)
+            for n in self.closure([s.value], "post"):
+                if n.id not in ctx.names and n.op != "globalreduce":
+                    ctx.names[n.id] = self.var(n)
+                    lines.append(f"{indent}const acc_t {self.var(n)} = {self.op_expr(n, [self.expr(a, ctx) for a in n.args])};")
+            lines.append(f"{indent}*({t}*)A.{s.field}.data = ({t})({self.expr(s.value, ctx)});")
+        return lines
+
+    def finalizes_in_cluster(self, variant) -> bool:
+        """Few rows may finalize their reductions over all rows in their own cluster (the row
+        kernel's tail, `partials == nullptr`; schedule.few_finalized_in_cluster): the block form, and
+        reductions over all rows only (no column reductions)."""
+        return (variant.few_fin == "cluster" and bool(self.globalreduces) and not self.colreduces
+                and self.few_allowed(variant) and self.few_block_form(variant))
+
+    def emit_cluster_finalize(self, ctx: Ctx) -> list[str]:
+        """The row kernel's tail for few rows launched as one cluster of at most FEW_FIN_ROWS blocks
+        (a row each): the first block sums the blocks' partials in the finalize kernel's tree order
+        (the same bits as finalize_global: its 256-wide tree over <= 8 slots adds zeros first), then
+        writes the outputs. `ctx` names the row kernel's global-level values."""
+        n = len(self.globalreduces)
+        lines = ["  if constexpr (TPR == BLOCK) {",
+                 "    if (partials == nullptr) {  // few rows, the grid one cluster (the host's fin_cluster): "
+                 "finalized here",
+                 "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900",
+                 f"      __shared__ float fin_part[{n}];  // this block's partials (its row's)"]
+        lines += [f"      if (threadIdx.x == 0) fin_part[{i}] = (float)gacc_{i};" for i in range(n)]
+        lines += ["      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();",
+                  "      cluster.sync();  // every block's partials are in its shared memory",
+                  "      if (cluster.block_rank() == 0 && threadIdx.x == 0) {",
+                  "        const int blocks = (int)cluster.num_blocks();"]
+        fin_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
+        for i, g in enumerate(self.globalreduces):
+            t = f"tree_{i}"
+            lines += [f"        double {t}[8];",
+                      f"        for (int r = 0; r < 8; ++r) {t}[r] = r < blocks ? "
+                      f"(double)*cluster.map_shared_rank(fin_part + {i}, r) : 0.0;",
+                      f"        for (int w = 4; w > 0; w /= 2) for (int r = 0; r < w; ++r) {t}[r] += {t}[r + w];",
+                      f"        const acc_t {self.var(g)} = (acc_t){t}[0];"]
+            fin_ctx.names[g.id] = self.var(g)
+        lines += self.global_epilogue(fin_ctx, "        ")
+        lines += ["      }",
+                  "      cluster.sync();  // the first block has read every block's shared memory",
+                  "#else",
+                  "      __trap();  // the host launches it so only for code built for sm_90+ (clusters_ok)",
+                  "#endif",
+                  "      return;",
+                  "    }",
+                  "  }"]
+        return lines
 
     def grouped_cols(self) -> bool:
         """Column reductions per group of rows (rope's cos/sin grads: a group of H rows per

@@ -7,7 +7,8 @@ from __future__ import annotations
 from ... import abi
 from ...inputs import TORCH_DTYPES
 from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
-from .schedule import FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant, few_block_tprs, items_max
+from .schedule import (FEW_FIN_ROWS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant,
+                       few_block_tprs, items_max)
 
 
 class HostEmitter:
@@ -74,6 +75,16 @@ class HostEmitter:
         return (variant.few_pair != "same" and variant.few_pair != variant.reg_pair and self.few_allowed(variant)
                 and self.few_block_form(variant) and self.online_partner(reductions, reductions) is not None)
 
+    def few_macros_own(self, variant: Variant) -> bool:
+        """Few-row blocks launched by their own macros (SG_*_FEWB): their own instantiation (FEW),
+        or a launch that may run the grid as one cluster (finalizes_in_cluster)."""
+        return self.few_pair_own(variant) or self.finalizes_in_cluster(variant)
+
+    def few_block_kernel(self, variant: Variant, vec: str, tpr: str, items: str) -> str:
+        """The few-row block form's instantiation: FEW set when it has its own (max, sum) form."""
+        flag = ", true" if self.few_pair_own(variant) else ""
+        return f"{self.kname}_rows<T, {vec}, {tpr}, {items}, {tpr}{flag}>"
+
     def few_rows_choice(self) -> list[str]:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
         schedule.few_rows_tpr, its Python mirror)."""
@@ -137,7 +148,7 @@ class HostEmitter:
         lines = []
         if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
             tprs = few_block_tprs(variant)
-            act = f"{action}_FEWB" if self.few_pair_own(variant) else action
+            act = f"{action}_FEWB" if self.few_macros_own(variant) else action
             chain = " else ".join(f"if (tpr == {t}) {act}(VEC, {t}, 2);" for t in tprs)
             lines.append(f"  if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
             lines.append("  else if (vec_ok) {")
@@ -280,14 +291,14 @@ class HostEmitter:
         lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
         if few:
             lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
-        if self.few_pair_own(variant):
-            lines.append(f"#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, P, true>>(block)")
+        if self.few_macros_own(variant):
+            lines.append(f"#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<{self.few_block_kernel(variant, 'V', 'P', 'I')}>(block)")
         lines += self.schedule_chain(variant, "SG_OCC")
         lines.append("#undef SG_OCC")
         lines.append("#undef SG_OCC_CL")
         if few:
             lines.append("#undef SG_OCC_FEW")
-        if self.few_pair_own(variant):
+        if self.few_macros_own(variant):
             lines.append("#undef SG_OCC_FEWB")
         lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
         lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
@@ -299,9 +310,16 @@ class HostEmitter:
         lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
         lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
         lines.append("  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
+        fin_cluster = self.finalizes_in_cluster(variant)
+        if fin_cluster:
+            first = self.few_block_kernel(variant, "VEC", str(few_block_tprs(variant)[0]), "2")
+            lines.append(f"  // few rows of a loss ({FEW_FIN_ROWS} at most, a block each): the grid runs as one cluster whose")
+            lines.append("  // first block sums the partials and writes the result: no finalize launch, no workspace")
+            lines.append(f"  const bool fin_cluster = few && groups == 1 && gx <= {FEW_FIN_ROWS} && sg::clusters_ok<{first}>();")
         if ncol or nglob:
             lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
-            lines.append(f"  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
+            none = "fin_cluster ? (size_t)0 : " if fin_cluster else ""
+            lines.append(f"  const size_t partial_bytes = {none}sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
                          f"+ (size_t)slots * {nglob});")
             lines += take_workspace("partial_bytes")
             lines.append("  float* partials = (float*)A.workspace;")
@@ -326,20 +344,26 @@ class HostEmitter:
             lines.append(f"#define SG_LAUNCH_FEW(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
                          f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, args, partials, "
                          "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
-        if self.few_pair_own(variant):  # few-row blocks: their own instantiation (their own (max, sum) form)
-            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) {self.kname}_rows<T, V, P, I, P, true>"
-                         "<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
+        kernel = self.few_block_kernel(variant, "V", "P", "I")
+        if fin_cluster:  # few-row blocks: maybe one cluster that finalizes (partials nullptr)
+            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) do {{ if (fin_cluster) {{ const cudaError_t e_ = "
+                         f"sg::launch_cluster_n({kernel}, grid, block, (int)gx, stream, args, (float*)nullptr, "
+                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } "
+                         f"else {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group); }} while (0)")
+        elif self.few_pair_own(variant):  # few-row blocks: their own instantiation (their own (max, sum) form)
+            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
         lines += self.schedule_chain(variant, "SG_LAUNCH")
         lines.append("#undef SG_LAUNCH")
         lines.append("#undef SG_LAUNCH_CL")
         if few:
             lines.append("#undef SG_LAUNCH_FEW")
-        if self.few_pair_own(variant):
+        if self.few_macros_own(variant):
             lines.append("#undef SG_LAUNCH_FEWB")
         if ncol and any(s.kind == "col" for s in p.stores):
             lines.append(self.finalize_cols_launch())
         if any(s.kind == "global" for s in p.stores):
-            lines.append(f"  {self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
+            unless = "if (!fin_cluster) " if fin_cluster else ""
+            lines.append(f"  {unless}{self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
                          f"{'cslots' if ncol else '0'});")
         lines.append("  return cudaGetLastError();")
         lines.append("}")

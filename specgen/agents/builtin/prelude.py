@@ -500,9 +500,35 @@ template <typename T = double> __device__ __forceinline__ double log1p_(double x
 }  // namespace sg"""
 
 
+# Only in kernels whose few rows finalize a loss in their own cluster (Variant.few_fin): the other
+# kernels' text, committed and verified, stays byte for byte what it was.
+PRELUDE_CLUSTER_N = r"""namespace sg {
+// Launch with the whole grid (grid.x = cl <= 8 blocks, grid.y = 1) as one cluster, its size known
+// only at run time: its blocks meet at cluster.sync() and read each other's shared memory.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int block, int cl, cudaStream_t stream,
+                                    Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+}  // namespace sg"""
+
+
 def with_optional_preludes(parts: list[str]) -> list[str]:
     """`parts` of a kernel's text with the optional prelude parts it calls placed after PRELUDE."""
     text = "\n".join(parts)
     extra = [PRELUDE_EXPM1_LOG1P] if "sg::expm1_<" in text or "sg::log1p_<" in text else []
+    extra += [PRELUDE_CLUSTER_N] if "sg::launch_cluster_n(" in text else []
     at = parts.index(PRELUDE) + 1
     return parts[:at] + extra + parts[at:]

@@ -39,6 +39,7 @@ FEW_MIN_CHUNKS = 129
 FEW_MIN_ELEMS = 64
 FEW_BLOCK_TPRS = (128, 256, 512, 1024)  # the block form: TPR for rows of up to 2 x TPR chunks
 FEW_WAVES = 2
+FEW_FIN_ROWS = MAX_CLUSTER  # few rows finalized in their own cluster (`few_fin`): a portable cluster's blocks
 H200_SMS = 132  # the SM count the Python mirrors assume when no GPU is asked
 
 
@@ -97,6 +98,11 @@ class Variant:
     # "twopass" the exact two rounds (a max round, then a sum round: no exps in the merge), as
     # its own instantiation (template flag FEW), so the medium rows keep theirs
     few_pair: str = "same"
+    # few rows in the block form, of a program with a reduction over all rows (a mean loss): "cluster"
+    # runs up to FEW_FIN_ROWS rows' blocks as one cluster whose first block sums their partials and
+    # writes the result (one launch); "launch" leaves that to the finalize kernel (a second launch,
+    # 1.36 us of cross-entropy's 4.3 at 8 x 4096 on the H200, session 16)
+    few_fin: str = "cluster"
     # wide rows (looped): how a float sum is kept over the sweep. "plain": one accumulator per
     # thread; "chains": UNROLL partials, one per chunk in flight, added at the end of the sweep
     # (sequential chains UNROLL times shorter); "kahan": those partials, each compensated (Kahan)
@@ -135,7 +141,7 @@ VARIANTS = [
     # cl256's blocks with the exact two rounds for (max, sum) (a max round, then the sum: no exps in
     # the merge): softmax forward bf16 at 16384 x 4096 69.5 us against cl256's 75.3, cross-entropy
     # forward 0.82-0.90x cl256's time at 16384 x 4096 and 4096 x 8192 (session 16, calls 2-3);
-    # its narrow and split rows take the online sweep (emit_exact_pair says what that costs)
+    # its narrow and split rows in registers keep the default's pair form (emit_exact_pair)
     Variant("cl256two", block_max=256, split_block=256, reg_pair="twopass"),
     # medium rows with column partials (norm backwards): the partials in shared memory
     Variant("csmem", col_smem=True),
@@ -177,7 +183,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
-                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair")}
+                "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 
 
 def combine(winners: dict[str, Variant]) -> Variant:
@@ -250,6 +256,17 @@ def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free
     if not row_free and plain_elems < FEW_MIN_ELEMS:
         return None
     return next(t for t in FEW_TPRS if chunks <= t)
+
+
+def few_finalized_in_cluster(variant: Variant, rows: int, groups: int, few_tpr: int | None, *,
+                             global_reductions: bool, column_reductions: bool) -> bool:
+    """Whether a few-rows launch (few_tpr: few_rows_tpr's answer) of a program with reductions over
+    all rows finalizes them in its own cluster (no finalize launch, no workspace): the block form,
+    one group, at most FEW_FIN_ROWS rows (a block each), no column reductions. Mirrors the host code
+    (`fin_cluster`), on sm_90+ code."""
+    block = variant.few_form == "block"
+    return (variant.few_fin == "cluster" and block and few_tpr is not None and global_reductions
+            and not column_reductions and groups == 1 and 1 <= rows <= FEW_FIN_ROWS)
 
 
 def shape_class(tpr: int, items: int) -> str:
