@@ -28,8 +28,10 @@ from specgen.bench import bench_inputs, bench_spec, copy_bandwidth_gbs, moved_by
 from specgen.spec import load_spec  # noqa: E402
 from specgen.verify.library import KernelLibrary  # noqa: E402
 
-LAUNCH_SHAPES = [(4, 1), (2, 1), (4, 4), (4, 16), (2, 32), (1, 64), (8, 1), (1, 4096)]  # (flat_unroll, flat_waves);
-# (1, 4096): no cap in practice, aten's grid (a block per 128-256 chunks, no striding loop)
+LAUNCH_SHAPES = [(4, 1), (2, 1), (4, 4), (4, 16), (2, 32), (1, 64), (8, 1), (1, 4096), (2, 4096)]
+# (flat_unroll, flat_waves); (1, 4096): no cap in practice, aten's grid (a block per 128-256 chunks,
+# no striding loop); (2, 4096): that grid with two chunks a thread, as aten's float32 kernel takes
+# them (two 16-byte loads in flight, then ~40 instructions an element for log-sigmoid: session 17)
 
 
 def plain_time_us(fn) -> float:
