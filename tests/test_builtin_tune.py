@@ -68,6 +68,30 @@ def test_a_variant_faster_only_by_noise_does_not_displace_the_default(op_path):
     assert tune.tune(spec, backend, budget_s=1000, clock=backend.clock).variant == "regs16"
 
 
+def test_a_timing_spec_times_the_variants_at_its_shapes_while_the_spec_is_verified(op_path, tmp_path):
+    """A harness that verifies without a shape too large for the verifier's checked timing can
+    still have the tuner time every variant there: there a launch difference shows."""
+    import yaml
+
+    spec = load_spec(op_path)
+    data = yaml.safe_load(op_path.read_text())
+    small = [dict(s) for s in data["benchmark"] if s["N"] <= 64] or [{"N": 8, "H": 4096}]
+    data["benchmark"] = small
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "swiglu.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    verified = load_spec(tmp_path / "small" / "swiglu.yaml")
+    large = {tuple(sorted(d.items())) for d in spec.benchmark} - {tuple(sorted(d.items())) for d in small}
+    assert large  # the full spec has shapes the small one lacks
+    # regs16 is faster at the large shapes only; at the small ones a tie
+    times = lambda v, row: 80.0 if v == "regs16" and tuple(sorted(row["dims"].items())) in large else 100.0  # noqa: E731
+    backend = FakeBackend(kernel_us=times)
+    result = tune.tune(verified, backend, budget_s=1000, clock=backend.clock, timing_spec=spec)
+    assert result.variant == "regs16"
+    assert len(result.record["rows"]) == _rows(spec)  # every shape of the timing spec, eager beside
+    backend = FakeBackend(kernel_us=times)
+    assert tune.tune(verified, backend, budget_s=1000, clock=backend.clock).variant == "default"
+
+
 def test_the_budget_stops_tuning_after_the_first_verified_variant(op_path):
     spec = load_spec(op_path)
     backend = FakeBackend(cost=10.0)  # each variant: 10 s of the fake clock

@@ -306,8 +306,9 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
 
     verified_at = {}
 
-    def fake_generate(spec, args):
+    def fake_generate(spec, args, timing_spec=None):
         verified_at[spec.name] = list(spec.benchmark)
+        assert timing_spec is None  # --tune-shapes verified (the default): the tuner times what was verified
         assert spec.path.is_file()  # the verifier's worker reloads the spec from its path
         assert load_spec(spec.path).benchmark == spec.benchmark and spec.hash() != load_spec(DEV / spec.path.name).hash() \
             or spec.path.parent == DEV

@@ -298,22 +298,24 @@ def _fastest(names, time_of: Callable[[str], float]) -> str:
 
 
 def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = (), *,
-               every_class: bool = False) -> tuple[list[tuple[Variant, str]], list[str]]:
+               every_class: bool = False, timed=None) -> tuple[list[tuple[Variant, str]], list[str]]:
     """(variant, source) pairs worth trying, default first, then `prefer`: one per distinct
     kernel text, and only variants that change a field of a shape class some benchmark row is
     in (under the default or under the variant itself: a field can move rows between classes).
     `every_class`: no such filter (the verifier's sizes reach every class: a variant that cannot
-    speed up a benchmark row can still be the one that verifies)."""
+    speed up a benchmark row can still be the one that verifies). `timed`: the spec whose
+    benchmark rows are timed (default `spec`)."""
     from .generator import build_source
 
+    timed = timed or spec
     variants = list(variants or VARIANTS)
     order = [DEFAULT_VARIANT.name] + [n for n in prefer if n != DEFAULT_VARIANT.name]
     variants.sort(key=lambda v: order.index(v.name) if v.name in order else len(order))
-    default_classes = _row_classes(spec, DEFAULT_VARIANT) if spec.benchmark and not every_class else None
+    default_classes = _row_classes(timed, DEFAULT_VARIANT) if timed.benchmark and not every_class else None
     pairs, seen, notes = [], set(), []
     for variant in variants:
         if variant.name != DEFAULT_VARIANT.name and default_classes is not None:
-            own = _row_classes(spec, variant)
+            own = _row_classes(timed, variant)
             if own is not None and not _changed_classes(variant) & (default_classes | own):
                 notes.append(variant.name)
                 continue
@@ -328,8 +330,9 @@ def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = 
 
 
 class _Tuning:
-    def __init__(self, spec, backend: TuneBackend, budget_s: float, clock, say):
+    def __init__(self, spec, backend: TuneBackend, budget_s: float, clock, say, timed=None):
         self.spec, self.backend, self.budget_s, self.clock, self.say = spec, backend, budget_s, clock, say
+        self.timed = timed or spec  # the spec whose benchmark rows are timed
         self.started = clock()
         self.tried: dict[str, dict] = {}  # variant name -> its record
         self.passed: dict[str, tuple[Variant, str, Check]] = {}
@@ -352,7 +355,7 @@ class _Tuning:
             check = self.backend.verify(self.spec, source)
             if check.passed:
                 record["verified"] = True
-                rows = self.backend.time_kernel(self.spec, source)
+                rows = self.backend.time_kernel(self.timed, source)
                 record["rows"] = [{"id": row_id(r), "kernel_us": _round(r.get("kernel_us"))} for r in rows]
                 if rows and all(r["kernel_us"] for r in record["rows"]):
                     record["geomean_us"] = _round(_geomean(r["kernel_us"] for r in record["rows"]))
@@ -378,19 +381,23 @@ class _Tuning:
 
 def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, variants: list[Variant] | None = None,
          clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] = lambda _: None,
-         baseline: tuple[str, str] | None = None, prefer: list[str] = ()) -> TuneResult:
+         baseline: tuple[str, str] | None = None, prefer: list[str] = (), timing_spec=None) -> TuneResult:
     """Tune `spec` on `backend` within `budget_s` seconds (see the module docstring).
     `baseline`: (agent, source) of a locked kernel to beat (decision "baseline" when it is
     faster: the caller keeps it). `prefer`: variant names tried right after the default (see
-    previous_variants). Raises Rejected when no variant verifies."""
+    previous_variants). `timing_spec`: the same op with the benchmark shapes to time, where they
+    differ from the ones verified (a harness that verifies without shapes too large for the
+    verifier's checked timing still times them: a launch's difference may show only there).
+    Raises Rejected when no variant verifies."""
     from .generator import build_source, shape_class_of
 
-    run = _Tuning(spec, backend, budget_s, clock, say)
-    if not spec.benchmark:  # nothing to time: the default variant, verified
+    timed = timing_spec or spec
+    run = _Tuning(spec, backend, budget_s, clock, say, timed)
+    if not timed.benchmark:  # nothing to time: the default variant, verified
         return _untimed(spec, backend, run)
-    pairs, run.notes = candidates(spec, variants, prefer)
+    pairs, run.notes = candidates(spec, variants, prefer, timed=timed)
     backend.prepare(spec, [source for _, source in pairs])
-    eager = {row_id(r): _round(r.get("eager_us")) for r in backend.time_eager(spec)}
+    eager = {row_id(r): _round(r.get("eager_us")) for r in backend.time_eager(timed)}
     skipped = []
     for variant, source in pairs:
         if run.passed and run.over_budget():  # the first verified kernel is found whatever the budget
