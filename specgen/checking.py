@@ -110,6 +110,8 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
             run_reference_checked(spec, args, dims, dtype)
             # the verifier computes the truth in float64: that must work too
             run_reference_checked(spec, upcast(args), dims, "float64")
+            if spec.backward != "none" and k == 0:
+                check_differentiable(spec, upcast(args), dtype)
             if spec.saved_values:  # each definition's shape, in both runs (specgen/saved.py)
                 evaluate_saved(spec, args, dtype)
                 evaluate_saved(spec, upcast(args), "float64")
@@ -185,6 +187,34 @@ def run_reference_checked(spec: KernelSpec, args: dict, dims: dict[str, int], dt
                                 f"(they share memory)", location=where, field="reference",
                                 hint=f"return a new tensor, e.g. {name}.clone() or an out-of-place op")
     return outputs
+
+
+def check_differentiable(spec: KernelSpec, args: dict, dtype: str) -> None:
+    """An op with a backward (kernel or reference) has its gradients' truth from autograd through
+    the reference: some floating output must depend differentiably on an input the backward
+    differentiates. SpecError when none does (a .detach(), torch.no_grad(), integer outputs only).
+    An op whose gradient is zero (round, sign) has a graph: that is the user's choice, not caught."""
+    import torch
+
+    from .inputs import as_tuple
+    from .reference import reference_failure
+
+    wanted = [p.name for p in spec.signature.inputs if p.type.differentiable]
+    leaves = {k: v.detach().requires_grad_(True) if k in wanted and isinstance(v, torch.Tensor) else v
+              for k, v in args.items()}
+    try:
+        with torch.enable_grad():
+            outputs = as_tuple(spec.reference_fn()(**leaves))
+    except Exception as error:  # the user's code, now with inputs that require grad
+        raise reference_failure(spec, error, f"when called with {dtype} inputs that require grad {_shapes(args)} "
+                                             f"(backward: {spec.backward})") from None
+    if any(isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad for o in outputs):
+        return
+    raise SpecError(f"backward: {spec.backward}, but no output of the reference depends differentiably on "
+                    f"{', '.join(repr(n) for n in wanted)} (no autograd graph: the gradients would be zero or "
+                    f"undefined); a .detach(), torch.no_grad() or integer outputs only do that",
+                    location=Location(spec.path or spec.name, spec.reference_line),
+                    field="backward", hint="use backward: none, or compute the output with differentiable ops")
 
 
 def _truth_run(dtype: str) -> str:

@@ -142,3 +142,22 @@ def test_spec_hash_changes_with_the_parsed_spec(tmp_path):
     b = load_spec(write(tmp_path, GOOD.replace("# comment", "") + "# a comment changes nothing\n", "b.yaml"))
     c = load_spec(write(tmp_path, GOOD.replace("[1, 64], D", "[1, 128], D"), "c.yaml"))
     assert a.hash() == b.hash() != c.hash()
+
+
+@pytest.mark.parametrize("body", ["return (x * alpha).detach()",  # the graph cut
+                                  "return torch.argmax(x * alpha, -1, keepdim=True).expand(x.shape).to(x.dtype)",
+                                  "with torch.no_grad():\n        return x * alpha"])
+def test_a_backward_needs_a_reference_that_autograd_can_differentiate(tmp_path, body):
+    """backward: kernel takes its gradients' truth from autograd through the reference: an output
+    with no graph back to the input is an error at check time, not a GPU-time surprise."""
+    text = GOOD.replace("      return x * alpha", "      import torch\n      " + body.replace("\n", "\n  ")) \
+        + "backward: kernel\n"
+    error = error_of(write(tmp_path, text))
+    assert error.field == "backward" and "'x'" in str(error) and "no autograd graph" in str(error)
+    assert error.location is not None and str(error.location.path).endswith("scale.yaml")
+    assert "backward: none" in (error.hint or "")
+    # the same reference with its graph: accepted; an integer output beside a differentiable one too
+    assert check_spec(write(tmp_path, GOOD + "backward: kernel\n", "ok.yaml")).ok
+    both = GOOD.replace('-> Tensor[N, D]"', '-> (Tensor[N] , Tensor[N] int64)"').replace(
+        "      return x * alpha", "      import torch\n      return torch.max(x * alpha, dim=-1)")
+    assert check_spec(write(tmp_path, both + "backward: kernel\n", "pair.yaml")).ok
