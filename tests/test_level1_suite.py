@@ -18,9 +18,10 @@ from specgen.checking import check_spec
 REPO = Path(__file__).resolve().parent.parent
 DEV = REPO / "benchmarks" / "level1" / "specs"
 HELDOUT = REPO / "heldout" / "problems"
+HELDOUT_V2 = REPO / "heldout" / "problems-v2"  # written in session 17 (a family outside #12's list: pool)
 EXPECTED_REFUSALS = REPO / "benchmarks" / "level1" / "EXPECTED_REFUSALS.txt"
 FAMILIES = {"pointwise", "reduce_last", "reduce_middle", "reduce_multi", "reduce_all", "reduce_first", "arg_reduce",
-            "scan", "row_norm", "channel_norm", "loss"}
+            "scan", "row_norm", "channel_norm", "loss", "pool"}
 
 
 def _bench():
@@ -37,10 +38,11 @@ bench = _bench()
 # ------------------------------------------------------------------ the specs
 
 def test_suites_are_large_enough_and_every_spec_has_a_family():
-    dev, held = sorted(DEV.glob("*.yaml")), sorted(HELDOUT.glob("*.yaml"))
-    assert len(dev) >= 40 and len(held) >= 12
-    assert not {p.stem for p in dev} & {p.stem for p in held}, "a held-out problem repeats a development one"
-    for path in dev + held:
+    dev, held, v2 = (sorted(folder.glob("*.yaml")) for folder in (DEV, HELDOUT, HELDOUT_V2))
+    assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12
+    assert not {p.stem for p in dev} & {p.stem for p in held + v2}, "a held-out problem repeats a development one"
+    assert not {p.stem for p in held} & {p.stem for p in v2}, "the second held-out set repeats the first"
+    for path in dev + held + v2:
         assert bench.spec_family(path) in FAMILIES, f"{path.name}: first line must be '# family: NAME'"
     counts = {}
     for path in dev:
@@ -55,7 +57,7 @@ def test_every_spec_passes_check():
 
     sandbox = shared_sandbox()
     failures = []
-    for path in sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")):
+    for path in sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")) + sorted(HELDOUT_V2.glob("*.yaml")):
         result = check_spec(path, samples=1, sandbox=sandbox)
         if not result.ok:
             failures.append(f"{path.relative_to(REPO)}: {result.error}")

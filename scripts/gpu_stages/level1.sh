@@ -9,7 +9,8 @@
 #   held-out set, default 150), LEVEL1_SETS (dev | heldout | both, default both), LEVEL1_SIZES
 #   (decode | large | all, default all), LEVEL1_ONLY (spec names, comma-separated), LEVEL1_SHARD (K/N:
 #   every N-th spec from the K-th, to split the suite over several calls; merge with --merge),
-#   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_ARGS (more benchmarks/level1_bench.py flags).
+#   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_ARGS (more benchmarks/level1_bench.py flags),
+#   LEVEL1_HELDOUT_DIR (the held-out folder, default heldout/problems; heldout/problems-v2 is the second set).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -55,7 +56,7 @@ if [ "$SETS" = "heldout" ] || [ "$SETS" = "both" ]; then
   left=$(( BUDGET - ( $(date +%s) - started ) - 15 ))
   [ $left -lt 30 ] && left=30
   # held out: rows only in the files, the summary in the log
-  run_set heldout heldout/problems "$left" --summary-only
+  run_set heldout "${LEVEL1_HELDOUT_DIR:-heldout/problems}" "$left" --summary-only
   grep -v "^\[level1\] spec " "$OUT_DIR/heldout.log" | tail -n 40
 fi
 tar czf "$OUT_DIR/level1-logs.tar.gz" -C "$OUT_DIR" --exclude level1-logs.tar.gz . 2>/dev/null
