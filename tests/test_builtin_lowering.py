@@ -137,3 +137,28 @@ def test_a_row_sum_of_a_one_hot_becomes_the_value_at_the_index(tmp_path):
         run_program(p, tensors, {}, dims, out)
     torch.testing.assert_close(outs[1]["grad_logits"], outs[0]["grad_logits"], rtol=1e-12, atol=1e-12)
     assert torch.isfinite(outs[1]["grad_logits"]).all()
+
+
+def test_an_op_outside_the_families_is_named_even_when_its_trace_also_fixes_a_size(tmp_path):
+    """Max pooling fixes its length while tracing; the refusal names the pooling line and the
+    families it is outside of (what to change), not only the fixed size."""
+    path = tmp_path / "maxpool4.yaml"
+    path.write_text(
+        'name: maxpool4\ndescription: max pooling along rows, window 4.\n'
+        'signature: "maxpool4(x: Tensor[B, L]) -> Tensor[B, L/4]"\ndtypes: [float32]\n'
+        "dims: {B: [1, 64], L: [4, 4096]}\nreference: |\n  import torch.nn.functional as F\n\n"
+        "  def reference(x):\n      return F.max_pool1d(x.unsqueeze(1), kernel_size=4).squeeze(1)\n"
+        "backward: none\n")
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(load_spec(path), "forward"))
+    message = str(info.value)
+    assert f"{path}:10:" in message  # the F.max_pool1d line
+    assert "outside the builtin generator's families" in message and "its trace also fixed L = " in message
+    # a size fixed by a branch on it, with every op inside the families: the size refusal
+    branch = tmp_path / "branch.yaml"
+    branch.write_text(path.read_text().replace("maxpool4", "branch").replace("Tensor[B, L/4]", "Tensor[B, L]").replace(
+        "return F.max_pool1d(x.unsqueeze(1), kernel_size=4).squeeze(1)",
+        "return x * float(x.shape[-1])"))
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(load_spec(branch), "forward"))
+    assert "fixes a symbolic size to its example value" in str(info.value)

@@ -181,20 +181,24 @@ def trace(spec, direction: str) -> Traced:
         raise AgentRefused(f"{location}: the builtin generator cannot trace the {direction} of the reference "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
-    _refuse_specialized_sizes(spec, graph, placeholders, direction)
+    traced = Traced(spec, direction, graph, placeholders, outputs, dims, sentinels)
+    _refuse_specialized_sizes(traced)
     # values nothing reads (a module's discarded scratch tensors, e.g. BatchNorm in eval mode)
     # are not lowered: fx keeps ops with side effects (in-place writes), which are refused
     graph.graph.eliminate_dead_code()
-    return Traced(spec, direction, graph, placeholders, outputs, dims, sentinels)
+    return traced
 
 
-def _refuse_specialized_sizes(spec, graph, placeholders: list[str], direction: str) -> None:
+def _refuse_specialized_sizes(traced: Traced) -> None:
     """A reference that fixes a symbolic size of the signature to its example value (a module
     built from x.shape[-1], then checked against it; a Python branch on a size) traced a graph
     valid at that size only: refused, never lowered with the example's numbers baked in.
-    (Literal dims of the signature are traced symbolic too, and fixed: that is expected.)"""
+    (Literal dims of the signature are traced symbolic too, and fixed: that is expected.)
+    When the graph also holds an op the lowering refuses (pooling fixes its length while
+    tracing), that op's refusal is the one raised: it says what to change."""
     import sympy
 
+    spec, graph, placeholders, direction = traced.spec, traced.graph, traced.inputs, traced.direction
     sig = spec.signature
     types = {p.name: p.type for p in sig.inputs} | {f"grad_{o.name}": o.type for o in sig.outputs}
     symbolic, shape_env = {}, None
@@ -214,10 +218,24 @@ def _refuse_specialized_sizes(spec, graph, placeholders: list[str], direction: s
              if sym in symbolic and isinstance(value, sympy.Integer)]
     if fixed:
         names = ", ".join(f"{dim} = {value}" for dim, value in fixed)
+        _refuse_an_op_first(traced, names)
         raise AgentRefused(f"{spec.path}:{spec.reference_line}: the {direction} of the reference fixes a symbolic "
                            f"size to its example value while tracing ({names}): its graph holds at that size only "
                            f"(a module built from a tensor's shape, or a branch on a size); declare the size as a "
                            f"literal dim, or use an LLM agent (--agent openai|anthropic|openai-compatible)")
+
+
+def _refuse_an_op_first(traced: Traced, fixed: str) -> None:
+    """Raise the lowering's own refusal of the traced graph, if it has one (an op outside the
+    families), noting the fixed sizes too; return when the lowering takes the graph."""
+    from .lower import lower
+
+    try:
+        lower(traced)
+    except AgentRefused as refusal:
+        raise AgentRefused(f"{refusal} (its trace also fixed {fixed})") from None
+    except Exception:  # noqa: BLE001 - the size refusal stands
+        return
 
 
 @contextlib.contextmanager
