@@ -408,3 +408,36 @@ def test_the_kahan_variant_compensates_each_partial_of_a_streamed_sum():
         assert f"acc_t {name}_k[UNROLL];" in kahan and f"{name}_c[u] += " not in kahan
         assert re.search(rf"const acc_t t_ = {name}_c\[u\] \+ y_; {name}_k\[u\] = \(t_ - {name}_c\[u\]\) - y_; "
                          rf"{name}_c\[u\] = t_;", kahan), name
+
+
+def test_red_form_tree_changes_only_the_row_groups_reduction_calls():
+    """`red_form` "tree" (medium class): every row-group reduction call of the kernels takes its
+    tree form (two barriers, every warp combining the warp values); the default's text is what it
+    was (the committed kernels rebuild byte for byte: test_builtin_golden)."""
+    assert "red_form" in CLASS_FIELDS["medium"] and DEFAULT_VARIANT.red_form == "serial"
+    for op in ("softmax", "rmsnorm", "layernorm_gelu", "cross_entropy"):
+        spec = load_spec(SPECS / f"{op}.yaml")
+        serial = build_source(spec)
+        tree = build_source(spec, dataclasses.replace(DEFAULT_VARIANT, red_form="tree"))
+        assert "_tree<" not in serial, op
+        helpers = "// ---- end of helpers ----"
+        for kind in ("reduce", "reduce2", "online"):  # the calls in the kernels, not in the helpers
+            calls = serial.split(helpers)[1].count(f"sg::group_{kind}<TPR, BLOCK>(")
+            assert tree.count(f"sg::group_{kind}_tree<TPR, BLOCK>(") == calls, (op, kind)
+        assert tree.count("__device__ __forceinline__ A group_reduce_tree(") == 1, op
+        # the kernels and launchers: the same text but for those calls
+        marker = "// ======================= forward"
+        body = tree.split(marker, 1)[1]
+        assert body.replace("_tree<TPR, BLOCK>(", "<TPR, BLOCK>(") == serial.split(marker, 1)[1], op
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_red_form_tree_compiles_without_spills_for_softmax():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(SPECS / "softmax.yaml")
+    compiled = compile_source(spec, build_source(spec, dataclasses.replace(DEFAULT_VARIANT, red_form="tree")),
+                              arch="sm_90")
+    rows = {k: r for k, r in compiled.resources.items() if "_rows<" in k}
+    assert rows and all(r["spill_store_bytes"] == 0 for r in rows.values())

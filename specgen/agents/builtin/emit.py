@@ -593,6 +593,11 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         lines.append("}")
         return "\n".join(lines)
 
+    def group(self, kind: str) -> str:
+        """The row group's reduction call (reduce, reduce2, online): the variant's `red_form`."""
+        tree = "_tree" if self.variant.red_form == "tree" else ""
+        return f"sg::group_{kind}{tree}<TPR, BLOCK>"
+
     def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, variant: Variant) -> list[str]:
         """The `twopass` variant's (max, sum): a medium row (one block, in registers) takes the
         exact two sweeps, whose exps are independent of each other (the max and the batch's
@@ -611,19 +616,18 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
         lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
         for kind, n, acc in [("max", m, mv)] + others:
-            lines.append(f"      {acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
+            lines.append(f"      {acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);")
         pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
         pass_ctx.names[m.id] = mv
         lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
-        lines.append(f"      {sv} = sg::group_reduce<TPR, BLOCK>({sv}, sg::Sum(), red_smem);")
+        lines.append(f"      {sv} = {self.group('reduce')}({sv}, sg::Sum(), red_smem);")
         local = variant.reg_pair in ("local", "twopass")  # "online" keeps its own sweep
         lines.append("    } else {  // " + ("the other rows' own (max, sum) form" if local else "one online sweep, one reduction round"))
         lines += self.emit_online_pair(m, s, others, ctx, "      ", local)
         lines.append("    }")
         return lines
 
-    @staticmethod
-    def emit_group_reductions(consumers: list[tuple], indent: str) -> list[str]:
+    def emit_group_reductions(self, consumers: list[tuple], indent: str) -> list[str]:
         """Reduce a batch's accumulators over the row group, two per round (one set of barriers
         for a pair: the RMSNorm backward's two sums took two)."""
         lines = []
@@ -631,11 +635,11 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             pair = consumers[i:i + 2]
             if len(pair) == 2:
                 (ka, _, a), (kb, _, b) = pair
-                lines.append(f"{indent}sg::group_reduce2<TPR, BLOCK>({a}, {REDUCE_OP[ka]}, {b}, {REDUCE_OP[kb]}, "
+                lines.append(f"{indent}{self.group('reduce2')}({a}, {REDUCE_OP[ka]}, {b}, {REDUCE_OP[kb]}, "
                              "red_smem);")
             else:
                 kind, _, acc = pair[0]
-                lines.append(f"{indent}{acc} = sg::group_reduce<TPR, BLOCK>({acc}, {REDUCE_OP[kind]}, red_smem);")
+                lines.append(f"{indent}{acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);")
         return lines
 
     def emit_online_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, indent: str,
@@ -658,7 +662,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             lines.append("      }")
         else:
             lines = self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-        lines.append(f"{indent}sg::group_online<TPR, BLOCK>({mv}, {sv}, red_smem);")
+        lines.append(f"{indent}{self.group('online')}({mv}, {sv}, red_smem);")
         return lines + self.emit_group_reductions(others, indent)
 
     def emit_column_partials_out(self) -> list[str]:

@@ -525,10 +525,93 @@ inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int blo
 }  // namespace sg"""
 
 
+# Only in kernels of the `red_form` "tree" variant: the other kernels' text, committed and verified,
+# stays byte for byte what it was.
+PRELUDE_TREE = r"""namespace sg {
+// A row group of one block (32 < TPR <= BLOCK): after the warps' shuffles and one barrier, every
+// warp combines the BLOCK / 32 warp values itself, in a shuffle tree (one load per lane, not one
+// warp's serial loop), and the result needs no broadcast through shared memory: two barriers where
+// group_reduce takes three. The tree's order is fixed: deterministic, the same in every warp.
+// Other TPR: group_reduce's own form.
+template <int TPR, int BLOCK = TPR, typename A, typename Op>
+__device__ __forceinline__ A group_reduce_tree(A v, Op op, A* smem) {
+  if constexpr (TPR <= 32 || TPR > BLOCK) {
+    return group_reduce<TPR, BLOCK>(v, op, smem);
+  } else {
+    constexpr int W = BLOCK / 32;  // a power of two, >= 2
+    const int lane = (int)(threadIdx.x & 31);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) smem[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = smem[lane & (W - 1)];
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = __shfl_sync(0xffffffffu, v, 0);
+    __syncthreads();  // every warp has read: smem is free
+    return v;
+  }
+}
+
+// Two reductions of a row group in one round, as group_reduce_tree (smem[0..66)).
+template <int TPR, int BLOCK = TPR, typename A, typename OpA, typename OpB>
+__device__ __forceinline__ void group_reduce2_tree(A& a, OpA op_a, A& b, OpB op_b, A* smem) {
+  if constexpr (TPR <= 32 || TPR > BLOCK) {
+    group_reduce2<TPR, BLOCK>(a, op_a, b, op_b, smem);
+  } else {
+    constexpr int W = BLOCK / 32;
+    const int lane = (int)(threadIdx.x & 31);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
+      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    if (lane == 0) { smem[threadIdx.x >> 5] = a; smem[33 + (threadIdx.x >> 5)] = b; }
+    __syncthreads();
+    a = smem[lane & (W - 1)];
+    b = smem[33 + (lane & (W - 1))];
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2) {
+      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
+      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    a = __shfl_sync(0xffffffffu, a, 0);
+    b = __shfl_sync(0xffffffffu, b, 0);
+    __syncthreads();
+  }
+}
+
+// The (max, sum of exp) pair of a row group, as group_reduce_tree (online_merge at each level).
+template <int TPR, int BLOCK = TPR, typename A>
+__device__ __forceinline__ void group_online_tree(A& m, A& s, A* smem) {
+  if constexpr (TPR <= 32 || TPR > BLOCK) {
+    group_online<TPR, BLOCK>(m, s, smem);
+  } else {
+    constexpr int W = BLOCK / 32;
+    const int lane = (int)(threadIdx.x & 31);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2)
+      online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) { smem[threadIdx.x >> 5] = m; smem[33 + (threadIdx.x >> 5)] = s; }
+    __syncthreads();
+    m = smem[lane & (W - 1)];
+    s = smem[33 + (lane & (W - 1))];
+#pragma unroll
+    for (int o = W / 2; o > 0; o /= 2)
+      online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    m = __shfl_sync(0xffffffffu, m, 0);
+    s = __shfl_sync(0xffffffffu, s, 0);
+    __syncthreads();
+  }
+}
+}  // namespace sg"""
+
+
 def with_optional_preludes(parts: list[str]) -> list[str]:
     """`parts` of a kernel's text with the optional prelude parts it calls placed after PRELUDE."""
     text = "\n".join(parts)
     extra = [PRELUDE_EXPM1_LOG1P] if "sg::expm1_<" in text or "sg::log1p_<" in text else []
     extra += [PRELUDE_CLUSTER_N] if "sg::launch_cluster_n(" in text else []
+    extra += [PRELUDE_TREE] if "_tree<TPR, BLOCK>(" in text else []
     at = parts.index(PRELUDE) + 1
     return parts[:at] + extra + parts[at:]

@@ -103,6 +103,11 @@ class Variant:
     # writes the result (one launch); "launch" leaves that to the finalize kernel (a second launch,
     # 1.36 us of cross-entropy's 4.3 at 8 x 4096 on the H200, session 16)
     few_fin: str = "cluster"
+    # a row group of one block (medium and few rows): how its warps' values are combined. "serial":
+    # warp 0 loops over them and broadcasts the result through shared memory (three barriers);
+    # "tree": every warp combines them in a shuffle tree (two barriers, a different order of sums).
+    # To time at decode sizes (softmax 2.1 us against Liger's 1.6, session 17), not in VARIANTS yet.
+    red_form: str = "serial"
     # wide rows (looped): how a float sum is kept over the sweep. "plain": one accumulator per
     # thread; "chains": UNROLL partials, one per chunk in flight, added at the end of the sweep
     # (sequential chains UNROLL times shorter); "kahan": those partials, each compensated (Kahan)
@@ -181,7 +186,7 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments"),
+                           "block_max", "col_smem", "moments", "red_form"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 
