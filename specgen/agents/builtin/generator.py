@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -22,6 +23,7 @@ from .lower import lower
 from .optimize import cse, lone_norms, onehot_sums, reuse_forward_outputs
 from .saved_rows import reuse_saved_rows, shared_logsumexp
 from .trace import trace
+from .validate import run_passes
 
 _programs: dict[str, dict] = {}
 
@@ -32,13 +34,15 @@ def lower_spec(spec) -> dict:
     if key not in _programs:
         try:
             directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-            programs = {d: cse(lone_norms(onehot_sums(cse(lower(trace(spec, d)))))) for d in directions}
+            programs = {d: run_passes(lower(trace(spec, d)), (cse, onehot_sums, lone_norms, cse)) for d in directions}
             if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep
-                programs["forward"] = cse(shared_logsumexp(programs["forward"]))
+                programs["forward"] = run_passes(programs["forward"], (shared_logsumexp, cse))
             if "backward" in programs:
                 # the saved intermediates first: a saved row replaces a sweep, a forward output only bytes
-                programs["backward"] = cse(reuse_saved_rows(spec, programs["forward"], programs["backward"]))
-                programs["backward"] = _with_forward_outputs(spec, programs["forward"], programs["backward"])
+                forward = programs["forward"]
+                programs["backward"] = run_passes(programs["backward"], (
+                    functools.partial(reuse_saved_rows, spec, forward), cse,
+                    functools.partial(_with_forward_outputs, spec, forward)))
         except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal
             programs = lower_family(spec, refusal)
         _programs[key] = programs
