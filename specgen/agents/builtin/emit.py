@@ -15,6 +15,7 @@ from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store, reciprocal_is_normal
+from .ops import OPS
 from .prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from .schedule import DEFAULT_VARIANT, Variant
 
@@ -114,11 +115,12 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         return self.op_expr(node, args)
 
     def op_expr(self, node: Node, x: list[str]) -> str:
+        """C for an elementwise node over operand texts `x`: ops.py's template, or the rule of an op
+        whose C depends on its node (div, floordiv, pow, cast)."""
         op = node.op
-        binary = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
-                  "ge": ">=", "and": "&&", "or": "||"}
-        if op in binary:
-            return f"({x[0]} {binary[op]} {x[1]})"
+        template = OPS[op].c if op in OPS else None
+        if template is not None:
+            return template.format(*x)
         if op == "div":
             if node.dtype == "int":
                 return f"({x[0]} / {x[1]})"
@@ -134,30 +136,6 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if exponent.op == "const" and exponent.attrs["value"] in (3, 3.0):
                 return f"({x[0]} * {x[0]} * {x[0]})"
             return f"sg::pow_((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        # exp, tanh, expm1, log1p by the storage dtype T (fast forms for 16-bit storage: prelude)
-        unary = {"exp": "sg::exp_<T>", "log": "sg::log_", "tanh": "sg::tanh_<T>", "rsqrt": "sg::rsqrt_",
-                 "sqrt": "sg::sqrt_", "erf": "sg::erf_", "expm1": "sg::expm1_<T>", "log1p": "sg::log1p_<T>"}
-        if op in unary:
-            return f"{unary[op]}((acc_t)({x[0]}))"
-        simple = {"neg": "(-{0})", "abs": "fabs((acc_t)({0}))", "not": "(!{0})",
-                  "reciprocal": "((acc_t)1 / (acc_t)({0}))",
-                  "sigmoid": "((acc_t)1 / ((acc_t)1 + sg::exp_<T>(-(acc_t)({0}))))",
-                  "sin": "sin((acc_t)({0}))",
-                  "cos": "cos((acc_t)({0}))", "exp2": "exp2((acc_t)({0}))", "floor": "floor((acc_t)({0}))",
-                  "ceil": "ceil((acc_t)({0}))",
-                  "sign": "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))"}
-        if op in simple:
-            return simple[op].format(x[0])
-        if op == "maximum":
-            return f"sg::max_((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        if op == "minimum":
-            return f"sg::min_((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        if op == "atan2":
-            return f"atan2((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        if op == "fmod":
-            return f"fmod((acc_t)({x[0]}), (acc_t)({x[1]}))"
-        if op == "where":
-            return f"({x[0]} ? {x[1]} : {x[2]})"
         if op == "cast":
             return {"float": f"(acc_t)({x[0]})", "int": f"(int64_t)({x[0]})", "bool": f"(({x[0]}) != 0)"}[
                 node.dtype]

@@ -13,19 +13,11 @@ import math
 import torch
 
 from .ir import Node, Program, reciprocal_is_normal
+from .ops import BINARY, OPS, UNARY
 
-_UNARY = {
-    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "rsqrt": torch.rsqrt,
-    "sqrt": torch.sqrt, "abs": torch.abs, "sigmoid": torch.sigmoid, "erf": torch.erf, "log1p": torch.log1p,
-    "expm1": torch.expm1, "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos,
-    "not": torch.logical_not, "exp2": torch.exp2, "floor": torch.floor, "ceil": torch.ceil, "sign": torch.sign,
-}
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "maximum": torch.maximum, "minimum": torch.minimum,
-    "pow": torch.pow, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-    "ge": torch.ge, "and": torch.logical_and, "or": torch.logical_or, "atan2": torch.atan2, "fmod": torch.fmod,
-    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-}
+# one meaning with the emitter: ops.py's table
+_UNARY = {name: OPS[name].torch for name in UNARY}
+_BINARY = {name: OPS[name].torch for name in BINARY if OPS[name].torch is not None}
 
 
 def resolve_dim(dim, dims: dict[str, int]) -> int:

@@ -20,13 +20,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from .ops import BINARY, UNARY  # noqa: F401 - re-exported: the IR's op names
+
 LEVELS = ("const", "global", "row", "elem", "post")
 LEVEL_RANK = {name: i for i, name in enumerate(LEVELS)}
 
-UNARY = {"neg", "exp", "log", "tanh", "rsqrt", "sqrt", "abs", "sigmoid", "erf", "log1p", "expm1",
-         "reciprocal", "sin", "cos", "not", "exp2", "floor", "ceil", "sign"}
-BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "ne", "lt", "le", "gt", "ge",
-          "and", "or", "floordiv", "atan2", "fmod"}
+# the elementwise ops and their arities: ops.py's table (the emitter and the interpreter read it too)
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 REDUCE_KINDS = {"sum", "max", "min"}
 

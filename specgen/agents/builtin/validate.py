@@ -3,11 +3,12 @@ a pass that breaks one is a generator bug, stopped here with the pass and the no
 any C is written for it. The rules are ir.py's docstring made executable."""
 from __future__ import annotations
 
-from .ir import BINARY, LEVEL_RANK, LEVELS, REDUCE_KINDS, UNARY, Node, Program, level_of
+from .ir import LEVEL_RANK, LEVELS, REDUCE_KINDS, Node, Program, level_of
+from .ops import OPS
 
 LEAVES = {"load", "scalar", "dim", "stride", "const", "iota"}
-ARITY = {**{op: 1 for op in UNARY}, **{op: 2 for op in BINARY}, "cast": 1, "where": 3, "scan": 1, "gather": 2,
-         "rowreduce": 1, "colreduce": 1, "globalreduce": 1}
+ARITY = {**{name: op.arity for name, op in OPS.items()}, "scan": 1, "gather": 2, "rowreduce": 1, "colreduce": 1,
+         "globalreduce": 1}
 # reductions and the gather: (the level of their first argument, their own level)
 CHANGES_LEVEL = {"rowreduce": ("elem", "row"), "gather": ("elem", "row"), "colreduce": ("elem", "post"),
                  "globalreduce": ("row", "post")}
