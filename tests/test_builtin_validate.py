@@ -83,3 +83,26 @@ def test_every_program_of_the_example_specs_and_the_suite_is_validated_after_eac
     assert lowered >= 40
     assert {"lowering", "cse", "onehot_sums", "lone_norms", "shared_logsumexp", "reuse_saved_rows",
             "_with_forward_outputs"} <= set(calls)
+
+
+def test_the_fused_patterns_are_matched_by_a_pass_and_read_by_the_emitter():
+    """optimize.mark_fused_pairs marks softmax's sum of exp(x - max) with its max, LayerNorm's sum
+    of squared deviations with its sum and mean; a program without them gets no marks; twice is
+    the same as once."""
+    from specgen.agents.builtin.optimize import mark_fused_pairs
+
+    def reductions(op: str) -> list:
+        program = generator.lower_spec(load_spec(REPO / "specs" / f"{op}.yaml"))["forward"]
+        mark_fused_pairs(mark_fused_pairs(program))
+        return [n for n in program.nodes() if n.op == "rowreduce"]
+
+    softmax = reductions("softmax")
+    maxes = [n for n in softmax if n.attrs["kind"] == "max"]
+    paired = [n for n in softmax if "online_max" in n.attrs]
+    assert len(maxes) == 1 and len(paired) == 1 and paired[0].attrs["online_max"] == maxes[0].id
+    layernorm = reductions("layernorm_gelu")
+    squares = [n for n in layernorm if "moments_of" in n.attrs]
+    assert len(squares) == 1
+    first = next(n for n in layernorm if n.id == squares[0].attrs["moments_of"])
+    assert first.attrs["kind"] == "sum" and first is not squares[0]
+    assert not any("online_max" in n.attrs or "moments_of" in n.attrs for n in reductions("rmsnorm"))

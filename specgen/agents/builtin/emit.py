@@ -16,6 +16,7 @@ from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store, reciprocal_is_normal
 from .ops import OPS
+from .optimize import mark_fused_pairs
 from .prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from .schedule import DEFAULT_VARIANT, Variant
 
@@ -46,6 +47,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         self.direction = direction
         self.args_t = abi.struct_name(spec, direction)
         self.kname = f"{spec.name}_{'fwd' if direction == 'forward' else 'bwd'}"
+        mark_fused_pairs(program)  # the fused patterns the row kernel takes together (idempotent)
         self.nodes = program.nodes()
         self.by_id = {n.id: n for n in self.nodes}
         # Names count from 0 in program order, not from the process-wide node counter, so the
@@ -313,29 +315,13 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
 
     def moments_partner(self, batch: list[Node], pending: list[Node]):
         """(sum, sum of squared deviations, mean) of one row: s1 = sum(x) in `batch` and a pending
-        s2 = sum((x - s1 / W)^2) (LayerNorm's mean and variance), or None. A row in registers
-        takes them in one merge round (each thread's exact moments, Chan's combination)."""
-        width = self.p.width
+        s2 = sum((x - s1 / W)^2) (LayerNorm's mean and variance), or None; the pattern is matched
+        by optimize.mark_fused_pairs. A row in registers takes them in one merge round (each
+        thread's exact moments, Chan's combination)."""
         for s1 in batch:
-            if s1.attrs["kind"] != "sum":
-                continue
             for s2 in pending:
-                if s2.op != "rowreduce" or s2.attrs["kind"] != "sum":
-                    continue
-                sq = s2.args[0]
-                if sq.op == "mul" and sq.args[0] is sq.args[1]:
-                    dev = sq.args[0]
-                elif sq.op == "pow" and sq.args[1].op == "const" and sq.args[1].attrs["value"] in (2, 2.0):
-                    dev = sq.args[0]
-                else:
-                    continue
-                if dev.op != "sub" or dev.args[0] is not s1.args[0] or dev.args[1].op != "div":
-                    continue
-                mean = dev.args[1]
-                count = mean.args[1].args[0] if mean.args[1].op == "cast" else mean.args[1]
-                if mean.args[0] is s1 and count.op == "dim" and width.op == "dim" \
-                        and str(count.attrs["dim"]) == str(width.attrs["dim"]):
-                    return s1, s2, mean
+                if s2.op == "rowreduce" and s2.attrs.get("moments_of") == s1.id:
+                    return s1, s2, self.by_id[s2.attrs["moments_mean"]]
         return None
 
     def has_moments(self) -> bool:
@@ -375,16 +361,12 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
 
     def online_partner(self, batch: list[Node], pending: list[Node]) -> tuple[Node, Node] | None:
         """(max(a), sum(exp(a - max))) that can share one online pass: a max in `batch` and its
-        pending partner (softmax, log-softmax, logsumexp, cross-entropy), or None. The other
-        reductions of the batch (cross-entropy backward's sum over the target column) ride
-        along in the same pass."""
+        pending partner (softmax, log-softmax, logsumexp, cross-entropy; matched by
+        optimize.mark_fused_pairs), or None. The other reductions of the batch (cross-entropy
+        backward's sum over the target column) ride along in the same pass."""
         for m in batch:
-            if m.attrs["kind"] != "max":
-                continue
             for n in pending:
-                arg = n.args[0] if n.op == "rowreduce" else None
-                if n.op == "rowreduce" and n.attrs["kind"] == "sum" and arg.op == "exp" \
-                        and arg.args[0].op == "sub" and arg.args[0].args[0] is m.args[0] and arg.args[0].args[1] is m:
+                if n.op == "rowreduce" and n.attrs.get("online_max") == m.id:
                     return m, n
         return None
 

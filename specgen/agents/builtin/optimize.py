@@ -230,4 +230,55 @@ def lone_norms(program: Program) -> Program:
     return _rebuild(program, replace)
 
 
-__all__ = ["cse", "lone_norms", "onehot_sums", "reuse_forward_outputs"]
+def _online_max(total: Node) -> Node | None:
+    """m when `total` is rowreduce(sum, exp(a - m)) with m = rowreduce(max, a), else None."""
+    term = total.args[0]
+    if total.attrs.get("kind") != "sum" or term.op != "exp" or term.args[0].op != "sub":
+        return None
+    a, m = term.args[0].args
+    return m if m.op == "rowreduce" and m.attrs.get("kind") == "max" and m.args[0] is a else None
+
+
+def _moments(squares: Node, width: Node) -> tuple[Node, Node] | None:
+    """(s1, mean) when `squares` is rowreduce(sum, (x - s1 / W)^2) with s1 = rowreduce(sum, x) and
+    W the row width (LayerNorm's mean and variance), else None."""
+    sq = squares.args[0]
+    if squares.attrs.get("kind") != "sum":
+        return None
+    if sq.op == "mul" and sq.args[0] is sq.args[1]:
+        dev = sq.args[0]
+    elif sq.op == "pow" and sq.args[1].op == "const" and sq.args[1].attrs["value"] in (2, 2.0):
+        dev = sq.args[0]
+    else:
+        return None
+    if dev.op != "sub" or dev.args[1].op != "div":
+        return None
+    mean = dev.args[1]
+    s1 = mean.args[0]
+    count = mean.args[1].args[0] if mean.args[1].op == "cast" else mean.args[1]
+    if s1.op == "rowreduce" and s1.attrs.get("kind") == "sum" and dev.args[0] is s1.args[0] and count.op == "dim" \
+            and width.op == "dim" and str(count.attrs["dim"]) == str(width.attrs["dim"]):
+        return s1, mean
+    return None
+
+
+def mark_fused_pairs(program: Program) -> Program:
+    """Annotate the row reductions an emitter may take together, matched here once (the emitter
+    reads the marks): a sum of exp(a - max(a)) gets `online_max` (its max's id: softmax,
+    log-softmax, logsumexp, cross-entropy take the pair in one sweep), and LayerNorm's sum of
+    squared deviations from sum(x) / W gets `moments_of` and `moments_mean` (the sum's and the
+    mean's ids: one merge round under the `moments` variant). In place, attributes only, and
+    idempotent: no node is rebuilt, so it runs after every rewriting pass (emit.DirectionEmitter)."""
+    for n in program.nodes():
+        if n.op != "rowreduce":
+            continue
+        m = _online_max(n)
+        if m is not None:
+            n.attrs["online_max"] = m.id
+        pair = _moments(n, program.width)
+        if pair is not None:
+            n.attrs["moments_of"], n.attrs["moments_mean"] = pair[0].id, pair[1].id
+    return program
+
+
+__all__ = ["cse", "lone_norms", "mark_fused_pairs", "onehot_sums", "reuse_forward_outputs"]
