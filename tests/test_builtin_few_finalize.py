@@ -36,6 +36,10 @@ def test_the_plan_finalizes_in_the_cluster_only_for_a_few_rows_of_a_loss_in_the_
     assert not _in_cluster(FEWTWO, 8, chunks=64)  # too narrow for the few-rows schedule at all
     assert not _in_cluster(FEWTWO, 8, column_reductions=True)  # weight gradients: the finalize's own layout
     assert not _in_cluster(FEWTWO, 8, global_reductions=False)  # nothing to finalize
+    # a program without row reductions keeps the clusters of blocks (one per row): not this form
+    cluster_tpr = few_rows_tpr(FEWTWO, 8, 512, 132, row_free=True)
+    assert cluster_tpr is not None and not few_finalized_in_cluster(
+        FEWTWO, 8, 1, cluster_tpr, global_reductions=True, column_reductions=False, row_free=True)
     tpr = few_rows_tpr(FEWTWO, 8, 512, 132, row_free=False)
     assert not few_finalized_in_cluster(FEWTWO, 8, 2, tpr, global_reductions=True, column_reductions=False)
 

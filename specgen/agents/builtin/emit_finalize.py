@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .ctext import Ctx, pitch_expr
 from .ir import Node, Store
+from .schedule import FEW_FIN_ROWS
 
 
 class FinalizeEmitter:
@@ -93,10 +94,11 @@ class FinalizeEmitter:
         fin_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
         for i, g in enumerate(self.globalreduces):
             t = f"tree_{i}"
-            lines += [f"        double {t}[8];",
-                      f"        for (int r = 0; r < 8; ++r) {t}[r] = r < blocks ? "
+            lines += [f"        double {t}[{FEW_FIN_ROWS}];",
+                      f"        for (int r = 0; r < {FEW_FIN_ROWS}; ++r) {t}[r] = r < blocks ? "
                       f"(double)*cluster.map_shared_rank(fin_part + {i}, r) : 0.0;",
-                      f"        for (int w = 4; w > 0; w /= 2) for (int r = 0; r < w; ++r) {t}[r] += {t}[r + w];",
+                      f"        for (int w = {FEW_FIN_ROWS // 2}; w > 0; w /= 2) for (int r = 0; r < w; ++r) "
+                      f"{t}[r] += {t}[r + w];",
                       f"        const acc_t {self.var(g)} = (acc_t){t}[0];"]
             fin_ctx.names[g.id] = self.var(g)
         lines += self.global_epilogue(fin_ctx, "        ")

@@ -264,12 +264,13 @@ def few_rows_tpr(variant: Variant, rows: int, chunks: int, sms: int, *, row_free
 
 
 def few_finalized_in_cluster(variant: Variant, rows: int, groups: int, few_tpr: int | None, *,
-                             global_reductions: bool, column_reductions: bool) -> bool:
+                             global_reductions: bool, column_reductions: bool, row_free: bool = False) -> bool:
     """Whether a few-rows launch (few_tpr: few_rows_tpr's answer) of a program with reductions over
-    all rows finalizes them in its own cluster (no finalize launch, no workspace): the block form,
-    one group, at most FEW_FIN_ROWS rows (a block each), no column reductions. Mirrors the host code
-    (`fin_cluster`), on sm_90+ code."""
-    block = variant.few_form == "block"
+    all rows finalizes them in its own cluster (no finalize launch, no workspace): the block form
+    (programs with row reductions: `row_free` as few_rows_tpr has it), one group, at most
+    FEW_FIN_ROWS rows (a block each), no column reductions. Mirrors the host code (`fin_cluster`),
+    on sm_90+ code."""
+    block = variant.few_form == "block" and not row_free  # (HostEmitter.few_block_form)
     return (variant.few_fin == "cluster" and block and few_tpr is not None and global_reductions
             and not column_reductions and groups == 1 and 1 <= rows <= FEW_FIN_ROWS)
 
