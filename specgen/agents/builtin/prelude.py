@@ -553,31 +553,32 @@ __device__ __forceinline__ A group_reduce_tree(A v, Op op, A* smem) {
   }
 }
 
-// Two reductions of a row group in one round, as group_reduce_tree (smem[0..66)).
+// A pair of values per thread (a, b), merged by merge(a, b, a2, b2) at every level of
+// group_reduce_tree's form (smem[0..66)); a row group of one block, 32 < TPR <= BLOCK.
+template <int TPR, int BLOCK, typename A, typename Merge>
+__device__ __forceinline__ void group_pair_tree(A& a, A& b, Merge merge, A* smem) {
+  constexpr int W = BLOCK / 32;
+  const int lane = (int)(threadIdx.x & 31);
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) merge(a, b, __shfl_xor_sync(0xffffffffu, a, o), __shfl_xor_sync(0xffffffffu, b, o));
+  if (lane == 0) { smem[threadIdx.x >> 5] = a; smem[33 + (threadIdx.x >> 5)] = b; }
+  __syncthreads();
+  a = smem[lane & (W - 1)];
+  b = smem[33 + (lane & (W - 1))];
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) merge(a, b, __shfl_xor_sync(0xffffffffu, a, o), __shfl_xor_sync(0xffffffffu, b, o));
+  a = __shfl_sync(0xffffffffu, a, 0);
+  b = __shfl_sync(0xffffffffu, b, 0);
+  __syncthreads();
+}
+
+// Two reductions of a row group in one round, as group_reduce_tree.
 template <int TPR, int BLOCK = TPR, typename A, typename OpA, typename OpB>
 __device__ __forceinline__ void group_reduce2_tree(A& a, OpA op_a, A& b, OpB op_b, A* smem) {
   if constexpr (TPR <= 32 || TPR > BLOCK) {
     group_reduce2<TPR, BLOCK>(a, op_a, b, op_b, smem);
   } else {
-    constexpr int W = BLOCK / 32;
-    const int lane = (int)(threadIdx.x & 31);
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
-      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
-    }
-    if (lane == 0) { smem[threadIdx.x >> 5] = a; smem[33 + (threadIdx.x >> 5)] = b; }
-    __syncthreads();
-    a = smem[lane & (W - 1)];
-    b = smem[33 + (lane & (W - 1))];
-#pragma unroll
-    for (int o = W / 2; o > 0; o /= 2) {
-      a = op_a(a, __shfl_xor_sync(0xffffffffu, a, o));
-      b = op_b(b, __shfl_xor_sync(0xffffffffu, b, o));
-    }
-    a = __shfl_sync(0xffffffffu, a, 0);
-    b = __shfl_sync(0xffffffffu, b, 0);
-    __syncthreads();
+    group_pair_tree<TPR, BLOCK>(a, b, [&](A& x, A& y, A x2, A y2) { x = op_a(x, x2); y = op_b(y, y2); }, smem);
   }
 }
 
@@ -587,21 +588,7 @@ __device__ __forceinline__ void group_online_tree(A& m, A& s, A* smem) {
   if constexpr (TPR <= 32 || TPR > BLOCK) {
     group_online<TPR, BLOCK>(m, s, smem);
   } else {
-    constexpr int W = BLOCK / 32;
-    const int lane = (int)(threadIdx.x & 31);
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2)
-      online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-    if (lane == 0) { smem[threadIdx.x >> 5] = m; smem[33 + (threadIdx.x >> 5)] = s; }
-    __syncthreads();
-    m = smem[lane & (W - 1)];
-    s = smem[33 + (lane & (W - 1))];
-#pragma unroll
-    for (int o = W / 2; o > 0; o /= 2)
-      online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-    m = __shfl_sync(0xffffffffu, m, 0);
-    s = __shfl_sync(0xffffffffu, s, 0);
-    __syncthreads();
+    group_pair_tree<TPR, BLOCK>(m, s, [](A& x, A& y, A x2, A y2) { online_merge(x, y, x2, y2); }, smem);
   }
 }
 }  // namespace sg"""
