@@ -19,6 +19,10 @@ from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the 
 from .checks import (check_capture, check_case, check_deterministic_repeats, check_repeated_calls,
                      check_stale_output_loop)
 from .data import CaseData, prepare, stage
+from ..inputs import DISTRIBUTIONS
+from ..reference import reference_failure
+from .domain import describe as describe_rejected
+from .domain import rejected_value_classes
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
                          full_size_cases, large_case, make_case, smoke_case)
 from .runner import check_guards, raise_outcome
@@ -71,6 +75,9 @@ class Session:
         self.phases: dict[str, float] = {}  # seconds per phase, both directions together
         self._per_element: dict[tuple[str, str], float] = {}  # device bytes per case element (memory.py)
         self.shrunk: list[str] = []  # full-size work scaled to the GPU memory free at the time
+        # value classes outside the reference's domain (it raises on them): never drawn
+        self.rejected_classes = rejected_value_classes(spec)
+        self.classes = tuple(c for c in DISTRIBUTIONS if c not in self.rejected_classes)
 
     def prepare(self, case: Case, direction: str) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
@@ -157,7 +164,7 @@ class Session:
         fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         t = self.phase("smoke+capture", t)
-        boundary = boundary_cases(spec, opts.budget, opts.seed)
+        boundary = boundary_cases(spec, opts.budget, opts.seed, self.classes)
         for case in (boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction)
         t = self.phase("boundary+sweep", t)
@@ -366,7 +373,7 @@ class Session:
                   suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
         @hypothesis_seed(self.options.seed)
-        @given(case_strategy(self.spec, self.options.budget))
+        @given(case_strategy(self.spec, self.options.budget, self.classes))
         def property_(case: Case) -> None:
             if case in seen:
                 if seen[case] is not None:
@@ -442,7 +449,8 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None)
         for direction in directions:
             session.direction(direction)
-        verdict = Verdict(PASSED, f"{session.cases} cases over {', '.join(directions)} passed every check")
+        verdict = Verdict(PASSED, f"{session.cases} cases over {', '.join(directions)} passed every check"
+                          + (f"; {not_drawn}" if (not_drawn := describe_rejected(session.rejected_classes)) else ""))
     except Failure as failure:
         verdict = Verdict.from_failure(failure)
         verdict.fatal = verdict.fatal and not isolated  # a crash in the candidate's process leaves us intact
@@ -450,6 +458,11 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         text = str(error).lower()
         if "cuda" not in text or "out of memory" in text or "cuMemCreate" in str(error):
             raise  # the judge's own problem (no memory for the arenas...), not the kernel's
+        if isolated:  # the kernel runs in its own process: a CUDA error here is the truth's (the reference's)
+            raise reference_failure(spec, error, "on the GPU in the verifier's own process, where the reference "
+                                                 "computes the truth (the kernel runs in another process): the "
+                                                 "reference fails on some input values there (a device-side "
+                                                 "assert?) that it accepts on the CPU") from None
         verdict = Verdict(CRASH, f"the GPU failed after the kernel ran: {str(error).strip().splitlines()[0]}",
                           fatal=True)
     finally:
