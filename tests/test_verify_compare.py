@@ -164,6 +164,21 @@ def test_where_the_reference_itself_overflowed_its_infinity_is_accepted_at_that_
                    reference=ref).bad == 1
 
 
+def test_a_non_finite_truth_the_reference_misses_in_its_dtype_accepts_the_references_own_value():
+    # held-out bce_probs (H200, session 18): d/dt of BCE(sigmoid(z), sigmoid(t)) at a saturated z is
+    # -logit(1) * sigmoid'(t) = -inf * (small > 0) in float64, but float32 rounds sigmoid(t) to 1:
+    # -inf * 0 = NaN, in the reference's own float32 run as in the kernel
+    truth = torch.tensor([float("-inf"), float("-inf"), 1.0], dtype=torch.float64)
+    ref = torch.tensor([float("nan"), float("-inf"), 1.0], dtype=torch.float32)
+    got = torch.tensor([float("nan"), float("-inf"), 1.0], dtype=torch.float32)
+    assert compare(got, truth, 1e-3, 1e-3) is not None  # without the reference: NaN is not -inf
+    assert compare(got, truth, 1e-3, 1e-3, reference=ref) is None
+    # exactly the reference's value: a finite number, the other infinity, or NaN where the
+    # reference kept the truth's infinity still fail
+    for wrong in ([5.0, float("-inf"), 1.0], [float("inf"), float("-inf"), 1.0], [float("nan")] * 2 + [1.0]):
+        assert compare(torch.tensor(wrong, dtype=torch.float32), truth, 1e-3, 1e-3, reference=ref).bad == 1
+
+
 def test_the_h200_swiglu_counterexample_passes_for_a_float32_math_kernel():
     """End to end through the verifier's case data: the float16 truth overflows and the
     check a correct kernel used to fail now passes; a kernel that is wrong by 1% still fails."""
