@@ -93,7 +93,7 @@ def run_case(spec, libraries: dict, dims: dict, dtype: str, direction: str) -> d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--ops", required=True)
+    parser.add_argument("--ops", required=True, help="op names of specs/, or spec paths (.yaml) from the repo root")
     parser.add_argument("--sources", default="committed,default")
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--hidden", type=int, default=4096)
@@ -102,7 +102,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("decode_ab: no CUDA GPU")
         return 3
-    specs = [load_spec(REPO / "specs" / f"{op}.yaml") for op in args.ops.split(",")]
+    specs = [load_spec(REPO / op if op.endswith(".yaml") else REPO / "specs" / f"{op}.yaml")  # a name or a path
+             for op in args.ops.split(",")]
     sources = named(args.sources)
     libs = compile_all({(s.name, v.name): (s, source_of(s, v)) for s in specs for v in sources})
     rows, a = [], sources[0].name

@@ -197,7 +197,7 @@ def table(rows, a: str, bs: list[str]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--ops", required=True)
+    parser.add_argument("--ops", required=True, help="op names of specs/, or spec paths (.yaml) from the repo root")
     parser.add_argument("--a", default="default")
     parser.add_argument("--b", default="", help="one or more variants, comma-separated")
     parser.add_argument("--verify", action="store_true", help="verify A and each B first")
@@ -211,7 +211,8 @@ def main() -> int:
     if not variants_b and not args.verify:
         parser.error("--b: name at least one variant (or --verify only)")
     args.out.mkdir(parents=True, exist_ok=True)
-    specs = [load_spec(REPO / "specs" / f"{op}.yaml") for op in args.ops.split(",")]
+    specs = [load_spec(REPO / op if op.endswith(".yaml") else REPO / "specs" / f"{op}.yaml")  # a name or a path
+             for op in args.ops.split(",")]
     sources = build_all(specs, [variant_a] + variants_b)
     libraries = compile_all(sources)
     print(f"compiled {len(libraries)} kernels", flush=True)

@@ -68,8 +68,8 @@ def build_source(spec, variant: Variant = DEFAULT_VARIANT) -> str:
     """The .cu text for `spec` (AgentRefused when the reference is outside the families)."""
     programs = lower_spec(spec)
     family = family_of(programs)
-    if family is not None:  # a family's own emitter (one schedule: the variant does not apply)
-        return family.emit(spec, programs)
+    if family is not None:  # a family's own emitter (of the variant's fields, it reads its own)
+        return family.emit(spec, programs, variant)
     return emit_source(spec, programs, variant)
 
 

@@ -112,6 +112,10 @@ class Variant:
     # thread; "chains": UNROLL partials, one per chunk in flight, added at the end of the sweep
     # (sequential chains UNROLL times shorter); "kahan": those partials, each compensated (Kahan)
     loop_sums: str = "plain"
+    # axis programs (families/axis_emit.py): how a block's TY partials of a kept element merge.
+    # "warp": shuffles within each warp, then a shared-memory tree over the 8 warps (4 barriers);
+    # "tree": a shared-memory tree over all TY (up to 9 barriers; the form until session 18)
+    axis_merge: str = "warp"
 
     @property
     def schedules(self) -> tuple:
@@ -172,6 +176,8 @@ VARIANTS = [
     # time, results/2026-12-02-h200-session13/precision_ab.json)
     Variant("chains", loop_sums="chains"),
     Variant("kahan", loop_sums="kahan"),
+    # axis programs: the shared-memory tree over all TY threads (the form before session 18)
+    Variant("axistree", axis_merge="tree"),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -186,7 +192,7 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments", "red_form"),
+                           "block_max", "col_smem", "moments", "red_form", "axis_merge"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 

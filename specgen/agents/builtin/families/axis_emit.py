@@ -3,8 +3,8 @@
 Per direction, up to three kernels, all deterministic (fixed trees and orders, no atomics):
   <k>_reduce   blocks of TX x TY threads (TX * TY = 256): TX threads along the kept inner
                axis I (coalesced; TX = 1 when I == 1, the block then reads 16-byte vectors of
-               the contiguous reduced axis), TY threads striding over a chunk of R, a fixed
-               shared-memory tree over TY. When the kept elements give few blocks (a reduction
+               the contiguous reduced axis), TY threads striding over a chunk of R; a warp's
+               partials merged by shuffles, then a fixed shared-memory tree over the 8 warps. When the kept elements give few blocks (a reduction
                to a scalar, a middle axis with small O * I), R is split over G blocks (grid.y)
                that write per-chunk partials to a workspace;
   <k>_combine  (G > 1) a thread per kept element merges its G partials in chunk order;
@@ -22,6 +22,7 @@ from ..ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, take_works
 from ..emit import DirectionEmitter
 from ..ir import Node
 from ..prelude import PRELUDE, with_optional_preludes
+from ..schedule import DEFAULT_VARIANT, Variant
 from .axis_reduce import AxisProgram
 
 BLOCK = 256
@@ -78,8 +79,9 @@ struct FastDiv {
 
 
 class AxisEmitter(DirectionEmitter):
-    def __init__(self, spec, program: AxisProgram, direction: str):
+    def __init__(self, spec, program: AxisProgram, direction: str, variant: Variant = DEFAULT_VARIANT):
         super().__init__(spec, program, direction)
+        self.merge_form = variant.axis_merge  # "warp" (shuffles, then the warps' tree) or "tree" (over TY)
         self.lay = program.layout
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
@@ -341,10 +343,12 @@ class AxisEmitter(DirectionEmitter):
                  *self.rb_line("  "),
                  "  const int64_t tiles = (I + TW - 1) / TW;", "  const int64_t g = blockIdx.y;",
                  "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
+        lines.append("  constexpr int WT = " + ("32 / TX;  // rows of ty a warp holds (the block: 8 warps)"
+                                               if self.merge_form == "warp" else "1;  // the tree runs over TY"))
         for n in reduces:
-            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY][TW];")
+            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY / WT][TW];")
             if self.is_arg(n):
-                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY][TW];")
+                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY / WT][TW];")
         lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
                   "    const int64_t o = b / tiles, i = (b % tiles) * TW + (int64_t)tx * VI;",
                   "    const bool live = i < I;  // VI > 1: I % VI == 0, all VI live",
@@ -387,15 +391,8 @@ class AxisEmitter(DirectionEmitter):
             lines.append("        jb += (int64_t)TY * VEC;")
             lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
         lines += ["      }", "    }"]
-        lines.append("#pragma unroll")
-        lines.append("    for (int u = 0; u < VI; ++u) {")
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"      sm_{v}[ty][tx * VI + u] = {v}[u];")
-            if self.is_arg(n):
-                lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
-        lines.append("    }")
-        lines += ["    __syncthreads();", "    for (int s = TY / 2; s > 0; s >>= 1) {  // a fixed tree over TY",
+        lines += self.warp_merge(reduces) if self.merge_form == "warp" else self.to_smem(reduces)
+        lines += ["    __syncthreads();", "    for (int s = TY / WT / 2; s > 0; s >>= 1) {  // a fixed tree over smem's rows",
                   "      if (ty < s) {", "#pragma unroll", "        for (int u = 0; u < VI; ++u) {",
                   "          const int c = tx * VI + u;"]
         for n in reduces:
@@ -426,6 +423,42 @@ class AxisEmitter(DirectionEmitter):
         lines += ["        }", "      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
                   "  }", "}"]
         return lines
+
+    def warp_merge(self, reduces: list[Node]) -> list[str]:
+        """A warp's rows of ty merged by shuffles (xor offsets >= TX keep tx), its first row's
+        lanes writing the warp's partials: the smem tree then spans 8 warps (4 barriers where a
+        tree over TY of 256 took 9; held-out argmax over rows of 4096 ran at 0.67x eager)."""
+        # not unrolled: unrolled, ptxas kept float32's 16-byte TX = 1 reduce at 32 registers and
+        # spilled its loop invariants (frobenius_norm); at most 5 steps once per kept tile
+        lines = ["#pragma unroll", "    for (int u = 0; u < VI; ++u) {", "#pragma unroll 1",
+                 "      for (int off = 16; off >= TX; off >>= 1) {"]
+        for n in reduces:
+            v = self.var(n)
+            other = f"__shfl_xor_sync(0xffffffffu, {v}[u], off)"
+            if self.is_arg(n):
+                lines.append(f"        {{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
+                             f"__shfl_xor_sync(0xffffffffu, {v}_i[u], off); "
+                             f"{self.merge(n, f'{v}[u]', 'o_', 'oi_', f'{v}_i[u]')} }}")
+            else:
+                lines.append(f"        {{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[u]', 'o_')} }}")
+        lines += ["      }", "      if (ty % WT == 0) {"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"        sm_{v}[ty / WT][tx * VI + u] = {v}[u];")
+            if self.is_arg(n):
+                lines.append(f"        sm_{v}_i[ty / WT][tx * VI + u] = {v}_i[u];")
+        lines += ["      }", "    }"]
+        return lines
+
+    def to_smem(self, reduces: list[Node]) -> list[str]:
+        """Every thread's partials into shared memory, for the tree over TY."""
+        lines = ["#pragma unroll", "    for (int u = 0; u < VI; ++u) {"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"      sm_{v}[ty][tx * VI + u] = {v}[u];")
+            if self.is_arg(n):
+                lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
+        return lines + ["    }"]
 
     def emit_combine(self, p: int) -> list[str]:
         reduces = self.phases[p]
@@ -665,7 +698,7 @@ class AxisEmitter(DirectionEmitter):
         return "\n".join(lines)
 
 
-def emit_axis_source(spec, programs: dict[str, AxisProgram]) -> str:
+def emit_axis_source(spec, programs: dict[str, AxisProgram], variant: Variant = DEFAULT_VARIANT) -> str:
     first = next(iter(programs.values()))
     parts = [f"// {spec.name}.cu: generated by specgen's builtin generator from {Path(str(spec.path)).name}.",
              f"//   {spec.signature}",
@@ -676,5 +709,5 @@ def emit_axis_source(spec, programs: dict[str, AxisProgram]) -> str:
              f'#include "{abi.header_filename(spec)}"', PRELUDE, HELPERS]
     for direction, program in programs.items():
         parts.append(f"// ======================= {direction} =======================")
-        parts.append(AxisEmitter(spec, program, direction).emit(list(spec.dtypes)))
+        parts.append(AxisEmitter(spec, program, direction, variant).emit(list(spec.dtypes)))
     return "\n\n".join(with_optional_preludes(parts)) + "\n"
