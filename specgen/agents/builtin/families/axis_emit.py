@@ -62,6 +62,14 @@ __device__ __forceinline__ bool arg_better(A v, int64_t i, A bv, int64_t bi) {
   return v == bv && i < bi;
 }
 
+// A thread's own elements come in increasing index order: a later one wins only when strictly
+// better or when it is the first NaN. No index compare per element (the thread's index starts at
+// its first element's, its value at the init: an all -inf run keeps its first index).
+template <bool MAX, typename A>
+__device__ __forceinline__ bool arg_step(A v, A bv) {
+  return (MAX ? v > bv : v < bv) || (v != v && bv == bv);
+}
+
 // n / d for 0 <= n < 2^31 with a multiply-high and a shift (PyTorch's IntDivider): the flat
 // pass's index math without 64-bit divisions (tens of instructions each) per 16-byte vector.
 struct FastDiv {
@@ -362,6 +370,12 @@ class AxisEmitter(DirectionEmitter):
             lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
                          + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
         lines.append("    if (live) {")
+        if any(self.is_arg(n) for n in reduces) and not self.lay.ends:  # arg_step's start: the first index
+            lines.append("      if (r0 + (int64_t)ty * VEC < r1) {")
+            for n in reduces:
+                if self.is_arg(n):
+                    lines.append(f"        for (int u = 0; u < VI; ++u) {self.var(n)}_i[u] = r0 + (int64_t)ty * VEC;")
+            lines.append("      }")
         ctx = Ctx()
         self.earlier(p, ctx)
         lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
@@ -385,7 +399,13 @@ class AxisEmitter(DirectionEmitter):
         lines += self.elem_statements(args, ctx, "            ")
         for n in reduces:
             v = self.var(n)
-            lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
+            if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
+                m = "true" if n.attrs["kind"] == "argmax" else "false"
+                lines.append(f"            {{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
+                             f"const bool tk_ = sgx::arg_step<{m}>(c_, {v}[u]); {v}[u] = tk_ ? c_ : {v}[u]; "
+                             f"{v}_i[u] = tk_ ? j : {v}_i[u]; }}")
+            else:
+                lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
         lines += ["          }", "        }"]
         if self.lay.ends:
             lines.append("        jb += (int64_t)TY * VEC;")

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 18, call 3 (~580 s of command):
+#   1. the development suite's arg-reductions on the user's path again, after `arg_step` (a thread's
+#      own elements come in index order: no index compare per element, no branches; call 2 showed
+#      them ALU-bound, bf16 as slow as float32): amax_rows_indices, argmin_last, argmax_dim1;
+#   2. held-out v2: bce_probs again (call 2: grad_t NaN where the float64 truth is inf and the
+#      reference's own float32 run is NaN too; the verifier now accepts the reference's own value
+#      there), then logsumexp_dim1 and layernorm_last2 (not run before).
+set -uo pipefail
+started=$(date +%s)
+left() { echo $(( ${CALL_S:-580} - ($(date +%s) - started) )); }
+REPO="$PWD"
+for folder in .whl; do
+  compgen -G "$folder/*.whl" > /dev/null && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $folder/*.whl
+done
+export PYTHONPATH="/tmp/site:$REPO:$REPO/tests:${PYTHONPATH:-}" SPECGEN_CACHE_DIR=/tmp/specgen-cache
+mkdir -p "$OUT/logs"
+log() { echo "[$(( $(date +%s) - started )) s] $*" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt"
+git log --oneline -1 >> "$OUT/summary.txt"; git status --short | head -12 >> "$OUT/summary.txt"
+level1() {  # level1 SET ONLY SECONDS [folder]
+  local set=$1 only=$2 t=$3 dir=${4:-heldout/problems}
+  LEVEL1_SETS=$set LEVEL1_ONLY=$only LEVEL1_HELDOUT_DIR=$dir LEVEL1_BUDGET_S=$(( t - 25 )) LEVEL1_HELDOUT_S=$(( t - 25 )) \
+    LEVEL1_SPEC_BUDGET_S=100 timeout $t scripts/gpu-suite level1 > "$OUT/logs/level1_${set}_${only//,/_}.log" 2>&1
+  log "level1 $set $only: exit $?"
+  mkdir -p "$OUT/level1_${set}_${only//,/_}" && cp -r "$OUT"/level1/$set/* "$OUT/level1_${set}_${only//,/_}/" 2>/dev/null
+  if [ "$set" = dev ]; then grep -E "^\| [a-z]" "$OUT"/level1/dev/level1_bench.md 2>/dev/null | cut -c1-240 | head -30 >> "$OUT/summary.txt"
+  else grep -vE "^\[level1\] spec " "$OUT/level1/heldout.log" 2>/dev/null | tail -24 | cut -c1-200 >> "$OUT/summary.txt"; fi
+  rm -rf "$OUT/level1"
+}
+level1 dev amax_rows_indices,argmin_last,argmax_dim1 ${DEV_S:-230}
+t=$(( $(left) - 10 ))
+[ $t -gt 90 ] && level1 heldout ${V2_ONLY:-bce_probs,logsumexp_dim1,layernorm_last2} $t heldout/problems-v2
+cd "$OUT" && tar czf /tmp/call.tgz --exclude summary.txt . && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/call.tgz "$OUT/call3.tgz"
+cut -c1-260 "$OUT/summary.txt"
