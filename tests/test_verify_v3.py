@@ -231,6 +231,39 @@ def test_physics_floor_does_not_count_an_input_the_outputs_do_not_depend_on(tmp_
     assert unread_inputs(load_spec(ignored), "forward") == {"y"}
 
 
+NLL = """\
+name: nll_gather
+description: Mean negative log-likelihood of the target class per row (a gather, then a mean).
+signature: "nll_gather(logp: Tensor[N, C], target: Tensor[N] int64 in [0, C)) -> Tensor[] float32"
+dtypes: [float32]
+dims: {N: [1, 16384], C: [2, 32768]}
+reference: |
+  import torch
+
+  def reference(logp, target):
+      work = torch.float64 if logp.dtype == torch.float64 else torch.float32
+      return -logp.to(work).gather(1, target[:, None]).mean()
+"""
+
+
+def test_physics_floor_does_not_count_an_input_read_only_in_part(tmp_path):
+    # held-out nll_loss (H200, session 18): an honest gather kernel at 85 us was refused as faster
+    # than physics, the floor counting all 2.1 GB of logp where a correct kernel reads N elements
+    from specgen.verify.physics import floor, tensor_bytes, unread_inputs
+
+    path = tmp_path / "nll_gather.yaml"
+    path.write_text(NLL)
+    nll = load_spec(path)
+    assert unread_inputs(nll, "forward") == {"logp"}  # the int64 targets stay counted
+    dims = {"N": 16384, "C": 32768}
+    assert floor(nll, dims, "float32", "forward").us < 85.31 / 10
+    assert sum(tensor_bytes(nll, dims, "float32", "forward")) > 2 * 10 ** 9  # what was counted before
+    # every element of every example op's inputs matters: their floors are unchanged
+    for name in ("softmax", "rmsnorm", "cross_entropy", "swiglu", "layernorm_gelu", "rope"):
+        spec = load_spec(SPECS / f"{name}.yaml")
+        assert unread_inputs(spec, "forward") == frozenset(), name
+
+
 def test_flop_floor_counts_a_matmul_reference():
     from specgen.verify.physics import reference_flops
 

@@ -4,7 +4,10 @@ arithmetic faster than the chip can.
 The byte floor counts what must come from device memory: every byte of each input the outputs
 depend on (the L2 is flushed before each timed call) and the output bytes that cannot stay in
 the L2. An input the outputs do not depend on (mean's backward broadcasts its gradient; x gives
-only the shape) is not counted: a correct kernel need not read it (`unread_inputs`). Its rate is the
+only the shape) is not counted: a correct kernel need not read it (`unread_inputs`). Nor is one
+the outputs depend on only in part (an NLL loss gathers one log-probability per row: a correct
+kernel reads N of N x C elements, and how many depends on the shape, so no byte of it is
+counted). Its rate is the
 HBM's theoretical peak (from the memory clock and bus width the driver reports; 4.8 TB/s on
 an H200 when unknown), not a measured copy: aten's elementwise kernels reach about 102% of a
 device-to-device copy on an H200, so a copy is no ceiling. The FLOP floor counts the matrix
@@ -121,12 +124,16 @@ def reference_flops(spec, dims: dict, dtype: str, direction: str) -> float:
 
 
 PROBE_SEEDS = (7, 13)  # redraws of one input at a time; both must leave every output unchanged
+PROBE_ELEMENTS = 16  # elements of a floating input set, one at a time, to each of PROBE_VALUES
+PROBE_VALUES = (float("nan"), 1e30, -1e30)  # NaN propagates through arithmetic, +-1e30 through max/min/fmax
 
 
 def unread_inputs(spec, direction: str) -> frozenset:
-    """The drawn ABI fields of `direction` (inputs, output gradients) whose values no output
-    depends on: drawn again alone (twice, on the spec's small first case, on the CPU), they
-    leave every output of the reference bit for bit unchanged. Empty when the probe cannot run
+    """The drawn ABI fields of `direction` (inputs, output gradients) a correct kernel need not
+    read in full, on the spec's small first case, on the CPU: those whose values no output
+    depends on (drawn again alone, twice, they leave every output of the reference bit for bit
+    unchanged), and floating ones the outputs depend on only in part, where the op's structure
+    or its integer inputs decide (`_read_in_part`: a gather). Empty when the probe cannot run
     (every input counted)."""
     key = (spec.hash(), direction)
     if key not in _UNREAD:
@@ -162,7 +169,41 @@ def _probe_unread(spec, direction: str) -> frozenset:
             continue  # not redrawn differently (a constant, an empty tensor): counted
         if all(_same(truth, base.derive({**base.inputs, name: other})[0]) for other in others):
             unread.add(name)
+        elif tensor.is_floating_point() and _read_in_part(base, truth, name, redraws):
+            unread.add(name)
     return frozenset(unread)
+
+
+def _read_in_part(base, truth: dict, name: str, redraws: list[dict]) -> bool:
+    """Some probed elements of input `name` change no output whatever their value, and the same
+    ones under every redraw of the floating inputs (integer inputs kept): the op reads `name` at
+    places its structure or its indices decide (a gather, an exclusive scan's last element), not
+    where values happen to mask it (ReLU's backward ignores grad_out where y <= 0: counted)."""
+    ignored = _ignored_elements(base.inputs, truth, name, base.derive)
+    if not ignored:
+        return False
+    for redraw in redraws:
+        inputs = {k: (v if v.is_floating_point() else base.inputs[k]) for k, v in redraw.items()}
+        if _ignored_elements(inputs, base.derive(inputs)[0], name, base.derive) != ignored:
+            return False
+    return True
+
+
+def _ignored_elements(inputs: dict, truth: dict, name: str, derive) -> frozenset:
+    """The probed flat indices of `name` that no value of PROBE_VALUES moves any output from `truth`."""
+    tensor = inputs[name]
+    count = tensor.numel()
+    ignored = set()
+    for flat in sorted({round(k * (count - 1) / max(PROBE_ELEMENTS - 1, 1)) for k in range(PROBE_ELEMENTS)}
+                       if count else ()):
+        for value in PROBE_VALUES:
+            probed = tensor.clone()
+            probed.view(-1)[flat] = value
+            if not _same(truth, derive({**inputs, name: probed})[0]):
+                break
+        else:
+            ignored.add(flat)
+    return frozenset(ignored)
 
 
 def _same(a: dict, b: dict) -> bool:
