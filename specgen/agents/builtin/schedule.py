@@ -160,6 +160,10 @@ VARIANTS = [
     # flat pointwise: two chunks in flight per thread over 32 waves, or four over one persistent
     # wave (the default before session 7), or one over at most 64 waves
     Variant("flat2w32", flat_unroll=2, flat_waves=32),
+    # two chunks a thread on the uncapped grid (aten's float32 launch): softplus at 6.4 GB ran at
+    # 97% / 100% of the copy bandwidth (fp32 / bf16) against the default's 93% / 94%, where
+    # hardsigmoid's cheap math had favoured one chunk (results/2026-12-02-h200-session18, call 2)
+    Variant("flat2w4096", flat_unroll=2),
     Variant("flat1w64", flat_waves=64),  # the default until session 16
     Variant("flat4w1", flat_unroll=4, flat_waves=1),
     # few rows: a block per row (the medium schedule) instead of a cluster of blocks per row
