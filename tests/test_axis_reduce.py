@@ -277,6 +277,25 @@ def test_launch_plan_spreads_every_shape_over_the_sms():
     assert rows["vec_r"] and rows["G"] == 1
     odd = launch_plan(5, 1001, 7, 4, aligned=False)
     assert odd["VI"] == 1 and not odd["vec_r"] and odd["G"] * odd["chunk"] >= 1001
+    # the `axisrows` variant: a warp per kept element where R is short and no split is needed
+    assert not rows["rows"] and launch_plan(262144, 4096, 1, 4, rows_max=16384)["rows"]
+    assert not launch_plan(262144, 32768, 1, 4, rows_max=16384)["rows"]  # R too long for a warp
+    assert not launch_plan(8, 4096, 1, 4, rows_max=16384)["rows"]  # decode: a block a row, loads all in flight
+    assert not launch_plan(4096, 256, 16, 4, rows_max=16384)["rows"]  # a kept inner axis
+
+
+@pytest.mark.nvcc
+def test_the_warp_per_row_variant_compiles_without_spills_and_dispatches_on_short_rows():
+    from specgen.agents.builtin.generator import compile_source
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs"
+                     / "amax_rows_indices.yaml")
+    source = build_source(spec, variants_named("axisrows")[0])
+    assert "_rows0" not in build_source(spec)  # the default keeps the block per row
+    assert "if (I == 1 && O >= 2048 && R <= 16384) {" in source
+    kernels = {k: r for k, r in compile_source(spec, source).resources.items() if "_rows0<" in k}
+    assert len(kernels) == 4 and all(r["spill_store_bytes"] == 0 and r["shared_bytes"] == 0 for r in kernels.values())
 
 
 def test_a_functional_copy_keeps_normalize_in_the_row_family():

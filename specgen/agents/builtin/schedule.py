@@ -116,6 +116,10 @@ class Variant:
     # "warp": shuffles within each warp, then a shared-memory tree over the 8 warps (4 barriers);
     # "tree": a shared-memory tree over all TY (up to 9 barriers; the form until session 18)
     axis_merge: str = "warp"
+    # axis programs with I == 1 (a kept element's R elements contiguous): R up to which a warp takes
+    # a kept element, 8 a block, with no shared memory or barrier (families/axis_emit.py emit_rows);
+    # 0: never (the block-per-element kernel)
+    axis_rows: int = 0
 
     @property
     def schedules(self) -> tuple:
@@ -182,6 +186,8 @@ VARIANTS = [
     Variant("kahan", loop_sums="kahan"),
     # axis programs: the shared-memory tree over all TY threads (the form before session 18)
     Variant("axistree", axis_merge="tree"),
+    # axis programs: a warp per kept element for rows of up to 16384 (not run on a GPU yet)
+    Variant("axisrows", axis_rows=16384),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -196,7 +202,7 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments", "red_form", "axis_merge"),
+                           "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 

@@ -30,10 +30,11 @@ TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (sh
 MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
 
 def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
-                ends_rb: int | None = None) -> dict:
+                ends_rb: int | None = None, rows_max: int = 0) -> dict:
     """The reduce kernels' geometry the generated host code picks for [O, R, I] (a Python
     mirror of emit_launch, for the tests and the tuner): TX threads along I with VI kept
-    elements each, 16-byte reads along R (vec_r) when I == 1, R split into G chunks of `chunk`."""
+    elements each, 16-byte reads along R (vec_r) when I == 1, R split into G chunks of `chunk`;
+    `rows`: a warp per kept element (the variant's axis_rows = `rows_max`, one-phase programs)."""
     vec = max(1, 16 // itemsize)
     vi = vec if vi_ok and ends_rb is None and vec > 1 and I % vec == 0 and I >= 32 * vec and aligned else 1
     iv = I // vi
@@ -48,7 +49,8 @@ def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, 
         g = max(1, min(g, -(-R // (step * MIN_STEPS)), 65535))
     chunk = max(1, -(-(-(-R // g)) // step) * step)
     g = max(1, -(-R // chunk))
-    return {"TX": tx, "VI": vi, "vec_r": vec_r, "tiles": tiles, "G": g, "chunk": chunk}
+    rows = ends_rb is None and I == 1 and O >= TARGET_BLOCKS and 0 < R <= rows_max
+    return {"TX": tx, "VI": vi, "vec_r": vec_r, "tiles": tiles, "G": g, "chunk": chunk, "rows": rows}
 
 
 HELPERS = r"""namespace sgx {
@@ -90,6 +92,7 @@ class AxisEmitter(DirectionEmitter):
     def __init__(self, spec, program: AxisProgram, direction: str, variant: Variant = DEFAULT_VARIANT):
         super().__init__(spec, program, direction)
         self.merge_form = variant.axis_merge  # "warp" (shuffles, then the warps' tree) or "tree" (over TY)
+        self.rows_max = variant.axis_rows  # R up to which a warp takes a kept element (I == 1); 0: never
         self.lay = program.layout
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
@@ -370,46 +373,7 @@ class AxisEmitter(DirectionEmitter):
             lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
                          + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
         lines.append("    if (live) {")
-        if any(self.is_arg(n) for n in reduces) and not self.lay.ends:  # arg_step's start: the first index
-            lines.append("      if (r0 + (int64_t)ty * VEC < r1) {")
-            for n in reduces:
-                if self.is_arg(n):
-                    lines.append(f"        for (int u = 0; u < VI; ++u) {self.var(n)}_i[u] = r0 + (int64_t)ty * VEC;")
-            lines.append("      }")
-        ctx = Ctx()
-        self.earlier(p, ctx)
-        lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
-        if self.lay.ends:  # j = a * RB + b, tracked without a division per step
-            lines.append("      int64_t ja = (r0 + (int64_t)ty * VEC) / RB, jb = (r0 + (int64_t)ty * VEC) % RB;")
-        lines += ["#pragma unroll 4",
-                  "      for (int64_t j0 = r0 + (int64_t)ty * VEC; j0 < r1; j0 += (int64_t)TY * VEC) {",
-                  ("        const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
-                   else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
-        for n in self.vec_loads([n.args[0] for n in reduces]):
-            t = self.ctype_of(n.attrs["field"])
-            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC * VI];")
-            lines.append(f"        sg::load_vec<VEC * VI>((const {t}*)A.{n.attrs['field']}.data + base, "
-                         f"ld_{n.attrs['field']});")
-        lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
-                  "          const int64_t j = j0 + v; (void)j;",
-                  "#pragma unroll", "          for (int u = 0; u < VI; ++u) {",
-                  "            const int64_t row = row0 + u; (void)row;"]
-        self.bind_loads(ctx, "base + v * I + u", [n.args[0] for n in reduces], vec_index="v * VI + u")
-        args = [n.args[0] for n in reduces]
-        lines += self.elem_statements(args, ctx, "            ")
-        for n in reduces:
-            v = self.var(n)
-            if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
-                m = "true" if n.attrs["kind"] == "argmax" else "false"
-                lines.append(f"            {{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
-                             f"const bool tk_ = sgx::arg_step<{m}>(c_, {v}[u]); {v}[u] = tk_ ? c_ : {v}[u]; "
-                             f"{v}_i[u] = tk_ ? j : {v}_i[u]; }}")
-            else:
-                lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
-        lines += ["          }", "        }"]
-        if self.lay.ends:
-            lines.append("        jb += (int64_t)TY * VEC;")
-            lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
+        lines += self.sweep(p, "(int64_t)ty", "TY")
         lines += ["      }", "    }"]
         lines += self.warp_merge(reduces) if self.merge_form == "warp" else self.to_smem(reduces)
         lines += ["    __syncthreads();", "    for (int s = TY / WT / 2; s > 0; s >>= 1) {  // a fixed tree over smem's rows",
@@ -442,6 +406,53 @@ class AxisEmitter(DirectionEmitter):
                 lines.append(f"          {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][c];")
         lines += ["        }", "      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
                   "  }", "}"]
+        return lines
+
+    def sweep(self, p: int, first: str, step: str) -> list[str]:
+        """A thread's sweep over its chunk of R (in `live`): the thread's first element at
+        r0 + first * VEC, `step` threads apart; each reduction's running value per kept element."""
+        reduces = self.phases[p]
+        lines = []
+        if any(self.is_arg(n) for n in reduces) and not self.lay.ends:  # arg_step's start: the first index
+            lines.append(f"      if (r0 + {first} * VEC < r1) {{")
+            for n in reduces:
+                if self.is_arg(n):
+                    lines.append(f"        for (int u = 0; u < VI; ++u) {self.var(n)}_i[u] = r0 + {first} * VEC;")
+            lines.append("      }")
+        ctx = Ctx()
+        self.earlier(p, ctx)
+        lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
+        if self.lay.ends:  # j = a * RB + b, tracked without a division per step
+            lines.append(f"      int64_t ja = (r0 + {first} * VEC) / RB, jb = (r0 + {first} * VEC) % RB;")
+        lines += ["#pragma unroll 4",
+                  f"      for (int64_t j0 = r0 + {first} * VEC; j0 < r1; j0 += (int64_t){step} * VEC) {{",
+                  ("        const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
+                   else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
+        for n in self.vec_loads([n.args[0] for n in reduces]):
+            t = self.ctype_of(n.attrs["field"])
+            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC * VI];")
+            lines.append(f"        sg::load_vec<VEC * VI>((const {t}*)A.{n.attrs['field']}.data + base, "
+                         f"ld_{n.attrs['field']});")
+        lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
+                  "          const int64_t j = j0 + v; (void)j;",
+                  "#pragma unroll", "          for (int u = 0; u < VI; ++u) {",
+                  "            const int64_t row = row0 + u; (void)row;"]
+        self.bind_loads(ctx, "base + v * I + u", [n.args[0] for n in reduces], vec_index="v * VI + u")
+        args = [n.args[0] for n in reduces]
+        lines += self.elem_statements(args, ctx, "            ")
+        for n in reduces:
+            v = self.var(n)
+            if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
+                m = "true" if n.attrs["kind"] == "argmax" else "false"
+                lines.append(f"            {{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
+                             f"const bool tk_ = sgx::arg_step<{m}>(c_, {v}[u]); {v}[u] = tk_ ? c_ : {v}[u]; "
+                             f"{v}_i[u] = tk_ ? j : {v}_i[u]; }}")
+            else:
+                lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
+        lines += ["          }", "        }"]
+        if self.lay.ends:
+            lines.append(f"        jb += (int64_t){step} * VEC;")
+            lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
         return lines
 
     def warp_merge(self, reduces: list[Node]) -> list[str]:
@@ -479,6 +490,56 @@ class AxisEmitter(DirectionEmitter):
             if self.is_arg(n):
                 lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
         return lines + ["    }"]
+
+    def rows_allowed(self) -> bool:
+        """The warp-per-element kernel: one phase (no earlier results to read back), no
+        two-ended layout, the variant asks for it."""
+        return self.rows_max > 0 and len(self.phases) == 1 and not self.lay.ends
+
+    def emit_rows(self, p: int) -> list[str]:
+        """A warp per kept element when I == 1, R is short (up to `axis_rows`) and there are many
+        (O >= TARGET_BLOCKS, so G == 1): 8 elements a block, lanes along R with 16-byte reads,
+        merged by shuffles; no shared memory, no barrier. Many short rows (262144 of 4096) spent a 256-thread block's life on
+        latency and barriers for 16 KB each (amax_rows_indices, session 18)."""
+        reduces = self.phases[p]
+        lines = [f"// Reduce (phase {p}), a warp per kept element (I == 1, short R): 8 a block, no barrier.",
+                 "template <typename T, int VEC>",
+                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_rows{p}(const {self.args_t} A, void* ws, "
+                 "int64_t O, int64_t R)", "{",
+                 "  using acc_t = typename sg::Acc<T>::type;",
+                 "  constexpr int VI = 1;", "  const int lane = threadIdx.y & 31;",
+                 "  const int64_t I = 1, K = O, G = 1, GP = 0, r0 = 0, r1 = R, i = 0; (void)GP; (void)i;",
+                 f"  for (int64_t b = blockIdx.x; b * {BLOCK // 32} < O; b += gridDim.x) {{",
+                 f"    const int64_t o = b * {BLOCK // 32} + (threadIdx.y >> 5);",
+                 "    const bool live = o < O;  // the same for a whole warp: its shuffles stay converged",
+                 "    const int64_t row0 = o; (void)row0;"]
+        for n in reduces:
+            v = self.var(n)
+            lines.append(f"    {self.acc_type(n)} {v}[VI];")
+            if self.is_arg(n):
+                lines.append(f"    int64_t {v}_i[VI];")
+            lines.append(f"    {v}[0] = {self.init(n)};" + (f" {v}_i[0] = INT64_MAX;" if self.is_arg(n) else ""))
+        lines.append("    if (live) {")
+        lines += self.sweep(p, "(int64_t)lane", "32")
+        lines += ["      }", "    }", "#pragma unroll 1", "    for (int off = 16; off >= 1; off >>= 1) {"]
+        for n in reduces:
+            v = self.var(n)
+            other = f"__shfl_xor_sync(0xffffffffu, {v}[0], off)"
+            if self.is_arg(n):
+                lines.append(f"      {{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
+                             f"__shfl_xor_sync(0xffffffffu, {v}_i[0], off); "
+                             f"{self.merge(n, f'{v}[0]', 'o_', 'oi_', f'{v}_i[0]')} }}")
+            else:
+                lines.append(f"      {{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[0]', 'o_')} }}")
+        finals = []
+        for n in reduces:
+            finals.append(f"{self.var(n)}[0]")
+            if self.is_arg(n):
+                finals.append(f"{self.var(n)}_i[0]")
+        lines += ["    }", "    if (lane == 0 && live) {", "      const int64_t row = row0;",
+                  f"      {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});",
+                  "    }", "  }", "}"]
+        return lines
 
     def emit_combine(self, p: int) -> list[str]:
         reduces = self.phases[p]
@@ -647,8 +708,18 @@ class AxisEmitter(DirectionEmitter):
                       "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
             for p in range(len(self.phases)):
                 lines.append(f"    // phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
+                if self.rows_allowed():  # a warp per kept element: 8 a block
+                    # many rows only: a few (decode) keep a block each, all their loads in flight at once
+                    lines += [f"    if (I == 1 && O >= {TARGET_BLOCKS} && R <= {self.rows_max}) {{",
+                              f"      const int64_t rb = (O + {BLOCK // 32 - 1}) / {BLOCK // 32};",
+                              "      const unsigned rgrid = (unsigned)(rb < (1 << 30) ? rb : (1 << 30));",
+                              f"      if (vec_r) {self.kname}_rows{p}<T, VEC><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>"
+                              "(args, ws, O, R);",
+                              f"      else {self.kname}_rows{p}<T, 1><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>(args, ws, O, R);",
+                              "    }"]
                 for tx in (1, 2, 4, 8, 16, 32):
-                    lines.append(f"    {'if' if tx == 1 else 'else if'} (TX == {tx}) {{")
+                    lines.append(f"    {'else if' if tx == 1 and self.rows_allowed() else 'if' if tx == 1 else 'else if'}"
+                                 f" (TX == {tx}) {{")
                     if tx == 1:
                         lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
                                      "stream>>>(args, ws, O, R, I, G, chunk);")
@@ -710,6 +781,8 @@ class AxisEmitter(DirectionEmitter):
         if self.reduces:
             for p in range(len(self.phases)):
                 lines += self.emit_finish(p) + [""] + self.emit_reduce(p) + [""] + self.emit_combine(p) + [""]
+                if self.rows_allowed():
+                    lines += self.emit_rows(p) + [""]
         if self.totals:
             lines += self.emit_total() + [""]
         if self.elem_stores or (self.global_stores and not self.reduces):
