@@ -15,12 +15,12 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from ..inputs import DISTRIBUTIONS
+from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
 from .checks import (check_capture, check_case, check_deterministic_repeats, check_repeated_calls,
                      check_stale_output_loop)
 from .data import CaseData, prepare, stage
-from ..inputs import DISTRIBUTIONS
-from ..reference import reference_failure
 from .domain import describe as describe_rejected
 from .domain import rejected_value_classes
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,

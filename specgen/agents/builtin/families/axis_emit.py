@@ -1,12 +1,14 @@
 """CUDA for axis programs (axis_reduce.py): S viewed as [O, R, I], reduced over R.
 
-Per direction, up to three kernels, all deterministic (fixed trees and orders, no atomics):
+Per direction, up to four kernels, all deterministic (fixed trees and orders, no atomics):
   <k>_reduce   blocks of TX x TY threads (TX * TY = 256): TX threads along the kept inner
                axis I (coalesced; TX = 1 when I == 1, the block then reads 16-byte vectors of
                the contiguous reduced axis), TY threads striding over a chunk of R; a warp's
-               partials merged by shuffles, then a fixed shared-memory tree over the 8 warps. When the kept elements give few blocks (a reduction
-               to a scalar, a middle axis with small O * I), R is split over G blocks (grid.y)
-               that write per-chunk partials to a workspace;
+               partials merged by shuffles, then a fixed shared-memory tree over the 8 warps.
+               When the kept elements give few blocks (a reduction to a scalar, a middle axis
+               with small O * I), R is split over G blocks (grid.y) that write per-chunk
+               partials to a workspace;
+  <k>_rows     (variant axisrows; I == 1, many short rows) a warp per kept element instead;
   <k>_combine  (G > 1) a thread per kept element merges its G partials in chunk order;
   <k>_elem     (elem stores: backward) a flat grid-stride pass over S reading the kept values
                (reduction results from the workspace, row inputs such as grad_out).
