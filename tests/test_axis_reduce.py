@@ -133,7 +133,9 @@ def test_layouts_and_plans():
     assert plan("sum_all")[0] == "O = 1, R = B * C * L, I = 1"
     assert plan("sum_dims02")[0] == "O = C, R = B x L (both ends), I = 1"
     layout, p = plan("max_dim_last")
-    assert layout == "O = N, R = D, I = 1" and sorted(p["kinds"]) == ["argmax", "max"] and not p["elem"]
+    # torch.max's values come from its argmax's running value: one reduction
+    assert layout == "O = N, R = D, I = 1" and p["kinds"] == ["argmax"] and not p["elem"]
+    assert p["values_from_arg"] == ["argmax"] and p["partial_slots"] == 2
     # backward of a mean over channels: no reduction, a pass over S reading grad_out per kept element
     _, p = plan("mean_dim1_4d", "backward")
     assert not p["reduce"] and p["elem"] and p["kept_slots"] == 0
@@ -282,6 +284,20 @@ def test_launch_plan_spreads_every_shape_over_the_sms():
     assert not launch_plan(262144, 32768, 1, 4, rows_max=16384)["rows"]  # R too long for a warp
     assert not launch_plan(8, 4096, 1, 4, rows_max=16384)["rows"]  # decode: a block a row, loads all in flight
     assert not launch_plan(4096, 256, 16, 4, rows_max=16384)["rows"]  # a kept inner axis
+
+
+def test_torch_max_values_come_from_the_argmax_not_a_second_reduction():
+    spec = load_spec(Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs"
+                     / "max_with_indices.yaml")
+    emitter = AxisEmitter(spec, lower_spec(spec)["forward"], "forward")
+    assert [n.attrs["kind"] for n in emitter.reduces] == ["argmax"]  # one reduction sweeps the row
+    (values, arg), = emitter.aliases.items()
+    assert arg is emitter.reduces[0]
+    assert [s.field for s in emitter.row_stores if s.value.id == values] == ["values"]
+    # an argmax alone, or a max alone, has nothing to pair
+    for name in ("argmin_last", "amax_dim1"):
+        other = load_spec(Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs" / f"{name}.yaml")
+        assert AxisEmitter(other, lower_spec(other)["forward"], "forward").aliases == {}
 
 
 @pytest.mark.nvcc

@@ -97,6 +97,8 @@ class AxisEmitter(DirectionEmitter):
         self.rows_max = variant.axis_rows  # R up to which a warp takes a kept element (I == 1); 0: never
         self.lay = program.layout
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
+        self.aliases = self.arg_pairs(program)  # torch.max's values: its argmax's running value
+        self.reduces = [n for n in self.reduces if n.id not in self.aliases]
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
         self.row_stores = [s for s in program.stores if s.kind == "row"]
         self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
@@ -111,6 +113,23 @@ class AxisEmitter(DirectionEmitter):
         self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
         self.phases = self.phase_list()
         self.kept = self.kept_reduces()
+
+    def arg_pairs(self, program: AxisProgram) -> dict[int, Node]:
+        """{values node id: its arg-reduction} for torch.max/min over a dim, whose values are the
+        operand at the index the arg-reduction finds (its running value, NaN first as torch):
+        one reduction instead of two, in one-phase programs with no elem pass (the forward)."""
+        if any(s.kind == "elem" for s in program.stores):
+            return {}
+        pairs = {}
+        for n in self.reduces:
+            if n.attrs.get("arg_pair"):
+                arg = next((m for m in self.reduces if m.attrs["kind"] == "arg" + n.attrs["kind"]
+                            and m.args[0].id == n.args[0].id), None)
+                if arg is not None:
+                    pairs[n.id] = arg
+        if any(a.args[0].op == "rowreduce" for a in pairs.values()):
+            return {}  # an operand from another phase: keep both reductions
+        return pairs
 
     # ------------------------------------------------------------ plan (read by tests and the host)
     def phase_list(self) -> list[list[Node]]:
@@ -145,7 +164,8 @@ class AxisEmitter(DirectionEmitter):
         return {"reduce": bool(self.reduces), "elem": bool(self.elem_stores), "totals": len(self.totals),
                 "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
                 "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
-                "kept_slots": len(self.kept), "layout": self.lay.describe()}
+                "kept_slots": len(self.kept), "layout": self.lay.describe(),
+                "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values())}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -297,6 +317,9 @@ class AxisEmitter(DirectionEmitter):
         self.earlier(p, ctx)
         for n in self.phases[p]:
             ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
+        for alias, arg in self.aliases.items():
+            if arg in self.phases[p]:
+                ctx.names[alias] = self.var(arg)  # the values: the arg-reduction's own running value
         roots = [s.value for s in self.row_stores + self.global_stores] + [t.args[0] for t in self.totals]
         if not last:
             roots = []

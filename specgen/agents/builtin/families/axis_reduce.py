@@ -433,8 +433,10 @@ class AxisLowering(Lowering):
 
     def _values_indices(self, kind, fx_node, src, dim, keepdim=False):
         index = self.arg_reduce(f"arg{kind}", fx_node, src, dim)
-        values = Node("rowreduce", index.args, level="row", dtype=index.args[0].dtype, attrs={"kind": kind},
-                      name=f"{fx_node.name}_values")
+        # the values are the operand at the index: `arg_pair` lets the emitter take them from the
+        # arg-reduction's own running value instead of reducing the row twice
+        values = Node("rowreduce", index.args, level="row", dtype=index.args[0].dtype,
+                      attrs={"kind": kind, "arg_pair": True}, name=f"{fx_node.name}_values")
         shape = tuple(_hint_shape(fx_node))
         return (Val(values, shape), Val(index, shape))
 
