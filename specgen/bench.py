@@ -163,19 +163,21 @@ class BenchResult:
         return [f"{row.direction} {row.dtype} {row.dims}: {row.rejected}" for row in self.rows if row.rejected]
 
 
-def moved_bytes(spec, dims: dict, dtype: str, direction: str = "forward", unread: frozenset = frozenset()) -> int:
+def moved_bytes(spec, dims: dict, dtype: str, direction: str = "forward", unread: frozenset = frozenset(),
+                fractions: dict | None = None) -> int:
     """Bytes the op must move, from its ABI fields: forward, every input read once and every
     output and saved value written once; backward, the forward inputs, saved values and the output gradients read once and
     the input gradients written once (the forward outputs are not counted: see the module doc).
     `unread`: fields no output depends on (physics.unread_inputs: a sum's backward never reads x),
-    which a correct kernel need not read, so they are not counted either."""
+    which a correct kernel need not read, so they are not counted either; `fractions`
+    (physics.read_fractions): fields counted at that fraction of their bytes."""
     counted = {"forward": ("input", "output", "saved"),
                "backward": ("input", "saved_input", "grad_output", "grad_input")}[direction]
     total = 0
     for f in abi.fields(spec, direction):
         if f.is_tensor and f.role in counted and f.name not in unread:
             itemsize = torch.empty((), dtype=TORCH_DTYPES[f.tensor.dtype_for(dtype)]).element_size()
-            total += math.prod(f.tensor.shape(dims)) * itemsize
+            total += int(math.prod(f.tensor.shape(dims)) * itemsize * (fractions or {}).get(f.name, 1.0))
     return total
 
 
@@ -374,10 +376,10 @@ def _bench_all(spec, library, baseline, shapes, dtypes, directions, *, eager, co
 
 def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy_gbs: float, *,
                eager: bool, compiled: bool, warmup: int, reps: int, input_sets: int) -> BenchRow:
-    from .verify.physics import unread_inputs
+    from .verify.physics import read_fractions, unread_inputs
 
     # the verifier's byte floor counts the same bytes: a roofline fraction over 100% is not a number to print
-    nbytes = moved_bytes(spec, dims, dtype, direction, unread_inputs(spec, direction))
+    nbytes = moved_bytes(spec, dims, dtype, direction, unread_inputs(spec, direction), read_fractions(spec, direction))
     row = BenchRow(spec.name, dict(dims), dtype, nbytes, nbytes / (copy_gbs * 1e9) * 1e6, copy_gbs,
                    direction=direction)
     sets = [bench_inputs(spec, dims, dtype, seed) for seed in range(input_sets)]

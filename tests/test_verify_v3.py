@@ -246,10 +246,42 @@ reference: |
 """
 
 
-def test_physics_floor_does_not_count_an_input_read_only_in_part(tmp_path):
+LM_SHIFT = """\
+name: lm_shift_ce
+description: Causal LM loss, logits shifted by one against next-token targets.
+signature: "lm_shift_ce(logits: Tensor[B, T, V], labels: Tensor[B, T] int64 in [0, V)) -> Tensor[] float32"
+dtypes: [float32]
+dims: {B: [1, 16], T: [2, 4096], V: [2, 65536]}
+reference: |
+  import torch
+  import torch.nn.functional as F
+
+  def reference(logits, labels):
+      work = torch.float64 if logits.dtype == torch.float64 else torch.float32
+      V = logits.shape[-1]
+      return F.cross_entropy(logits[:, :-1].to(work).reshape(-1, V), labels[:, 1:].reshape(-1))
+"""
+
+
+FIRST20 = """\
+name: first20
+description: The mean of the first 20 features of each row.
+signature: "first20(x: Tensor[N, D]) -> Tensor[N] float32"
+dtypes: [float32]
+dims: {N: [1, 16384], D: [20, 8192]}
+reference: |
+  import torch
+
+  def reference(x):
+      work = torch.float64 if x.dtype == torch.float64 else torch.float32
+      return x[:, :20].to(work).mean(-1)
+"""
+
+
+def test_physics_floor_counts_an_input_read_in_part_at_its_fraction_or_not_at_all(tmp_path):
     # held-out nll_loss (H200, session 18): an honest gather kernel at 85 us was refused as faster
     # than physics, the floor counting all 2.1 GB of logp where a correct kernel reads N elements
-    from specgen.verify.physics import floor, tensor_bytes, unread_inputs
+    from specgen.verify.physics import floor, read_fractions, tensor_bytes, unread_inputs
 
     path = tmp_path / "nll_gather.yaml"
     path.write_text(NLL)
@@ -258,6 +290,22 @@ def test_physics_floor_does_not_count_an_input_read_only_in_part(tmp_path):
     dims = {"N": 16384, "C": 32768}
     assert floor(nll, dims, "float32", "forward").us < 85.31 / 10
     assert sum(tensor_bytes(nll, dims, "float32", "forward")) > 2 * 10 ** 9  # what was counted before
+    # an LM loss over logits[:, :-1] needs all but one position: counted at the probed fraction
+    # (the red team's case: dropping such an input left a 2 GB loss with a floor of 0.02 us)
+    lm = tmp_path / "lm_shift_ce.yaml"
+    lm.write_text(LM_SHIFT)
+    shifted = load_spec(lm)
+    assert unread_inputs(shifted, "forward") == frozenset()
+    (fraction,) = read_fractions(shifted, "forward").values()
+    assert 0.9 <= fraction < 1.0
+    dims = {"B": 8, "T": 2048, "V": 32000}
+    counted, _ = tensor_bytes(shifted, dims, "float32", "forward", frozenset(), read_fractions(shifted, "forward"))
+    assert counted >= 0.9 * 8 * 2048 * 32000 * 4
+    # a fixed number of columns: the share it ignores grows with the shape (17 of 37, 54 of 74),
+    # so a fraction measured at the probe would overcount at 8192: not counted, as a gather
+    first20 = tmp_path / "first20.yaml"
+    first20.write_text(FIRST20)
+    assert unread_inputs(load_spec(first20), "forward") == {"x"}
     # every element of every example op's inputs matters: their floors are unchanged
     for name in ("softmax", "rmsnorm", "cross_entropy", "swiglu", "layernorm_gelu", "rope"):
         spec = load_spec(SPECS / f"{name}.yaml")

@@ -4,10 +4,11 @@ arithmetic faster than the chip can.
 The byte floor counts what must come from device memory: every byte of each input the outputs
 depend on (the L2 is flushed before each timed call) and the output bytes that cannot stay in
 the L2. An input the outputs do not depend on (mean's backward broadcasts its gradient; x gives
-only the shape) is not counted: a correct kernel need not read it (`unread_inputs`). Nor is one
-the outputs depend on only in part (an NLL loss gathers one log-probability per row: a correct
-kernel reads N of N x C elements, and how many depends on the shape, so no byte of it is
-counted). Its rate is the
+only the shape) is not counted: a correct kernel need not read it (`unread_inputs`). One the
+outputs depend on only in part, where structure or integer inputs decide (`read_fractions`), is
+counted at the fraction of probed elements that matter, or not at all when most do not (an NLL
+loss gathers one log-probability per row: N of N x C elements, a fraction that depends on the
+shape; an LM loss over logits[:, :-1] needs all but one position in T). Its rate is the
 HBM's theoretical peak (from the memory clock and bus width the driver reports; 4.8 TB/s on
 an H200 when unknown), not a measured copy: aten's elementwise kernels reach about 102% of a
 device-to-device copy on an H200, so a copy is no ceiling. The FLOP floor counts the matrix
@@ -75,15 +76,17 @@ class Floor:
         return text
 
 
-def tensor_bytes(spec, dims: dict, dtype: str, direction: str, unread: frozenset = frozenset()) -> tuple[int, int]:
+def tensor_bytes(spec, dims: dict, dtype: str, direction: str, unread: frozenset = frozenset(),
+                 fractions: dict | None = None) -> tuple[int, int]:
     """(bytes read, bytes written) by one call of `direction`, from its ABI fields; the fields in
-    `unread` (see unread_inputs) are not counted."""
+    `unread` (see unread_inputs) are not counted, those in `fractions` (read_fractions) at that
+    fraction of their bytes."""
     read = written = 0
     for f in abi.fields(spec, direction):
         if not f.is_tensor or f.name in unread:
             continue
         itemsize = torch.empty((), dtype=TORCH_DTYPES[f.tensor.dtype_for(dtype)]).element_size()
-        nbytes = math.prod(f.tensor.shape(dims)) * itemsize
+        nbytes = int(math.prod(f.tensor.shape(dims)) * itemsize * (fractions or {}).get(f.name, 1.0))
         if f.written:
             written += nbytes
         elif direction == "forward" or f.role != "fwd_output":  # a backward needs y or x, not both
@@ -125,7 +128,18 @@ def reference_flops(spec, dims: dict, dtype: str, direction: str) -> float:
 
 PROBE_SEEDS = (7, 13)  # redraws of one input at a time; both must leave every output unchanged
 PROBE_ELEMENTS = 16  # elements of a floating input set, one at a time, to each of PROBE_VALUES
+MOSTLY_IGNORED = 0.75  # of the probed elements: the input is read like a gather, counted not at all
 PROBE_VALUES = (float("nan"), 1e30, -1e30)  # NaN propagates through arithmetic, +-1e30 through max/min/fmax
+
+
+def read_fractions(spec, direction: str) -> dict[str, float]:
+    """{drawn field: the fraction of its bytes the floor counts} for those not counted in full:
+    0.0 for unread_inputs, else 1 - the fraction of probed elements the outputs ignore (a
+    structural partial read of fewer than MOSTLY_IGNORED of them)."""
+    key = (spec.hash(), direction, "fractions")
+    if key not in _UNREAD:
+        unread_inputs(spec, direction)
+    return _UNREAD[key]
 
 
 def unread_inputs(spec, direction: str) -> frozenset:
@@ -138,16 +152,18 @@ def unread_inputs(spec, direction: str) -> frozenset:
     key = (spec.hash(), direction)
     if key not in _UNREAD:
         try:
-            _UNREAD[key] = _probe_unread(spec, direction)
+            fractions = _probe_reads(spec, direction)
         except Exception:  # noqa: BLE001 - the reference misbehaves here: count every input
-            _UNREAD[key] = frozenset()
+            fractions = {}
+        _UNREAD[key] = frozenset(name for name, f in fractions.items() if f == 0.0)
+        _UNREAD[(*key, "fractions")] = {name: f for name, f in fractions.items() if f > 0.0}
     return _UNREAD[key]
 
 
 _UNREAD: dict = {}
 
 
-def _probe_unread(spec, direction: str) -> frozenset:
+def _probe_reads(spec, direction: str) -> dict[str, float]:
     from dataclasses import replace
 
     from .data import prepare
@@ -158,7 +174,7 @@ def _probe_unread(spec, direction: str) -> frozenset:
     truth, _ = base.derive(base.inputs)
     redraws = [prepare(spec, replace(case, seed=case.seed + k), direction, "cpu", later=True).inputs
                for k in PROBE_SEEDS]
-    unread = set()
+    fractions: dict[str, float] = {}
     drawn = {f.name for f in abi.fields(spec, direction) if f.role in ("input", "grad_output")}  # not derived ones
     for name, tensor in base.inputs.items():
         if name not in drawn:
@@ -168,25 +184,51 @@ def _probe_unread(spec, direction: str) -> frozenset:
         if len(others) < len(PROBE_SEEDS):
             continue  # not redrawn differently (a constant, an empty tensor): counted
         if all(_same(truth, base.derive({**base.inputs, name: other})[0]) for other in others):
-            unread.add(name)
-        elif tensor.is_floating_point() and _read_in_part(base, truth, name, redraws):
-            unread.add(name)
-    return frozenset(unread)
+            fractions[name] = 0.0
+        elif tensor.is_floating_point() and (ignored := _ignored_in_part(base, truth, name, redraws)):
+            if ignored < MOSTLY_IGNORED:  # the same probe at twice the sizes: an ignored share
+                twice = _ignored_at_twice(spec, case, direction, name)  # that grows with the shape
+                ignored = 1.0 if twice > ignored + 1.0 / PROBE_ELEMENTS else max(ignored, twice)  # is a gather's
+            fractions[name] = 0.0 if ignored >= MOSTLY_IGNORED else 1.0 - ignored
+    return fractions
 
 
-def _read_in_part(base, truth: dict, name: str, redraws: list[dict]) -> bool:
-    """Some probed elements of input `name` change no output whatever their value, and the same
-    ones under every redraw of the floating inputs (integer inputs kept): the op reads `name` at
-    places its structure or its indices decide (a gather, an exclusive scan's last element), not
-    where values happen to mask it (ReLU's backward ignores grad_out where y <= 0: counted)."""
+def _ignored_at_twice(spec, case, direction: str, name: str) -> float:
+    """The ignored share of `name`'s probed elements with every dim twice the first case's (within
+    its range): `x[:, :20]` needs 20 of 37 elements a row there and 20 of 74 here, so a share
+    measured at one small shape would count far too much at the benchmark's."""
+    from dataclasses import replace
+
+    from .data import prepare
+    from .strategies import legal_sizes
+
+    steps = spec.signature.symbol_divisors()
+    dims = {s: legal_sizes(lo, hi, steps.get(s, 1), [min(2 * case.dim_map[s], hi)])[0]
+            for s, (lo, hi) in ((s, spec.dims[s]) for s in case.dim_map)}
+    bigger = replace(case, dims=tuple(dims.items()))
+    base = prepare(spec, bigger, direction, "cpu", later=True)
+    truth, _ = base.derive(base.inputs)
+    redraws = [prepare(spec, replace(bigger, seed=bigger.seed + k), direction, "cpu", later=True).inputs
+               for k in PROBE_SEEDS]
+    return _ignored_in_part(base, truth, name, redraws)
+
+
+def _ignored_in_part(base, truth: dict, name: str, redraws: list[dict]) -> float:
+    """The fraction of probed elements of input `name` that change no output whatever their
+    value, the same ones under every redraw of the floating inputs (integer inputs kept): the op
+    reads `name` where its structure or its indices decide (a gather, an exclusive scan's last
+    element); 0.0 where values happen to mask it (ReLU's backward ignores grad_out where y <= 0:
+    counted in full)."""
     ignored = _ignored_elements(base.inputs, truth, name, base.derive)
     if not ignored:
-        return False
+        return 0.0
     for redraw in redraws:
         inputs = {k: (v if v.is_floating_point() else base.inputs[k]) for k, v in redraw.items()}
         if _ignored_elements(inputs, base.derive(inputs)[0], name, base.derive) != ignored:
-            return False
-    return True
+            return 0.0
+    probed = len({round(k * (base.inputs[name].numel() - 1) / max(PROBE_ELEMENTS - 1, 1))
+                  for k in range(PROBE_ELEMENTS)})
+    return len(ignored) / probed
 
 
 def _ignored_elements(inputs: dict, truth: dict, name: str, derive) -> frozenset:
@@ -212,7 +254,8 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def floor(spec, dims: dict, dtype: str, direction: str, device_index: int = 0) -> Floor:
-    read, written = tensor_bytes(spec, dims, dtype, direction, unread_inputs(spec, direction))
+    read, written = tensor_bytes(spec, dims, dtype, direction, unread_inputs(spec, direction),
+                                 read_fractions(spec, direction))
     counted = read + max(0, written - l2_bytes(device_index))
     flops = reference_flops(spec, dims, dtype, direction)
     return Floor(counted, flops, hbm_peak_gbs(device_index), DENSE_PEAK_FLOPS.get(dtype))
