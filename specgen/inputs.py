@@ -29,6 +29,9 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
                  "rounded")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
+# "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
+# but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
+FALLBACKS = {"specials": "infinities"}
 # "huge" stops at 1e15 in float32/bfloat16: a row's sum of squares stays finite in a float32
 # accumulator (overflow at the edge of the range is the "specials" class's business, not this one's)
 HUGE_TOP_LOG10 = 15.0
@@ -100,12 +103,12 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
             ) -> torch.Tensor:
     device = gen.device
     base = torch.randn(shape, generator=gen, dtype=torch.float64, device=device)
-    if distribution in ("specials", "huge", "denormal"):
+    if distribution in ("specials", "infinities", "huge", "denormal"):
         u = torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
         info = torch.finfo(TORCH_DTYPES[dtype_name]) if dtype_name in TORCH_DTYPES else torch.finfo(torch.float32)
-        if distribution == "specials":
+        if distribution in ("specials", "infinities"):
             f = SPECIAL_FRACTION
-            base = torch.where(u < f, float("nan"), base)
+            base = torch.where(u < f, float("nan") if distribution == "specials" else base, base)
             base = torch.where((u >= f) & (u < 2 * f), float("inf"), base)
             return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
         if distribution == "huge":  # log-uniform magnitudes from 1e3 up to HUGE_TOP (or a tenth of the range)

@@ -15,14 +15,12 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, assume, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from ..inputs import DISTRIBUTIONS
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
 from .checks import (check_capture, check_case, check_deterministic_repeats, check_repeated_calls,
                      check_stale_output_loop)
 from .data import CaseData, prepare, stage
-from .domain import describe as describe_rejected
-from .domain import rejected_value_classes
+from .domain import reference_domain, refuses
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
                          full_size_cases, large_case, make_case, smoke_case)
 from .runner import check_guards, raise_outcome
@@ -75,9 +73,9 @@ class Session:
         self.phases: dict[str, float] = {}  # seconds per phase, both directions together
         self._per_element: dict[tuple[str, str], float] = {}  # device bytes per case element (memory.py)
         self.shrunk: list[str] = []  # full-size work scaled to the GPU memory free at the time
-        # value classes outside the reference's domain (it raises on them): never drawn
-        self.rejected_classes = rejected_value_classes(spec)
-        self.classes = tuple(c for c in DISTRIBUTIONS if c not in self.rejected_classes)
+        # value classes outside the reference's domain in a dtype (it raises on them): not drawn there
+        self.domain = reference_domain(spec)
+        self.skipped: list[str] = []  # cases whose values the reference refused (the screen missed them)
 
     def prepare(self, case: Case, direction: str) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
@@ -88,6 +86,10 @@ class Session:
                                                                          "spec_rtol": data.rtol})
 
     def run_case(self, case: Case, direction: str) -> dict:
+        # only for a reference that refused some class in the screen: it checks values (a CPU run per case)
+        if self.domain.rejected and case.distribution != "normal" and (problem := self.refused(case)):
+            self.skipped.append(f"{case.describe()}: {problem}")
+            return {}
         data = self.prepare(case, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         self.cases += 1
@@ -98,6 +100,15 @@ class Session:
             if failure.reason == CRASH and self.runner.readonly_inputs and self.writable_runner:
                 self.explain_crash(case, direction, failure)
             raise
+
+    def refused(self, case: Case) -> str | None:
+        """The reference's error on this case's values (drawn where the case draws them, run on
+        CPU copies), or None: on the GPU a refusal is a device-side assert in this process."""
+        from ..inputs import make_inputs
+
+        args = make_inputs(self.spec.signature, case.dim_map, case.dtype, seed=case.seed, distribution=case.distribution,
+                           scalars=dict(case.scalars), draw_on=self.device, device="cpu")
+        return refuses(self.spec, args, case.dim_map, case.dtype)
 
     def explain_crash(self, case: Case, direction: str, crash: Failure) -> None:
         """The inputs are mapped read-only for the candidate: run the case again with writable
@@ -120,6 +131,14 @@ class Session:
                                      f"inputs it ran and left them as they were, so it restored what it wrote. "
                                      f"Inputs are read only, even for a moment: keep temporaries in your own "
                                      f"workspace or in the outputs", crash.counterexample)
+
+    def domain_notes(self) -> list[str]:
+        """What the verdict says of values the reference refused: classes not drawn, cases skipped."""
+        notes = [self.domain.describe()] if self.domain.rejected else []
+        if self.skipped:
+            notes.append(f"{len(self.skipped)} case(s) skipped where the reference refused their values on the "
+                         f"CPU, e.g. {self.skipped[0]}")
+        return notes
 
     def phase(self, name: str, started: float) -> float:
         now = time.perf_counter()
@@ -164,7 +183,7 @@ class Session:
         fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         t = self.phase("smoke+capture", t)
-        boundary = boundary_cases(spec, opts.budget, opts.seed, self.classes)
+        boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain.of)
         for case in (boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction)
         t = self.phase("boundary+sweep", t)
@@ -373,7 +392,7 @@ class Session:
                   suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
         @hypothesis_seed(self.options.seed)
-        @given(case_strategy(self.spec, self.options.budget, self.classes))
+        @given(case_strategy(self.spec, self.options.budget, self.domain.of))
         def property_(case: Case) -> None:
             if case in seen:
                 if seen[case] is not None:
@@ -450,7 +469,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         for direction in directions:
             session.direction(direction)
         verdict = Verdict(PASSED, f"{session.cases} cases over {', '.join(directions)} passed every check"
-                          + (f"; {not_drawn}" if (not_drawn := describe_rejected(session.rejected_classes)) else ""))
+                          + "".join(f"; {note}" for note in session.domain_notes()))
     except Failure as failure:
         verdict = Verdict.from_failure(failure)
         verdict.fatal = verdict.fatal and not isolated  # a crash in the candidate's process leaves us intact

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from hypothesis import strategies as st
 
@@ -138,10 +139,10 @@ def dtype_turn(k: int, count: int) -> int:
 
 
 def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
-                   classes: tuple[str, ...] = DISTRIBUTIONS) -> list[Case]:
+                   classes: Callable[[str], tuple[str, ...]] = lambda dtype: DISTRIBUTIONS) -> list[Case]:
     """Each dim walks its boundary sizes while the others take small edge sizes; every dtype
     is covered, and some cases use offset input views and other value distributions (of
-    `classes`: those the reference accepts, verify/domain.py)."""
+    `classes(dtype)`: those the reference accepts in that dtype, verify/domain.py)."""
     sig = spec.signature
     symbols = sig.symbols()
     steps = sig.symbol_divisors()
@@ -160,7 +161,8 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
             if key in seen:
                 continue
             seen.add(key)
-            distribution = "normal" if k % 3 else classes[(k // 3) % len(classes)]
+            drawn = classes(dtype)
+            distribution = "normal" if k % 3 else drawn[(k // 3) % len(drawn)]
             cases.append(make_case(dims, dtype, distribution=distribution, seed=seed + k,
                                    offset=ELEMENT_OFFSETS[k % len(ELEMENT_OFFSETS)],
                                    scalars=scalar_values(spec, seed + k) if k % 2 else ()))
@@ -188,9 +190,10 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
     for dtype in spec.dtypes:
         cases.append(make_case(mid, dtype, seed=seed + k))
         k += 1
-    for i, distribution in enumerate(c for c in VALUE_CLASSES if c in classes):
+    for i, value_class in enumerate(VALUE_CLASSES):
         for dtype in spec.dtypes:
-            cases.append(make_case(mid, dtype, distribution=distribution, seed=seed + k, offset=i % 2))
+            if (distribution := _drawn_as(value_class, classes(dtype))) is not None:
+                cases.append(make_case(mid, dtype, distribution=distribution, seed=seed + k, offset=i % 2))
             k += 1
     # Every dtype at an aligned shape (every dim a multiple of 16) read through every offset:
     # a kernel that vectorizes on the size alone, not the pointer, meets a misaligned pointer in
@@ -204,9 +207,10 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
     # Every value class again at the aligned shape, read from aligned pointers: the fast path
     # of a kernel (16-byte loads, whole tiles) is where a value sniff hides, and the odd mid
     # shape above sends it down the scalar path.
-    for distribution in (c for c in VALUE_CLASSES if c in classes):
+    for value_class in VALUE_CLASSES:
         for dtype in spec.dtypes:
-            cases.append(make_case(aligned, dtype, distribution=distribution, seed=seed + k))
+            if (distribution := _drawn_as(value_class, classes(dtype))) is not None:
+                cases.append(make_case(aligned, dtype, distribution=distribution, seed=seed + k))
             k += 1
     for end in (0, 1):
         values = scalar_ends(spec, end)
@@ -219,6 +223,15 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
 
 
 VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded")
+
+
+def _drawn_as(value_class: str, drawn: tuple[str, ...]) -> str | None:
+    """The class drawn for `value_class`: itself, its fallback (inputs.FALLBACKS), or None."""
+    from ..inputs import FALLBACKS
+
+    if value_class in drawn:
+        return value_class
+    return FALLBACKS.get(value_class) if FALLBACKS.get(value_class) in drawn else None
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
@@ -378,13 +391,13 @@ def _size(draw, lo: int, hi: int, step: int) -> int:
 
 @st.composite
 def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS,
-                  classes: tuple[str, ...] = DISTRIBUTIONS) -> Case:
+                  classes: Callable[[str], tuple[str, ...]] = lambda dtype: DISTRIBUTIONS) -> Case:
     sig = spec.signature
     steps = sig.symbol_divisors()
     dims = {s: draw(_size(*spec.dims[s], steps.get(s, 1)), label=s) for s in sig.symbols()}
     dims = fit_budget(sig, dims, spec.dims, budget)
     dtype = draw(st.sampled_from(list(spec.dtypes)))
-    distribution = draw(st.sampled_from(classes))
+    distribution = draw(st.sampled_from(classes(dtype)))
     offset = draw(st.sampled_from(ELEMENT_OFFSETS))
     seed = draw(st.integers(0, 2**31 - 1))
     scalars = scalar_values(spec, seed) if draw(st.booleans()) else ()
