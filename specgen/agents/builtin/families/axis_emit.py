@@ -488,15 +488,7 @@ class AxisEmitter(DirectionEmitter):
         # spilled its loop invariants (frobenius_norm); at most 5 steps once per kept tile
         lines = ["#pragma unroll", "    for (int u = 0; u < VI; ++u) {", "#pragma unroll 1",
                  "      for (int off = 16; off >= TX; off >>= 1) {"]
-        for n in reduces:
-            v = self.var(n)
-            other = f"__shfl_xor_sync(0xffffffffu, {v}[u], off)"
-            if self.is_arg(n):
-                lines.append(f"        {{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
-                             f"__shfl_xor_sync(0xffffffffu, {v}_i[u], off); "
-                             f"{self.merge(n, f'{v}[u]', 'o_', 'oi_', f'{v}_i[u]')} }}")
-            else:
-                lines.append(f"        {{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[u]', 'o_')} }}")
+        lines += self.shuffle_merges(reduces, "u", "        ")
         lines += ["      }", "      if (ty % WT == 0) {"]
         for n in reduces:
             v = self.var(n)
@@ -504,6 +496,21 @@ class AxisEmitter(DirectionEmitter):
             if self.is_arg(n):
                 lines.append(f"        sm_{v}_i[ty / WT][tx * VI + u] = {v}_i[u];")
         lines += ["      }", "    }"]
+        return lines
+
+    def shuffle_merges(self, reduces: list[Node], u: str, indent: str) -> list[str]:
+        """Each reduction's value of kept element `u` merged with the lane `off` away (and its
+        index, for an arg-reduction: the full tie rule across threads)."""
+        lines = []
+        for n in reduces:
+            v = self.var(n)
+            other = f"__shfl_xor_sync(0xffffffffu, {v}[{u}], off)"
+            if self.is_arg(n):
+                lines.append(f"{indent}{{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
+                             f"__shfl_xor_sync(0xffffffffu, {v}_i[{u}], off); "
+                             f"{self.merge(n, f'{v}[{u}]', 'o_', 'oi_', f'{v}_i[{u}]')} }}")
+            else:
+                lines.append(f"{indent}{{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[{u}]', 'o_')} }}")
         return lines
 
     def to_smem(self, reduces: list[Node]) -> list[str]:
@@ -547,15 +554,7 @@ class AxisEmitter(DirectionEmitter):
         lines.append("    if (live) {")
         lines += self.sweep(p, "(int64_t)lane", "32")
         lines += ["      }", "    }", "#pragma unroll 1", "    for (int off = 16; off >= 1; off >>= 1) {"]
-        for n in reduces:
-            v = self.var(n)
-            other = f"__shfl_xor_sync(0xffffffffu, {v}[0], off)"
-            if self.is_arg(n):
-                lines.append(f"      {{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
-                             f"__shfl_xor_sync(0xffffffffu, {v}_i[0], off); "
-                             f"{self.merge(n, f'{v}[0]', 'o_', 'oi_', f'{v}_i[0]')} }}")
-            else:
-                lines.append(f"      {{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[0]', 'o_')} }}")
+        lines += self.shuffle_merges(reduces, "0", "      ")
         finals = []
         for n in reduces:
             finals.append(f"{self.var(n)}[0]")
