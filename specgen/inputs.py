@@ -170,15 +170,18 @@ def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribu
 
 def make_inputs(sig: Signature, dims: dict[str, int], dtype: str, *, seed: int = 0, distribution: str = "normal",
                 device: str | torch.device = "cpu", scalars: dict | None = None,
-                draw_on: str | torch.device = "cpu") -> dict[str, object]:
+                draw_on: str | torch.device = "cpu", overrides: dict | None = None) -> dict[str, object]:
     """Arguments by name, in signature order: tensors for tensor params, values for scalars.
     `draw_on`: where the random values are drawn (the GPU for full-size cases; the same seed
-    gives other values there than on the CPU)."""
+    gives other values there than on the CPU). `overrides`: {input: distribution} for inputs drawn
+    otherwise (normal values, or infinities for specials, where the reference refuses the
+    class on that input: verify/domain.py)."""
     gen = torch.Generator(device=draw_on).manual_seed(seed)
     args: dict[str, object] = {}
     for param in sig.params:
         if param.is_tensor:
-            args[param.name] = make_tensor(param.type, dims, dtype, distribution=distribution, gen=gen, device=device)
+            args[param.name] = make_tensor(param.type, dims, dtype, gen=gen, device=device,
+                                           distribution=(overrides or {}).get(param.name, distribution))
         else:
             args[param.name] = (scalars or {}).get(param.name, default_scalar(param))
     return args

@@ -53,14 +53,16 @@ def bce_infinities_as_zero(k, t, dims):  # a cheat: +-inf inputs taken as 0 (a f
     t["out"].copy_((-(q * p.log().clamp_min(-100) + (1 - q) * (1 - p).log().clamp_min(-100)).mean()).float())
 
 
-def test_the_class_the_reference_refuses_is_named_and_infinities_drawn_in_its_place(tmp_path):
+def test_the_class_the_reference_refuses_is_named_and_drawn_only_where_it_is_taken(tmp_path):
     domain = reference_domain(bce_spec(tmp_path))
     assert list(domain.rejected) == [("specials", "float32")]
     problem = domain.rejected[("specials", "float32")]
     assert "between 0 and 1" in problem and "bce_of_sigmoids.yaml" in problem
-    # sigmoid(+-inf) is a probability: infinities (no NaN) stay in the op's domain and are drawn
-    assert "specials" not in domain.of("float32") and "infinities" in domain.of("float32")
-    assert "specials in float32 (infinities instead)" in domain.describe()
+    # NaN makes a NaN probability or target (refused, both); +-inf makes 0 or 1 (taken): both
+    # inputs draw infinities in the class's cases
+    assert "specials" in domain.of("float32")
+    assert domain.overrides("specials", "float32") == (("z", "infinities"), ("t", "infinities"))
+    assert "specials in float32 (drawn with z: infinities, t: infinities)" in domain.describe()
 
 
 def test_a_reference_without_value_checks_refuses_no_class():
@@ -70,12 +72,12 @@ def test_a_reference_without_value_checks_refuses_no_class():
     assert domain.rejected == {} and all(domain.of(d) == domain.of("bfloat16") for d in ("float32", "float16"))
 
 
-def test_boundary_cases_leave_the_refused_class_out(tmp_path):
+def test_boundary_cases_draw_the_refused_class_only_where_it_is_taken(tmp_path):
     spec = bce_spec(tmp_path)
-    every = {c.distribution for c in boundary_cases(spec, 1 << 13)}
-    assert "specials" in every and "infinities" not in every
-    drawn = {c.distribution for c in boundary_cases(spec, 1 << 13, classes=reference_domain(spec).of)}
-    assert "specials" not in drawn and "infinities" in drawn
+    assert all(not c.overrides for c in boundary_cases(spec, 1 << 13))
+    special = [c for c in boundary_cases(spec, 1 << 13, domain=reference_domain(spec)) if c.distribution == "specials"]
+    assert special and all(c.overrides == (("z", "infinities"), ("t", "infinities")) for c in special)
+    assert "(z: infinities, t: infinities values)" in special[0].describe()
 
 
 def test_infinities_the_reference_takes_are_still_checked(tmp_path):
@@ -119,7 +121,7 @@ def test_a_class_refused_in_one_dtype_is_still_drawn_in_the_others(tmp_path):
     spec = load_spec(path)
     domain = reference_domain(spec)
     assert ("huge", "float16") in domain.rejected and ("huge", "float32") not in domain.rejected
-    assert "huge" in domain.of("float32") and "huge" not in domain.of("float16")
+    assert domain.overrides("huge", "float32") == () and domain.overrides("huge", "float16") == (("x", "normal"),)
     cheat = lambda k, t, dims: energy_forward(k, t, dims, flush_large=True)  # noqa: E731
     verdict = run_verification(spec, fakes.PyKernel(spec, cheat), Options(examples=8, budget=1 << 13, seed=3),
                                device="cpu")
@@ -131,7 +133,7 @@ def test_a_correct_kernel_passes_and_the_verdict_names_the_class_left_out(tmp_pa
     verdict = run_verification(spec, fakes.PyKernel(spec, bce_forward), Options(examples=8, budget=1 << 13, seed=3),
                                device="cpu")
     assert verdict.passed, verdict.summary()
-    assert "not drawn: specials in float32 (infinities instead)" in verdict.detail
+    assert "refuses: specials in float32 (drawn with z: infinities, t: infinities)" in verdict.detail
 
 
 def test_a_wrong_kernel_still_fails(tmp_path):
@@ -172,3 +174,28 @@ def test_a_case_the_screen_missed_is_skipped_and_counted_not_fatal(tmp_path):
                                device="cpu")
     assert verdict.passed, verdict.summary()
     assert "case(s) skipped where the reference refused their values" in verdict.detail
+
+
+GAUSS_NLL = """\
+name: gauss_nll
+description: Elementwise Gaussian negative log-likelihood of x under N(mu, exp(log_s)^2).
+signature: "gauss_nll(x: Tensor[N, D], mu: Tensor[N, D], log_s: Tensor[N, D]) -> Tensor[N, D]"
+dtypes: [float32]
+dims: {N: [1, 4096], D: [1, 4096]}
+reference: |
+  import torch
+  from torch.distributions import Normal
+
+  def reference(x, mu, log_s):
+      return -Normal(mu, log_s.exp()).log_prob(x)
+"""
+
+
+def test_a_class_one_input_refuses_is_still_drawn_on_the_others(tmp_path):
+    # the red team's case: a large log_s makes exp() 0 or inf, a scale Normal refuses; x and mu
+    # take large values (the loss at x = 300 is finite), and were left without them
+    path = tmp_path / "gauss_nll.yaml"
+    path.write_text(GAUSS_NLL)
+    domain = reference_domain(load_spec(path))
+    for cls in ("large", "huge", "outliers"):
+        assert cls in domain.of("float32") and domain.overrides(cls, "float32") == (("log_s", "normal"),)

@@ -137,6 +137,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     # and given back through the CPU (make_inputs' default device), every case paid pageable copies
     # (80% of a verification's time on the H200 in a profile: 45 s at the 10 GB cases).
     host = make_inputs(sig, dims, case.dtype, seed=case.seed, distribution=case.distribution,
+                       overrides=dict(case.overrides),
                        scalars=dict(case.scalars), draw_on=device, device=device)
     tensors = {k: v for k, v in host.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in host.items() if not isinstance(v, torch.Tensor)}

@@ -5,8 +5,9 @@ Some references check their inputs' values: `F.binary_cross_entropy` wants proba
 assert, which ends the CUDA context of the verifier's own process (the truth is computed there),
 and every later candidate would meet a dead GPU. So before any case runs, the reference is
 called on the CPU for each value class in each dtype, at a few small shapes and seeds: a class
-on which it raises while normal values pass is outside the op's domain in that dtype and is not
-drawn there; "specials" falls back to "infinities" (no NaN) where the reference takes those.
+on which it raises while normal values pass is screened input by input, and drawn only on the
+inputs that take it; an input that refuses it gets the class's fallback ("infinities", no NaN,
+for "specials": sigmoid(+-inf) is a probability) or normal values.
 The verdict names each class left out and why (docs/VERIFIER.md "Inputs"). A case the screen
 missed and the reference still refuses on the CPU is skipped (engine.Session.run_case).
 """
@@ -21,29 +22,34 @@ SCREEN_SEEDS = (4242, 4243, 4244)  # outliers' signs and places differ from draw
 
 
 class Domain:
-    """Per dtype: the classes to draw (a refused one left out, or its fallback in its place) and
-    why each was left out."""
+    """Per dtype: the classes to draw and, for a class some input refuses, what that input gets
+    instead (its fallback, or normal values); why each class was refused as a whole."""
 
-    def __init__(self, classes: dict[str, tuple[str, ...]], rejected: dict[tuple[str, str], str]):
+    def __init__(self, classes: dict[str, tuple[str, ...]], rejected: dict[tuple[str, str], str],
+                 instead: dict[tuple[str, str], tuple[tuple[str, str], ...]] | None = None):
         self.classes = classes  # dtype -> classes drawn
-        self.rejected = rejected  # (class, dtype) -> the reference's error
+        self.rejected = rejected  # (class, dtype) -> the reference's error with the class on every input
+        self.instead = instead or {}  # (class, dtype) -> ((input, class drawn there instead), ...)
 
     def of(self, dtype: str) -> tuple[str, ...]:
         return self.classes.get(dtype, DISTRIBUTIONS)
 
+    def overrides(self, cls: str, dtype: str) -> tuple[tuple[str, str], ...]:
+        return self.instead.get((cls, dtype), ())
+
     def describe(self) -> str:
-        """One sentence for the verdict: the classes not drawn, in which dtypes, and a reason."""
+        """One sentence for the verdict: the classes the reference refused, where, and what was
+        drawn instead."""
         if not self.rejected:
             return ""
-        by_class: dict[str, list[str]] = {}
-        for (cls, dtype) in self.rejected:
-            by_class.setdefault(cls, []).append(dtype)
         parts = []
-        for cls, dtypes in by_class.items():
-            instead = next((f" ({FALLBACKS[cls]} instead)" for d in dtypes if FALLBACKS.get(cls) in self.of(d)), "")
-            parts.append(f"{cls} in {'/'.join(dtypes)}{instead}")
+        for (cls, dtype) in self.rejected:
+            instead = self.overrides(cls, dtype)
+            where = (f" (drawn with {', '.join(f'{k}: {v}' for k, v in instead)})" if cls in self.of(dtype)
+                     else " (not drawn)")
+            parts.append(f"{cls} in {dtype}{where}")
         first = next(iter(self.rejected.values()))
-        return (f"value class(es) not drawn: {', '.join(parts)} (the reference raises on them on the CPU, e.g. "
+        return (f"value class(es) the reference refuses: {'; '.join(parts)} (it raises on them on the CPU, e.g. "
                 f"{first})")
 
 
@@ -71,7 +77,7 @@ def _screen(spec) -> Domain:
         dims = {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [size])[0] for s in sig.symbols()}
         if dims not in shapes:
             shapes.append(dims)
-    classes, rejected = {}, {}
+    classes, rejected, instead = {}, {}, {}
     for dtype in spec.dtypes:
         # the (shape, seed) pairs where normal values pass: only there is a refusal about values
         where = [(dims, seed) for dims in shapes for seed in SCREEN_SEEDS
@@ -83,11 +89,31 @@ def _screen(spec) -> Domain:
                 drawn.append(cls)
                 continue
             rejected[(cls, dtype)] = problem
-            fallback = FALLBACKS.get(cls)
-            if fallback and _refusal(spec, where, dtype, fallback) is None:
-                drawn.append(fallback)
+            swaps = _per_input(spec, where, dtype, cls)
+            if swaps is not None:
+                drawn.append(cls)
+                instead[(cls, dtype)] = swaps
         classes[dtype] = tuple(drawn)
-    return Domain(classes, rejected)
+    return Domain(classes, rejected, instead)
+
+
+def _per_input(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> tuple[tuple[str, str], ...] | None:
+    """The class on the inputs that take it alone, each other input drawn from its fallback
+    (inputs.FALLBACKS) or from normal values; None when no input keeps the class or a fallback,
+    or when the inputs refuse it together."""
+    names = [p.name for p in spec.signature.inputs if p.type.is_floating]
+    swaps = []
+    for name in names:
+        alone = {other: "normal" for other in names if other != name}
+        if _refusal(spec, where, dtype, cls, alone) is None:
+            continue
+        fallback = FALLBACKS.get(cls)
+        ok = fallback and _refusal(spec, where, dtype, fallback, {other: "normal" for other in names if other != name}) is None
+        swaps.append((name, fallback if ok else "normal"))
+    if len(swaps) == len(names) and all(v == "normal" for _, v in swaps):
+        return None  # nothing of the class is left
+    swaps = tuple(swaps)
+    return swaps if _refusal(spec, where, dtype, cls, dict(swaps)) is None else None
 
 
 def refuses(spec, args: dict, dims: dict, dtype: str) -> str | None:
@@ -102,11 +128,12 @@ def refuses(spec, args: dict, dims: dict, dtype: str) -> str | None:
     return None
 
 
-def _refusal(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> str | None:
-    """The reference's error on class `cls` at some screened (shape, seed) where normal values
-    pass, or None."""
+def _refusal(spec, where: list[tuple[dict, int]], dtype: str, cls: str, overrides: dict | None = None) -> str | None:
+    """The reference's error on class `cls` (inputs in `overrides` drawn as it says) at some
+    screened (shape, seed) where normal values pass, or None."""
     for dims, seed in where:
-        problem = refuses(spec, make_inputs(spec.signature, dims, dtype, seed=seed, distribution=cls), dims, dtype)
+        args = make_inputs(spec.signature, dims, dtype, seed=seed, distribution=cls, overrides=overrides)
+        problem = refuses(spec, args, dims, dtype)
         if problem is not None:
             return problem
     return None

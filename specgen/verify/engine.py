@@ -107,6 +107,7 @@ class Session:
         from ..inputs import make_inputs
 
         args = make_inputs(self.spec.signature, case.dim_map, case.dtype, seed=case.seed, distribution=case.distribution,
+                           overrides=dict(case.overrides),
                            scalars=dict(case.scalars), draw_on=self.device, device="cpu")
         return refuses(self.spec, args, case.dim_map, case.dtype)
 
@@ -183,7 +184,7 @@ class Session:
         fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         t = self.phase("smoke+capture", t)
-        boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain.of)
+        boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain)
         for case in (boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction)
         t = self.phase("boundary+sweep", t)
@@ -392,7 +393,7 @@ class Session:
                   suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False)
         @hypothesis_seed(self.options.seed)
-        @given(case_strategy(self.spec, self.options.budget, self.domain.of))
+        @given(case_strategy(self.spec, self.options.budget, self.domain))
         def property_(case: Case) -> None:
             if case in seen:
                 if seen[case] is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 from hypothesis import strategies as st
 
@@ -47,6 +46,7 @@ class Case:
     seed: int = 0
     offset: int = 0  # elements, of the first input (input_offset: the others one more each)
     scalars: tuple[tuple[str, float | int | bool], ...] = ()  # drawn scalar values; absent: defaults
+    overrides: tuple[tuple[str, str], ...] = ()  # (input, class) drawn instead (verify/domain.py)
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -57,12 +57,17 @@ class Case:
         view = (f", inputs offset by {self.offset}, {self.offset + 1}, ... element(s) (one more each)"
                 if self.offset else "")
         scalars = "".join(f", {k}={v:.4g}" if isinstance(v, float) else f", {k}={v}" for k, v in self.scalars)
-        return f"{shape} {self.dtype}, {self.distribution} values, seed {self.seed}{view}{scalars}"
+        instead = f" ({', '.join(f'{k}: {v}' for k, v in self.overrides)} values)" if self.overrides else ""
+        return f"{shape} {self.dtype}, {self.distribution} values{instead}, seed {self.seed}{view}{scalars}"
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["dims"] = dict(self.dims)
         data["scalars"] = dict(self.scalars)
+        if self.overrides:
+            data["overrides"] = dict(self.overrides)
+        else:
+            del data["overrides"]
         return data
 
 
@@ -138,11 +143,24 @@ def dtype_turn(k: int, count: int) -> int:
     return (k + k // count) % count if count else 0
 
 
-def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
-                   classes: Callable[[str], tuple[str, ...]] = lambda dtype: DISTRIBUTIONS) -> list[Case]:
+class EveryClass:
+    """Every value class in every dtype on every input: no reference screened (verify/domain.py's
+    Domain answers the same two questions for a spec)."""
+
+    def of(self, dtype: str) -> tuple[str, ...]:
+        return DISTRIBUTIONS
+
+    def overrides(self, cls: str, dtype: str) -> tuple[tuple[str, str], ...]:
+        return ()
+
+
+EVERY_CLASS = EveryClass()
+
+
+def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, domain=EVERY_CLASS) -> list[Case]:
     """Each dim walks its boundary sizes while the others take small edge sizes; every dtype
-    is covered, and some cases use offset input views and other value distributions (of
-    `classes(dtype)`: those the reference accepts in that dtype, verify/domain.py)."""
+    is covered, and some cases use offset input views and other value distributions (those
+    `domain` draws in that dtype, on the inputs it draws them on: verify/domain.py)."""
     sig = spec.signature
     symbols = sig.symbols()
     steps = sig.symbol_divisors()
@@ -161,9 +179,10 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
             if key in seen:
                 continue
             seen.add(key)
-            drawn = classes(dtype)
+            drawn = domain.of(dtype)
             distribution = "normal" if k % 3 else drawn[(k // 3) % len(drawn)]
             cases.append(make_case(dims, dtype, distribution=distribution, seed=seed + k,
+                                   overrides=domain.overrides(distribution, dtype),
                                    offset=ELEMENT_OFFSETS[k % len(ELEMENT_OFFSETS)],
                                    scalars=scalar_values(spec, seed + k) if k % 2 else ()))
             k += 1
@@ -192,8 +211,9 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
         k += 1
     for i, value_class in enumerate(VALUE_CLASSES):
         for dtype in spec.dtypes:
-            if (distribution := _drawn_as(value_class, classes(dtype))) is not None:
-                cases.append(make_case(mid, dtype, distribution=distribution, seed=seed + k, offset=i % 2))
+            if value_class in domain.of(dtype):
+                cases.append(make_case(mid, dtype, distribution=value_class, seed=seed + k, offset=i % 2,
+                                       overrides=domain.overrides(value_class, dtype)))
             k += 1
     # Every dtype at an aligned shape (every dim a multiple of 16) read through every offset:
     # a kernel that vectorizes on the size alone, not the pointer, meets a misaligned pointer in
@@ -209,8 +229,9 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
     # shape above sends it down the scalar path.
     for value_class in VALUE_CLASSES:
         for dtype in spec.dtypes:
-            if (distribution := _drawn_as(value_class, classes(dtype))) is not None:
-                cases.append(make_case(aligned, dtype, distribution=distribution, seed=seed + k))
+            if value_class in domain.of(dtype):
+                cases.append(make_case(aligned, dtype, distribution=value_class, seed=seed + k,
+                                       overrides=domain.overrides(value_class, dtype)))
             k += 1
     for end in (0, 1):
         values = scalar_ends(spec, end)
@@ -223,15 +244,6 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0,
 
 
 VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded")
-
-
-def _drawn_as(value_class: str, drawn: tuple[str, ...]) -> str | None:
-    """The class drawn for `value_class`: itself, its fallback (inputs.FALLBACKS), or None."""
-    from ..inputs import FALLBACKS
-
-    if value_class in drawn:
-        return value_class
-    return FALLBACKS.get(value_class) if FALLBACKS.get(value_class) in drawn else None
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
@@ -390,18 +402,18 @@ def _size(draw, lo: int, hi: int, step: int) -> int:
 
 
 @st.composite
-def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS,
-                  classes: Callable[[str], tuple[str, ...]] = lambda dtype: DISTRIBUTIONS) -> Case:
+def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVERY_CLASS) -> Case:
     sig = spec.signature
     steps = sig.symbol_divisors()
     dims = {s: draw(_size(*spec.dims[s], steps.get(s, 1)), label=s) for s in sig.symbols()}
     dims = fit_budget(sig, dims, spec.dims, budget)
     dtype = draw(st.sampled_from(list(spec.dtypes)))
-    distribution = draw(st.sampled_from(classes(dtype)))
+    distribution = draw(st.sampled_from(domain.of(dtype)))
     offset = draw(st.sampled_from(ELEMENT_OFFSETS))
     seed = draw(st.integers(0, 2**31 - 1))
     scalars = scalar_values(spec, seed) if draw(st.booleans()) else ()
-    return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars)
+    return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars,
+                     overrides=domain.overrides(distribution, dtype))
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
