@@ -187,11 +187,13 @@ reference: |
   from torch.distributions import Normal
 
   def reference(x, mu, log_s):
-      return -Normal(mu, log_s.exp()).log_prob(x)
+      return -Normal(mu, log_s.exp(), validate_args=True).log_prob(x)
 """
 
 
 def test_a_class_one_input_refuses_is_still_drawn_on_the_others(tmp_path):
+    # validate_args=True: torch._dynamo turns the distributions' default validation off for the
+    # whole process once it is set up (the builtin generator traces), so the spec says it
     # the red team's case: a large log_s makes exp() 0 or inf, a scale Normal refuses; x and mu
     # take large values (the loss at x = 300 is finite), and were left without them
     path = tmp_path / "gauss_nll.yaml"
