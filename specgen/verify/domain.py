@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from ..errors import SpecError
 from ..inputs import DISTRIBUTIONS, FALLBACKS, make_inputs, upcast
-from .strategies import legal_sizes
 
 SCREEN_SIZES = (37, 2, 1)  # every dim near each: a few rows of an odd width, then the smallest rows
 SCREEN_SEEDS = (4242, 4243, 4244)  # outliers' signs and places differ from draw to draw
@@ -23,12 +22,14 @@ SCREEN_SEEDS = (4242, 4243, 4244)  # outliers' signs and places differ from draw
 
 class Domain:
     """Per dtype: the classes to draw and, for a class some input refuses, what that input gets
-    instead (its fallback, or normal values); why each class was refused as a whole."""
+    instead (its fallback, or normal values); why each class was refused as a whole. Empty
+    (`Domain()`): every class in every dtype on every input, as for a reference not screened."""
 
-    def __init__(self, classes: dict[str, tuple[str, ...]], rejected: dict[tuple[str, str], str],
+    def __init__(self, classes: dict[str, tuple[str, ...]] | None = None,
+                 rejected: dict[tuple[str, str], str] | None = None,
                  instead: dict[tuple[str, str], tuple[tuple[str, str], ...]] | None = None):
-        self.classes = classes  # dtype -> classes drawn
-        self.rejected = rejected  # (class, dtype) -> the reference's error with the class on every input
+        self.classes = classes or {}  # dtype -> classes drawn
+        self.rejected = rejected or {}  # (class, dtype) -> the reference's error with the class on every input
         self.instead = instead or {}  # (class, dtype) -> ((input, class drawn there instead), ...)
 
     def of(self, dtype: str) -> tuple[str, ...]:
@@ -68,9 +69,11 @@ def reference_domain(spec) -> Domain:
 
 
 def _screen(spec) -> Domain:
+    from .strategies import legal_sizes  # strategies takes a Domain: imported here, not at the top
+
     sig = spec.signature
     if not any(p.type.is_floating for p in sig.inputs):
-        return Domain({}, {})
+        return Domain()
     steps = sig.symbol_divisors()
     shapes = []
     for size in SCREEN_SIZES:
@@ -108,7 +111,7 @@ def _per_input(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> tup
         if _refusal(spec, where, dtype, cls, alone) is None:
             continue
         fallback = FALLBACKS.get(cls)
-        ok = fallback and _refusal(spec, where, dtype, fallback, {other: "normal" for other in names if other != name}) is None
+        ok = fallback and _refusal(spec, where, dtype, fallback, alone) is None
         swaps.append((name, fallback if ok else "normal"))
     if len(swaps) == len(names) and all(v == "normal" for _, v in swaps):
         return None  # nothing of the class is left

@@ -147,7 +147,7 @@ def unread_inputs(spec, direction: str) -> frozenset:
     read in full, on the spec's small first case, on the CPU: those whose values no output
     depends on (drawn again alone, twice, they leave every output of the reference bit for bit
     unchanged), and floating ones the outputs depend on only in part, where the op's structure
-    or its integer inputs decide (`_read_in_part`: a gather). Empty when the probe cannot run
+    or its integer inputs decide (`_ignored_in_part`: a gather). Empty when the probe cannot run
     (every input counted)."""
     key = (spec.hash(), direction)
     if key not in _UNREAD:
@@ -163,17 +163,24 @@ def unread_inputs(spec, direction: str) -> frozenset:
 _UNREAD: dict = {}
 
 
-def _probe_reads(spec, direction: str) -> dict[str, float]:
+def _prepared(spec, case, direction: str) -> tuple:
+    """(the case prepared on the CPU, its truth, the inputs of PROBE_SEEDS redraws of it)."""
     from dataclasses import replace
 
     from .data import prepare
-    from .strategies import smoke_case
 
-    case = smoke_case(spec)
     base = prepare(spec, case, direction, "cpu", later=True)
     truth, _ = base.derive(base.inputs)
     redraws = [prepare(spec, replace(case, seed=case.seed + k), direction, "cpu", later=True).inputs
                for k in PROBE_SEEDS]
+    return base, truth, redraws
+
+
+def _probe_reads(spec, direction: str) -> dict[str, float]:
+    from .strategies import smoke_case
+
+    case = smoke_case(spec)
+    base, truth, redraws = _prepared(spec, case, direction)
     fractions: dict[str, float] = {}
     drawn = {f.name for f in abi.fields(spec, direction) if f.role in ("input", "grad_output")}  # not derived ones
     for name, tensor in base.inputs.items():
@@ -185,7 +192,7 @@ def _probe_reads(spec, direction: str) -> dict[str, float]:
             continue  # not redrawn differently (a constant, an empty tensor): counted
         if all(_same(truth, base.derive({**base.inputs, name: other})[0]) for other in others):
             fractions[name] = 0.0
-        elif tensor.is_floating_point() and (ignored := _ignored_in_part(base, truth, name, redraws)):
+        elif tensor.is_floating_point() and (ignored := _ignored_in_part(base, truth, redraws, name)):
             if ignored < MOSTLY_IGNORED:  # the same probe at twice the sizes: an ignored share
                 twice = _ignored_at_twice(spec, case, direction, name)  # that grows with the shape
                 ignored = 1.0 if twice > ignored + 1.0 / PROBE_ELEMENTS else max(ignored, twice)  # is a gather's
@@ -199,21 +206,15 @@ def _ignored_at_twice(spec, case, direction: str, name: str) -> float:
     measured at one small shape would count far too much at the benchmark's."""
     from dataclasses import replace
 
-    from .data import prepare
     from .strategies import legal_sizes
 
     steps = spec.signature.symbol_divisors()
     dims = {s: legal_sizes(lo, hi, steps.get(s, 1), [min(2 * case.dim_map[s], hi)])[0]
             for s, (lo, hi) in ((s, spec.dims[s]) for s in case.dim_map)}
-    bigger = replace(case, dims=tuple(dims.items()))
-    base = prepare(spec, bigger, direction, "cpu", later=True)
-    truth, _ = base.derive(base.inputs)
-    redraws = [prepare(spec, replace(bigger, seed=bigger.seed + k), direction, "cpu", later=True).inputs
-               for k in PROBE_SEEDS]
-    return _ignored_in_part(base, truth, name, redraws)
+    return _ignored_in_part(*_prepared(spec, replace(case, dims=tuple(dims.items())), direction), name)
 
 
-def _ignored_in_part(base, truth: dict, name: str, redraws: list[dict]) -> float:
+def _ignored_in_part(base, truth: dict, redraws: list[dict], name: str) -> float:
     """The fraction of probed elements of input `name` that change no output whatever their
     value, the same ones under every redraw of the floating inputs (integer inputs kept): the op
     reads `name` where its structure or its indices decide (a gather, an exclusive scan's last
@@ -226,18 +227,14 @@ def _ignored_in_part(base, truth: dict, name: str, redraws: list[dict]) -> float
         inputs = {k: (v if v.is_floating_point() else base.inputs[k]) for k, v in redraw.items()}
         if _ignored_elements(inputs, base.derive(inputs)[0], name, base.derive) != ignored:
             return 0.0
-    probed = len({round(k * (base.inputs[name].numel() - 1) / max(PROBE_ELEMENTS - 1, 1))
-                  for k in range(PROBE_ELEMENTS)})
-    return len(ignored) / probed
+    return len(ignored) / len(_probe_positions(base.inputs[name].numel()))
 
 
 def _ignored_elements(inputs: dict, truth: dict, name: str, derive) -> frozenset:
     """The probed flat indices of `name` that no value of PROBE_VALUES moves any output from `truth`."""
     tensor = inputs[name]
-    count = tensor.numel()
     ignored = set()
-    for flat in sorted({round(k * (count - 1) / max(PROBE_ELEMENTS - 1, 1)) for k in range(PROBE_ELEMENTS)}
-                       if count else ()):
+    for flat in _probe_positions(tensor.numel()):
         for value in PROBE_VALUES:
             probed = tensor.clone()
             probed.view(-1)[flat] = value
@@ -246,6 +243,11 @@ def _ignored_elements(inputs: dict, truth: dict, name: str, derive) -> frozenset
         else:
             ignored.add(flat)
     return frozenset(ignored)
+
+
+def _probe_positions(count: int) -> list[int]:
+    """PROBE_ELEMENTS flat indices spread evenly over `count` elements, the first and last among them."""
+    return sorted({round(k * (count - 1) / max(PROBE_ELEMENTS - 1, 1)) for k in range(PROBE_ELEMENTS)}) if count else []
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from hypothesis import strategies as st
 
-from ..inputs import DISTRIBUTIONS
+from .domain import Domain
 
 # Elements over all tensors of one case (inputs + outputs, forward and backward alike): small
 # enough that drawing the inputs (on the CPU, shared with `specgen check`) stays ~10 ms.
@@ -143,18 +143,7 @@ def dtype_turn(k: int, count: int) -> int:
     return (k + k // count) % count if count else 0
 
 
-class EveryClass:
-    """Every value class in every dtype on every input: no reference screened (verify/domain.py's
-    Domain answers the same two questions for a spec)."""
-
-    def of(self, dtype: str) -> tuple[str, ...]:
-        return DISTRIBUTIONS
-
-    def overrides(self, cls: str, dtype: str) -> tuple[tuple[str, str], ...]:
-        return ()
-
-
-EVERY_CLASS = EveryClass()
+EVERY_CLASS = Domain()  # no reference screened: every class in every dtype on every input
 
 
 def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, domain=EVERY_CLASS) -> list[Case]:
