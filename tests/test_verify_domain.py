@@ -201,3 +201,90 @@ def test_a_class_one_input_refuses_is_still_drawn_on_the_others(tmp_path):
     domain = reference_domain(load_spec(path))
     for cls in ("large", "huge", "outliers"):
         assert cls in domain.of("float32") and domain.overrides(cls, "float32") == (("log_s", "normal"),)
+
+
+WHITENED = """\
+name: whitened_dot
+description: Row dot products of x with whitened weights w (the reference checks w's variance).
+signature: "whitened_dot(x: Tensor[N, D], w: Tensor[N, D], scale: float = 1.0) -> Tensor[N] float32"
+dtypes: [float32]
+dims: {N: [1, 256], D: [1, 256]}
+benchmark: [{N: 256, D: 256}]
+reference: |
+  import torch
+
+  def reference(x, w, scale=1.0):
+      if w.numel() >= 1024 and not 0.7 < float(w.double().var()) < 1.4:
+          raise ValueError("whitened_dot: w must have unit variance")
+      work = torch.float64 if x.dtype == torch.float64 else torch.float32
+      return (x.to(work) * w.to(work)).sum(-1) * scale
+"""
+
+
+def whitened_spec(tmp_path):
+    path = tmp_path / "whitened_dot.yaml"
+    path.write_text(WHITENED)
+    return load_spec(path)
+
+
+class ScaledKernel(fakes.PyKernel):
+    """A stand-in that sees its scalars (PyKernel's functions get the tensors only)."""
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        self.scale = scalars.get("scale", 1.0)
+        return super().call(direction, tensors, scalars, dims, stream)
+
+
+def row_dots(k, t, dims):
+    t["out"].copy_(((t["x"].double() * t["w"].double()).sum(-1) * k.scale).float())
+
+
+def test_uniform_and_tiny_values_are_refused_on_w_alone(tmp_path):
+    # uniform values in [-1, 1] have variance 1/3: w refuses them, x takes them (tiny ones too)
+    domain = reference_domain(whitened_spec(tmp_path))
+    for cls in ("uniform", "tiny"):
+        assert (cls, "float32") in domain.rejected
+        assert cls in domain.of("float32") and domain.overrides(cls, "float32") == (("w", "normal"),)
+
+
+def test_a_fresh_draw_takes_another_class_on_the_inputs_the_screen_draws_it_on(tmp_path):
+    from specgen.verify.strategies import fresh_case, make_case
+
+    domain = reference_domain(whitened_spec(tmp_path))
+    case = make_case({"N": 37, "D": 37}, "float32", seed=5)
+    fresh = fresh_case(case, 6, domain)
+    assert (fresh.seed, fresh.distribution, fresh.overrides) == (6, "uniform", (("w", "normal"),))
+    # a case of another class: its overrides were that class's, not uniform's
+    special = make_case({"N": 37, "D": 37}, "float32", seed=5, distribution="specials",
+                        overrides=(("w", "normal"),))
+    assert fresh_case(special, 6, domain).overrides == (("w", "normal"),)
+    assert fresh_case(special, 6).overrides == ()  # no screen: uniform on every input
+    # a uniform case is redrawn from normal values: still another class than the first call's
+    assert fresh_case(fresh, 7, domain).distribution == "normal"
+    # a dtype where the screen refused uniform outright: the case's own classes at the new seed
+    refused = type(domain)({"float32": ("normal", "large")}, {("uniform", "float32"): "refused"})
+    assert fresh_case(case, 6, refused) == make_case({"N": 37, "D": 37}, "float32", seed=6)
+
+
+def test_every_fresh_draw_of_the_capture_repeated_and_timed_checks_keeps_the_screen(tmp_path, monkeypatch):
+    # the capture check, the repeated calls and every other timed set drew "uniform" on every
+    # input, the screen's per-input classes ignored: w's uniform values made the reference raise
+    from specgen.verify import engine
+
+    spec = whitened_spec(tmp_path)
+    domain = reference_domain(spec)
+    prepared = []
+
+    def recording(spec_, case, *args, **kw):
+        prepared.append(case)
+        return real(spec_, case, *args, **kw)
+
+    real = engine.prepare
+    monkeypatch.setattr(engine, "prepare", recording)
+    verdict = run_verification(spec, ScaledKernel(spec, row_dots), Options(examples=4, budget=1 << 13, seed=3),
+                               device="cpu")
+    assert verdict.passed, verdict.summary()
+    uniform = [c for c in prepared if c.distribution == "uniform"]
+    assert len(uniform) >= 4  # the smoke capture, the repeated calls, the full-size capture, timed sets
+    assert any(c.distribution == "tiny" and c.scalars for c in prepared)  # the scalars' low end
+    assert all(c.overrides == domain.overrides(c.distribution, c.dtype) for c in prepared)

@@ -21,7 +21,7 @@ from .checks import (check_capture, check_case, check_deterministic_repeats, che
                      check_stale_output_loop)
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
-from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget,
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget, fresh_case,
                          full_size_cases, large_case, make_case, smoke_case)
 from .runner import check_guards, raise_outcome
 from .verdict import CRASH, INPUT_MUTATED, NOT_CAPTURABLE, PASSED, Failure, Verdict
@@ -181,7 +181,7 @@ class Session:
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
-        fresh = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 1, distribution="uniform"), direction)
+        fresh = self.prepare(fresh_case(smoke, smoke.seed + 1, self.domain), direction)
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         t = self.phase("smoke+capture", t)
         boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain)
@@ -197,7 +197,7 @@ class Session:
         self.progress(f"{direction}: repeated calls on the same buffers, {big.describe()}")
         data = self.prepare(big, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
-        fresh = self.prepare(dataclasses.replace(big, seed=big.seed + 1000, distribution="uniform"), direction)
+        fresh = self.prepare(fresh_case(big, big.seed + 1000, self.domain), direction)
         check_repeated_calls(self.runner, data, fresh)
         del fresh
         self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed")
@@ -273,8 +273,7 @@ class Session:
                 check_deterministic_repeats(self.runner, data, out)
             if index == 0:  # a kernel may sync or fork only above some size: capture at full size too
                 self.progress(f"{direction}: CUDA graph capture on {case.describe()}")
-                fresh = self.prepare(dataclasses.replace(case, seed=case.seed + 1, distribution="uniform"),
-                                     direction)
+                fresh = self.prepare(fresh_case(case, case.seed + 1, self.domain), direction)
                 check_capture(self.runner, data, fresh, deterministic=self.spec.deterministic)
                 del fresh
             del data, out
@@ -289,9 +288,8 @@ class Session:
             count = self.timed_sets(base, direction, calls) if on_gpu else calls
 
             def fresh_run(first_seed: int, sets_count: int):  # every call on a new set (sets_count == calls)
-                sets = [prepare(self.spec, dataclasses.replace(base, seed=first_seed + i,
-                                                               distribution=("normal", "uniform")[i % 2]),
-                                direction, self.device, later=True) for i in range(sets_count)]
+                sets = [prepare(self.spec, self.timed_draw(base, first_seed + i, i), direction, self.device,
+                                later=True) for i in range(sets_count)]
                 timed = timed_calls(self.runner, self.spec, sets, reps=TIMED_REPS, warmup=TIMED_WARMUP,
                                     flush_bytes=flush, keep_truths=sets_count == calls)
                 self.cases += timed.checked_calls
@@ -313,6 +311,11 @@ class Session:
                     judge_memory_of_inputs(run, repeated, f"{base.describe()} ({direction})",
                                            lambda: fresh_run(base.seed + 2000, count))
         self.phase("timed", started)
+
+    def timed_draw(self, base: Case, seed: int, index: int) -> Case:
+        """The timed phase's `index`-th input set: the base's classes and every other set another
+        class, as the screen draws it (fresh_case)."""
+        return fresh_case(base, seed, self.domain) if index % 2 else dataclasses.replace(base, seed=seed)
 
     def per_element(self, direction: str, dtype: str) -> float:
         """Device bytes one case element costs in this spec, direction and dtype (memory.py),
