@@ -312,6 +312,71 @@ def test_physics_floor_counts_an_input_read_in_part_at_its_fraction_or_not_at_al
         assert unread_inputs(spec, "forward") == frozenset(), name
 
 
+PICK = """\
+name: {name}
+description: Mean negative log-probability at classes chosen by the scores s (a gather at computed indices).
+signature: "{name}(logp: Tensor[N, C], s: Tensor[N, C]) -> Tensor[] float32"
+dtypes: [float32]
+dims: {{N: [1, 16384], C: [4, 32768]}}
+reference: |
+  import torch
+
+  def reference(logp, s):
+      work = torch.float64 if logp.dtype == torch.float64 else torch.float32
+      return -logp.to(work).gather(1, {index}).mean()
+"""
+
+
+MASK = """\
+name: {name}
+description: Row sums of g where x passes a threshold (ReLU's backward, summed).
+signature: "{name}(g: Tensor[N, C], x: Tensor[N, C]) -> Tensor[N] float32"
+dtypes: [float32]
+dims: {{N: [1, 16384], C: [4, 32768]}}
+reference: |
+  import torch
+
+  def reference(g, x):
+      work = torch.float64 if g.dtype == torch.float64 else torch.float32
+      return torch.where({keep}, g.to(work), 0.0).sum(-1)
+"""
+
+
+def _written_spec(tmp_path, text: str, name: str, **fields):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text.format(name=name, **fields))
+    return load_spec(path)
+
+
+def test_physics_floor_counts_a_gather_at_indices_computed_from_values_as_a_gather(tmp_path):
+    # logp.gather(1, s.argmax(1)) reads one element a row of logp (and all of s): the floor
+    # counted all of logp, twice what an honest kernel moves at a large C
+    from specgen.verify.physics import floor, read_fractions, tensor_bytes, unread_inputs
+
+    argmax = _written_spec(tmp_path, PICK, "argmax_pick", index="s.argmax(1, keepdim=True)")
+    assert unread_inputs(argmax, "forward") == {"logp"} and read_fractions(argmax, "forward") == {}
+    dims = {"N": 16384, "C": 32768}
+    s_bytes = 16384 * 32768 * 4
+    assert tensor_bytes(argmax, dims, "float32", "forward", unread_inputs(argmax, "forward")) == (s_bytes, 4)
+    assert s_bytes <= floor(argmax, dims, "float32", "forward").bytes_counted <= s_bytes + 4  # was 2 x s_bytes
+    # four classes a row: half of a row of 8 read, a quarter of a row of 16: a count fixed per row
+    topk = _written_spec(tmp_path, PICK, "top4_pick", index="s.topk(4, 1).indices")
+    assert unread_inputs(topk, "forward") == {"logp"}
+
+
+def test_physics_floor_counts_in_full_what_values_mask_or_a_share_that_does_not_shrink(tmp_path):
+    # where values decide how many elements are read (a mask: ReLU's backward, a sparse threshold)
+    # a kernel still reads nearly every sector; a value-chosen half of each row is half at any
+    # width, not a gather's count: in doubt, all counted
+    from specgen.verify.physics import read_fractions, unread_inputs
+
+    for name, keep in (("relu_mask", "x > 0"), ("sparse_mask", "x > 1.5")):
+        spec = _written_spec(tmp_path, MASK, name, keep=keep)
+        assert unread_inputs(spec, "forward") == frozenset() and read_fractions(spec, "forward") == {}, name
+    half = _written_spec(tmp_path, PICK, "half_pick", index="s.topk(s.shape[1] // 2, 1).indices")
+    assert unread_inputs(half, "forward") == frozenset() and read_fractions(half, "forward") == {}
+
+
 def test_flop_floor_counts_a_matmul_reference():
     from specgen.verify.physics import reference_flops
 

@@ -8,7 +8,9 @@ only the shape) is not counted: a correct kernel need not read it (`unread_input
 outputs depend on only in part, where structure or integer inputs decide (`read_fractions`), is
 counted at the fraction of probed elements that matter, or not at all when most do not (an NLL
 loss gathers one log-probability per row: N of N x C elements, a fraction that depends on the
-shape; an LM loss over logits[:, :-1] needs all but one position in T). Its rate is the
+shape; an LM loss over logits[:, :-1] needs all but one position in T). So is a gather at indices
+computed from values (logp.gather(1, s.argmax(1))): the same count read in every draw, whichever
+elements; values that mask (ReLU's backward) keep the input counted in full. Its rate is the
 HBM's theoretical peak (from the memory clock and bus width the driver reports; 4.8 TB/s on
 an H200 when unknown), not a measured copy: aten's elementwise kernels reach about 102% of a
 device-to-device copy on an H200, so a copy is no ceiling. The FLOP floor counts the matrix
@@ -130,12 +132,16 @@ PROBE_SEEDS = (7, 13)  # redraws of one input at a time; both must leave every o
 PROBE_ELEMENTS = 16  # elements of a floating input set, one at a time, to each of PROBE_VALUES
 MOSTLY_IGNORED = 0.75  # of the probed elements: the input is read like a gather, counted not at all
 PROBE_VALUES = (float("nan"), 1e30, -1e30)  # NaN propagates through arithmetic, +-1e30 through max/min/fmax
+# Where values decide which elements are read (a gather at s.argmax(1)): every element probed, at
+# every dim near VALUE_PROBE_SIZE and then twice it, for an input of at most VALUE_PROBE_ELEMENTS
+# there (each element costs up to three reference runs; a larger one is counted in full)
+VALUE_PROBE_SIZE, VALUE_PROBE_ELEMENTS = 8, 1024
 
 
 def read_fractions(spec, direction: str) -> dict[str, float]:
     """{drawn field: the fraction of its bytes the floor counts} for those not counted in full:
     0.0 for unread_inputs, else 1 - the fraction of probed elements the outputs ignore (a
-    structural partial read of fewer than MOSTLY_IGNORED of them)."""
+    structural partial read of fewer than MOSTLY_IGNORED of them, _ignored_share)."""
     key = (spec.hash(), direction, "fractions")
     if key not in _UNREAD:
         unread_inputs(spec, direction)
@@ -147,8 +153,8 @@ def unread_inputs(spec, direction: str) -> frozenset:
     read in full, on the spec's small first case, on the CPU: those whose values no output
     depends on (drawn again alone, twice, they leave every output of the reference bit for bit
     unchanged), and floating ones the outputs depend on only in part, where the op's structure
-    or its integer inputs decide (`_ignored_in_part`: a gather). Empty when the probe cannot run
-    (every input counted)."""
+    or its integer inputs decide, or its structure how many and the values which (`_ignored_share`:
+    a gather). Empty when the probe cannot run (every input counted)."""
     key = (spec.hash(), direction)
     if key not in _UNREAD:
         try:
@@ -192,49 +198,101 @@ def _probe_reads(spec, direction: str) -> dict[str, float]:
             continue  # not redrawn differently (a constant, an empty tensor): counted
         if all(_same(truth, base.derive({**base.inputs, name: other})[0]) for other in others):
             fractions[name] = 0.0
-        elif tensor.is_floating_point() and (ignored := _ignored_in_part(base, truth, redraws, name)):
-            if ignored < MOSTLY_IGNORED:  # the same probe at twice the sizes: an ignored share
-                twice = _ignored_at_twice(spec, case, direction, name)  # that grows with the shape
-                ignored = 1.0 if twice > ignored + 1.0 / PROBE_ELEMENTS else max(ignored, twice)  # is a gather's
+        elif tensor.is_floating_point() and (ignored := _ignored_share(spec, case, direction, name, base, truth,
+                                                                       redraws)):
             fractions[name] = 0.0 if ignored >= MOSTLY_IGNORED else 1.0 - ignored
     return fractions
 
 
-def _ignored_at_twice(spec, case, direction: str, name: str) -> float:
-    """The ignored share of `name`'s probed elements with every dim twice the first case's (within
-    its range): `x[:, :20]` needs 20 of 37 elements a row there and 20 of 74 here, so a share
-    measured at one small shape would count far too much at the benchmark's."""
+def _ignored_share(spec, case, direction: str, name: str, base, truth: dict, redraws: list[dict]) -> float:
+    """The share of floating input `name` a correct kernel need not read (0.0: counted in full):
+    where structure or integer inputs decide (_ignored_in_part), the probed share, or a gather's
+    1.0 when that share grows with the shape; where the values of the inputs decide, what
+    _ignored_where_values_decide establishes."""
+    ignored = _ignored_in_part(base, truth, redraws, name)
+    if ignored is None:
+        try:
+            return _ignored_where_values_decide(spec, case, direction, name)
+        except Exception:  # noqa: BLE001 - the reference fails at the small probe shapes: this one counted
+            return 0.0
+    if 0.0 < ignored < MOSTLY_IGNORED:  # the same probe at twice the sizes: an ignored share
+        twice = _ignored_at_twice(spec, case, direction, name) or 0.0  # that grows with the shape
+        ignored = 1.0 if twice > ignored + 1.0 / PROBE_ELEMENTS else max(ignored, twice)  # is a gather's
+    return ignored
+
+
+def _resized(spec, case, size):
+    """`case` with every dim at `size(its dim)`, made legal (its range, its divisor)."""
     from dataclasses import replace
 
     from .strategies import legal_sizes
 
     steps = spec.signature.symbol_divisors()
-    dims = {s: legal_sizes(lo, hi, steps.get(s, 1), [min(2 * case.dim_map[s], hi)])[0]
-            for s, (lo, hi) in ((s, spec.dims[s]) for s in case.dim_map)}
-    return _ignored_in_part(*_prepared(spec, replace(case, dims=tuple(dims.items())), direction), name)
+    dims = {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [size(v)])[0] for s, v in case.dim_map.items()}
+    return replace(case, dims=tuple(dims.items()))
 
 
-def _ignored_in_part(base, truth: dict, redraws: list[dict], name: str) -> float:
+def _ignored_at_twice(spec, case, direction: str, name: str) -> float | None:
+    """The ignored share of `name`'s probed elements with every dim twice the first case's (within
+    its range): `x[:, :20]` needs 20 of 37 elements a row there and 20 of 74 here, so a share
+    measured at one small shape would count far too much at the benchmark's."""
+    return _ignored_in_part(*_prepared(spec, _resized(spec, case, lambda v: 2 * v), direction), name)
+
+
+def _ignored_in_part(base, truth: dict, redraws: list[dict], name: str) -> float | None:
     """The fraction of probed elements of input `name` that change no output whatever their
     value, the same ones under every redraw of the floating inputs (integer inputs kept): the op
     reads `name` where its structure or its indices decide (a gather, an exclusive scan's last
-    element); 0.0 where values happen to mask it (ReLU's backward ignores grad_out where y <= 0:
-    counted in full)."""
+    element). None where the ignored elements move with the values (ReLU's backward ignores
+    grad_out where y <= 0; a gather at s.argmax(1)): _ignored_where_values_decide."""
     ignored = _ignored_elements(base.inputs, truth, name, base.derive)
     if not ignored:
         return 0.0
     for redraw in redraws:
         inputs = {k: (v if v.is_floating_point() else base.inputs[k]) for k, v in redraw.items()}
         if _ignored_elements(inputs, base.derive(inputs)[0], name, base.derive) != ignored:
-            return 0.0
+            return None
     return len(ignored) / len(_probe_positions(base.inputs[name].numel()))
 
 
-def _ignored_elements(inputs: dict, truth: dict, name: str, derive) -> frozenset:
-    """The probed flat indices of `name` that no value of PROBE_VALUES moves any output from `truth`."""
+def _ignored_where_values_decide(spec, case, direction: str, name: str) -> float:
+    """Where the values decide which elements of `name` the outputs read: the share ignored when
+    every element, probed, shows that the structure decides how many are read (a gather at
+    s.argmax(1) reads one a row, whichever it is): as many ignored in every draw, mostly ignored,
+    or a read share that halves when every dim doubles (a count fixed per row). Else 0.0, counted
+    in full: values that mask (ReLU's backward ignores grad_out where x <= 0, as many as the draw
+    has) leave a kernel reading nearly every 32-byte sector, and a share that neither stays high
+    nor halves says nothing of the benchmark's shape."""
+    small = _exact_ignored_share(spec, _resized(spec, case, lambda v: VALUE_PROBE_SIZE), direction, name)
+    if small is None or small >= MOSTLY_IGNORED:
+        return small or 0.0
+    twice = _exact_ignored_share(spec, _resized(spec, case, lambda v: 2 * VALUE_PROBE_SIZE), direction, name)
+    halves = twice is not None and 1.0 - twice <= (1.0 - small) / 2 + 1e-9
+    return 1.0 if small > 0.0 and halves else 0.0
+
+
+def _exact_ignored_share(spec, case, direction: str, name: str) -> float | None:
+    """The share of `name`'s elements, each probed, that no output depends on in `case` and in its
+    redraws (every input redrawn), when it is the same in each; None when it is not, or when
+    `name` has more than VALUE_PROBE_ELEMENTS elements there."""
+    base, truth, redraws = _prepared(spec, case, direction)
+    count = base.inputs[name].numel()
+    if not count or count > VALUE_PROBE_ELEMENTS:
+        return None
+    every = range(count)
+    ignored = len(_ignored_elements(base.inputs, truth, name, base.derive, every))
+    for redraw in redraws:  # stop at the first draw that differs: values decide how many
+        if len(_ignored_elements(redraw, base.derive(redraw)[0], name, base.derive, every)) != ignored:
+            return None
+    return ignored / count
+
+
+def _ignored_elements(inputs: dict, truth: dict, name: str, derive, positions=None) -> frozenset:
+    """The flat indices of `name` among `positions` (default: the probed ones, _probe_positions)
+    that no value of PROBE_VALUES moves any output from `truth`."""
     tensor = inputs[name]
     ignored = set()
-    for flat in _probe_positions(tensor.numel()):
+    for flat in (_probe_positions(tensor.numel()) if positions is None else positions):
         for value in PROBE_VALUES:
             probed = tensor.clone()
             probed.view(-1)[flat] = value
