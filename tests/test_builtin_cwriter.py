@@ -46,6 +46,16 @@ def test_a_trailer_follows_the_closing_brace():
     assert w.to_lines() == ["struct P {", "  int x;", "};", "auto f = [&]() {", "  return 1;", "};"]
 
 
+def test_a_comment_follows_the_opening_brace():
+    w = CWriter()
+    with w.block("if (warp == 0)", comment="the warp totals"):
+        w.line("x();")
+    with w.chain("else", comment="the others"):
+        w.line("y();")
+    assert w.to_lines() == ["if (warp == 0) {  // the warp totals", "  x();", "} else {  // the others", "  y();",
+                            "}"]
+
+
 def test_chain_continues_the_block_just_closed():
     w = CWriter(level=1)
     with w.block("if (a)"):

@@ -47,10 +47,12 @@ class CWriter:
         self._out.append(text)
 
     @contextmanager
-    def block(self, header: str = "", trailer: str = "") -> Iterator[None]:
+    def block(self, header: str = "", trailer: str = "", comment: str = "") -> Iterator[None]:
         """`header {`, the body one level deeper, then `}` + `trailer` (e.g. ";"). No header:
-        `{` alone on its line (a function body after its signature, or a bare scope)."""
-        self.line(f"{header} {{" if header else "{")
+        `{` alone on its line (a function body after its signature, or a bare scope).
+        `comment`: a `// comment` after the opening brace (what the block is for)."""
+        opening = f"{header} {{" if header else "{"
+        self.line(opening + (f"  // {comment}" if comment else ""))
         self.level += 1
         try:
             yield
@@ -59,13 +61,13 @@ class CWriter:
         self.line("}" + trailer)
 
     @contextmanager
-    def chain(self, header: str) -> Iterator[None]:
+    def chain(self, header: str, comment: str = "") -> Iterator[None]:
         """A block continuing the one just closed at this level: its `}` becomes `} header {`
         (`else`, `else if (...)`)."""
         if not self._out or self._out[-1] != self.indent + "}":
             raise ValueError(f"chain({header!r}) must follow a block closed at this level")
         self._out.pop()
-        with self.block("} " + header):
+        with self.block("} " + header, comment=comment):
             yield
 
     def to_lines(self) -> list[str]:

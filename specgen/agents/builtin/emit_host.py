@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ... import abi
 from ...inputs import TORCH_DTYPES
-from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
+from .ctext import Ctx, dim_expr, entry_function, launch_need_param, pitch_expr, take_workspace, workspace_entry
 from .schedule import (FEW_FIN_ROWS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant,
                        few_block_tprs, items_max)
 
@@ -321,7 +321,7 @@ class HostEmitter:
             none = "fin_cluster ? (size_t)0 : " if fin_cluster else ""
             lines.append(f"  const size_t partial_bytes = {none}sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
                          f"+ (size_t)slots * {nglob});")
-            lines += take_workspace("partial_bytes")
+            lines += ["  " + s for s in take_workspace("partial_bytes")]
             lines.append("  float* partials = (float*)A.workspace;")
         else:
             lines.append("  float* partials = nullptr;")
@@ -369,9 +369,7 @@ class HostEmitter:
         lines.append("}")
         dispatch = self.dispatch_field()
         lines.append("")
-        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
-        lines.append("{")
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
+        lines += entry_function(entry, self.args_t, self.kname, dispatch, dtypes)
         if ncol or nglob:
             lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
                                             self.args_t, dispatch, dtypes)

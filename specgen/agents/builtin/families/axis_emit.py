@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import abi
-from ..ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, take_workspace, workspace_entry
+from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
 from ..emit import DirectionEmitter
 from ..ir import Node
 from ..prelude import PRELUDE, with_optional_preludes
@@ -721,7 +721,7 @@ class AxisEmitter(DirectionEmitter):
         if self.has_workspace:
             lines.append(f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + "
                          f"{len(self.kept) + len(self.totals)}) * (size_t)K;")
-            lines += take_workspace("ws_bytes")
+            lines += ["  " + s for s in take_workspace("ws_bytes")]
             lines.append("  void* ws = ws_bytes ? A.workspace : nullptr;")
         else:
             lines.append("  void* ws = nullptr;")
@@ -787,9 +787,7 @@ class AxisEmitter(DirectionEmitter):
                       "#undef SG_ELEM"]
         lines += ["  return cudaGetLastError();", "}", ""]
         dispatch = self.dispatch_field()
-        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
-        lines.append("{")
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
+        lines += entry_function(entry, self.args_t, self.kname, dispatch, dtypes)
         if self.has_workspace:
             lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
                                             self.args_t, dispatch, dtypes)

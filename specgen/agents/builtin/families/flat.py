@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ctext import Ctx, dim_expr, entry_dispatch
+from ..ctext import Ctx, dim_expr, entry_function
 from ..ir import Program
 from ..schedule import DEFAULT_VARIANT
 
@@ -248,7 +248,6 @@ class FlatEmitter(_emitter_base()):
                  f"  if (vec_ok) {self.kname}_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
                  f"  else {self.kname}_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
                  "  return cudaGetLastError();", "}", "",
-                 f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
-        dispatch = self.dispatch_field()
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
+                 ]
+        lines += entry_function(entry, self.args_t, self.kname, self.dispatch_field(), dtypes)
         return "\n".join(lines)

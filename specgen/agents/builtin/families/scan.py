@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ...base import AgentRefused
-from ..ctext import Ctx, entry_dispatch
+from ..ctext import Ctx, entry_function
 from ..ir import Node, Program
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
@@ -456,9 +456,8 @@ class ScanEmitter(_base()):
                   "  const int64_t gx = need < cap ? need : cap;",
                   f"  {self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);",
                   "  return cudaGetLastError();", "}", "",
-                  f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
-        dispatch = self.dispatch_field()
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
+                  ]
+        lines += entry_function(entry, self.args_t, self.kname, self.dispatch_field(), dtypes)
         return "\n".join(lines)
 
 
