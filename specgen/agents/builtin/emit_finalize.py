@@ -118,12 +118,12 @@ class FinalizeEmitter:
         return bool(self.p.group_div) and [str(d) for d in self.p.group_div] != [str(d) for d in self.p.row_dims]
 
     def finalize_cols_launch(self) -> str:
-        """The host's launch of the column finalize, in the geometry its form assumes."""
+        """The host's launch statement of the column finalize, in the geometry its form assumes."""
         if self.grouped_cols():  # a thread per (group, column)
-            return (f"  {self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
+            return (f"{self.kname}_finalize_cols<T><<<(unsigned)((groups * W + 255) / 256 < 65535 ? "
                     f"(groups * W + 255) / 256 : 65535), 256, 0, stream>>>(args, partials, cslots, groups);")
         # 32 columns per block of 8 warps, groups along y
-        return (f"  {self.kname}_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < "
+        return (f"{self.kname}_finalize_cols<T><<<dim3((unsigned)((W + 31) / 32), (unsigned)(groups < "
                 f"65535 ? groups : 65535)), 256, 0, stream>>>(args, partials, cslots, groups);")
 
     def finalize_cols_flat(self, col: list) -> list[str]:
