@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .cwriter import CWriter
+
 C_TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "float64": "double",
            "int64": "int64_t", "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t",
            "bool": "bool"}
@@ -11,14 +13,19 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
               "float64": "SPECGEN_FLOAT64"}
 
 
-def entry_dispatch(kname: str, dispatch: str | None, dtypes) -> list[str]:
-    """The body of an extern "C" entry point: `<kname>_launch<T>` for the working dtype of the
-    tensor field `dispatch` (float when the spec has no floating tensor to dispatch on)."""
-    if dispatch is None:
-        return [f"  return {kname}_launch<float>(*a, stream);", "}"]
-    return ([f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype"]
-            + [f"    case {DTYPE_ENUM[d]}: return {kname}_launch<{C_TYPES[d]}>(*a, stream);" for d in dtypes]
-            + ["    default: return cudaErrorInvalidValue;", "  }", "}"])
+def entry_function(entry: str, args_t: str, kname: str, dispatch: str | None, dtypes) -> list[str]:
+    """The extern "C" entry point `entry`: `<kname>_launch<T>` for the working dtype of the tensor
+    field `dispatch` (float when the spec has no floating tensor to dispatch on)."""
+    w = CWriter()
+    w.line(f'extern "C" cudaError_t {entry}(const {args_t}* a, cudaStream_t stream)')
+    with w.block():
+        if dispatch is None:
+            w.line(f"return {kname}_launch<float>(*a, stream);")
+        else:
+            with w.block(f"switch (a->{dispatch}.dtype)", comment="the spec's working dtype"):
+                w.lines(f"case {DTYPE_ENUM[d]}: return {kname}_launch<{C_TYPES[d]}>(*a, stream);" for d in dtypes)
+                w.line("default: return cudaErrorInvalidValue;")
+    return w.to_lines()
 
 
 def launch_need_param(has_workspace) -> str:
@@ -28,23 +35,27 @@ def launch_need_param(has_workspace) -> str:
 
 
 def take_workspace(bytes_var: str) -> list[str]:
-    """C++ lines of a launcher after `bytes_var` is known: answer a size query, else check the
+    """Statements of a launcher after `bytes_var` is known: answer a size query, else check the
     framework's workspace holds that much (a smaller one is the caller's error, not an overrun)."""
-    return [f"  if (need) {{ *need = {bytes_var}; return cudaSuccess; }}",
-            f"  if ((size_t)A.workspace_bytes < {bytes_var}) return cudaErrorInvalidValue;  // the ABI's workspace"]
+    return [f"if (need) {{ *need = {bytes_var}; return cudaSuccess; }}",
+            f"if ((size_t)A.workspace_bytes < {bytes_var}) return cudaErrorInvalidValue;  // the ABI's workspace"]
 
 
 def workspace_entry(kname: str, function: str, args_t: str, dispatch: str | None, dtypes) -> list[str]:
     """The extern "C" size function: the launcher of the working dtype, asked only for its bytes."""
     ask = "(void){kname}_launch<{t}>(*a, nullptr, &need);"
-    if dispatch is None:
-        body = ["  " + ask.format(kname=kname, t="float")]
-    else:
-        body = ([f"  switch (a->{dispatch}.dtype) {{  // the spec's working dtype"]
-                + [f"    case {DTYPE_ENUM[d]}: {ask.format(kname=kname, t=C_TYPES[d])} break;" for d in dtypes]
-                + ["    default: break;", "  }"])
-    return ([f'extern "C" size_t {function}(const {args_t}* a)', "{", "  size_t need = 0;"] + body
-            + ["  return need;", "}"])
+    w = CWriter()
+    w.line(f'extern "C" size_t {function}(const {args_t}* a)')
+    with w.block():
+        w.line("size_t need = 0;")
+        if dispatch is None:
+            w.line(ask.format(kname=kname, t="float"))
+        else:
+            with w.block(f"switch (a->{dispatch}.dtype)", comment="the spec's working dtype"):
+                w.lines(f"case {DTYPE_ENUM[d]}: {ask.format(kname=kname, t=C_TYPES[d])} break;" for d in dtypes)
+                w.line("default: break;")
+        w.line("return need;")
+    return w.to_lines()
 
 
 def dim_expr(d, prefix: str = "A.") -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ... import abi
 from ...inputs import TORCH_DTYPES
-from .ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, pitch_expr, take_workspace, workspace_entry
+from .ctext import Ctx, dim_expr, entry_function, launch_need_param, pitch_expr, take_workspace, workspace_entry
+from .cwriter import CWriter
 from .schedule import (FEW_FIN_ROWS, FEW_MIN_CHUNKS, FEW_MIN_ELEMS, FEW_TPRS, FEW_WAVES, MAX_CLUSTER, Variant,
                        few_block_tprs, items_max)
 
@@ -85,7 +86,7 @@ class HostEmitter:
         flag = ", true" if self.few_pair_own(variant) else ""
         return f"{self.kname}_rows<T, {vec}, {tpr}, {items}, {tpr}{flag}>"
 
-    def few_rows_choice(self) -> list[str]:
+    def write_few_rows_choice(self, w: CWriter) -> None:
         """C++: `few` and, when taken, its (tpr, items), after the plain schedule is chosen (see
         schedule.few_rows_tpr, its Python mirror)."""
         if self.few_block_form(self.variant):
@@ -94,10 +95,11 @@ class HostEmitter:
             # a block per row: rows up to FEW_WAVES per SM (64 rows of 4096 bf16 took 0.75x eager's
             # log-softmax in the medium schedule's 64-thread rows: results/2026-12-02-h200-session14)
             few_rows = f"vec_ok && rows <= {FEW_WAVES} * (int64_t)sg::sm_count() && chunks >= {FEW_MIN_CHUNKS}"
-            return [f"  // few rows (decode sizes): while the rows fit in {FEW_WAVES} waves of a block per SM, a row "
-                    f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread",
-                    f"  const bool few = {few_rows} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;",
-                    f"  if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}"]
+            w.line(f"// few rows (decode sizes): while the rows fit in {FEW_WAVES} waves of a block per SM, a row "
+                   f"of {FEW_MIN_CHUNKS}-{2 * tprs[-1]} chunks takes a whole block, 2 chunks per thread")
+            w.line(f"const bool few = {few_rows} && chunks <= {2 * tprs[-1]} && 2 <= ITEMS_MAX;")
+            w.line(f"if (few) {{ tpr = {sizes}{tprs[-1]}; items = 2; }}")
+            return
         few_rows = (f"vec_ok && rows * {MAX_CLUSTER} <= {FEW_WAVES} * (int64_t)sg::sm_count() && "
                     f"chunks >= {FEW_MIN_CHUNKS}")
         first = f"{self.kname}_rows<T, VEC, {FEW_TPRS[0]}, 1, {FEW_TPRS[0] // MAX_CLUSTER}>"
@@ -105,12 +107,12 @@ class HostEmitter:
         sizes = " : ".join(f"chunks <= {t} ? {t}" for t in FEW_TPRS[:-1])
         why = ("no row reductions: the row's blocks need not meet" if self.row_free() else
                f"a row reduction: the cluster's rounds pay off only over {FEW_MIN_ELEMS}+ elements per thread")
-        return [f"  // few rows (decode sizes): while rows x {MAX_CLUSTER} blocks fit in {FEW_WAVES} waves of a block per SM,",
-                f"  // a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} blocks, "
-                "one chunk per thread",
-                f"  // ({why})",
-                f"  const bool few = {few_rows} && chunks <= {FEW_TPRS[-1]} && {serial} && sg::clusters_ok<{first}>();",
-                f"  if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}"]
+        w.line(f"// few rows (decode sizes): while rows x {MAX_CLUSTER} blocks fit in {FEW_WAVES} waves of a block per SM,")
+        w.line(f"// a row of {FEW_MIN_CHUNKS}-{FEW_TPRS[-1]} chunks spreads over a cluster of {MAX_CLUSTER} blocks, "
+               "one chunk per thread")
+        w.line(f"// ({why})")
+        w.line(f"const bool few = {few_rows} && chunks <= {FEW_TPRS[-1]} && {serial} && sg::clusters_ok<{first}>();")
+        w.line(f"if (few) {{ tpr = {sizes} : {FEW_TPRS[-1]}; items = 1; }}")
 
     def row_free(self) -> bool:
         """No reduction over a row: a row's blocks never combine anything."""
@@ -142,62 +144,78 @@ class HostEmitter:
     def vec_schedules(self, variant: Variant) -> list[tuple]:
         return [s for s in variant.schedules if not variant.is_split(*s) or self.split_allowed(variant)]
 
-    def schedule_chain(self, variant: Variant, action: str) -> list[str]:
+    def write_schedule_chain(self, w: CWriter, variant: Variant, action: str) -> None:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
         split rows run `action`_CL, few rows `action`_FEW."""
-        lines = []
+        vec_rows = "else if (vec_ok)"
         if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
-            tprs = few_block_tprs(variant)
             act = f"{action}_FEWB" if self.few_macros_own(variant) else action
-            chain = " else ".join(f"if (tpr == {t}) {act}(VEC, {t}, 2);" for t in tprs)
-            lines.append(f"  if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
-            lines.append("  else if (vec_ok) {")
+            chain = " else ".join(f"if (tpr == {t}) {act}(VEC, {t}, 2);" for t in few_block_tprs(variant))
+            w.line(f"if (few) {{ if constexpr (2 <= ITEMS_MAX) {{ {chain} }} }}")
         elif self.few_allowed(variant):
             chain = " else ".join(f"if (tpr == {t}) {action}_FEW(VEC, {t});" for t in FEW_TPRS[:-1])
-            lines.append(f"  if (few) {{ {chain} else {action}_FEW(VEC, {FEW_TPRS[-1]}); }}")
-            lines.append("  else if (vec_ok) {")
+            w.line(f"if (few) {{ {chain} else {action}_FEW(VEC, {FEW_TPRS[-1]}); }}")
         else:
-            lines.append("  if (vec_ok) {")
-        first = True
-        for tpr, items in self.vec_schedules(variant):
-            kw = "if" if first else "else if"
-            first = False
-            if variant.is_split(tpr, items):
-                lines.append(f"    {kw} (tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);")
-                continue
-            cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
-            arg = "ITEMS_MAX" if items is None else str(items)
-            if items is not None and items > 0:
-                # a narrow schedule beyond ITEMS_MAX is never picked: do not instantiate it
-                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {{ if constexpr ({items} <= {self.narrow_max()}) "
-                             f"{action}(VEC, {tpr}, {arg}); }}")
-            else:
-                lines.append(f"    {kw} (tpr == {tpr} && {cond}) {action}(VEC, {tpr}, {arg});")
-        lines.append("  } else {")
-        lines.append(f"    if (items == 1) {action}(1, 32, 1); else {action}(1, 256, 0);")
-        lines.append("  }")
-        return lines
+            vec_rows = "if (vec_ok)"
+        with w.block(vec_rows):
+            for k, (tpr, items) in enumerate(self.vec_schedules(variant)):
+                w.line(("if" if k == 0 else "else if") + " " + self.schedule_case(variant, action, tpr, items))
+        with w.chain("else"):
+            w.line(f"if (items == 1) {action}(1, 32, 1); else {action}(1, 256, 0);")
+
+    def schedule_case(self, variant: Variant, action: str, tpr: int, items) -> str:
+        """One branch of the schedule chain, after its `if`: the condition and the macro call."""
+        if variant.is_split(tpr, items):
+            return f"(tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);"
+        cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
+        arg = "ITEMS_MAX" if items is None else str(items)
+        if items is not None and items > 0:  # a narrow schedule beyond ITEMS_MAX is never picked: not instantiated
+            return (f"(tpr == {tpr} && {cond}) {{ if constexpr ({items} <= {self.narrow_max()}) "
+                    f"{action}(VEC, {tpr}, {arg}); }}")
+        return f"(tpr == {tpr} && {cond}) {action}(VEC, {tpr}, {arg});"
 
     def emit_host(self, dtypes: list[str]) -> str:
-        variant = self.variant
+        """The launcher `<kname>_launch<T>`, the extern "C" entry point, and the size function
+        when the launch needs a workspace."""
+        w = CWriter()
+        has_workspace = bool(self.colreduces or self.globalreduces)
+        w.line("template <typename T>")
+        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
+               f"cudaStream_t stream{launch_need_param(has_workspace)})")
+        with w.block():
+            self.write_sizes(w)
+            self.write_vector_check(w)
+            self.write_schedule_choice(w)
+            self.write_block_shape(w)
+            self.write_grid(w)
+            self.write_partials(w)
+            self.write_launches(w)
+            w.line("return cudaGetLastError();")
+        dispatch = self.dispatch_field()
+        w.line()
+        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname, dispatch, dtypes))
+        if has_workspace:
+            w.line()
+            w.lines(workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction), self.args_t,
+                                    dispatch, dtypes))
+        return w.text()
+
+    def write_sizes(self, w: CWriter) -> None:
+        """rows, W and the row groups (column reductions per group of rows); nothing to do when empty."""
         p = self.p
-        entry = abi.entry_point(self.spec, self.direction)
         rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
         group = " * ".join(dim_expr(d) for d in (p.group_div or [])) or None
-        ncol, nglob = len(self.colreduces), len(self.globalreduces)
-        lines = ["template <typename T>", f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
-                 f"cudaStream_t stream{launch_need_param(ncol or nglob)})", "{"]
-        lines.append(f"  const int64_t rows = {rows};")
-        lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
-        if group and self.colreduces:
-            lines.append(f"  const int64_t rows_per_group = {group};")
-        else:
-            lines.append("  const int64_t rows_per_group = rows;")
-        lines.append("  const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;")
-        lines.append("  if (rows == 0 || W == 0) return cudaSuccess;")
-        # alignment: every vector access must start on a 16-byte boundary
+        w.line(f"const int64_t rows = {rows};")
+        w.line(f"const int64_t W = {self.expr(p.width, Ctx())};")
+        w.line(f"const int64_t rows_per_group = {group if group and self.colreduces else 'rows'};")
+        w.line("const int64_t groups = rows_per_group > 0 ? rows / rows_per_group : 0;")
+        w.line("if (rows == 0 || W == 0) return cudaSuccess;")
+
+    def vector_conditions(self) -> list[str]:
+        """C++ conditions for 16-byte accesses: every vector access starts on a 16-byte boundary."""
+        p = self.p
         conds = ["W % VEC == 0"]
-        for key, ns in self.elem_loads.items():
+        for key in self.elem_loads:
             fld, kind, off, div = key
             conds.append(f"sg::aligned16(A.{fld}.data)")
             conds.append(f"({off}) % VEC == 0")
@@ -209,173 +227,196 @@ class HostEmitter:
                 conds.append(f"{pitch_expr(p, self.types[s.field])} % VEC == 0")
                 if s.offset is not None:
                     conds.append(f"({self.expr(s.offset, Ctx())}) % VEC == 0")
-        lines.append("  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
-        lines.append("  // Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
-        lines.append("  // input" + (" and the fp32 column partials" if self.colreduces else "") +
-                     f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
+        return conds
+
+    def write_vector_check(self, w: CWriter) -> None:
+        """VEC, the chunks a thread can hold in the variant's registers (ITEMS_MAX), vec_ok, chunks."""
+        variant = self.variant
+        conds = self.vector_conditions()
+        w.line("constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+        w.line("// Registers one 16-byte chunk of the row costs a thread: the raw row of each streamed")
+        w.line("// input" + (" and the fp32 column partials" if self.colreduces else "") +
+               f"; ITEMS_MAX chunks fit the variant's {variant.data_regs} registers of row data.")
         if self.col_smem:
-            lines.append("  // (medium rows keep their column partials in shared memory: not counted; narrow")
-            lines.append("  // rows keep them in registers: ITEMS_NMAX)")
-            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr(False)};")
-            lines.append(f"  constexpr int ITEMS_NMAX = sg::items_max({variant.data_regs}, "
-                         f"{self.words_per_item_expr()}, {variant.items_cap});")
+            w.line("// (medium rows keep their column partials in shared memory: not counted; narrow")
+            w.line("// rows keep them in registers: ITEMS_NMAX)")
+            w.line(f"constexpr int WORDS = {self.words_per_item_expr(False)};")
+            w.line(f"constexpr int ITEMS_NMAX = sg::items_max({variant.data_regs}, "
+                   f"{self.words_per_item_expr()}, {variant.items_cap});")
         else:
-            lines.append(f"  constexpr int WORDS = {self.words_per_item_expr()};")
-        lines.append(f"  constexpr int ITEMS_MAX = sg::items_max({variant.data_regs}, WORDS, {variant.items_cap});")
-        lines.append("  const bool vec_ok = " + "\n      && ".join(conds) + ";")
-        lines.append("  const int64_t chunks = vec_ok ? W / VEC : W;")
-        lines.append("  // Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held")
-        lines.append("  // in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
-        lines.append(f"  // wider than {1024} threads x ITEMS_MAX chunks are streamed by a looped pass.")
-        lines.append("  int tpr = 0, items = 0;")
+            w.line(f"constexpr int WORDS = {self.words_per_item_expr()};")
+        w.line(f"constexpr int ITEMS_MAX = sg::items_max({variant.data_regs}, WORDS, {variant.items_cap});")
+        w.line("const bool vec_ok = " + "\n    && ".join(conds) + ";")
+        w.line("const int64_t chunks = vec_ok ? W / VEC : W;")
+
+    def write_schedule_choice(self, w: CWriter) -> None:
+        """(tpr, items) from the row's chunks: the C++ of schedule.plan, then the few-rows override."""
+        variant = self.variant
+        w.line("// Schedule: narrow rows share a block (TPR <= 32 threads per row); medium rows are held")
+        w.line("// in registers by the fewest threads (ITEMS_MAX chunks each, one row per block); rows")
+        w.line("// wider than 1024 threads x ITEMS_MAX chunks are streamed by a looped pass.")
+        w.line("int tpr = 0, items = 0;")
         if self.col_smem:
-            lines.append("  // medium rows: shared memory for the column partials, if the device gives a block that much")
-            lines.append(f"  const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
-                         "sizeof(typename sg::Acc<T>::type);")
-            lines.append("  const bool csm_ok = csm_bytes <= sg::smem_optin();")
+            w.line("// medium rows: shared memory for the column partials, if the device gives a block that much")
+            w.line(f"const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
+                   "sizeof(typename sg::Acc<T>::type);")
+            w.line("const bool csm_ok = csm_bytes <= sg::smem_optin();")
         if self.split_allowed(variant):
-            lines.append("  // split rows only where the row is wider than one block holds, on sm_90+ code")
+            w.line("// split rows only where the row is wider than one block holds, on sm_90+ code")
             first = next(t for t, i in variant.schedules if variant.is_split(t, i))
-            lines.append(f"  const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
-                         f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
-                         f"{variant.split_block_of(first)}>>();")
-        lines.append("  if (vec_ok) {")
-        for tpr, items in self.vec_schedules(variant):
-            if variant.is_split(tpr, items):
-                lines.append(f"    if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
-                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of "
-                             f"{tpr // variant.split_block_of(tpr)} blocks")
-            elif items == 0:
-                lines.append(f"    if (tpr == 0) {{ tpr = {tpr}; items = 0; }}")
-            elif items is None:
-                fits = " && csm_ok" if self.col_smem else ""
-                lines.append(f"    if (tpr == 0{fits} && chunks <= (int64_t){tpr} * ITEMS_MAX) "
-                             f"{{ tpr = {tpr}; items = ITEMS_MAX; }}")
-            else:
-                lines.append(f"    if (tpr == 0 && {items} <= {self.narrow_max()} && chunks <= (int64_t){tpr * items}) "
-                             f"{{ tpr = {tpr}; items = {items}; }}")
-        lines.append("  } else {")
-        lines.append("    if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
-        lines.append("  }")
+            w.line(f"const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
+                   f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
+                   f"{variant.split_block_of(first)}>>();")
+        with w.block("if (vec_ok)"):
+            for tpr, items in self.vec_schedules(variant):
+                w.line(self.schedule_pick(variant, tpr, items))
+        with w.chain("else"):
+            w.line("if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }")
+        if self.few_allowed(variant):
+            self.write_few_rows_choice(w)
+
+    def schedule_pick(self, variant: Variant, tpr: int, items) -> str:
+        """The statement taking schedule (tpr, items) when no earlier one was taken and the row fits it."""
+        if variant.is_split(tpr, items):
+            return (f"if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
+                    f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of "
+                    f"{tpr // variant.split_block_of(tpr)} blocks")
+        if items == 0:
+            return f"if (tpr == 0) {{ tpr = {tpr}; items = 0; }}"
+        if items is None:
+            fits = " && csm_ok" if self.col_smem else ""
+            return f"if (tpr == 0{fits} && chunks <= (int64_t){tpr} * ITEMS_MAX) {{ tpr = {tpr}; items = ITEMS_MAX; }}"
+        return (f"if (tpr == 0 && {items} <= {self.narrow_max()} && chunks <= (int64_t){tpr * items}) "
+                f"{{ tpr = {tpr}; items = {items}; }}")
+
+    def few_over_clusters(self, variant: Variant) -> bool:
+        """Few rows spread over clusters (their own block size and macros), not the block form."""
+        return self.few_allowed(variant) and not self.few_block_form(variant)
+
+    def write_block_shape(self, w: CWriter) -> None:
+        """block (threads), rpb (rows per block) and cl (blocks per row) of the chosen schedule."""
+        variant = self.variant
         few_on = self.few_allowed(variant)
-        few = few_on and not self.few_block_form(variant)  # over clusters: their own block size and macros
-        if few_on:
-            lines += self.few_rows_choice()
-        rb = variant.row_block
         # a few row's block: a cluster's share of the row, or (the block form) the whole row, never
         # split even when wider than the medium rows' blocks (fewtwo under cl256)
-        few_block = f"few ? tpr / {MAX_CLUSTER} : " if few else "few ? tpr : " if few_on else ""
+        few_block = f"few ? tpr / {MAX_CLUSTER} : " if self.few_over_clusters(variant) else \
+            "few ? tpr : " if few_on else ""
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
         narrow_spread = few_on and not variant.persistent
         const = "" if narrow_spread else "const "
-        lines.append(f"  {const}int block = {few_block}{self.split_block_expr(variant)} : tpr > 32 ? tpr : {rb};  "
-                     "// TPR > 32: one row per block (or per cluster)")
+        w.line(f"{const}int block = {few_block}{self.split_block_expr(variant)} : tpr > 32 ? tpr : "
+               f"{variant.row_block};  // TPR > 32: one row per block (or per cluster)")
         if narrow_spread:
-            lines.append("  // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs")
-            lines.append("  if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;")
-        lines.append("  const int rpb = tpr >= block ? 1 : block / tpr;")
-        lines.append("  const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
+            w.line("// few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs")
+            w.line("if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;")
+        w.line("const int rpb = tpr >= block ? 1 : block / tpr;")
+        w.line("const int cl = tpr > block ? tpr / block : 1;  // blocks per row")
+
+    def write_grid(self, w: CWriter) -> None:
+        """The grid: a block per row group, or one persistent wave (the occupancy of the chosen
+        instantiation); the slots of the reductions over rows."""
+        variant, rb = self.variant, self.variant.row_block
         if variant.persistent or self.colreduces:
-            lines.append("  // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
-            lines.append("  // registers decide), each striding over rows; fewer when there are fewer rows.")
+            w.line("// One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's")
+            w.line("// registers decide), each striding over rows; fewer when there are fewer rows.")
         else:
-            lines.append("  // A block per row group (per row, past 32 threads per row), scheduled by the hardware:")
-            lines.append("  // 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
-        lines.append("  int per_sm = 1;")
+            w.line("// A block per row group (per row, past 32 threads per row), scheduled by the hardware:")
+            w.line("// 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
+        w.line("int per_sm = 1;")
         if self.col_smem:
-            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
+            occupancy = (f"(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
                          f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 ? csm_bytes : 0)")
         else:
-            lines.append(f"#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, "
-                         f"((P) > 32 ? (P) : {rb})>>(block)")
-        lines.append("#define SG_OCC_CL(V, P, I) per_sm = 1")
-        if few:
-            lines.append("#define SG_OCC_FEW(V, P) per_sm = 1")
+            occupancy = f"(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>>(block)"
+        macros = {"SG_OCC": occupancy, "SG_OCC_CL": "(V, P, I) per_sm = 1"}
+        if self.few_over_clusters(variant):
+            macros["SG_OCC_FEW"] = "(V, P) per_sm = 1"
         if self.few_macros_own(variant):
-            lines.append(f"#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<{self.few_block_kernel(variant, 'V', 'P', 'I')}>(block)")
-        lines += self.schedule_chain(variant, "SG_OCC")
-        lines.append("#undef SG_OCC")
-        lines.append("#undef SG_OCC_CL")
-        if few:
-            lines.append("#undef SG_OCC_FEW")
-        if self.few_macros_own(variant):
-            lines.append("#undef SG_OCC_FEWB")
-        lines.append("  int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
-        lines.append("  const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
-        lines.append("  int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
-        lines.append("  if (gx < 1) gx = 1;")
+            macros["SG_OCC_FEWB"] = (f"(V, P, I) per_sm = sg::blocks_per_sm<"
+                                     f"{self.few_block_kernel(variant, 'V', 'P', 'I')}>(block)")
+        self.write_with_macros(w, "SG_OCC", macros)
+        w.line("int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;")
+        w.line("const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);")
+        w.line("int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;")
+        w.line("if (gx < 1) gx = 1;")
         if not variant.persistent and not self.colreduces:
-            lines.append("  gx = per_group_blocks;  // not persistent")
-        lines.append("  if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass")
-        lines.append("  const dim3 grid((unsigned)gx, (unsigned)groups);")
-        lines.append("  const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
-        lines.append("  const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
+            w.line("gx = per_group_blocks;  // not persistent")
+        w.line("if (cl > 1) gx = per_group_blocks * cl;  // split rows: a cluster per row, one pass")
+        w.line("const dim3 grid((unsigned)gx, (unsigned)groups);")
+        w.line("const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions")
+        w.line("const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions")
+
+    def write_with_macros(self, w: CWriter, action: str, macros: dict[str, str]) -> None:
+        """`#define` each macro (name -> its parameters and body), the schedule chain calling
+        `action`'s macros, then `#undef` them all."""
+        for name, body in macros.items():
+            w.directive(f"#define {name}{body}")
+        self.write_schedule_chain(w, self.variant, action)
+        for name in macros:
+            w.directive(f"#undef {name}")
+
+    def write_partials(self, w: CWriter) -> None:
+        """The workspace of the reductions over rows (per-slot partials), or none; fin_cluster
+        where few rows may finalize in their own cluster instead."""
+        variant = self.variant
+        ncol, nglob = len(self.colreduces), len(self.globalreduces)
         fin_cluster = self.finalizes_in_cluster(variant)
         if fin_cluster:
             first = self.few_block_kernel(variant, "VEC", str(few_block_tprs(variant)[0]), "2")
-            lines.append(f"  // few rows of a loss ({FEW_FIN_ROWS} at most, a block each): the grid runs as one cluster whose")
-            lines.append("  // first block sums the partials and writes the result: no finalize launch, no workspace")
-            lines.append(f"  const bool fin_cluster = few && groups == 1 && gx <= {FEW_FIN_ROWS} && sg::clusters_ok<{first}>();")
+            w.line(f"// few rows of a loss ({FEW_FIN_ROWS} at most, a block each): the grid runs as one cluster whose")
+            w.line("// first block sums the partials and writes the result: no finalize launch, no workspace")
+            w.line(f"const bool fin_cluster = few && groups == 1 && gx <= {FEW_FIN_ROWS} && sg::clusters_ok<{first}>();")
         if ncol or nglob:
-            lines.append("  // per-slot partials of the reductions over rows, summed in slot order by the finalize")
+            w.line("// per-slot partials of the reductions over rows, summed in slot order by the finalize")
             none = "fin_cluster ? (size_t)0 : " if fin_cluster else ""
-            lines.append(f"  const size_t partial_bytes = {none}sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
-                         f"+ (size_t)slots * {nglob});")
-            lines += take_workspace("partial_bytes")
-            lines.append("  float* partials = (float*)A.workspace;")
+            w.line(f"const size_t partial_bytes = {none}sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
+                   f"+ (size_t)slots * {nglob});")
+            w.lines(take_workspace("partial_bytes"))
+            w.line("float* partials = (float*)A.workspace;")
         else:
-            lines.append("  float* partials = nullptr;")
-        lines.append("  const " + self.args_t + " args = A;")
+            w.line("float* partials = nullptr;")
+        w.line(f"const {self.args_t} args = A;")
+
+    def write_launches(self, w: CWriter) -> None:
+        """The row kernel's launch for the chosen schedule, then the finalize kernels."""
+        variant, rb, ncol = self.variant, self.variant.row_block, len(self.colreduces)
+        fail = "if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; }"
         # narrow rows with column partials: shared memory to merge the block's row groups
         smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
         if self.col_smem:
             smem = f"((P) > 32 ? csm_bytes : (size_t){rb} * (I) * (V) * sizeof(float))"
-            lines.append(f"#define SG_LAUNCH(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
-                         f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
-                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
+            launch = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
+                      f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
+                      f"rows_per_group); {fail} }} while (0)")
         else:
-            lines.append(f"#define SG_LAUNCH(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
-                         f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
+            launch = (f"(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
+                      f"<<<grid, block, {smem}, stream>>>(args, partials, rows_per_group)")
         sb = self.split_block_macro(variant)
-        lines.append(f"#define SG_LAUNCH_CL(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
-                     f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
-                     "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
-        if few:
-            lines.append(f"#define SG_LAUNCH_FEW(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
-                         f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, args, partials, "
-                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)")
+        macros = {"SG_LAUNCH": launch,
+                  "SG_LAUNCH_CL": (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
+                                   f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
+                                   f"rows_per_group); {fail} }} while (0)")}
+        if self.few_over_clusters(variant):
+            macros["SG_LAUNCH_FEW"] = (f"(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
+                                       f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, "
+                                       f"args, partials, rows_per_group); {fail} }} while (0)")
         kernel = self.few_block_kernel(variant, "V", "P", "I")
+        fin_cluster = self.finalizes_in_cluster(variant)
         if fin_cluster:  # few-row blocks: maybe one cluster that finalizes (partials nullptr)
-            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) do {{ if (fin_cluster) {{ const cudaError_t e_ = "
-                         f"sg::launch_cluster_n({kernel}, grid, block, (int)gx, stream, args, (float*)nullptr, "
-                         "rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } "
-                         f"else {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group); }} while (0)")
+            macros["SG_LAUNCH_FEWB"] = (f"(V, P, I) do {{ if (fin_cluster) {{ const cudaError_t e_ = "
+                                        f"sg::launch_cluster_n({kernel}, grid, block, (int)gx, stream, args, "
+                                        f"(float*)nullptr, rows_per_group); {fail} }} "
+                                        f"else {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group); "
+                                        "} while (0)")
         elif self.few_pair_own(variant):  # few-row blocks: their own instantiation (their own (max, sum) form)
-            lines.append(f"#define SG_LAUNCH_FEWB(V, P, I) {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group)")
-        lines += self.schedule_chain(variant, "SG_LAUNCH")
-        lines.append("#undef SG_LAUNCH")
-        lines.append("#undef SG_LAUNCH_CL")
-        if few:
-            lines.append("#undef SG_LAUNCH_FEW")
-        if self.few_macros_own(variant):
-            lines.append("#undef SG_LAUNCH_FEWB")
-        if ncol and any(s.kind == "col" for s in p.stores):
-            lines.append(self.finalize_cols_launch())
-        if any(s.kind == "global" for s in p.stores):
+            macros["SG_LAUNCH_FEWB"] = f"(V, P, I) {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group)"
+        self.write_with_macros(w, "SG_LAUNCH", macros)
+        if ncol and any(s.kind == "col" for s in self.p.stores):
+            w.line(self.finalize_cols_launch())
+        if any(s.kind == "global" for s in self.p.stores):
             unless = "if (!fin_cluster) " if fin_cluster else ""
-            lines.append(f"  {unless}{self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
-                         f"{'cslots' if ncol else '0'});")
-        lines.append("  return cudaGetLastError();")
-        lines.append("}")
-        dispatch = self.dispatch_field()
-        lines.append("")
-        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
-        lines.append("{")
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
-        if ncol or nglob:
-            lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
-                                            self.args_t, dispatch, dtypes)
-        return "\n".join(lines)
+            w.line(f"{unless}{self.kname}_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, "
+                   f"{'cslots' if ncol else '0'});")
 
     def dispatch_field(self) -> str | None:
         for p in self.spec.signature.inputs:

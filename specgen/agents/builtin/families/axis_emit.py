@@ -20,7 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import abi
-from ..ctext import Ctx, dim_expr, entry_dispatch, launch_need_param, take_workspace, workspace_entry
+from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
+from ..cwriter import CWriter
 from ..emit import DirectionEmitter
 from ..ir import Node
 from ..prelude import PRELUDE, with_optional_preludes
@@ -275,13 +276,14 @@ class AxisEmitter(DirectionEmitter):
 
     # ------------------------------------------------------------ kernels
     def sizes(self) -> list[str]:
+        """The launcher's O, R, I (and RB) statements."""
         prod = lambda ds: " * ".join(dim_expr(d) for d in ds) or "(int64_t)1"
         lay = self.lay
         if lay.ends:  # [RA, O, RB] reduced over RA and RB
-            return [f"  const int64_t O = {prod(lay.block)};", f"  const int64_t RB = {prod(lay.inner)};",
-                    f"  const int64_t R = {prod(lay.lead)} * RB;", "  const int64_t I = 1;"]
-        return [f"  const int64_t O = {prod(lay.lead)};", f"  const int64_t R = {prod(lay.block)};",
-                f"  const int64_t I = {prod(lay.inner)};"]
+            return [f"const int64_t O = {prod(lay.block)};", f"const int64_t RB = {prod(lay.inner)};",
+                    f"const int64_t R = {prod(lay.lead)} * RB;", "const int64_t I = 1;"]
+        return [f"const int64_t O = {prod(lay.lead)};", f"const int64_t R = {prod(lay.block)};",
+                f"const int64_t I = {prod(lay.inner)};"]
 
     def rb_line(self, indent: str) -> list[str]:
         """RB (the reduced trailing extent) inside a kernel of an `ends` layout."""
@@ -687,113 +689,130 @@ class AxisEmitter(DirectionEmitter):
 
     # ------------------------------------------------------------ host
     def emit_launch(self, dtypes: list[str]) -> list[str]:
-        entry = abi.entry_point(self.spec, self.direction)
-        lines = ["template <typename T>",
-                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream"
-                 f"{launch_need_param(self.has_workspace)})", "{"]
-        lines += self.sizes()
-        lines += ["  const int64_t K = O * I, N = O * R * I;", "  if (N == 0 && K == 0) return cudaSuccess;",
-                  "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;"]
-        aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
-        lines.append(f"  const bool loads_aligned = {aligned};")
-        lines += ["  int64_t G = 1, chunk = R > 0 ? R : 1;", "  int TX = 1, VI = 1;", "  bool vec_r = false;"]
-        if self.reduces:
-            vi_ok = all(self.vi_allowed(p) for p in range(len(self.phases)))
-            lines += [
-                "  // a wide kept axis: 32 threads along I, each reading 16 bytes (VI elements) per step",
-                f"  if ({'true' if vi_ok else 'false'} && VEC > 1 && I % VEC == 0 && I >= 32 * VEC && loads_aligned) "
-                "VI = VEC;",
-                "  const int64_t IV = I / VI;",
-                "  TX = IV >= 32 ? 32 : IV >= 16 ? 16 : IV >= 8 ? 8 : IV >= 4 ? 4 : IV >= 2 ? 2 : 1;",
-                "  vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned"
-                + (" && RB % VEC == 0;" if self.lay.ends else ";"),
-                f"  const int64_t tiles = (I + TX * VI - 1) / (TX * VI), blocks = O * tiles, "
-                f"step = (int64_t)({BLOCK} / TX) * (vec_r ? VEC : 1);",
-                f"  // few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at",
-                f"  // least {MIN_STEPS} steps); G depends on the shape only, so results are reproducible",
-                f"  if (blocks < {TARGET_BLOCKS}) {{",
-                f"    G = ({TARGET_BLOCKS} + blocks - 1) / blocks;",
-                f"    const int64_t most = (R + step * {MIN_STEPS} - 1) / (step * {MIN_STEPS});",
-                "    if (G > most) G = most;", "    if (G > 65535) G = 65535;", "    if (G < 1) G = 1;", "  }",
-                "  chunk = (R + G - 1) / G;", "  chunk = (chunk + step - 1) / step * step;",
-                "  if (chunk < 1) chunk = 1;", "  G = (R + chunk - 1) / chunk;", "  if (G < 1) G = 1;"]
-        lines.append("  const int64_t GP = G > 1 ? G : 0;")
-        if self.has_workspace:
-            lines.append(f"  const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + "
-                         f"{len(self.kept) + len(self.totals)}) * (size_t)K;")
-            lines += take_workspace("ws_bytes")
-            lines.append("  void* ws = ws_bytes ? A.workspace : nullptr;")
-        else:
-            lines.append("  void* ws = nullptr;")
-        lines.append(f"  const {self.args_t} args = A;")
-        if self.reduces:
-            lines += ["  if (K > 0) {",
-                      "    const int64_t tiles = (I + TX * VI - 1) / (TX * VI);",
-                      "    const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);"]
-            for p in range(len(self.phases)):
-                lines.append(f"    // phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
-                if self.rows_allowed():  # a warp per kept element: 8 a block
-                    # many rows only: a few (decode) keep a block each, all their loads in flight at once
-                    lines += [f"    if (I == 1 && O >= {TARGET_BLOCKS} && R <= {self.rows_max}) {{",
-                              f"      const int64_t rb = (O + {BLOCK // 32 - 1}) / {BLOCK // 32};",
-                              "      const unsigned rgrid = (unsigned)(rb < (1 << 30) ? rb : (1 << 30));",
-                              f"      if (vec_r) {self.kname}_rows{p}<T, VEC><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>"
-                              "(args, ws, O, R);",
-                              f"      else {self.kname}_rows{p}<T, 1><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>(args, ws, O, R);",
-                              "    }"]
-                for tx in (1, 2, 4, 8, 16, 32):
-                    lines.append(f"    {'else if' if tx == 1 and self.rows_allowed() else 'if' if tx == 1 else 'else if'}"
-                                 f" (TX == {tx}) {{")
-                    if tx == 1:
-                        lines.append(f"      if (vec_r) {self.kname}_reduce{p}<T, VEC, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
-                                     "stream>>>(args, ws, O, R, I, G, chunk);")
-                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 1, 1><<<grid, dim3(1, {BLOCK}), 0, "
-                                     "stream>>>(args, ws, O, R, I, G, chunk);")
-                    elif tx == 32 and vi_ok:
-                        lines.append(f"      if (VI > 1) {self.kname}_reduce{p}<T, 1, 32, VEC><<<grid, dim3(32, "
-                                     f"{BLOCK // 32}), 0, stream>>>(args, ws, O, R, I, G, chunk);")
-                        lines.append(f"      else {self.kname}_reduce{p}<T, 1, 32, 1><<<grid, dim3(32, {BLOCK // 32}), 0, "
-                                     "stream>>>(args, ws, O, R, I, G, chunk);")
-                    else:
-                        lines.append(f"      {self.kname}_reduce{p}<T, 1, {tx}, 1><<<grid, dim3({tx}, {BLOCK // tx}), 0, "
-                                     "stream>>>(args, ws, O, R, I, G, chunk);")
-                    lines.append("    }")
-                lines += ["    if (G > 1) {",
-                          "      const int64_t cb = (K + 255) / 256;",
-                          f"      {self.kname}_combine{p}<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>"
-                          "(args, ws, K, G);",
-                          "    }"]
-            if self.totals:
-                lines.append(f"    {self.kname}_total<T><<<1, 1024, 0, stream>>>(args, ws, K, GP);")
-            lines.append("  }")
-        if self.elem_stores or (self.global_stores and not self.reduces):
-            stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
-                                         dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
-            lines += [f"  const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};",
-                      ("  const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
-                       "  const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;"),
-                      "  const int64_t per = mode ? VEC : 1;",
-                      "  int64_t eb = (N / per + 255) / 256;", "  if (eb > (1 << 20)) eb = 1 << 20;",
-                      "  if (eb < 1) eb = 1;",
-                      f"  const sgx::FastDiv f1({'RB' if self.lay.ends else 'I'}), f2({'O' if self.lay.ends else 'R'});",
-                      "  const bool narrow = N < ((int64_t)1 << 31);",
-                      "#define SG_ELEM(V, M) do { if (narrow) " + f"{self.kname}_elem<T, V, M, true>" +
-                      "<<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP, f1, f2); else " +
-                      f"{self.kname}_elem<T, V, M, false>" +
-                      "<<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP, f1, f2); } while (0)",
-                      "  if (mode == 1) SG_ELEM(VEC, 1);",
-                      "  else if (mode == 2) SG_ELEM(VEC, 2);",
-                      "  else SG_ELEM(1, 0);",
-                      "#undef SG_ELEM"]
-        lines += ["  return cudaGetLastError();", "}", ""]
+        """The launcher `<kname>_launch<T>` (the split of R, the workspace, the reduce and
+        element kernels' launches), the extern "C" entry point and, with a workspace, the size function."""
+        vi_ok = all(self.vi_allowed(p) for p in range(len(self.phases))) if self.reduces else False
+        w = CWriter()
+        w.line("template <typename T>")
+        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream"
+               f"{launch_need_param(self.has_workspace)})")
+        with w.block():
+            w.lines(self.sizes())
+            w.line("const int64_t K = O * I, N = O * R * I;")
+            w.line("if (N == 0 && K == 0) return cudaSuccess;")
+            w.line("constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+            aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
+            w.line(f"const bool loads_aligned = {aligned};")
+            w.line("int64_t G = 1, chunk = R > 0 ? R : 1;")
+            w.line("int TX = 1, VI = 1;")
+            w.line("bool vec_r = false;")
+            if self.reduces:
+                self.write_reduce_split(w, vi_ok)
+            w.line("const int64_t GP = G > 1 ? G : 0;")
+            if self.has_workspace:
+                w.line(f"const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + "
+                       f"{len(self.kept) + len(self.totals)}) * (size_t)K;")
+                w.lines(take_workspace("ws_bytes"))
+                w.line("void* ws = ws_bytes ? A.workspace : nullptr;")
+            else:
+                w.line("void* ws = nullptr;")
+            w.line(f"const {self.args_t} args = A;")
+            if self.reduces:
+                with w.block("if (K > 0)"):
+                    self.write_reduce_launches(w, vi_ok)
+            if self.elem_stores or (self.global_stores and not self.reduces):
+                self.write_elem_launch(w)
+            w.line("return cudaGetLastError();")
+        w.line()
         dispatch = self.dispatch_field()
-        lines.append(f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)')
-        lines.append("{")
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
+        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname, dispatch, dtypes))
         if self.has_workspace:
-            lines += [""] + workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction),
-                                            self.args_t, dispatch, dtypes)
-        return lines
+            w.line()
+            w.lines(workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction), self.args_t,
+                                    dispatch, dtypes))
+        return w.to_lines()
+
+    def write_reduce_split(self, w: CWriter, vi_ok: bool) -> None:
+        """TX threads along I (VI elements each), vec_r, and the split of R over G blocks of `chunk` each."""
+        w.line("// a wide kept axis: 32 threads along I, each reading 16 bytes (VI elements) per step")
+        w.line(f"if ({'true' if vi_ok else 'false'} && VEC > 1 && I % VEC == 0 && I >= 32 * VEC && loads_aligned) "
+               "VI = VEC;")
+        w.line("const int64_t IV = I / VI;")
+        w.line("TX = IV >= 32 ? 32 : IV >= 16 ? 16 : IV >= 8 ? 8 : IV >= 4 ? 4 : IV >= 2 ? 2 : 1;")
+        w.line("vec_r = TX == 1 && VEC > 1 && R % VEC == 0 && loads_aligned"
+               + (" && RB % VEC == 0;" if self.lay.ends else ";"))
+        w.line(f"const int64_t tiles = (I + TX * VI - 1) / (TX * VI), blocks = O * tiles, "
+               f"step = (int64_t)({BLOCK} / TX) * (vec_r ? VEC : 1);")
+        w.line(f"// few kept tiles: split R over G blocks (about {TARGET_BLOCKS} blocks in all, each thread at")
+        w.line(f"// least {MIN_STEPS} steps); G depends on the shape only, so results are reproducible")
+        with w.block(f"if (blocks < {TARGET_BLOCKS})"):
+            w.line(f"G = ({TARGET_BLOCKS} + blocks - 1) / blocks;")
+            w.line(f"const int64_t most = (R + step * {MIN_STEPS} - 1) / (step * {MIN_STEPS});")
+            w.line("if (G > most) G = most;")
+            w.line("if (G > 65535) G = 65535;")
+            w.line("if (G < 1) G = 1;")
+        w.line("chunk = (R + G - 1) / G;")
+        w.line("chunk = (chunk + step - 1) / step * step;")
+        w.line("if (chunk < 1) chunk = 1;")
+        w.line("G = (R + chunk - 1) / chunk;")
+        w.line("if (G < 1) G = 1;")
+
+    def write_reduce_launches(self, w: CWriter, vi_ok: bool) -> None:
+        """Each phase's reduce kernel (or, for many short contiguous rows, its warp-per-row
+        kernel), its combine over the G splits, then the totals."""
+        w.line("const int64_t tiles = (I + TX * VI - 1) / (TX * VI);")
+        w.line("const dim3 grid((unsigned)(O * tiles < (1 << 30) ? O * tiles : (1 << 30)), (unsigned)G);")
+        rows = self.rows_allowed()
+        for p in range(len(self.phases)):
+            w.line(f"// phase {p}: " + ", ".join(n.attrs["kind"] for n in self.phases[p]))
+            if rows:  # a warp per kept element: 8 a block
+                # many rows only: a few (decode) keep a block each, all their loads in flight at once
+                with w.block(f"if (I == 1 && O >= {TARGET_BLOCKS} && R <= {self.rows_max})"):
+                    w.line(f"const int64_t rb = (O + {BLOCK // 32 - 1}) / {BLOCK // 32};")
+                    w.line("const unsigned rgrid = (unsigned)(rb < (1 << 30) ? rb : (1 << 30));")
+                    w.line(f"if (vec_r) {self.kname}_rows{p}<T, VEC><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>"
+                           "(args, ws, O, R);")
+                    w.line(f"else {self.kname}_rows{p}<T, 1><<<rgrid, dim3(1, {BLOCK}), 0, stream>>>(args, ws, O, R);")
+            for tx in (1, 2, 4, 8, 16, 32):
+                with w.block(f"{'if' if tx == 1 and not rows else 'else if'} (TX == {tx})"):
+                    w.lines(self.reduce_launch(p, tx, vi_ok))
+            with w.block("if (G > 1)"):
+                w.line("const int64_t cb = (K + 255) / 256;")
+                w.line(f"{self.kname}_combine{p}<T><<<(unsigned)(cb < 65535 ? cb : 65535), 256, 0, stream>>>"
+                       "(args, ws, K, G);")
+        if self.totals:
+            w.line(f"{self.kname}_total<T><<<1, 1024, 0, stream>>>(args, ws, K, GP);")
+
+    def reduce_launch(self, p: int, tx: int, vi_ok: bool) -> list[str]:
+        """Phase p's reduce kernel launched for TX == tx: by vec_r (TX 1) or VI (TX 32) where they apply."""
+        kernel = f"{self.kname}_reduce{p}<T, "
+        launch = f"<<<grid, dim3({tx}, {BLOCK // tx}), 0, stream>>>(args, ws, O, R, I, G, chunk);"
+        if tx == 1:
+            return [f"if (vec_r) {kernel}VEC, 1, 1>{launch}", f"else {kernel}1, 1, 1>{launch}"]
+        if tx == 32 and vi_ok:
+            return [f"if (VI > 1) {kernel}1, 32, VEC>{launch}", f"else {kernel}1, 32, 1>{launch}"]
+        return [f"{kernel}1, {tx}, 1>{launch}"]
+
+    def write_elem_launch(self, w: CWriter) -> None:
+        """The element kernel's launch: its vector mode, 32-bit index math where N allows it."""
+        stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
+                                     dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
+        w.line(f"const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};")
+        w.line("const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
+               "const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;")
+        w.line("const int64_t per = mode ? VEC : 1;")
+        w.line("int64_t eb = (N / per + 255) / 256;")
+        w.line("if (eb > (1 << 20)) eb = 1 << 20;")
+        w.line("if (eb < 1) eb = 1;")
+        w.line(f"const sgx::FastDiv f1({'RB' if self.lay.ends else 'I'}), f2({'O' if self.lay.ends else 'R'});")
+        w.line("const bool narrow = N < ((int64_t)1 << 31);")
+        launch = "<<<(unsigned)eb, 256, 0, stream>>>(args, ws, O, R, I, GP, f1, f2);"
+        w.directive(f"#define SG_ELEM(V, M) do {{ if (narrow) {self.kname}_elem<T, V, M, true>{launch} "
+                    f"else {self.kname}_elem<T, V, M, false>{launch} }} while (0)")
+        w.line("if (mode == 1) SG_ELEM(VEC, 1);")
+        w.line("else if (mode == 2) SG_ELEM(VEC, 2);")
+        w.line("else SG_ELEM(1, 0);")
+        w.directive("#undef SG_ELEM")
 
     @property
     def has_workspace(self) -> bool:

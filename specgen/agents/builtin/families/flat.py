@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ctext import Ctx, dim_expr, entry_dispatch
+from ..ctext import Ctx, dim_expr, entry_function
+from ..cwriter import CWriter
 from ..ir import Program
 from ..schedule import DEFAULT_VARIANT
 
@@ -89,11 +90,12 @@ class FlatEmitter(_emitter_base()):
         return "flat: every element of the outputs, row structure ignored"
 
     def _globals(self, ctx: Ctx) -> list[str]:
+        """Statements naming the program's global-level values (in ctx)."""
         lines = []
         for n in self.nodes:
             if n.level == "global" and n.op not in ("dim", "stride"):
                 name = self.var(n)
-                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                lines.append(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
                 ctx.names[n.id] = name
         return lines
 
@@ -101,21 +103,22 @@ class FlatEmitter(_emitter_base()):
         """Loads read as 16-byte chunks (not the broadcast ones, read per element)."""
         return [k for k in self.elem_loads if k[1] != "bcast"]
 
-    def bcast_index(self, key, e: str, name: str, indent: str) -> list[str]:
+    def bcast_index(self, key, e: str, name: str) -> list[str]:
         """C statements setting `name` to the index into broadcast tensor `key` of element `e`
         of the [rows..., W] shape: the coordinates of the dims it spans, in its own strides."""
         n = self.elem_loads[key][0]
         sizes = [dim_expr(d) for d in self.p.row_dims] + ["W"]
-        lines = [f"{indent}int64_t {name} = 0;", f"{indent}{{",
-                 f"{indent}  int64_t r_ = {e}, st_ = 1; (void)st_;"]
-        for size, present in reversed(list(zip(sizes, n.attrs["present"]))):
-            if present:
-                lines.append(f"{indent}  {name} += (r_ % {size}) * st_; st_ *= {size};")
-            lines.append(f"{indent}  r_ /= {size};")
-        lines.append(f"{indent}}}")
-        return lines
+        w = CWriter()
+        w.line(f"int64_t {name} = 0;")
+        with w.block():
+            w.line(f"int64_t r_ = {e}, st_ = 1; (void)st_;")
+            for size, present in reversed(list(zip(sizes, n.attrs["present"]))):
+                if present:
+                    w.line(f"{name} += (r_ % {size}) * st_; st_ *= {size};")
+                w.line(f"r_ /= {size};")
+        return w.to_lines()
 
-    def _element(self, ctx: Ctx, raws: dict, indent: str, out: str) -> list[str]:
+    def _element(self, ctx: Ctx, raws: dict, out: str) -> list[str]:
         """Statements computing every store at one element whose loads read `raws[key]`;
         store i's value goes to `out.format(i)`."""
         inner = Ctx(dict(ctx.names))
@@ -123,67 +126,78 @@ class FlatEmitter(_emitter_base()):
             for n in ns:
                 inner.loads[n.id] = raws[key] if key[1] == "bcast" else self.load_ref(n, raws[key])
         roots = [s.value for s in self.p.stores]
-        lines = self.elem_statements(roots, inner, indent)
+        lines = self.elem_statements(roots, inner, "")
         for i, s in enumerate(self.p.stores):
-            lines.append(f"{indent}{out.format(i)} = (acc_t)({self.expr(s.value, inner)});")
+            lines.append(f"{out.format(i)} = (acc_t)({self.expr(s.value, inner)});")
         return lines
 
     def emit_row_kernel(self) -> str:
         p, plan = self.p, self.plan
-        lines = [f"// {self.describe_rows()}: UNROLL 16-byte chunks per thread in flight, a grid-stride loop",
-                 "// over VEC-element chunks, then the last n % VEC elements one by one.",
-                 "template <typename T, int VEC>",
-                 f"__global__ void __launch_bounds__({plan.block})",
-                 f"{self.kname}_flat(const {self.args_t} A, int64_t n)",
-                 "{",
-                 "  using acc_t = typename sg::Acc<T>::type;",
-                 f"  constexpr int UNROLL = {plan.unroll};",
-                 f"  const int64_t W = {self.expr(p.width, Ctx())}; (void)W;"]
-        ctx = Ctx()
-        lines += self._globals(ctx)
-        for key in self.elem_loads:
-            fld = key[0]
-            lines.append(f"  const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
-                         f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
-        for i, s in enumerate(p.stores):
-            t = self.ctype_of(s.field)
-            lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
-        lines += ["  const int64_t nvec = n / VEC;",
-                  "  const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;"]
-        lines.append("  for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; "
-                     "c0 += step) {")
+        w = CWriter()
+        w.line(f"// {self.describe_rows()}: UNROLL 16-byte chunks per thread in flight, a grid-stride loop")
+        w.line("// over VEC-element chunks, then the last n % VEC elements one by one.")
+        w.line("template <typename T, int VEC>")
+        w.line(f"__global__ void __launch_bounds__({plan.block})")
+        w.line(f"{self.kname}_flat(const {self.args_t} A, int64_t n)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line(f"constexpr int UNROLL = {plan.unroll};")
+            w.line(f"const int64_t W = {self.expr(p.width, Ctx())}; (void)W;")
+            ctx = Ctx()
+            w.lines(self._globals(ctx))
+            for key in self.elem_loads:
+                fld = key[0]
+                w.line(f"const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
+                       f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
+            for i, s in enumerate(p.stores):
+                t = self.ctype_of(s.field)
+                w.line(f"{t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
+            w.line("const int64_t nvec = n / VEC;")
+            w.line("const int64_t step = (int64_t)gridDim.x * blockDim.x * UNROLL;")
+            with w.block("for (int64_t c0 = (int64_t)blockIdx.x * blockDim.x * UNROLL + threadIdx.x; c0 < nvec; "
+                         "c0 += step)"):
+                self.write_chunks(w, ctx)
+            # the tail: the last n % VEC elements, one per thread of the first block
+            with w.block("for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
+                         "e += (int64_t)gridDim.x * blockDim.x)"):
+                self.write_tail_element(w, ctx)
+        return w.text()
+
+    def write_chunks(self, w: CWriter, ctx: Ctx) -> None:
+        """A thread's UNROLL chunks: every load issued first, then the math and the stores."""
         for key in self.streamed():
-            lines.append(f"    {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
-        lines += ["    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
-                  "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
-        for key in self.streamed():
-            pn = self.pointer_name(key)
-            lines.append(f"        sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
-        lines.append("      }")
-        lines += ["    }", "    #pragma unroll", "    for (int u = 0; u < UNROLL; ++u) {",
-                  "      const int64_t c = c0 + (int64_t)u * blockDim.x;", "      if (c < nvec) {"]
-        for i, _ in enumerate(p.stores):
-            lines.append(f"        acc_t st_{i}[VEC];")
-        raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.streamed()}
-        masks: dict = {}  # one index per pattern of spanned dims (the [C] statistics share one)
-        for key in self.elem_loads:
-            if key[1] == "bcast":  # a chunk lies in one row (W % VEC == 0): one base index per chunk
-                pn, present = self.pointer_name(key), self.elem_loads[key][0].attrs["present"]
-                if present not in masks:
-                    masks[present] = f"b_{len(masks)}"
-                    lines += self.bcast_index(key, "c * VEC", masks[present], "        ")
-                step = " + v" if present[-1] else ""
-                raws[key] = self._bcast_ref(key, f"{pn}[{masks[present]}{step}]")
-        lines += ["        #pragma unroll", "        for (int v = 0; v < VEC; ++v) {"]
-        lines += self._element(ctx, raws, "          ", "st_{}[v]")
-        lines.append("        }")
-        for i, _ in enumerate(p.stores):
-            lines.append(f"        sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
-        lines += ["      }", "    }"]
-        lines.append("  }")
-        # the tail: the last n % VEC elements, one per thread of the first block
-        lines.append("  for (int64_t e = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; "
-                     "e += (int64_t)gridDim.x * blockDim.x) {")
+            w.line(f"{self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
+        w.line("#pragma unroll")
+        with w.block("for (int u = 0; u < UNROLL; ++u)"):
+            w.line("const int64_t c = c0 + (int64_t)u * blockDim.x;")
+            with w.block("if (c < nvec)"):
+                for key in self.streamed():
+                    pn = self.pointer_name(key)
+                    w.line(f"sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
+        w.line("#pragma unroll")
+        with w.block("for (int u = 0; u < UNROLL; ++u)"):
+            w.line("const int64_t c = c0 + (int64_t)u * blockDim.x;")
+            with w.block("if (c < nvec)"):
+                for i, _ in enumerate(self.p.stores):
+                    w.line(f"acc_t st_{i}[VEC];")
+                raws = {key: f"l_{self.pointer_name(key)}[u]" for key in self.streamed()}
+                masks: dict = {}  # one index per pattern of spanned dims (the [C] statistics share one)
+                for key in self.elem_loads:
+                    if key[1] == "bcast":  # a chunk lies in one row (W % VEC == 0): one base index per chunk
+                        pn, present = self.pointer_name(key), self.elem_loads[key][0].attrs["present"]
+                        if present not in masks:
+                            masks[present] = f"b_{len(masks)}"
+                            w.lines(self.bcast_index(key, "c * VEC", masks[present]))
+                        step = " + v" if present[-1] else ""
+                        raws[key] = self._bcast_ref(key, f"{pn}[{masks[present]}{step}]")
+                w.line("#pragma unroll")
+                with w.block("for (int v = 0; v < VEC; ++v)"):
+                    w.lines(self._element(ctx, raws, "st_{}[v]"))
+                for i, _ in enumerate(self.p.stores):
+                    w.line(f"sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
+
+    def write_tail_element(self, w: CWriter, ctx: Ctx) -> None:
+        """Element `e` of the tail, read and written one by one."""
         tails, masks = {}, {}
         for key in self.elem_loads:
             pn = self.pointer_name(key)
@@ -191,21 +205,18 @@ class FlatEmitter(_emitter_base()):
                 present = self.elem_loads[key][0].attrs["present"]
                 if present not in masks:
                     masks[present] = f"b_{len(masks)}"
-                    lines += self.bcast_index(key, "e", masks[present], "    ")
+                    w.lines(self.bcast_index(key, "e", masks[present]))
                 tails[key] = self._bcast_ref(key, f"{pn}[{masks[present]}]")
                 continue
-            lines.append(f"    sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[e];")
+            w.line(f"sg::Raw<{self.ctype_of(key[0])}, 1> t_{pn}; t_{pn}.v[0] = {pn}[e];")
             tails[key] = f"t_{pn}"
-        for i, _ in enumerate(p.stores):
-            lines.append(f"    acc_t st_{i}[1];")
-        lines.append("    {")
-        lines.append("      constexpr int v = 0;")
-        lines += self._element(ctx, tails, "      ", "st_{}[0]")
-        lines.append("    }")
-        for i, _ in enumerate(p.stores):
-            lines.append(f"    sg::store_vec<1>(o_{i} + e, st_{i});")
-        lines += ["  }", "}"]
-        return "\n".join(lines)
+        for i, _ in enumerate(self.p.stores):
+            w.line(f"acc_t st_{i}[1];")
+        with w.block():
+            w.line("constexpr int v = 0;")
+            w.lines(self._element(ctx, tails, "st_{}[0]"))
+        for i, _ in enumerate(self.p.stores):
+            w.line(f"sg::store_vec<1>(o_{i} + e, st_{i});")
 
     def _bcast_ref(self, key, element: str) -> str:
         n = self.elem_loads[key][0]
@@ -218,37 +229,35 @@ class FlatEmitter(_emitter_base()):
         from .... import abi
 
         p, plan = self.p, self.plan
-        entry = abi.entry_point(self.spec, self.direction)
         rows = " * ".join(dim_expr(d) for d in p.row_dims) or "(int64_t)1"
-        conds = []
-        for key in self.streamed():
-            conds.append(f"sg::aligned16(A.{key[0]}.data)")
-        for s in p.stores:
-            conds.append(f"sg::aligned16(A.{s.field}.data)")
+        conds = [f"sg::aligned16(A.{key[0]}.data)" for key in self.streamed()]
+        conds += [f"sg::aligned16(A.{s.field}.data)" for s in p.stores]
         if plan.bcasts:
             conds.append("W % VEC == 0")
-        lines = ["template <typename T>",
-                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
-                 f"  const int64_t W = {self.expr(p.width, Ctx())};",
-                 f"  const int64_t n = {rows} * W;",
-                 "  if (n == 0) return cudaSuccess;",
-                 "  constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;",
-                 "  // 16-byte accesses need aligned pointers (offset views may not be); the total size need",
-                 "  // not be a multiple of VEC (scalar tail)",
-                 "  const bool vec_ok = " + ("\n      && ".join(conds) or "true") + ";",
-                 f"  constexpr int BLOCK = {plan.block};",
-                 "  const int vec = vec_ok ? VEC : 1;",
-                 f"  const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * {plan.unroll} - 1) / "
-                 f"((int64_t)BLOCK * {plan.unroll});",
-                 "  // a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest",
-                 "  const int per_sm = vec_ok ? sg::blocks_per_sm<" + f"{self.kname}_flat<T, VEC>>(BLOCK)"
-                 f" : sg::blocks_per_sm<{self.kname}_flat<T, 1>>(BLOCK);",
-                 f"  const int64_t cap = (int64_t)sg::sm_count() * per_sm * {plan.waves};",
-                 "  const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;",
-                 f"  if (vec_ok) {self.kname}_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
-                 f"  else {self.kname}_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);",
-                 "  return cudaGetLastError();", "}", "",
-                 f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
-        dispatch = self.dispatch_field()
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
-        return "\n".join(lines)
+        w = CWriter()
+        w.line("template <typename T>")
+        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)")
+        with w.block():
+            w.line(f"const int64_t W = {self.expr(p.width, Ctx())};")
+            w.line(f"const int64_t n = {rows} * W;")
+            w.line("if (n == 0) return cudaSuccess;")
+            w.line("constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+            w.line("// 16-byte accesses need aligned pointers (offset views may not be); the total size need")
+            w.line("// not be a multiple of VEC (scalar tail)")
+            w.line("const bool vec_ok = " + ("\n    && ".join(conds) or "true") + ";")
+            w.line(f"constexpr int BLOCK = {plan.block};")
+            w.line("const int vec = vec_ok ? VEC : 1;")
+            w.line(f"const int64_t need = ((n + vec - 1) / vec + (int64_t)BLOCK * {plan.unroll} - 1) / "
+                   f"((int64_t)BLOCK * {plan.unroll});")
+            w.line("// a block per BLOCK x UNROLL chunks, at most `waves` waves of resident blocks, striding over the rest")
+            w.line(f"const int per_sm = vec_ok ? sg::blocks_per_sm<{self.kname}_flat<T, VEC>>(BLOCK)"
+                   f" : sg::blocks_per_sm<{self.kname}_flat<T, 1>>(BLOCK);")
+            w.line(f"const int64_t cap = (int64_t)sg::sm_count() * per_sm * {plan.waves};")
+            w.line("const int64_t gx = need < cap ? (need > 0 ? need : 1) : cap;")
+            w.line(f"if (vec_ok) {self.kname}_flat<T, VEC><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);")
+            w.line(f"else {self.kname}_flat<T, 1><<<(unsigned)gx, BLOCK, 0, stream>>>(A, n);")
+            w.line("return cudaGetLastError();")
+        w.line()
+        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname,
+                               self.dispatch_field(), dtypes))
+        return w.text()

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from ...base import AgentRefused
-from ..ctext import Ctx, entry_dispatch
+from ..ctext import Ctx, entry_function
+from ..cwriter import CWriter
 from ..ir import Node, Program
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
@@ -253,23 +254,24 @@ class ScanEmitter(_base()):
         return super().op_expr(node, x)
 
     def _prologue(self, ctx: Ctx) -> list[str]:
-        lines = ["  using acc_t = typename sg::Acc<T>::type;",
-                 f"  const int64_t W = {self.expr(self.p.width, Ctx())}; (void)W;"]
+        """A kernel's first statements: acc_t, W, the global-level values (named in ctx), the pointers."""
+        lines = ["using acc_t = typename sg::Acc<T>::type;",
+                 f"const int64_t W = {self.expr(self.p.width, Ctx())}; (void)W;"]
         for n in self.nodes:
             if n.level == "global" and n.op not in ("dim", "stride"):
                 name = self.var(n)
-                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                lines.append(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
                 ctx.names[n.id] = name
         for key in self.elem_loads:
             fld = key[0]
-            lines.append(f"  const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
+            lines.append(f"const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
                          f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
         for i, s in enumerate(self.p.stores):
             t = self.ctype_of(s.field)
-            lines.append(f"  {t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
+            lines.append(f"{t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
         return lines
 
-    def _element(self, ctx: Ctx, indent: str, roots: list[Node], write: bool) -> list[str]:
+    def _element(self, ctx: Ctx, roots: list[Node], write: bool) -> list[str]:
         """Statements for element `e`: the closure of `roots` (scans update their state),
         and the stores when `write`."""
         inner = Ctx(dict(ctx.names))
@@ -278,150 +280,156 @@ class ScanEmitter(_base()):
             for n in ns:
                 inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
                     if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
-        lines = self.elem_statements(roots, inner, indent)
+        lines = self.elem_statements(roots, inner, "")
         if write:
             for i, s in enumerate(self.p.stores):
                 t = self.ctype_of(s.field)
-                lines.append(f"{indent}o_{i}[e] = sg::from_acc<{t}>((acc_t)({self.expr(s.value, inner)}));")
+                lines.append(f"o_{i}[e] = sg::from_acc<{t}>((acc_t)({self.expr(s.value, inner)}));")
         return lines
 
     def emit_row_kernel(self) -> str:
         plan = self.plan
         roots = [s.value for s in self.p.stores]
-        init = [f"    acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};" for n in self.scans]
         walk = "L - 1 - t" if plan.reverse else "t"
-        lines = [HELPERS, "",
-                 f"// scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the",
-                 "// axis in order (coalesced along inner), each scan a running value in a register",
-                 "template <typename T>", f"__global__ void __launch_bounds__({plan.block})",
-                 f"{self.kname}_scan_lanes(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)", "{"]
-        ctx = Ctx()
-        lines += self._prologue(ctx)
-        lines += ["  const int64_t lanes = outer * inner;",
-                  "  for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
-                  "lane += (int64_t)gridDim.x * blockDim.x) {",
-                  "    const int64_t o = lane / inner, i = lane % inner;"]
-        lines += init
-        lines += ["    for (int64_t t = 0; t < L; ++t) {",
-                  f"      const int64_t e = (o * L + ({walk})) * inner + i;"]
-        lines += self._element(ctx, "      ", roots, True)
-        lines += ["    }", "  }", "}"]
-        if plan.chained:
-            return "\n".join(lines)
-        return "\n".join(lines + [""] + self.emit_tiles())
+        w = CWriter()
+        w.line(HELPERS)
+        w.line()
+        w.line(f"// scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the")
+        w.line("// axis in order (coalesced along inner), each scan a running value in a register")
+        w.line("template <typename T>")
+        w.line(f"__global__ void __launch_bounds__({plan.block})")
+        w.line(f"{self.kname}_scan_lanes(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+        with w.block():
+            ctx = Ctx()
+            w.lines(self._prologue(ctx))
+            w.line("const int64_t lanes = outer * inner;")
+            with w.block("for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
+                         "lane += (int64_t)gridDim.x * blockDim.x)"):
+                w.line("const int64_t o = lane / inner, i = lane % inner;")
+                w.lines(f"acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};" for n in self.scans)
+                with w.block("for (int64_t t = 0; t < L; ++t)"):
+                    w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
+                    w.lines(self._element(ctx, roots, True))
+        if not plan.chained:
+            w.line()
+            self.write_tiles(w)
+        return w.text()
 
-    def emit_tiles(self) -> list[str]:
+    def write_tiles(self, w: CWriter) -> None:
         """The rows kernel: a block per row, the row in tiles of BLOCK * VEC elements; each thread
         one VEC-element chunk (one 16-byte access, coalesced over the warp), scanned in registers,
         the threads' totals scanned over the block (warp shuffles, then the warp totals), the
         tile's values combined with the carry of the tiles before it: one read, one write."""
         plan = self.plan
-        ns = len(self.scans)
         ctx = Ctx()
-        lines = ["// scans along the last axis: a block per row, tiles of BLOCK * VEC elements, a VEC-element",
-                 "// chunk per thread scanned in registers, the chunks' totals scanned over the block",
-                 "template <typename T, int VEC>", f"__global__ void __launch_bounds__({plan.block})",
-                 f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)", "{"]
-        lines += self._prologue(ctx)
-        lines += [f"  constexpr int NW = {plan.block} / 32;",
-                  f"  __shared__ acc_t wsum[{ns}][NW];",
-                  "  const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);",
-                  "  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {"]
-        for k, n in enumerate(self.scans):
-            lines.append(f"    acc_t carry_{k} = {IDENTITY[n.attrs['kind']]};")
-        lines += [f"    for (int64_t base = 0; base < L; base += (int64_t){plan.block} * VEC) {{",
-                  "      const int64_t q0 = base + (int64_t)threadIdx.x * VEC;  // scan order",
-                  "      const bool live = q0 < L;  // L % VEC == 0: a chunk is whole or absent",
-                  f"      const int64_t c0 = row * L + ({'L - q0 - VEC' if plan.reverse else 'q0'});  // memory"]
-        streamed = [k for k in self.elem_loads if k[1] != "col"]
-        for key in streamed:
+        w.line("// scans along the last axis: a block per row, tiles of BLOCK * VEC elements, a VEC-element")
+        w.line("// chunk per thread scanned in registers, the chunks' totals scanned over the block")
+        w.line("template <typename T, int VEC>")
+        w.line(f"__global__ void __launch_bounds__({plan.block})")
+        w.line(f"{self.kname}_scan_rows(const {self.args_t} A, int64_t rows, int64_t L)")
+        with w.block():
+            w.lines(self._prologue(ctx))
+            w.line(f"constexpr int NW = {plan.block} / 32;")
+            w.line(f"__shared__ acc_t wsum[{len(self.scans)}][NW];")
+            w.line("const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);")
+            with w.block("for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)"):
+                w.lines(f"acc_t carry_{k} = {IDENTITY[n.attrs['kind']]};" for k, n in enumerate(self.scans))
+                with w.block(f"for (int64_t base = 0; base < L; base += (int64_t){plan.block} * VEC)"):
+                    self.write_tile_inputs(w, ctx)
+                    self.write_chunk_scans(w)
+                    self.write_warp_totals(w)
+                    self.write_tile_outputs(w, ctx)
+                    w.line("__syncthreads();  // wsum is reused by the next tile")
+
+    def _tile_ctx(self, ctx: Ctx) -> Ctx:
+        """Names for one element of a tile: the chunk's raw registers, [W] parameters by e % W."""
+        inner = Ctx(dict(ctx.names))
+        for key, nodes in self.elem_loads.items():
             pn = self.pointer_name(key)
-            lines.append(f"      {self.raw_type(key)} r_{pn};")
-            lines.append(f"      if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
-        for k, n in enumerate(self.scans):
-            lines.append(f"      acc_t loc_{k}[VEC];")
-        pv = "VEC - 1 - v" if plan.reverse else "v"
+            for node in nodes:
+                if key[1] == "col":
+                    inner.loads[node.id] = f"(acc_t)sg::to_acc({pn}[e % W])" if node.dtype == "float" \
+                        else f"({self.ctype_var(node)})({pn}[e % W])"
+                else:
+                    inner.loads[node.id] = self.load_ref(node, f"r_{pn}")
+        return inner
 
-        def element_ctx():
-            inner = Ctx(dict(ctx.names))
-            for key, nodes in self.elem_loads.items():
-                pn = self.pointer_name(key)
-                for node in nodes:
-                    if key[1] == "col":
-                        inner.loads[node.id] = f"(acc_t)sg::to_acc({pn}[e % W])" if node.dtype == "float" \
-                            else f"({self.ctype_var(node)})({pn}[e % W])"
-                    else:
-                        inner.loads[node.id] = self.load_ref(node, f"r_{pn}")
-            return inner
+    def write_tile_element_loop(self, w: CWriter, comment: str, body: list[str]) -> None:
+        """A loop over the chunk's VEC elements in scan order (pv: the element in memory order)."""
+        w.line("#pragma unroll")
+        with w.block("for (int v = 0; v < VEC; ++v)", comment=comment):
+            w.line(f"const int pv = {'VEC - 1 - v' if self.plan.reverse else 'v'}; (void)pv;")
+            w.line("const int64_t e = c0 + pv; (void)e;")
+            w.lines(b.replace(".v[v]", ".v[pv]") for b in body)  # the raw registers in memory order
 
-        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the scans' inputs",
-                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
-        body = []
-        inner = element_ctx()
-        body += self.elem_statements([n.args[0] for n in self.scans], inner, "        ")
+    def write_tile_inputs(self, w: CWriter, ctx: Ctx) -> None:
+        """This thread's chunk of the tile read, and the scans' inputs at its elements (loc_k)."""
+        w.line("const int64_t q0 = base + (int64_t)threadIdx.x * VEC;  // scan order")
+        w.line("const bool live = q0 < L;  // L % VEC == 0: a chunk is whole or absent")
+        w.line(f"const int64_t c0 = row * L + ({'L - q0 - VEC' if self.plan.reverse else 'q0'});  // memory")
+        for key in (k for k in self.elem_loads if k[1] != "col"):
+            pn = self.pointer_name(key)
+            w.line(f"{self.raw_type(key)} r_{pn};")
+            w.line(f"if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
+        w.lines(f"acc_t loc_{k}[VEC];" for k in range(len(self.scans)))
+        inner = self._tile_ctx(ctx)
+        body = self.elem_statements([n.args[0] for n in self.scans], inner, "")
         for k, n in enumerate(self.scans):
-            ident = IDENTITY[n.attrs["kind"]]
-            body.append(f"        loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {ident};")
-        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
-        lines.append("      }")
+            body.append(f"loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {IDENTITY[n.attrs['kind']]};")
+        self.write_tile_element_loop(w, "the scans' inputs", body)
+
+    def write_chunk_scans(self, w: CWriter) -> None:
+        """Each scan over the chunk in registers, then the chunks' totals over each warp (x_k)."""
         for k, n in enumerate(self.scans):
-            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
-            op = f"sg_scan_op<{kid}>"
-            excl = bool(n.attrs.get("exclusive"))
-            lines += [f"      // scan {k}: the chunk in registers, then the block over the chunks' totals",
-                      f"      acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk",
-                      "      #pragma unroll",
-                      f"      for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
-                      f"loc_{k}[v] = {'pre_' + str(k) if excl else 't_'}; pre_{k} = t_; }}",
-                      f"      acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp",
-                      "      #pragma unroll",
-                      f"      for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
-                      f"if (lane >= o) x_{k} = {op}(y_, x_{k}); }}",
-                      f"      if (lane == 31) wsum[{k}][warp] = x_{k};"]
-        lines.append("      __syncthreads();")
-        lines.append("      if (warp == 0) {  // the warp totals, scanned by the first warp")
+            ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+            kept = f"pre_{k}" if n.attrs.get("exclusive") else "t_"
+            w.line(f"// scan {k}: the chunk in registers, then the block over the chunks' totals")
+            w.line(f"acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk")
+            w.line("#pragma unroll")
+            w.line(f"for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
+                   f"loc_{k}[v] = {kept}; pre_{k} = t_; }}")
+            w.line(f"acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp")
+            w.line("#pragma unroll")
+            w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
+                   f"if (lane >= o) x_{k} = {op}(y_, x_{k}); }}")
+            w.line(f"if (lane == 31) wsum[{k}][warp] = x_{k};")
+
+    def write_warp_totals(self, w: CWriter) -> None:
+        """The warp totals scanned by the first warp, in place in wsum."""
+        w.line("__syncthreads();")
+        with w.block("if (warp == 0)", comment="the warp totals, scanned by the first warp"):
+            for k, n in enumerate(self.scans):
+                ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+                # every scan declares w_: all but the last in braces of their own
+                open_, close = ("{ ", " }") if k + 1 < len(self.scans) else ("", "")
+                w.line(f"{open_}acc_t w_ = lane < NW ? wsum[{k}][lane] : {ident};")
+                w.line("#pragma unroll")
+                w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, w_, o); "
+                       f"if (lane >= o) w_ = {op}(y_, w_); }}")
+                w.line(f"if (lane < NW) wsum[{k}][lane] = w_;{close}")
+        w.line("__syncthreads();")
+
+    def write_tile_outputs(self, w: CWriter, ctx: Ctx) -> None:
+        """Each chunk's prefix from the carry, the warps before it and the lanes before it; the
+        scans' values at its elements, the outputs, stored as one chunk."""
         for k, n in enumerate(self.scans):
-            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
-            op = f"sg_scan_op<{kid}>"
-            lines += [f"        acc_t w_ = lane < NW ? wsum[{k}][lane] : {ident};",
-                      "        #pragma unroll",
-                      f"        for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, w_, o); "
-                      f"if (lane >= o) w_ = {op}(y_, w_); }}",
-                      f"        if (lane < NW) wsum[{k}][lane] = w_;"]
-            if k + 1 < len(self.scans):
-                lines[-4] = lines[-4].replace("acc_t w_ =", "{ acc_t w_ =", 1)
-                lines[-1] += " }"
-        lines.append("      }")
-        lines.append("      __syncthreads();")
+            ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+            w.line(f"acc_t xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);")
+            w.line(f"if (lane == 0) xe_{k} = {ident};")
+            w.line(f"const acc_t before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
+                   f"xe_{k}));  // everything before this chunk")
+            w.line(f"carry_{k} = {op}(carry_{k}, wsum[{k}][NW - 1]);")
+        w.lines(f"acc_t st_{i}[VEC];" for i in range(len(self.p.stores)))
+        inner = self._tile_ctx(ctx)
         for k, n in enumerate(self.scans):
-            kid, ident = KIND_ID[n.attrs["kind"]], IDENTITY[n.attrs["kind"]]
-            op = f"sg_scan_op<{kid}>"
-            lines += [f"      acc_t xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);",
-                      f"      if (lane == 0) xe_{k} = {ident};",
-                      f"      const acc_t before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
-                      f"xe_{k}));  // everything before this chunk",
-                      f"      carry_{k} = {op}(carry_{k}, wsum[{k}][NW - 1]);"]
-        for i, _ in enumerate(self.p.stores):
-            lines.append(f"      acc_t st_{i}[VEC];")
-        lines += ["      #pragma unroll", "      for (int v = 0; v < VEC; ++v) {  // the values and the outputs",
-                  f"        const int pv = {pv}; (void)pv;", "        const int64_t e = c0 + pv; (void)e;"]
-        inner = element_ctx()
-        for k, n in enumerate(self.scans):
-            kid = KIND_ID[n.attrs["kind"]]
-            name = f"sv_{k}"
-            inner.names[n.id] = name
-        body = []
-        for k, n in enumerate(self.scans):
-            body.append(f"        const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);")
-        body += self.elem_statements([s.value for s in self.p.stores], inner, "        ")
+            inner.names[n.id] = f"sv_{k}"
+        body = [f"const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
+                for k, n in enumerate(self.scans)]
+        body += self.elem_statements([s.value for s in self.p.stores], inner, "")
         for i, st in enumerate(self.p.stores):
-            body.append(f"        st_{i}[pv] = (acc_t)({self.expr(st.value, inner)});")
-        lines += [b.replace(".v[v]", ".v[pv]") for b in body]
-        lines.append("      }")
-        for i, _ in enumerate(self.p.stores):
-            lines.append(f"      if (live) sg::store_vec<VEC>(o_{i} + c0, st_{i});")
-        lines += ["      __syncthreads();  // wsum is reused by the next tile", "    }", "  }", "}"]
-        return lines
+            body.append(f"st_{i}[pv] = (acc_t)({self.expr(st.value, inner)});")
+        self.write_tile_element_loop(w, "the values and the outputs", body)
+        w.lines(f"if (live) sg::store_vec<VEC>(o_{i} + c0, st_{i});" for i in range(len(self.p.stores)))
 
     def emit_finalize(self) -> str:
         return ""
@@ -435,31 +443,36 @@ class ScanEmitter(_base()):
         size = [self.expr(d, ctx) for d in shape]
         outer = " * ".join(f"(int64_t){s}" for s in size[:plan.axis]) or "(int64_t)1"
         inner = " * ".join(f"(int64_t){s}" for s in size[plan.axis + 1:]) or "(int64_t)1"
-        entry = abi.entry_point(self.spec, self.direction)
-        lines = ["template <typename T>",
-                 f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)", "{",
-                 f"  const int64_t outer = {outer}, L = (int64_t){size[plan.axis]}, inner = {inner};",
-                 "  if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;",
-                 f"  const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave"]
-        if not plan.chained:
-            conds = [f"sg::aligned16(A.{k[0]}.data)" for k in self.elem_loads if k[1] != "col"]
-            conds += [f"sg::aligned16(A.{st.field}.data)" for st in self.p.stores]
-            lines += ["  if (inner == 1) {  // the last axis: a block per row, tiles of 16-byte chunks",
-                      "    constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;",
-                      "    const bool vec_ok = L % VEC == 0" + "".join(f" && {c}" for c in conds) + ";",
-                      "    const int64_t gx = outer < cap ? outer : cap;",
-                      f"    if (vec_ok) {self.kname}_scan_rows<T, VEC><<<(unsigned)gx, {plan.block}, 0, stream>>>"
-                      "(A, outer, L);",
-                      f"    else {self.kname}_scan_rows<T, 1><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L);",
-                      "    return cudaGetLastError();", "  }"]
-        lines += [f"  const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};",
-                  "  const int64_t gx = need < cap ? need : cap;",
-                  f"  {self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);",
-                  "  return cudaGetLastError();", "}", "",
-                  f'extern "C" cudaError_t {entry}(const {self.args_t}* a, cudaStream_t stream)', "{"]
-        dispatch = self.dispatch_field()
-        lines += entry_dispatch(self.kname, dispatch, dtypes)
-        return "\n".join(lines)
+        w = CWriter()
+        w.line("template <typename T>")
+        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)")
+        with w.block():
+            w.line(f"const int64_t outer = {outer}, L = (int64_t){size[plan.axis]}, inner = {inner};")
+            w.line("if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;")
+            w.line(f"const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave")
+            if not plan.chained:
+                self.write_rows_launch(w)
+            w.line(f"const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};")
+            w.line("const int64_t gx = need < cap ? need : cap;")
+            w.line(f"{self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);")
+            w.line("return cudaGetLastError();")
+        w.line()
+        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname,
+                               self.dispatch_field(), dtypes))
+        return w.text()
+
+    def write_rows_launch(self, w: CWriter) -> None:
+        """The rows kernel's launch, taken when the scanned axis is the last one."""
+        block = self.plan.block
+        conds = [f"sg::aligned16(A.{k[0]}.data)" for k in self.elem_loads if k[1] != "col"]
+        conds += [f"sg::aligned16(A.{st.field}.data)" for st in self.p.stores]
+        with w.block("if (inner == 1)", comment="the last axis: a block per row, tiles of 16-byte chunks"):
+            w.line("constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
+            w.line("const bool vec_ok = L % VEC == 0" + "".join(f" && {c}" for c in conds) + ";")
+            w.line("const int64_t gx = outer < cap ? outer : cap;")
+            w.line(f"if (vec_ok) {self.kname}_scan_rows<T, VEC><<<(unsigned)gx, {block}, 0, stream>>>(A, outer, L);")
+            w.line(f"else {self.kname}_scan_rows<T, 1><<<(unsigned)gx, {block}, 0, stream>>>(A, outer, L);")
+            w.line("return cudaGetLastError();")
 
 
 __all__ = ["scan_directions", "Rev", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
