@@ -46,6 +46,16 @@ NO_GPU = "no-gpu"
 TAG = "ATTACKS-V2-RESULT "
 
 
+def suite_specs(folder: Path) -> Path:
+    """The specs a suite was written against: its own specs/ when it has one.
+
+    A spec can change after a suite is written (cross_entropy and rmsnorm gained saved
+    statistics, new ABI outputs): verified against the new spec, an old kernel leaves the new
+    output unwritten and every one of its rows is decided by that, not by its attack."""
+    own = folder / "specs"
+    return own if own.is_dir() else REPO / "specs"
+
+
 def load_manifest(folder: Path) -> list[dict]:
     """The manifest's kernel entries; the manifest and the folder's .cu files must agree."""
     data = json.loads((folder / "manifest.json").read_text())
@@ -162,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the attack folder with its manifest.json (default heldout/attacks-v2)")
     parser.add_argument("--out", "--json", dest="out", type=Path, help="write every row and a summary here as JSON")
     parser.add_argument("--only", nargs="*", default=[], help="only files whose name contains one of these")
-    parser.add_argument("--specs", type=Path, default=REPO / "specs", help="folder of <spec>.yaml (default specs/)")
+    parser.add_argument("--specs", type=Path, default=None,
+                        help="folder of <spec>.yaml (default: the suite's own specs/, the specs it was written "
+                             "against; else the repo's specs/)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per verification (default 3600)")
     parser.add_argument("--bench-timeout", type=float, default=1800.0, help="seconds per benchmark (default 1800)")
     parser.add_argument("--no-bench", action="store_true", help="verify only")
@@ -177,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = args.folder.resolve()
     entries = load_manifest(folder)
+    specs = args.specs or suite_specs(folder)
     if args.only:
         entries = [e for e in entries if any(s in e["file"] for s in args.only)]
     if not entries:
@@ -187,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for entry in entries:
         kernel = folder / entry["file"]
-        spec_path = args.specs / f"{entry['spec']}.yaml"
+        spec_path = specs / f"{entry['spec']}.yaml"
         result = run_verify(kernel, spec_path, args.timeout, args.sanitize)
         if args.no_bench or result["reason"] != "passed":
             result["bench"] = "skipped"

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--only", nargs="*", default=[], help="run only kernels whose file name contains one of these")
-    parser.add_argument("--specs", type=Path, default=REPO / "specs", help="folder holding <spec>.yaml (default: specs/)")
+    parser.add_argument("--specs", type=Path, default=ATTACKS / "specs",
+                        help="folder holding <spec>.yaml (default: attacks/specs/, the specs the suite was "
+                             "written against)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds allowed per kernel (default 3600)")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--spec-file", type=Path, help=argparse.SUPPRESS)
