@@ -1,7 +1,8 @@
 """The level-1 suite on the CPU: every spec of the development suite (benchmarks/level1/specs)
-and of the held-out set (heldout/problems) passes `specgen check`; the benchmark's row and
-summary logic (benchmarks/level1_bench.py) on fabricated timings; and which development specs
-the built-in generator lowers today, against benchmarks/level1/EXPECTED_REFUSALS.txt.
+and of the held-out sets (heldout/problems, problems-v2, problems-v3) passes `specgen check`;
+the benchmark's row and summary logic (benchmarks/level1_bench.py) on fabricated timings; and
+which development specs the built-in generator lowers today, against
+benchmarks/level1/EXPECTED_REFUSALS.txt.
 
 The held-out specs are only checked here (never lowered, never listed in a message): the
 generator's developers must not read them (heldout/problems/README.md)."""
@@ -19,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEV = REPO / "benchmarks" / "level1" / "specs"
 HELDOUT = REPO / "heldout" / "problems"
 HELDOUT_V2 = REPO / "heldout" / "problems-v2"  # written in session 17 (a family outside #12's list: pool)
+HELDOUT_V3 = REPO / "heldout" / "problems-v3"  # written in session 20
 EXPECTED_REFUSALS = REPO / "benchmarks" / "level1" / "EXPECTED_REFUSALS.txt"
 FAMILIES = {"pointwise", "reduce_last", "reduce_middle", "reduce_multi", "reduce_all", "reduce_first", "arg_reduce",
             "scan", "row_norm", "channel_norm", "loss", "pool"}
@@ -38,11 +40,12 @@ bench = _bench()
 # ------------------------------------------------------------------ the specs
 
 def test_suites_are_large_enough_and_every_spec_has_a_family():
-    dev, held, v2 = (sorted(folder.glob("*.yaml")) for folder in (DEV, HELDOUT, HELDOUT_V2))
-    assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12
-    assert not {p.stem for p in dev} & {p.stem for p in held + v2}, "a held-out problem repeats a development one"
+    dev, held, v2, v3 = (sorted(folder.glob("*.yaml")) for folder in (DEV, HELDOUT, HELDOUT_V2, HELDOUT_V3))
+    assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12 and len(v3) >= 14
+    assert not {p.stem for p in dev} & {p.stem for p in held + v2 + v3}, "a held-out problem repeats a development one"
     assert not {p.stem for p in held} & {p.stem for p in v2}, "the second held-out set repeats the first"
-    for path in dev + held + v2:
+    assert not {p.stem for p in held + v2} & {p.stem for p in v3}, "the third held-out set repeats an earlier one"
+    for path in dev + held + v2 + v3:
         assert bench.spec_family(path) in FAMILIES, f"{path.name}: first line must be '# family: NAME'"
     counts = {}
     for path in dev:
@@ -57,7 +60,8 @@ def test_every_spec_passes_check():
 
     sandbox = shared_sandbox()
     failures = []
-    for path in sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")) + sorted(HELDOUT_V2.glob("*.yaml")):
+    for path in (sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")) + sorted(HELDOUT_V2.glob("*.yaml"))
+                 + sorted(HELDOUT_V3.glob("*.yaml"))):
         result = check_spec(path, samples=1, sandbox=sandbox)
         if not result.ok:
             failures.append(f"{path.relative_to(REPO)}: {result.error}")

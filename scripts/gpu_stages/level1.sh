@@ -10,7 +10,8 @@
 #   (decode | large | all, default all), LEVEL1_ONLY (spec names, comma-separated), LEVEL1_SHARD (K/N:
 #   every N-th spec from the K-th, to split the suite over several calls; merge with --merge),
 #   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_ARGS (more benchmarks/level1_bench.py flags),
-#   LEVEL1_HELDOUT_DIR (the held-out folder, default heldout/problems; heldout/problems-v2 is the second set).
+#   LEVEL1_HELDOUT_DIR (the held-out folder, default heldout/problems; heldout/problems-v2 and
+#   heldout/problems-v3 are the second and third sets).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
