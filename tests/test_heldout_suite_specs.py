@@ -63,3 +63,25 @@ def test_cross_entropy_snapshot_predates_the_saved_statistic():
     today = load_spec(HELDOUT.parent / "specs" / "cross_entropy.yaml")
     then = load_spec(HELDOUT / "attacks-v2" / "specs" / "cross_entropy.yaml")
     assert today.saved and not then.saved
+
+
+def _verify_suite():
+    spec = importlib.util.spec_from_file_location(
+        "verify_suite", HELDOUT.parent / "scripts" / "gpu_stages" / "verify_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_verify_stage_uses_the_spec_each_kernel_was_written_against():
+    """Session 20 found the GPU stage verifying tests/adversarial's rmsnorm kernels against
+    today's rmsnorm (saved rstd): four verdicts were 'unwritten-output' instead of their attack's."""
+    suite = _verify_suite()
+    repo = HELDOUT.parent
+    adversarial = repo / "tests" / "adversarial" / "rmsnorm_fixed_eps.cu"
+    assert suite.spec_path_for("rmsnorm", adversarial) == repo / "tests" / "verify_specs" / "rmsnorm.yaml"
+    assert not load_spec(suite.spec_path_for("rmsnorm", adversarial)).saved
+    held = HELDOUT / "attacks" / "rmsnorm_x.cu"
+    assert suite.spec_path_for("rmsnorm", held) == HELDOUT / "attacks" / "specs" / "rmsnorm.yaml"
+    committed = repo / "specs" / "kernels" / "rmsnorm.cu"
+    assert suite.spec_path_for("rmsnorm", committed) == repo / "specs" / "rmsnorm.yaml"

@@ -508,6 +508,20 @@ def test_a_memo_keyed_on_a_sampled_fingerprint_is_caught_by_the_model_loop_check
     assert honest.passed, honest.summary()
 
 
+def test_a_memo_only_at_launch_bound_sizes_is_caught_by_the_model_loop_check(gelu):
+    """A result table keyed on a sampled fingerprint, used only at small sizes (held-out
+    attacks-v2's sampled memo gated on N*C): the model-loop check also runs at launch-bound
+    cases, not only at the large one (where it never meets the memo)."""
+    from specgen.verify.strategies import case_elements, large_case
+
+    options = Options(examples=0, budget=1 << 13, full_size=False)
+    big = large_case(gelu, options.budget, options.seed)
+    assert case_elements(gelu.signature, big.dim_map) > fakes.MEMO_SMALL_ELEMENTS  # the large case misses it
+    verdict = verdict_of(gelu, fakes.PyKernel(gelu, fakes.memo_at_launch_bound_sizes), options)
+    assert verdict.reason == "post-timing-mismatch", verdict.summary()
+    assert "changed in place" in verdict.detail
+
+
 def test_the_cadence_holds_no_more_input_sets_than_fit():
     """At a benchmark shape where only two sets fit beside each other, the cadence rotates two
     (three asked the H200 for a 48 GB arena at a 4.3 GB shape, beside the fresh run's)."""

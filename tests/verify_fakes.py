@@ -223,6 +223,28 @@ def memo_by_sampled_fingerprint(k, t, dims):
     state["out"] = out[at].tolist()
 
 
+MEMO_SMALL_ELEMENTS = 4096  # memo_at_launch_bound_sizes works only up to here
+
+
+def memo_at_launch_bound_sizes(k, t, dims):
+    """A memo only where launches dominate (at most MEMO_SMALL_ELEMENTS elements): a table of
+    results keyed on 32 sampled input words; on a hit it writes the remembered output and skips
+    the work. Larger calls are computed honestly, so a check at a large case never meets it."""
+    x, out = t["x"].view(-1), t["out"].view(-1)
+    n = x.numel()
+    if n > MEMO_SMALL_ELEMENTS or not n:
+        return gelu_forward(k, t, dims)
+    at = torch.tensor([i * (n - 1) // 31 for i in range(32)])
+    key = (n, str(x.dtype), tuple(x[at].tolist()))
+    table = k.__dict__.setdefault("memo_table", {})
+    if key in table:
+        out.copy_(table[key])
+        return 0
+    gelu_forward(k, t, dims)
+    table[key] = out.clone()
+    return 0
+
+
 class WorkspaceKernel(PyKernel):
     """A stand-in with a size function: `size(dims)` bytes of workspace per call (the verifier
     passes it as tensors["workspace"]); `seen` keeps each call's (direction, bytes asked, bytes

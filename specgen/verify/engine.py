@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -200,15 +201,32 @@ class Session:
         fresh = self.prepare(fresh_case(big, big.seed + 1000, self.domain), direction)
         check_repeated_calls(self.runner, data, fresh)
         del fresh
-        self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed")
-        loop = prepare(self.spec, dataclasses.replace(big, seed=big.seed + 2000), direction, self.device, later=True)
-        stage(self.runner, loop, snapshots=False)
-        check_stale_output_loop(self.runner, loop, seed=opts.seed)
-        self.cases += 2
+        for number, looped in enumerate([big, *self.launch_bound_cases()]):
+            self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed, "
+                          f"{looped.describe()}")
+            loop = prepare(self.spec, dataclasses.replace(looped, seed=looped.seed + 2000), direction, self.device,
+                           later=True)
+            stage(self.runner, loop, snapshots=False)
+            check_stale_output_loop(self.runner, loop, seed=opts.seed + number)
+            self.cases += 2
         t = self.phase("repeated-calls", t)
         self.endurance(direction, [smoke_case(spec, opts.seed + 5)] + boundary[:3] + [big])
         self.phase("endurance", t)
         return False
+
+    def launch_bound_cases(self) -> list[Case]:
+        """Small cases for the model-loop check besides the large one: a memo that only works at
+        launch-bound sizes (where skipping the work pays and a table of results is cheap) never
+        runs at the large case. The smoke case, and the smallest benchmark shape within the budget."""
+        spec, seed = self.spec, self.options.seed
+        cases = [smoke_case(spec, seed + 11)]
+        if spec.benchmark:
+            sig = spec.signature
+            smallest = min(spec.benchmark, key=lambda shape: math.prod(int(v) for v in shape.values()))
+            dims = fit_budget(sig, {s: int(smallest[s]) for s in sig.symbols()}, spec.dims, self.options.budget)
+            if dims != cases[0].dim_map:
+                cases.append(make_case(dims, spec.dtypes[-1], seed=seed + 12))
+        return cases
 
     def endurance(self, direction: str, again: list[Case]) -> None:
         """The kernel called as often as a long run calls it, then the cases `again` checked anew."""
