@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base import AgentRefused
-from . import ir
+from . import ir, scalar_constants
 from .ir import Node, Program, Store, const, is_const, level_of
 from .families import broadcast, scan
 from .modules import Uninit, constant_value, lower_copy
@@ -358,12 +358,18 @@ class Lowering:
                 raise self.refuse(fx_node, "a flip (torch.flip) outside a scan along the flipped dim")
             return got
         if isinstance(arg, (bool, int, float)):
-            if isinstance(arg, float) and arg in self.t.scalar_sentinels:
-                return Val(Node("scalar", level="global", dtype="float",
-                                attrs={"field": self.t.scalar_sentinels[arg]},
-                                name=self.t.scalar_sentinels[arg]), ())
+            hit = scalar_constants.match(arg, self.t.scalar_forms) if isinstance(arg, float) else None
+            if hit is not None:
+                return Val(self.scalar_expression(*hit, fx_node), ())
             return Val(const(arg), ())
         raise self.refuse(fx_node, f"an operand of type {type(arg).__name__}")
+
+    def scalar_expression(self, form: str, field: str, fx_node) -> Node:
+        """A number the reference computed from a float scalar (1 / alpha), as IR on the scalar."""
+        node = Node("scalar", level="global", dtype="float", attrs={"field": field}, name=field)
+        for op in scalar_constants.FORMS[form][1]:
+            node = self.pointwise("mul", [node, node], fx_node) if op == "square" else self.pointwise(op, [node], fx_node)
+        return node
 
     # ---------------------------------------------------------------- node builders
     def pointwise(self, op: str, args: list[Node], fx_node, dtype: str | None = None) -> Node:

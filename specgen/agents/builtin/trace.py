@@ -23,10 +23,12 @@ from ...saved import saved_expressions
 from ..base import AgentRefused
 from .families.scan import trace_decompositions
 from .modules import modules_as_constants
+from .scalar_constants import differing_constants, forms_of
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
 TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
 SENTINEL_BASE = 0.000123456789  # float scalars trace as SENTINEL_BASE * (index + 1)
+OTHER_SENTINEL_BASE = 0.000345678912  # a second trace: what changes with it was computed from a scalar
 
 
 @dataclass
@@ -38,6 +40,8 @@ class Traced:
     outputs: list[str]  # ABI field of each graph output, in order (None: not a kernel output)
     dims: dict[str, int]  # the example size of each symbol
     scalar_sentinels: dict[float, str] = field(default_factory=dict)  # traced value -> scalar field
+    # every number recognised as computed from a scalar (scalar_constants.FORMS): value -> (form, field)
+    scalar_forms: dict[float, tuple[str, str]] = field(default_factory=dict)
 
 
 def trace_dims(spec) -> dict[str, int]:
@@ -81,11 +85,11 @@ def _example_inputs(spec, dims: dict[str, int]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _scalars(spec) -> tuple[dict[str, object], dict[float, str]]:
+def _scalars(spec, base: float = SENTINEL_BASE) -> tuple[dict[str, object], dict[float, str]]:
     values, sentinels = {}, {}
     for index, p in enumerate(spec.signature.scalars):
         if p.type.kind == "float":
-            value = SENTINEL_BASE * (index + 1)
+            value = base * (index + 1)
             values[p.name] = value
             sentinels[value] = p.name
         else:
@@ -125,11 +129,11 @@ def decompositions() -> dict:
     return table
 
 
-def trace(spec, direction: str) -> Traced:
+def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, check_scalars: bool = True) -> Traced:
     sig = spec.signature
     dims = trace_dims(spec)
     examples = _example_inputs(spec, dims)
-    scalars, sentinels = _scalars(spec)
+    scalars, sentinels = _scalars(spec, sentinel_base)
     fn = spec.reference_fn()
     names = [p.name for p in sig.inputs]
     floating = [n for n, p in zip(names, sig.inputs) if p.type.differentiable]  # what the backward differentiates
@@ -181,12 +185,26 @@ def trace(spec, direction: str) -> Traced:
         raise AgentRefused(f"{location}: the builtin generator cannot trace the {direction} of the reference "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
-    traced = Traced(spec, direction, graph, placeholders, outputs, dims, sentinels)
+    traced = Traced(spec, direction, graph, placeholders, outputs, dims, sentinels, forms_of(sentinels))
     _refuse_specialized_sizes(traced)
     # values nothing reads (a module's discarded scratch tensors, e.g. BatchNorm in eval mode)
     # are not lowered: fx keeps ops with side effects (in-place writes), which are refused
     graph.graph.eliminate_dead_code()
+    if sentinels and check_scalars:
+        _refuse_unexpressed_scalar_numbers(traced)
     return traced
+
+
+def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
+    """Traced again with other sentinels: every number that changed must be one the lowering
+    writes as an expression of its scalar (scalar_constants), or the graph is refused."""
+    spec, direction = traced.spec, traced.direction
+    other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, check_scalars=False)
+    why = differing_constants(traced.graph, other.graph, traced.scalar_forms, other.scalar_forms)
+    if why:
+        raise AgentRefused(f"{spec.path}: the {direction} of the reference: {why}; the kernel would hold the "
+                           f"traced value for every value of the scalar. Use an LLM agent "
+                           f"(--agent openai|anthropic|openai-compatible)")
 
 
 def _refuse_specialized_sizes(traced: Traced) -> None:

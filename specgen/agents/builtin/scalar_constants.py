@@ -1,0 +1,80 @@
+"""Numbers the reference computes from a float scalar while it is traced.
+
+Float scalars trace as sentinel values (trace.SENTINEL_BASE x (index + 1)) and the lowering
+maps a sentinel back to its ABI field. A decomposition may also compute a number from the
+scalar in Python (CELU's backward multiplies by 1 / alpha): such a number must become an
+expression of the scalar, never a constant baked into the kernel (a held-out CELU's backward
+was exp(x * 8100) for every alpha). FORMS lists the numbers recognised; `differing_constants`
+compares two traces made with different sentinels, so that a number computed from a scalar in
+any other way is refused instead of baked in.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# form -> (its value from the scalar's value, the IR ops applied to the scalar in order;
+# "square" is mul(x, x))
+FORMS: dict[str, tuple] = {
+    "identity": (lambda s: s, ()),
+    "neg": (lambda s: -s, ("neg",)),
+    "reciprocal": (lambda s: 1.0 / s, ("reciprocal",)),
+    "neg_reciprocal": (lambda s: -1.0 / s, ("reciprocal", "neg")),
+    "square": (lambda s: s * s, ("square",)),
+    "sqrt": (math.sqrt, ("sqrt",)),
+    "rsqrt": (lambda s: 1.0 / math.sqrt(s), ("rsqrt",)),
+    "log": (math.log, ("log",)),
+}
+_REL = 1e-6  # the traced number is the form in double, or of the scalar rounded to float32 (CELU: 1 / alpha)
+
+
+def forms_of(sentinels: dict[float, str]) -> dict[float, tuple[str, str]]:
+    """Every recognised number of every scalar: value -> (form, scalar field)."""
+    table: dict[float, tuple[str, str]] = {}
+    for value, name in sentinels.items():
+        for form, (fn, _) in FORMS.items():
+            table[fn(value)] = (form, name)
+    return table
+
+
+def match(value: float, table: dict[float, tuple[str, str]]) -> tuple[str, str] | None:
+    """The (form, scalar) a traced float is, if any."""
+    if value in table:
+        return table[value]
+    for known, hit in table.items():
+        if known != 0.0 and abs(value - known) <= _REL * abs(known):
+            return hit
+    return None
+
+
+def _floats(arg) -> list[float]:
+    if isinstance(arg, float):
+        return [arg]
+    if isinstance(arg, (list, tuple)):
+        return [f for a in arg for f in _floats(a)]
+    if isinstance(arg, dict):
+        return [f for a in arg.values() for f in _floats(a)]
+    return []
+
+
+def differing_constants(first: torch.fx.GraphModule, second: torch.fx.GraphModule,
+                        table_first: dict, table_second: dict) -> str | None:
+    """Why two traces of one reference, made with different sentinels, do not differ only in
+    recognised numbers of the scalars (None: they do). Each float that changed must be the
+    same form of the same scalar in both."""
+    nodes_a, nodes_b = list(first.graph.nodes), list(second.graph.nodes)
+    if len(nodes_a) != len(nodes_b) or any(a.target != b.target for a, b in zip(nodes_a, nodes_b)):
+        return "its graph changes with the scalar's value (a Python branch on a scalar)"
+    for a, b in zip(nodes_a, nodes_b):
+        floats_a, floats_b = _floats((a.args, a.kwargs)), _floats((b.args, b.kwargs))
+        if len(floats_a) != len(floats_b):
+            return f"{a.target}'s arguments change with the scalar's value"
+        for x, y in zip(floats_a, floats_b):
+            if x == y:
+                continue
+            hit = match(x, table_first)
+            if hit is None or match(y, table_second) != hit:
+                return (f"{a.target} takes {x!r}, a number computed from a scalar in a way the built-in "
+                        f"generator cannot express (it knows {', '.join(FORMS)})")
+    return None

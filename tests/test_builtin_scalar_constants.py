@@ -1,0 +1,67 @@
+"""Numbers the reference computes from a float scalar while it is traced become expressions
+of the scalar (builtin/scalar_constants.py), or the spec is refused: never a constant baked in.
+A held-out CELU was lowered with exp(x * 8100) in its backward (1 / alpha at the traced
+sentinel) for every alpha, and every variant failed verification on the H200 (session 20)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from builtin_support import own_spec
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin.generator import lower_spec
+from specgen.agents.builtin.interp import run_program
+from specgen.agents.builtin.scalar_constants import FORMS, forms_of, match
+from specgen.spec import load_spec
+
+
+def _backward_at(spec, alpha: float, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the lowered backward's grad_x by the CPU interpreter, autograd's) at this alpha."""
+    ref = spec.reference_fn()
+    leaf = x.clone().requires_grad_()
+    out = ref(leaf, alpha)
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
+    (want,) = torch.autograd.grad(out, leaf, grad_out)
+    got = {"grad_x": torch.full_like(x, float("nan"))}
+    n, d = x.shape
+    run_program(lower_spec(spec)["backward"], {"x": x, "out": out.detach(), "grad_out": grad_out},
+                {"alpha": alpha}, {"N": n, "D": d}, got)
+    return got["grad_x"], want
+
+
+@pytest.mark.parametrize("alpha", [0.1, 1.0, 2.7])
+def test_celu_backward_follows_alpha(alpha):
+    spec = own_spec("elu_scaled")
+    x = torch.randn(5, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    got, want = _backward_at(spec, alpha, x)
+    # torch's CELU backward takes 1 / alpha of alpha rounded to float32 (1e-8 off in float64);
+    # the kernel's is exact. A baked-in 1 / alpha at the traced value would be off by orders.
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-9)
+
+
+def test_a_number_computed_from_a_scalar_in_an_unknown_way_is_refused(tmp_path):
+    path = tmp_path / "odd_scale.yaml"
+    path.write_text(
+        "name: odd_scale\n"
+        "description: x times a number computed from the scalar in Python (alpha * 1.0507)\n"
+        'signature: "odd_scale(x: Tensor[N, D], alpha: float = 1.0) -> Tensor[N, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {N: [1, 64], D: [1, 256]}\n"
+        "reference: |\n"
+        "  def reference(x, alpha=1.0):\n"
+        "      return x * (alpha * 1.0507 + 0.25)\n")
+    with pytest.raises(AgentRefused, match=r"computed from a scalar.*LLM agent"):
+        lower_spec(load_spec(path))
+
+
+def test_every_form_is_matched_back_to_its_scalar_and_nothing_else_is():
+    sentinels = {0.000123456789: "alpha", 0.000246913578: "beta"}
+    table = forms_of(sentinels)
+    for value, name in sentinels.items():
+        for form, (fn, _) in FORMS.items():
+            assert match(fn(value), table) == (form, name)
+            assert match(float(torch.tensor(fn(value), dtype=torch.float32)), table) == (form, name)
+    for plain in (0.0, 1.0, -1.0, 0.5, 2.0, math.pi, 1e-5, 0.044715, 8192.0):
+        assert match(plain, table) is None
