@@ -39,8 +39,8 @@ class Traced:
     inputs: list[str]  # ABI field of each placeholder, in order
     outputs: list[str]  # ABI field of each graph output, in order (None: not a kernel output)
     dims: dict[str, int]  # the example size of each symbol
-    scalar_sentinels: dict[float, str] = field(default_factory=dict)  # traced value -> scalar field
-    # every number recognised as computed from a scalar (scalar_constants.FORMS): value -> (form, field)
+    # each float scalar's sentinel and every number recognised as computed from it
+    # (scalar_constants.FORMS, "identity" the sentinel itself): traced value -> (form, field)
     scalar_forms: dict[float, tuple[str, str]] = field(default_factory=dict)
 
 
@@ -185,7 +185,7 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, check_s
         raise AgentRefused(f"{location}: the builtin generator cannot trace the {direction} of the reference "
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
-    traced = Traced(spec, direction, graph, placeholders, outputs, dims, sentinels, forms_of(sentinels))
+    traced = Traced(spec, direction, graph, placeholders, outputs, dims, forms_of(sentinels))
     _refuse_specialized_sizes(traced)
     # values nothing reads (a module's discarded scratch tensors, e.g. BatchNorm in eval mode)
     # are not lowered: fx keeps ops with side effects (in-place writes), which are refused
