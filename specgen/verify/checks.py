@@ -148,7 +148,8 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
                 tolerance = element_tolerance(got.dtype, truth, atol, data.rtol, ref, widen=rule)
             if data.keep_tolerance:
                 data.tolerance[slot.name] = tolerance
-        mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance)
+        mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance,
+                           alternative=data.alternative.get(slot.name))
         if stats is not None and got.is_floating_point():
             _record_tolerance(stats, got, truth, rule or widening_rule(ref, truth), ref)
         if mismatch is not None:
@@ -198,6 +199,7 @@ def refill(runner, data: CaseData, fresh: CaseData) -> None:
     if data.snapshots:
         data.snapshots = {name: s.clone() for name, s in data.storages.items()}
     data.truth, data.reference, data.atol = fresh.truth, fresh.reference, fresh.atol
+    data.alternative = fresh.alternative
     synchronize(data.device)
 
 
