@@ -43,3 +43,11 @@ def test_the_cpu_truth_is_kept_only_when_it_differs_and_inputs_are_not_finite():
     assert calls == ["cpu"]
     same = {"grad_x": torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)}
     assert alternative_truth(derive, {"x": torch.tensor([1.0, NAN, 2.0])}, same, device_type="cuda") == {}
+
+
+def test_a_reference_that_fails_on_the_cpu_leaves_the_gpu_truth_alone():
+    def derive(staged: dict):
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    truth = {"grad_x": torch.tensor([1.0, 1.0], dtype=torch.float64)}
+    assert alternative_truth(derive, {"x": torch.tensor([1.0, NAN])}, truth, device_type="cuda") == {}
