@@ -23,7 +23,7 @@ from .... import abi
 from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
 from ..cwriter import CWriter
 from ..emit import DirectionEmitter
-from ..ir import Node
+from ..ir import Node, Store
 from ..prelude import PRELUDE, with_optional_preludes
 from ..schedule import DEFAULT_VARIANT, Variant
 from .axis_reduce import AxisProgram
@@ -180,6 +180,11 @@ class AxisEmitter(DirectionEmitter):
     def is_arg(self, n: Node) -> bool:
         return n.attrs["kind"].startswith("arg")
 
+    def running_values(self, n: Node) -> list[tuple[str, str]]:
+        """A reduction's running values as (name, C type): its value, then an arg-reduction's index."""
+        v = self.var(n)
+        return [(v, self.acc_type(n))] + ([(f"{v}_i", "int64_t")] if self.is_arg(n) else [])
+
     def init(self, n: Node) -> str:
         kind = n.attrs["kind"]
         if kind == "sum":
@@ -257,16 +262,21 @@ class AxisEmitter(DirectionEmitter):
             stack.extend(n.args)
         return [n for n in self.nodes if n.id in want]
 
-    def row_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+    def row_statements(self, roots: list[Node], ctx: Ctx) -> list[str]:
         """Each row-level value once per kept element, named (not inlined per element)."""
         lines = []
         for n in self.row_nodes(roots):
             if n.id in ctx.names:
                 continue
             name = self.var(n)
-            lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+            lines.append(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
             ctx.names[n.id] = name
         return lines
+
+    def scalar_store(self, s: Store, ctx: Ctx) -> str:
+        """A global store: the output's single element."""
+        return (f"*(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
+                f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
 
     def store_value(self, field: str, value: str, node: Node) -> str:
         t = self.ctype_of(field)
@@ -303,45 +313,42 @@ class AxisEmitter(DirectionEmitter):
             for n in phase:
                 ctx.names[n.id] = self.kept_name(n)
 
-    def emit_finish(self, p: int) -> list[str]:
+    def write_finish(self, w: CWriter, p: int) -> None:
         """The epilogue of one kept element `row` from its reductions' values (phase p)."""
-        last = p == len(self.phases) - 1
-        params = []
-        for n in self.phases[p]:
-            params.append(f"{self.acc_type(n).replace('acc_t', 'typename sg::Acc<T>::type')} {self.var(n)}")
-            if self.is_arg(n):
-                params.append(f"int64_t {self.var(n)}_i")
-        lines = ["template <typename T>",
-                 f"__device__ __forceinline__ void {self.kname}_finish{p}(const {self.args_t}& A, void* ws, int64_t row, "
-                 f"int64_t K, int64_t G, int64_t GP{''.join(', ' + p for p in params)})", "{",
-                 "  using acc_t = typename sg::Acc<T>::type;", "  (void)ws; (void)K; (void)G; (void)GP;"]
-        ctx = Ctx()
-        self.earlier(p, ctx)
-        for n in self.phases[p]:
-            ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
-        for alias, arg in self.aliases.items():
-            if arg in self.phases[p]:
-                ctx.names[alias] = self.var(arg)  # the values: the arg-reduction's own running value
+        params = "".join(f", {t.replace('acc_t', 'typename sg::Acc<T>::type')} {name}"
+                         for n in self.phases[p] for name, t in self.running_values(n))
+        w.line("template <typename T>")
+        w.line(f"__device__ __forceinline__ void {self.kname}_finish{p}(const {self.args_t}& A, void* ws, int64_t row, "
+               f"int64_t K, int64_t G, int64_t GP{params})")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line("(void)ws; (void)K; (void)G; (void)GP;")
+            ctx = Ctx()
+            self.earlier(p, ctx)
+            for n in self.phases[p]:
+                ctx.names[n.id] = f"{self.var(n)}_i" if self.is_arg(n) else self.var(n)
+            for alias, arg in self.aliases.items():
+                if arg in self.phases[p]:
+                    ctx.names[alias] = self.var(arg)  # the values: the arg-reduction's own running value
+            if p == len(self.phases) - 1:  # the outputs wait for the last phase
+                self.write_finish_outputs(w, ctx)
+            for n in self.phases[p]:
+                if n in self.kept:
+                    w.line(f"{self.kept_name(n)} = {ctx.names[n.id]};")
+
+    def write_finish_outputs(self, w: CWriter, ctx: Ctx) -> None:
+        """A kept element's outputs: its totals' values into their slots, its row stores, and
+        the global stores (written once, by row 0)."""
         roots = [s.value for s in self.row_stores + self.global_stores] + [t.args[0] for t in self.totals]
-        if not last:
-            roots = []
-        lines += self.row_statements(roots, ctx, "  ")
-        for t, n in enumerate(self.totals if last else []):
-            lines.append(f"  {self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
-        for s in self.row_stores if last else []:
-            lines.append(f"  (({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
-                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
-        if self.global_stores and last:
-            lines.append("  if (row == 0) {")
-            for s in self.global_stores:
-                lines.append(f"    *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
-                             f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
-            lines.append("  }")
-        for n in self.phases[p]:
-            if n in self.kept:
-                lines.append(f"  {self.kept_name(n)} = {ctx.names[n.id]};")
-        lines.append("}")
-        return lines
+        w.lines(self.row_statements(roots, ctx))
+        for t, n in enumerate(self.totals):
+            w.line(f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
+        for s in self.row_stores:
+            w.line(f"(({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
+                   f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
+        if self.global_stores:
+            with w.block("if (row == 0)"):
+                w.lines(self.scalar_store(s, ctx) for s in self.global_stores)
 
     def vi_allowed(self, p: int) -> bool:
         """VI > 1 (16-byte reads along I) where the tree's shared memory stays small: at most
@@ -660,7 +667,7 @@ class AxisEmitter(DirectionEmitter):
         for n in self.kept:
             ctx.names[n.id] = self.kept_name(n)
         roots = [s.value for s in self.elem_stores]
-        lines += self.row_statements(roots, ctx, "      ")
+        lines += ["      " + t for t in self.row_statements(roots, ctx)]
         lines += self.elem_statements(roots, ctx, "      ")
         for s in self.elem_stores:
             value = self.expr(s.value, ctx)
@@ -820,18 +827,20 @@ class AxisEmitter(DirectionEmitter):
         return self.npartial > 0 or len(self.kept) + len(self.totals) > 0
 
     def emit(self, dtypes: list[str]) -> str:
-        lines = []
+        w = CWriter()
         if self.reduces:
             for p in range(len(self.phases)):
-                lines += self.emit_finish(p) + [""] + self.emit_reduce(p) + [""] + self.emit_combine(p) + [""]
+                self.write_finish(w, p)
+                w.line()
+                w.lines(self.emit_reduce(p) + [""] + self.emit_combine(p) + [""])
                 if self.rows_allowed():
-                    lines += self.emit_rows(p) + [""]
+                    w.lines(self.emit_rows(p) + [""])
         if self.totals:
-            lines += self.emit_total() + [""]
+            w.lines(self.emit_total() + [""])
         if self.elem_stores or (self.global_stores and not self.reduces):
-            lines += self.emit_elem() + [""]
-        lines += self.emit_launch(dtypes)
-        return "\n".join(lines)
+            w.lines(self.emit_elem() + [""])
+        w.lines(self.emit_launch(dtypes))
+        return w.text()
 
 
 def emit_axis_source(spec, programs: dict[str, AxisProgram], variant: Variant = DEFAULT_VARIANT) -> str:
