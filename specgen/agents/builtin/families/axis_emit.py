@@ -18,6 +18,7 @@ reduction results into the workspace for the elem pass. G depends on the shape o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from .... import abi
 from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
@@ -184,6 +185,16 @@ class AxisEmitter(DirectionEmitter):
         """A reduction's running values as (name, C type): its value, then an arg-reduction's index."""
         v = self.var(n)
         return [(v, self.acc_type(n))] + ([(f"{v}_i", "int64_t")] if self.is_arg(n) else [])
+
+    def partials(self, n: Node) -> list[tuple[str, str, str]]:
+        """A reduction's running values as (name, C type, its split partials in the workspace)."""
+        return [(name, t, self.ws_ptr(self.pslots[n.id] + k, t, True))
+                for k, (name, t) in enumerate(self.running_values(n))]
+
+    def finish_call(self, p: int, value: Callable[[str], str]) -> str:
+        """Phase p's finish of kept element `row`, each running value read as `value(name)`."""
+        values = "".join(f", {value(name)}" for n in self.phases[p] for name, _ in self.running_values(n))
+        return f"{self.kname}_finish{p}<T>(A, ws, row, K, G, GP{values});"
 
     def init(self, n: Node) -> str:
         kind = n.attrs["kind"]
@@ -574,32 +585,22 @@ class AxisEmitter(DirectionEmitter):
                   "    }", "  }", "}"]
         return lines
 
-    def emit_combine(self, p: int) -> list[str]:
-        reduces = self.phases[p]
-        lines = ["// Combine: a thread per kept element merges its G chunk partials in chunk order.",
-                 "template <typename T>",
-                 f"__global__ void {self.kname}_combine{p}(const {self.args_t} A, void* ws, int64_t K, int64_t G)", "{",
-                 "  using acc_t = typename sg::Acc<T>::type;", "  const int64_t GP = G;",
-                 "  for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < K; "
-                 "row += (int64_t)gridDim.x * blockDim.x) {"]
-        finals = []
-        for n in reduces:
-            v, slot = self.var(n), self.pslots[n.id]
-            lines.append(f"    {self.acc_type(n)} {v} = {self.ws_ptr(slot, self.acc_type(n), True)}[row];")
-            finals.append(v)
-            if self.is_arg(n):
-                lines.append(f"    int64_t {v}_i = {self.ws_ptr(slot + 1, 'int64_t', True)}[row];")
-                finals.append(f"{v}_i")
-        lines.append("    for (int64_t g = 1; g < G; ++g) {")
-        for n in reduces:
-            v, slot = self.var(n), self.pslots[n.id]
-            other = f"{self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row]"
-            other_i = f"{self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row]" if self.is_arg(n) else ""
-            lines.append(f"      {self.merge(n, v, other, other_i)}")
-        lines.append("    }")
-        lines.append(f"    {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
-        lines += ["  }", "}"]
-        return lines
+    def write_combine(self, w: CWriter, p: int) -> None:
+        w.line("// Combine: a thread per kept element merges its G chunk partials in chunk order.")
+        w.line("template <typename T>")
+        w.line(f"__global__ void {self.kname}_combine{p}(const {self.args_t} A, void* ws, int64_t K, int64_t G)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line("const int64_t GP = G;")
+            with w.block("for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < K; "
+                         "row += (int64_t)gridDim.x * blockDim.x)"):
+                for n in self.phases[p]:
+                    w.lines(f"{t} {name} = {ptr}[row];" for name, t, ptr in self.partials(n))
+                with w.block("for (int64_t g = 1; g < G; ++g)"):
+                    for n in self.phases[p]:
+                        others = [f"{ptr}[g * K + row]" for _, _, ptr in self.partials(n)]
+                        w.line(self.merge(n, self.var(n), *others))
+                w.line(self.finish_call(p, lambda name: name))
 
     def emit_total(self) -> list[str]:
         """One block sums each total's per-kept-element values in a fixed order, then the epilogue."""
@@ -832,7 +833,9 @@ class AxisEmitter(DirectionEmitter):
             for p in range(len(self.phases)):
                 self.write_finish(w, p)
                 w.line()
-                w.lines(self.emit_reduce(p) + [""] + self.emit_combine(p) + [""])
+                w.lines(self.emit_reduce(p) + [""])
+                self.write_combine(w, p)
+                w.line()
                 if self.rows_allowed():
                     w.lines(self.emit_rows(p) + [""])
         if self.totals:
