@@ -306,12 +306,12 @@ class AxisEmitter(DirectionEmitter):
         return [f"const int64_t O = {prod(lay.lead)};", f"const int64_t R = {prod(lay.block)};",
                 f"const int64_t I = {prod(lay.inner)};"]
 
-    def rb_line(self, indent: str) -> list[str]:
+    def rb_line(self) -> list[str]:
         """RB (the reduced trailing extent) inside a kernel of an `ends` layout."""
         if not self.lay.ends:
             return []
         prod = " * ".join(dim_expr(d) for d in self.lay.inner) or "(int64_t)1"
-        return [f"{indent}const int64_t RB = {prod};"]
+        return [f"const int64_t RB = {prod};"]
 
     def kept_name(self, n: Node, row: str = "row") -> str:
         """A reduction's result read back from its kept slot."""
@@ -368,157 +368,176 @@ class AxisEmitter(DirectionEmitter):
         need = sum(8 + (16 if self.is_arg(n) else 0) for n in self.phases[p])
         return not self.lay.ends and need <= 48
 
-    def row_arrays(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+    def write_row_arrays(self, w: CWriter, roots: list[Node], ctx: Ctx) -> None:
         """Row-level values once per kept element of the thread (VI of them), as arrays."""
         earlier = {n.id for phase in self.phases for n in phase if n.id in ctx.names}
         nodes = [n for n in self.row_nodes(roots, earlier) if n.id not in ctx.names or n.id in earlier]
         if not nodes:
-            return []
-        lines = [f"{indent}{self.ctype_var(n)} {self.var(n)}[VI];" for n in nodes]
-        lines += ["#pragma unroll", f"{indent}for (int u = 0; u < VI; ++u) {{",
-                  f"{indent}  const int64_t row = row0 + u; (void)row;"]
-        for n in nodes:
-            lines.append(f"{indent}  {self.var(n)}[u] = {self.expr(n, ctx)};")
-            ctx.names[n.id] = f"{self.var(n)}[u]"
-        lines.append(f"{indent}}}")
-        return lines
+            return
+        w.lines(f"{self.ctype_var(n)} {self.var(n)}[VI];" for n in nodes)
+        w.directive("#pragma unroll")
+        with w.block("for (int u = 0; u < VI; ++u)"):
+            w.line("const int64_t row = row0 + u; (void)row;")
+            for n in nodes:
+                w.line(f"{self.var(n)}[u] = {self.expr(n, ctx)};")
+                ctx.names[n.id] = f"{self.var(n)}[u]"
 
-    def emit_reduce(self, p: int) -> list[str]:
+    def write_reduce(self, w: CWriter, p: int) -> None:
         """One phase's sweep. A thread holds VI consecutive kept elements along I (VI > 1:
         16-byte reads along I) or, when I == 1, reads VEC consecutive elements of R."""
         reduces = self.phases[p]
-        lines = [f"// Reduce (phase {p}): TX threads along I (VI elements each), {BLOCK} / TX along a chunk of R",
-                 "// (VEC > 1: I == 1, 16-byte reads along R).",
-                 "template <typename T, int VEC, int TX, int VI>",
-                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce{p}(const {self.args_t} A, void* ws, "
-                 "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)", "{",
-                 "  using acc_t = typename sg::Acc<T>::type;", f"  constexpr int TY = {BLOCK} / TX;",
-                 "  constexpr int TW = TX * VI;  // kept elements of a tile",
-                 "  const int tx = threadIdx.x, ty = threadIdx.y;", "  const int64_t K = O * I;",
-                 "  const int64_t GP = G > 1 ? G : 0; (void)GP;",
-                 *self.rb_line("  "),
-                 "  const int64_t tiles = (I + TW - 1) / TW;", "  const int64_t g = blockIdx.y;",
-                 "  const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;"]
-        lines.append("  constexpr int WT = " + ("32 / TX;  // rows of ty a warp holds (the block: 8 warps)"
-                                               if self.merge_form == "warp" else "1;  // the tree runs over TY"))
-        for n in reduces:
-            lines.append(f"  __shared__ {self.acc_type(n)} sm_{self.var(n)}[TY / WT][TW];")
-            if self.is_arg(n):
-                lines.append(f"  __shared__ int64_t sm_{self.var(n)}_i[TY / WT][TW];")
-        lines += ["  for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x) {",
-                  "    const int64_t o = b / tiles, i = (b % tiles) * TW + (int64_t)tx * VI;",
-                  "    const bool live = i < I;  // VI > 1: I % VI == 0, all VI live",
-                  "    const int64_t row0 = o * I + i; (void)row0;"]
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"    {self.acc_type(n)} {v}[VI];")
-            if self.is_arg(n):
-                lines.append(f"    int64_t {v}_i[VI];")
-            lines.append("#pragma unroll")
-            lines.append(f"    for (int u = 0; u < VI; ++u) {{ {v}[u] = {self.init(n)};"
-                         + (f" {v}_i[u] = INT64_MAX;" if self.is_arg(n) else "") + " }")
-        lines.append("    if (live) {")
-        lines += self.sweep(p, "(int64_t)ty", "TY")
-        lines += ["      }", "    }"]
-        lines += self.warp_merge(reduces) if self.merge_form == "warp" else self.to_smem(reduces)
-        lines += ["    __syncthreads();", "    for (int s = TY / WT / 2; s > 0; s >>= 1) {  // a fixed tree over smem's rows",
-                  "      if (ty < s) {", "#pragma unroll", "        for (int u = 0; u < VI; ++u) {",
-                  "          const int c = tx * VI + u;"]
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"          {self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
-            if self.is_arg(n):
-                lines.append(f"          int64_t {v}_m_i = sm_{v}_i[ty][c];")
-            lines.append(f"          {self.merge(n, f'{v}_m', f'sm_{v}[ty + s][c]', f'sm_{v}_i[ty + s][c]', f'{v}_m_i')}")
-            lines.append(f"          sm_{v}[ty][c] = {v}_m;")
-            if self.is_arg(n):
-                lines.append(f"          sm_{v}_i[ty][c] = {v}_m_i;")
-        lines += ["        }", "      }", "      __syncthreads();", "    }", "    if (ty == 0 && live) {",
-                  "#pragma unroll", "      for (int u = 0; u < VI; ++u) {",
-                  "        const int c = tx * VI + u;", "        const int64_t row = row0 + u;"]
-        finals = []
-        for n in reduces:
-            v = self.var(n)
-            finals.append(f"sm_{v}[0][c]")
-            if self.is_arg(n):
-                finals.append(f"sm_{v}_i[0][c]")
-        lines.append(f"        if (G == 1) {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});")
-        lines.append("        else {")
-        for n in reduces:
-            v, slot = self.var(n), self.pslots[n.id]
-            lines.append(f"          {self.ws_ptr(slot, self.acc_type(n), True)}[g * K + row] = sm_{v}[0][c];")
-            if self.is_arg(n):
-                lines.append(f"          {self.ws_ptr(slot + 1, 'int64_t', True)}[g * K + row] = sm_{v}_i[0][c];")
-        lines += ["        }", "      }", "    }", "    __syncthreads();  // the tree's smem is reused by the next kept tile",
-                  "  }", "}"]
-        return lines
+        w.line(f"// Reduce (phase {p}): TX threads along I (VI elements each), {BLOCK} / TX along a chunk of R")
+        w.line("// (VEC > 1: I == 1, 16-byte reads along R).")
+        w.line("template <typename T, int VEC, int TX, int VI>")
+        w.line(f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_reduce{p}(const {self.args_t} A, void* ws, "
+               "int64_t O, int64_t R, int64_t I, int64_t G, int64_t chunk)")
+        with w.block():
+            self.write_reduce_prologue(w, reduces)
+            with w.block("for (int64_t b = blockIdx.x; b < O * tiles; b += gridDim.x)"):
+                w.line("const int64_t o = b / tiles, i = (b % tiles) * TW + (int64_t)tx * VI;")
+                w.line("const bool live = i < I;  // VI > 1: I % VI == 0, all VI live")
+                w.line("const int64_t row0 = o * I + i; (void)row0;")
+                for n in reduces:
+                    self.write_running_decls(w, n)
+                    w.directive("#pragma unroll")
+                    w.line(f"for (int u = 0; u < VI; ++u) {{ {self.running_init(n, 'u')} }}")
+                with w.block("if (live)"):
+                    self.write_sweep(w, p, "(int64_t)ty", "TY")
+                if self.merge_form == "warp":
+                    self.write_warp_merge(w, reduces)
+                else:
+                    self.write_to_smem(w, reduces)
+                self.write_smem_tree(w, reduces)
+                self.write_reduce_results(w, p)
+                w.line("__syncthreads();  // the tree's smem is reused by the next kept tile")
 
-    def sweep(self, p: int, first: str, step: str) -> list[str]:
+    def write_reduce_prologue(self, w: CWriter, reduces: list[Node]) -> None:
+        """The block's shape, this block's chunk of R, and the tree's shared memory."""
+        w.line("using acc_t = typename sg::Acc<T>::type;")
+        w.line(f"constexpr int TY = {BLOCK} / TX;")
+        w.line("constexpr int TW = TX * VI;  // kept elements of a tile")
+        w.line("const int tx = threadIdx.x, ty = threadIdx.y;")
+        w.line("const int64_t K = O * I;")
+        w.line("const int64_t GP = G > 1 ? G : 0; (void)GP;")
+        w.lines(self.rb_line())
+        w.line("const int64_t tiles = (I + TW - 1) / TW;")
+        w.line("const int64_t g = blockIdx.y;")
+        w.line("const int64_t r0 = g * chunk, r1 = r0 + chunk < R ? r0 + chunk : R;")
+        w.line("constexpr int WT = " + ("32 / TX;  // rows of ty a warp holds (the block: 8 warps)"
+                                       if self.merge_form == "warp" else "1;  // the tree runs over TY"))
+        for n in reduces:
+            w.lines(f"__shared__ {t} sm_{name}[TY / WT][TW];" for name, t in self.running_values(n))
+
+    def write_running_decls(self, w: CWriter, n: Node) -> None:
+        """A reduction's running values, one per kept element of the thread."""
+        w.lines(f"{t} {name}[VI];" for name, t in self.running_values(n))
+
+    def running_init(self, n: Node, u: str) -> str:
+        """Kept element `u`'s running values set to the reduction's identity (no index yet)."""
+        v = self.var(n)
+        return f"{v}[{u}] = {self.init(n)};" + (f" {v}_i[{u}] = INT64_MAX;" if self.is_arg(n) else "")
+
+    def write_smem_tree(self, w: CWriter, reduces: list[Node]) -> None:
+        """The partials in shared memory merged by a fixed tree over its rows, into row 0."""
+        w.line("__syncthreads();")
+        with w.block("for (int s = TY / WT / 2; s > 0; s >>= 1)", comment="a fixed tree over smem's rows"):
+            with w.block("if (ty < s)"):
+                w.directive("#pragma unroll")
+                with w.block("for (int u = 0; u < VI; ++u)"):
+                    w.line("const int c = tx * VI + u;")
+                    for n in reduces:
+                        v = self.var(n)
+                        w.line(f"{self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
+                        if self.is_arg(n):
+                            w.line(f"int64_t {v}_m_i = sm_{v}_i[ty][c];")
+                        w.line(self.merge(n, f"{v}_m", f"sm_{v}[ty + s][c]", f"sm_{v}_i[ty + s][c]", f"{v}_m_i"))
+                        w.line(f"sm_{v}[ty][c] = {v}_m;")
+                        if self.is_arg(n):
+                            w.line(f"sm_{v}_i[ty][c] = {v}_m_i;")
+            w.line("__syncthreads();")
+
+    def write_reduce_results(self, w: CWriter, p: int) -> None:
+        """The tree's results: finished here when R is not split (G == 1), else this chunk's
+        partials into the workspace for the combine kernel."""
+        with w.block("if (ty == 0 && live)"):
+            w.directive("#pragma unroll")
+            with w.block("for (int u = 0; u < VI; ++u)"):
+                w.line("const int c = tx * VI + u;")
+                w.line("const int64_t row = row0 + u;")
+                w.line("if (G == 1) " + self.finish_call(p, lambda name: f"sm_{name}[0][c]"))
+                with w.block("else"):
+                    for n in self.phases[p]:
+                        w.lines(f"{ptr}[g * K + row] = sm_{name}[0][c];" for name, _, ptr in self.partials(n))
+
+    def write_sweep(self, w: CWriter, p: int, first: str, step: str) -> None:
         """A thread's sweep over its chunk of R (in `live`): the thread's first element at
         r0 + first * VEC, `step` threads apart; each reduction's running value per kept element."""
         reduces = self.phases[p]
-        lines = []
+        start = f"r0 + {first} * VEC"
         if any(self.is_arg(n) for n in reduces) and not self.lay.ends:  # arg_step's start: the first index
-            lines.append(f"      if (r0 + {first} * VEC < r1) {{")
-            for n in reduces:
-                if self.is_arg(n):
-                    lines.append(f"        for (int u = 0; u < VI; ++u) {self.var(n)}_i[u] = r0 + {first} * VEC;")
-            lines.append("      }")
+            with w.block(f"if ({start} < r1)"):
+                w.lines(f"for (int u = 0; u < VI; ++u) {self.var(n)}_i[u] = {start};"
+                        for n in reduces if self.is_arg(n))
         ctx = Ctx()
         self.earlier(p, ctx)
-        lines += self.row_arrays([n.args[0] for n in reduces], ctx, "      ")
+        operands = [n.args[0] for n in reduces]
+        self.write_row_arrays(w, operands, ctx)
         if self.lay.ends:  # j = a * RB + b, tracked without a division per step
-            lines.append(f"      int64_t ja = (r0 + {first} * VEC) / RB, jb = (r0 + {first} * VEC) % RB;")
-        lines += ["#pragma unroll 4",
-                  f"      for (int64_t j0 = r0 + {first} * VEC; j0 < r1; j0 += (int64_t){step} * VEC) {{",
-                  ("        const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
-                   else "        const int64_t base = (o * R + j0) * I + i; (void)base;")]
-        for n in self.vec_loads([n.args[0] for n in reduces]):
-            t = self.ctype_of(n.attrs["field"])
-            lines.append(f"        acc_t ld_{n.attrs['field']}[VEC * VI];")
-            lines.append(f"        sg::load_vec<VEC * VI>((const {t}*)A.{n.attrs['field']}.data + base, "
-                         f"ld_{n.attrs['field']});")
-        lines += ["#pragma unroll", "        for (int v = 0; v < VEC; ++v) {",
-                  "          const int64_t j = j0 + v; (void)j;",
-                  "#pragma unroll", "          for (int u = 0; u < VI; ++u) {",
-                  "            const int64_t row = row0 + u; (void)row;"]
-        self.bind_loads(ctx, "base + v * I + u", [n.args[0] for n in reduces], vec_index="v * VI + u")
-        args = [n.args[0] for n in reduces]
-        lines += self.elem_statements(args, ctx, "            ")
+            w.line(f"int64_t ja = ({start}) / RB, jb = ({start}) % RB;")
+        w.directive("#pragma unroll 4")
+        with w.block(f"for (int64_t j0 = {start}; j0 < r1; j0 += (int64_t){step} * VEC)"):
+            w.line("const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
+                   else "const int64_t base = (o * R + j0) * I + i; (void)base;")
+            self.write_vec_loads(w, operands, "VEC * VI", "base")
+            w.directive("#pragma unroll")
+            with w.block("for (int v = 0; v < VEC; ++v)"):
+                w.line("const int64_t j = j0 + v; (void)j;")
+                w.directive("#pragma unroll")
+                with w.block("for (int u = 0; u < VI; ++u)"):
+                    w.line("const int64_t row = row0 + u; (void)row;")
+                    self.write_sweep_updates(w, reduces, ctx)
+            if self.lay.ends:
+                w.line(f"jb += (int64_t){step} * VEC;")
+                w.line("if (jb >= RB) { ja += jb / RB; jb %= RB; }")
+
+    def write_vec_loads(self, w: CWriter, roots: list[Node], width: str, at: str) -> None:
+        """The vector reads (`width` elements from element `at`) of the loads `roots` read."""
+        for n in self.vec_loads(roots):
+            f = n.attrs["field"]
+            w.line(f"acc_t ld_{f}[{width}];")
+            w.line(f"sg::load_vec<{width}>((const {self.ctype_of(f)}*)A.{f}.data + {at}, ld_{f});")
+
+    def write_sweep_updates(self, w: CWriter, reduces: list[Node], ctx: Ctx) -> None:
+        """Element j of kept element u: the reductions' operands, each running value updated."""
+        operands = [n.args[0] for n in reduces]
+        self.bind_loads(ctx, "base + v * I + u", operands, vec_index="v * VI + u")
+        w.lines(self.elem_statements(operands, ctx, ""))
         for n in reduces:
             v = self.var(n)
             if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
                 m = "true" if n.attrs["kind"] == "argmax" else "false"
-                lines.append(f"            {{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
-                             f"const bool tk_ = sgx::arg_step<{m}>(c_, {v}[u]); {v}[u] = tk_ ? c_ : {v}[u]; "
-                             f"{v}_i[u] = tk_ ? j : {v}_i[u]; }}")
+                w.line(f"{{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
+                       f"const bool tk_ = sgx::arg_step<{m}>(c_, {v}[u]); {v}[u] = tk_ ? c_ : {v}[u]; "
+                       f"{v}_i[u] = tk_ ? j : {v}_i[u]; }}")
             else:
-                lines.append(f"            {self.update(n, f'{v}[u]', self.expr(n.args[0], ctx), 'j', f'{v}_i[u]')}")
-        lines += ["          }", "        }"]
-        if self.lay.ends:
-            lines.append(f"        jb += (int64_t){step} * VEC;")
-            lines.append("        if (jb >= RB) { ja += jb / RB; jb %= RB; }")
-        return lines
+                w.line(self.update(n, f"{v}[u]", self.expr(n.args[0], ctx), "j", f"{v}_i[u]"))
 
-    def warp_merge(self, reduces: list[Node]) -> list[str]:
+    def write_warp_merge(self, w: CWriter, reduces: list[Node]) -> None:
         """A warp's rows of ty merged by shuffles (xor offsets >= TX keep tx), its first row's
         lanes writing the warp's partials: the smem tree then spans 8 warps (4 barriers where a
         tree over TY of 256 took 9; held-out argmax over rows of 4096 ran at 0.67x eager)."""
-        # not unrolled: unrolled, ptxas kept float32's 16-byte TX = 1 reduce at 32 registers and
-        # spilled its loop invariants (frobenius_norm); at most 5 steps once per kept tile
-        lines = ["#pragma unroll", "    for (int u = 0; u < VI; ++u) {", "#pragma unroll 1",
-                 "      for (int off = 16; off >= TX; off >>= 1) {"]
-        lines += self.shuffle_merges(reduces, "u", "        ")
-        lines += ["      }", "      if (ty % WT == 0) {"]
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"        sm_{v}[ty / WT][tx * VI + u] = {v}[u];")
-            if self.is_arg(n):
-                lines.append(f"        sm_{v}_i[ty / WT][tx * VI + u] = {v}_i[u];")
-        lines += ["      }", "    }"]
-        return lines
+        w.directive("#pragma unroll")
+        with w.block("for (int u = 0; u < VI; ++u)"):
+            # not unrolled: unrolled, ptxas kept float32's 16-byte TX = 1 reduce at 32 registers and
+            # spilled its loop invariants (frobenius_norm); at most 5 steps once per kept tile
+            w.directive("#pragma unroll 1")
+            with w.block("for (int off = 16; off >= TX; off >>= 1)"):
+                w.lines(self.shuffle_merges(reduces, "u"))
+            with w.block("if (ty % WT == 0)"):
+                for n in reduces:
+                    w.lines(f"sm_{name}[ty / WT][tx * VI + u] = {name}[u];" for name, _ in self.running_values(n))
 
-    def shuffle_merges(self, reduces: list[Node], u: str, indent: str) -> list[str]:
+    def shuffle_merges(self, reduces: list[Node], u: str) -> list[str]:
         """Each reduction's value of kept element `u` merged with the lane `off` away (and its
         index, for an arg-reduction: the full tie rule across threads)."""
         lines = []
@@ -526,22 +545,19 @@ class AxisEmitter(DirectionEmitter):
             v = self.var(n)
             other = f"__shfl_xor_sync(0xffffffffu, {v}[{u}], off)"
             if self.is_arg(n):
-                lines.append(f"{indent}{{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
+                lines.append(f"{{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
                              f"__shfl_xor_sync(0xffffffffu, {v}_i[{u}], off); "
                              f"{self.merge(n, f'{v}[{u}]', 'o_', 'oi_', f'{v}_i[{u}]')} }}")
             else:
-                lines.append(f"{indent}{{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[{u}]', 'o_')} }}")
+                lines.append(f"{{ const {self.acc_type(n)} o_ = {other}; {self.merge(n, f'{v}[{u}]', 'o_')} }}")
         return lines
 
-    def to_smem(self, reduces: list[Node]) -> list[str]:
+    def write_to_smem(self, w: CWriter, reduces: list[Node]) -> None:
         """Every thread's partials into shared memory, for the tree over TY."""
-        lines = ["#pragma unroll", "    for (int u = 0; u < VI; ++u) {"]
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"      sm_{v}[ty][tx * VI + u] = {v}[u];")
-            if self.is_arg(n):
-                lines.append(f"      sm_{v}_i[ty][tx * VI + u] = {v}_i[u];")
-        return lines + ["    }"]
+        w.directive("#pragma unroll")
+        with w.block("for (int u = 0; u < VI; ++u)"):
+            for n in reduces:
+                w.lines(f"sm_{name}[ty][tx * VI + u] = {name}[u];" for name, _ in self.running_values(n))
 
     def rows_allowed(self) -> bool:
         """The warp-per-element kernel: one phase (no earlier results to read back), no
@@ -572,9 +588,11 @@ class AxisEmitter(DirectionEmitter):
                 lines.append(f"    int64_t {v}_i[VI];")
             lines.append(f"    {v}[0] = {self.init(n)};" + (f" {v}_i[0] = INT64_MAX;" if self.is_arg(n) else ""))
         lines.append("    if (live) {")
-        lines += self.sweep(p, "(int64_t)lane", "32")
-        lines += ["      }", "    }", "#pragma unroll 1", "    for (int off = 16; off >= 1; off >>= 1) {"]
-        lines += self.shuffle_merges(reduces, "0", "      ")
+        sweep = CWriter(level=3)
+        self.write_sweep(sweep, p, "(int64_t)lane", "32")
+        lines += sweep.to_lines()
+        lines += ["    }", "#pragma unroll 1", "    for (int off = 16; off >= 1; off >>= 1) {"]
+        lines += ["      " + t for t in self.shuffle_merges(reduces, "0")]
         finals = []
         for n in reduces:
             finals.append(f"{self.var(n)}[0]")
@@ -642,7 +660,7 @@ class AxisEmitter(DirectionEmitter):
                  "  const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;",
                  "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
                  "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
-                 *self.rb_line("  "),
+                 *["  " + t for t in self.rb_line()],
                  f"    const int64_t D1 = {'RB' if self.lay.ends else 'I'}, D2 = {'O' if self.lay.ends else 'R'};",
                  "    int64_t q, q2;",
                  "    if constexpr (NARROW) { q = f1.div((uint32_t)n0); q2 = f2.div((uint32_t)q); }",
@@ -833,7 +851,8 @@ class AxisEmitter(DirectionEmitter):
             for p in range(len(self.phases)):
                 self.write_finish(w, p)
                 w.line()
-                w.lines(self.emit_reduce(p) + [""])
+                self.write_reduce(w, p)
+                w.line()
                 self.write_combine(w, p)
                 w.line()
                 if self.rows_allowed():
