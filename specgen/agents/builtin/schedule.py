@@ -117,7 +117,7 @@ class Variant:
     # "tree": a shared-memory tree over all TY (up to 9 barriers; the form until session 18)
     axis_merge: str = "warp"
     # axis programs with I == 1 (a kept element's R elements contiguous): R up to which a warp takes
-    # a kept element, 8 a block, with no shared memory or barrier (families/axis_emit.py emit_rows);
+    # a kept element, 8 a block, with no shared memory or barrier (families/axis_emit.py write_rows);
     # 0: never (the block-per-element kernel)
     axis_rows: int = 0
 

@@ -564,44 +564,36 @@ class AxisEmitter(DirectionEmitter):
         two-ended layout, the variant asks for it."""
         return self.rows_max > 0 and len(self.phases) == 1 and not self.lay.ends
 
-    def emit_rows(self, p: int) -> list[str]:
+    def write_rows(self, w: CWriter, p: int) -> None:
         """A warp per kept element when I == 1, R is short (up to `axis_rows`) and there are many
         (O >= TARGET_BLOCKS, so G == 1): 8 elements a block, lanes along R with 16-byte reads,
         merged by shuffles; no shared memory, no barrier. Many short rows (262144 of 4096) spent a 256-thread block's life on
         latency and barriers for 16 KB each (amax_rows_indices, session 18)."""
         reduces = self.phases[p]
-        lines = [f"// Reduce (phase {p}), a warp per kept element (I == 1, short R): 8 a block, no barrier.",
-                 "template <typename T, int VEC>",
-                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_rows{p}(const {self.args_t} A, void* ws, "
-                 "int64_t O, int64_t R)", "{",
-                 "  using acc_t = typename sg::Acc<T>::type;",
-                 "  constexpr int VI = 1;", "  const int lane = threadIdx.y & 31;",
-                 "  const int64_t I = 1, K = O, G = 1, GP = 0, r0 = 0, r1 = R, i = 0; (void)GP; (void)i;",
-                 f"  for (int64_t b = blockIdx.x; b * {BLOCK // 32} < O; b += gridDim.x) {{",
-                 f"    const int64_t o = b * {BLOCK // 32} + (threadIdx.y >> 5);",
-                 "    const bool live = o < O;  // the same for a whole warp: its shuffles stay converged",
-                 "    const int64_t row0 = o; (void)row0;"]
-        for n in reduces:
-            v = self.var(n)
-            lines.append(f"    {self.acc_type(n)} {v}[VI];")
-            if self.is_arg(n):
-                lines.append(f"    int64_t {v}_i[VI];")
-            lines.append(f"    {v}[0] = {self.init(n)};" + (f" {v}_i[0] = INT64_MAX;" if self.is_arg(n) else ""))
-        lines.append("    if (live) {")
-        sweep = CWriter(level=3)
-        self.write_sweep(sweep, p, "(int64_t)lane", "32")
-        lines += sweep.to_lines()
-        lines += ["    }", "#pragma unroll 1", "    for (int off = 16; off >= 1; off >>= 1) {"]
-        lines += ["      " + t for t in self.shuffle_merges(reduces, "0")]
-        finals = []
-        for n in reduces:
-            finals.append(f"{self.var(n)}[0]")
-            if self.is_arg(n):
-                finals.append(f"{self.var(n)}_i[0]")
-        lines += ["    }", "    if (lane == 0 && live) {", "      const int64_t row = row0;",
-                  f"      {self.kname}_finish{p}<T>(A, ws, row, K, G, GP{''.join(', ' + f for f in finals)});",
-                  "    }", "  }", "}"]
-        return lines
+        w.line(f"// Reduce (phase {p}), a warp per kept element (I == 1, short R): 8 a block, no barrier.")
+        w.line("template <typename T, int VEC>")
+        w.line(f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_rows{p}(const {self.args_t} A, void* ws, "
+               "int64_t O, int64_t R)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line("constexpr int VI = 1;")
+            w.line("const int lane = threadIdx.y & 31;")
+            w.line("const int64_t I = 1, K = O, G = 1, GP = 0, r0 = 0, r1 = R, i = 0; (void)GP; (void)i;")
+            with w.block(f"for (int64_t b = blockIdx.x; b * {BLOCK // 32} < O; b += gridDim.x)"):
+                w.line(f"const int64_t o = b * {BLOCK // 32} + (threadIdx.y >> 5);")
+                w.line("const bool live = o < O;  // the same for a whole warp: its shuffles stay converged")
+                w.line("const int64_t row0 = o; (void)row0;")
+                for n in reduces:
+                    self.write_running_decls(w, n)
+                    w.line(self.running_init(n, "0"))
+                with w.block("if (live)"):
+                    self.write_sweep(w, p, "(int64_t)lane", "32")
+                w.directive("#pragma unroll 1")
+                with w.block("for (int off = 16; off >= 1; off >>= 1)"):
+                    w.lines(self.shuffle_merges(reduces, "0"))
+                with w.block("if (lane == 0 && live)"):
+                    w.line("const int64_t row = row0;")
+                    w.line(self.finish_call(p, lambda name: f"{name}[0]"))
 
     def write_combine(self, w: CWriter, p: int) -> None:
         w.line("// Combine: a thread per kept element merges its G chunk partials in chunk order.")
@@ -856,7 +848,8 @@ class AxisEmitter(DirectionEmitter):
                 self.write_combine(w, p)
                 w.line()
                 if self.rows_allowed():
-                    w.lines(self.emit_rows(p) + [""])
+                    self.write_rows(w, p)
+                    w.line()
         if self.totals:
             w.lines(self.emit_total() + [""])
         if self.elem_stores or (self.global_stores and not self.reduces):
