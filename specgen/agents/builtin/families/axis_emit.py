@@ -612,34 +612,40 @@ class AxisEmitter(DirectionEmitter):
                         w.line(self.merge(n, self.var(n), *others))
                 w.line(self.finish_call(p, lambda name: name))
 
-    def emit_total(self) -> list[str]:
+    def write_total(self, w: CWriter) -> None:
         """One block sums each total's per-kept-element values in a fixed order, then the epilogue."""
-        lines = ["// Total: one block sums the kept elements' values of each total (a fixed tree), then the",
-                 "// epilogue of the scalar outputs.", "template <typename T>",
-                 f"__global__ void __launch_bounds__(1024) {self.kname}_total(const {self.args_t} A, void* ws, "
-                 "int64_t K, int64_t GP)", "{", "  using acc_t = typename sg::Acc<T>::type;",
-                 "  __shared__ acc_t tree[1024];"]
-        ctx = Ctx()
-        for t, n in enumerate(self.totals):
-            lines += ["  {", "    acc_t part = 0;",
-                      f"    for (int64_t r = threadIdx.x; r < K; r += blockDim.x) part += "
-                      f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[r];",
-                      "    tree[threadIdx.x] = part;", "    __syncthreads();",
-                      "    for (int w = 512; w > 0; w >>= 1) {",
-                      "      if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];",
-                      "      __syncthreads();", "    }", "  }",
-                      f"  const acc_t {self.var(n)} = tree[0];", "  __syncthreads();"]
-            ctx.names[n.id] = self.var(n)
-        lines.append("  if (threadIdx.x != 0) return;")
-        for n in self.closure([s.value for s in self.total_stores], "post"):
-            if n.id not in ctx.names:
-                lines.append(f"  const {self.ctype_var(n)} {self.var(n)} = {self.expr(n, ctx)};")
+        w.line("// Total: one block sums the kept elements' values of each total (a fixed tree), then the")
+        w.line("// epilogue of the scalar outputs.")
+        w.line("template <typename T>")
+        w.line(f"__global__ void __launch_bounds__(1024) {self.kname}_total(const {self.args_t} A, void* ws, "
+               "int64_t K, int64_t GP)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line("__shared__ acc_t tree[1024];")
+            ctx = Ctx()
+            for t, n in enumerate(self.totals):
+                self.write_total_sum(w, t)
+                w.line(f"const acc_t {self.var(n)} = tree[0];")
+                w.line("__syncthreads();")
                 ctx.names[n.id] = self.var(n)
-        for s in self.total_stores:
-            lines.append(f"  *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
-                         f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
-        lines.append("}")
-        return lines
+            w.line("if (threadIdx.x != 0) return;")
+            for n in self.closure([s.value for s in self.total_stores], "post"):
+                if n.id not in ctx.names:
+                    w.line(f"const {self.ctype_var(n)} {self.var(n)} = {self.expr(n, ctx)};")
+                    ctx.names[n.id] = self.var(n)
+            w.lines(self.scalar_store(s, ctx) for s in self.total_stores)
+
+    def write_total_sum(self, w: CWriter, t: int) -> None:
+        """Total t's values summed into tree[0]: a strided pass per thread, then a fixed tree."""
+        with w.block():
+            w.line("acc_t part = 0;")
+            w.line(f"for (int64_t r = threadIdx.x; r < K; r += blockDim.x) part += "
+                   f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[r];")
+            w.line("tree[threadIdx.x] = part;")
+            w.line("__syncthreads();")
+            with w.block("for (int w = 512; w > 0; w >>= 1)"):
+                w.line("if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];")
+                w.line("__syncthreads();")
 
     def emit_elem(self) -> list[str]:
         lines = ["// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC",
@@ -851,7 +857,8 @@ class AxisEmitter(DirectionEmitter):
                     self.write_rows(w, p)
                     w.line()
         if self.totals:
-            w.lines(self.emit_total() + [""])
+            self.write_total(w)
+            w.line()
         if self.elem_stores or (self.global_stores and not self.reduces):
             w.lines(self.emit_elem() + [""])
         w.lines(self.emit_launch(dtypes))
