@@ -107,6 +107,15 @@ def test_directives_go_to_column_zero():
                             "  }", "}"]
 
 
+def test_verbatim_lines_keep_their_bytes_whatever_the_level():
+    w = CWriter()
+    with w.block():
+        with w.block("for (;;)"):
+            w.verbatim("  const int n = 1;")  # the function body's indentation, inside the loop
+            w.line("f(n);")
+    assert w.to_lines() == ["{", "  for (;;) {", "  const int n = 1;", "    f(n);", "  }", "}"]
+
+
 def test_the_starting_level_and_the_bare_block():
     w = CWriter(level=2)
     with w.block():

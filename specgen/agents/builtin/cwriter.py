@@ -11,7 +11,8 @@
     w.text()
 
 Indentation is two spaces a level. Lines given with their own leading spaces keep them on
-top of the current level; preprocessor lines go to column 0 (`directive`).
+top of the current level; preprocessor lines go to column 0 (`directive`), and a line whose
+bytes must stay as they are goes in unchanged (`verbatim`).
 """
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ class CWriter:
 
     def directive(self, text: str) -> None:
         """A preprocessor line (#define, #if, #endif): column 0 whatever the nesting."""
+        self._out.append(text)
+
+    def verbatim(self, text: str) -> None:
+        """A line exactly as given, whatever the nesting: output whose indentation predates the
+        writer and must keep its bytes."""
         self._out.append(text)
 
     @contextmanager

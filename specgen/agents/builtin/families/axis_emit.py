@@ -647,65 +647,66 @@ class AxisEmitter(DirectionEmitter):
                 w.line("if ((int)threadIdx.x < w) tree[threadIdx.x] += tree[threadIdx.x + w];")
                 w.line("__syncthreads();")
 
-    def emit_elem(self) -> list[str]:
-        lines = ["// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC",
-                 "// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.",
-                 "// NARROW (N < 2^31): the index math in 32 bits through FastDiv.",
-                 "template <typename T, int VEC, int MODE, bool NARROW>",
-                 f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_elem(const {self.args_t} A, void* ws, "
-                 "int64_t O, int64_t R, int64_t I, int64_t GP, sgx::FastDiv f1, sgx::FastDiv f2)", "{",
-                 "  using acc_t = typename sg::Acc<T>::type;",
-                 "  const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;",
-                 "  for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
-                 "n0 += (int64_t)gridDim.x * blockDim.x * VEC) {",
-                 *["  " + t for t in self.rb_line()],
-                 f"    const int64_t D1 = {'RB' if self.lay.ends else 'I'}, D2 = {'O' if self.lay.ends else 'R'};",
-                 "    int64_t q, q2;",
-                 "    if constexpr (NARROW) { q = f1.div((uint32_t)n0); q2 = f2.div((uint32_t)q); }",
-                 "    else { q = n0 / D1; q2 = q / D2; }",
-                 "    const int64_t r1 = n0 - q * D1, r2 = q - q2 * D2;",
-                 ("    const int64_t o = r2, j0 = q2 * RB + r1, i0 = 0; (void)j0;  // n0 = (a * O + o) * RB + b"
-                  if self.lay.ends else
-                  "    const int64_t o = q2, j0 = r2, i0 = r1; (void)j0;  // n0 = (o * R + j) * I + i")]
-        for n in self.vec_loads([s.value for s in self.elem_stores]):
-            t = self.ctype_of(n.attrs["field"])
-            lines.append(f"    acc_t ld_{n.attrs['field']}[VEC];")
-            lines.append(f"    sg::load_vec<VEC>((const {t}*)A.{n.attrs['field']}.data + n0, ld_{n.attrs['field']});")
-        outs = {}
-        for s in self.elem_stores:
-            outs.setdefault(s.field, f"st_{s.field}")
-        for f, name in outs.items():
-            lines.append(f"    acc_t {name}[VEC];" if self.store_is_vec(f) else f"    // {f}: stored one at a time")
-        lines += ["#pragma unroll", "    for (int v = 0; v < VEC; ++v) {",
-                  "      const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;",
-                  "      const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;"]
+    def write_elem(self, w: CWriter) -> None:
+        w.line("// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC")
+        w.line("// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.")
+        w.line("// NARROW (N < 2^31): the index math in 32 bits through FastDiv.")
+        w.line("template <typename T, int VEC, int MODE, bool NARROW>")
+        w.line(f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_elem(const {self.args_t} A, void* ws, "
+               "int64_t O, int64_t R, int64_t I, int64_t GP, sgx::FastDiv f1, sgx::FastDiv f2)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line("const int64_t K = O * I, N = O * R * I; (void)K; (void)GP;")
+            with w.block("for (int64_t n0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * VEC; n0 < N; "
+                         "n0 += (int64_t)gridDim.x * blockDim.x * VEC)"):
+                # RB one level out of the loop's body: the bytes the committed kernels were built with
+                for line in self.rb_line():
+                    w.verbatim("  " + line)
+                self.write_elem_position(w)
+                roots = [s.value for s in self.elem_stores]
+                self.write_vec_loads(w, roots, "VEC", "n0")
+                fields = dict.fromkeys(s.field for s in self.elem_stores)
+                w.lines(f"acc_t st_{f}[VEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
+                        for f in fields)
+                w.directive("#pragma unroll")
+                with w.block("for (int v = 0; v < VEC; ++v)"):
+                    w.line("const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;")
+                    w.line("const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;")
+                    self.write_elem_values(w, roots)
+                w.lines(f"sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
+                        for f in fields if self.store_is_vec(f))
+                if self.global_stores and not self.reduces:
+                    ctx = Ctx()
+                    with w.block("if (n0 == 0)"):
+                        w.lines(self.scalar_store(s, ctx) for s in self.global_stores)
+
+    def write_elem_position(self, w: CWriter) -> None:
+        """Flat element n0 as its kept element (o, i0) and its place j0 along R."""
+        ends = self.lay.ends
+        w.line(f"const int64_t D1 = {'RB' if ends else 'I'}, D2 = {'O' if ends else 'R'};")
+        w.line("int64_t q, q2;")
+        w.line("if constexpr (NARROW) { q = f1.div((uint32_t)n0); q2 = f2.div((uint32_t)q); }")
+        w.line("else { q = n0 / D1; q2 = q / D2; }")
+        w.line("const int64_t r1 = n0 - q * D1, r2 = q - q2 * D2;")
+        w.line("const int64_t o = r2, j0 = q2 * RB + r1, i0 = 0; (void)j0;  // n0 = (a * O + o) * RB + b" if ends
+               else "const int64_t o = q2, j0 = r2, i0 = r1; (void)j0;  // n0 = (o * R + j) * I + i")
+
+    def write_elem_values(self, w: CWriter, roots: list[Node]) -> None:
+        """Element n0 + v: its values from the loads and the kept reductions' results, then its
+        stores (into the vector to store, or one at a time)."""
         ctx = Ctx()
-        self.bind_loads(ctx, "n0 + v", [s.value for s in self.elem_stores])
+        self.bind_loads(ctx, "n0 + v", roots)
         for n in self.kept:
             ctx.names[n.id] = self.kept_name(n)
-        roots = [s.value for s in self.elem_stores]
-        lines += ["      " + t for t in self.row_statements(roots, ctx)]
-        lines += self.elem_statements(roots, ctx, "      ")
+        w.lines(self.row_statements(roots, ctx))
+        w.lines(self.elem_statements(roots, ctx, ""))
         for s in self.elem_stores:
             value = self.expr(s.value, ctx)
             if self.store_is_vec(s.field):
-                lines.append(f"      st_{s.field}[v] = (acc_t)({value});")
+                w.line(f"st_{s.field}[v] = (acc_t)({value});")
             else:
-                lines.append(f"      (({self.ctype_of(s.field)}*)A.{s.field}.data)[n0 + v] = "
-                             f"{self.store_value(s.field, value, s.value)};")
-        lines.append("    }")
-        for f in outs:
-            if self.store_is_vec(f):
-                lines.append(f"    sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});")
-        if self.global_stores and not self.reduces:
-            ctx0 = Ctx()
-            lines.append("    if (n0 == 0) {")
-            for s in self.global_stores:
-                lines.append(f"      *(({self.ctype_of(s.field)}*)A.{s.field}.data) = "
-                             f"{self.store_value(s.field, self.expr(s.value, ctx0), s.value)};")
-            lines.append("    }")
-        lines += ["  }", "}"]
-        return lines
+                w.line(f"(({self.ctype_of(s.field)}*)A.{s.field}.data)[n0 + v] = "
+                       f"{self.store_value(s.field, value, s.value)};")
 
     def store_is_vec(self, field: str) -> bool:
         return self.types[field].dtype is None and all(s.value.dtype == "float" for s in self.elem_stores
@@ -860,7 +861,8 @@ class AxisEmitter(DirectionEmitter):
             self.write_total(w)
             w.line()
         if self.elem_stores or (self.global_stores and not self.reduces):
-            w.lines(self.emit_elem() + [""])
+            self.write_elem(w)
+            w.line()
         w.lines(self.emit_launch(dtypes))
         return w.text()
 
