@@ -36,7 +36,7 @@ MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
 def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
                 ends_rb: int | None = None, rows_max: int = 0) -> dict:
     """The reduce kernels' geometry the generated host code picks for [O, R, I] (a Python
-    mirror of emit_launch, for the tests and the tuner): TX threads along I with VI kept
+    mirror of write_launch, for the tests and the tuner): TX threads along I with VI kept
     elements each, 16-byte reads along R (vec_r) when I == 1, R split into G chunks of `chunk`;
     `rows`: a warp per kept element (the variant's axis_rows = `rows_max`, one-phase programs)."""
     vec = max(1, 16 // itemsize)
@@ -242,9 +242,8 @@ class AxisEmitter(DirectionEmitter):
                 if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None
                 and (used is None or any(n.id in used for n in ns))]
 
-    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node], vec_index: str = "v") -> list[str]:
+    def bind_loads(self, ctx: Ctx, index: str, roots: list[Node], vec_index: str = "v") -> None:
         """Each elem load's value for the current element (from the vector read of `roots`' loads)."""
-        lines = []
         vecs = {n.id for n in self.vec_loads(roots)}
         for key, ns in self.elem_loads.items():
             first = ns[0]
@@ -252,7 +251,6 @@ class AxisEmitter(DirectionEmitter):
             expr = f"{name}[{vec_index}]" if first.id in vecs else self.elem_load_expr(first, index)
             for n in ns:
                 ctx.loads[n.id] = expr
-        return lines
 
     def row_nodes(self, roots: list[Node], earlier: set | None = None) -> list[Node]:
         """Row-level nodes `roots` need, through elem nodes too (a per-element expression's
@@ -596,6 +594,7 @@ class AxisEmitter(DirectionEmitter):
                     w.line(self.finish_call(p, lambda name: f"{name}[0]"))
 
     def write_combine(self, w: CWriter, p: int) -> None:
+        """Phase p's split partials (G > 1): each kept element's merged in chunk order, then finished."""
         w.line("// Combine: a thread per kept element merges its G chunk partials in chunk order.")
         w.line("template <typename T>")
         w.line(f"__global__ void {self.kname}_combine{p}(const {self.args_t} A, void* ws, int64_t K, int64_t G)")
@@ -648,6 +647,7 @@ class AxisEmitter(DirectionEmitter):
                 w.line("__syncthreads();")
 
     def write_elem(self, w: CWriter) -> None:
+        """The flat pass over S for the elem stores (reading the kept reductions' results)."""
         w.line("// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC")
         w.line("// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.")
         w.line("// NARROW (N < 2^31): the index math in 32 bits through FastDiv.")
@@ -713,11 +713,10 @@ class AxisEmitter(DirectionEmitter):
                                                        if s.field == field)
 
     # ------------------------------------------------------------ host
-    def emit_launch(self, dtypes: list[str]) -> list[str]:
+    def write_launch(self, w: CWriter, dtypes: list[str]) -> None:
         """The launcher `<kname>_launch<T>` (the split of R, the workspace, the reduce and
         element kernels' launches), the extern "C" entry point and, with a workspace, the size function."""
         vi_ok = all(self.vi_allowed(p) for p in range(len(self.phases))) if self.reduces else False
-        w = CWriter()
         w.line("template <typename T>")
         w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream"
                f"{launch_need_param(self.has_workspace)})")
@@ -755,7 +754,6 @@ class AxisEmitter(DirectionEmitter):
             w.line()
             w.lines(workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction), self.args_t,
                                     dispatch, dtypes))
-        return w.to_lines()
 
     def write_reduce_split(self, w: CWriter, vi_ok: bool) -> None:
         """TX threads along I (VI elements each), vec_r, and the split of R over G blocks of `chunk` each."""
@@ -863,7 +861,7 @@ class AxisEmitter(DirectionEmitter):
         if self.elem_stores or (self.global_stores and not self.reduces):
             self.write_elem(w)
             w.line()
-        w.lines(self.emit_launch(dtypes))
+        self.write_launch(w, dtypes)
         return w.text()
 
 
