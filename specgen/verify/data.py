@@ -186,9 +186,10 @@ def alternative_truth(derive, read: dict, truth: dict, device_type: str | None =
         here = truth.get(name)
         if here is None or not value.is_floating_point():
             continue
-        same = (value.to(here.device) == here) | (torch.isnan(value.to(here.device)) & torch.isnan(here))
+        value = value.to(here.device)
+        same = (value == here) | (torch.isnan(value) & torch.isnan(here))
         if not bool(same.all()):
-            differs[name] = value.to(here.device)
+            differs[name] = value
     return differs
 
 

@@ -221,11 +221,11 @@ class Session:
         spec, seed = self.spec, self.options.seed
         cases = [smoke_case(spec, seed + 11)]
         if spec.benchmark:
-            sig = spec.signature
             smallest = min(spec.benchmark, key=lambda shape: math.prod(int(v) for v in shape.values()))
-            dims = fit_budget(sig, {s: int(smallest[s]) for s in sig.symbols()}, spec.dims, self.options.budget)
-            if dims != cases[0].dim_map:
-                cases.append(make_case(dims, spec.dtypes[-1], seed=seed + 12))
+            case = self.scaled(make_case({s: int(smallest[s]) for s in spec.signature.symbols()}, spec.dtypes[-1],
+                                         seed=seed + 12))
+            if case.dim_map != cases[0].dim_map:
+                cases.append(case)
         return cases
 
     def endurance(self, direction: str, again: list[Case]) -> None:

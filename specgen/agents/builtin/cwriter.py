@@ -45,7 +45,7 @@ class CWriter:
 
     def directive(self, text: str) -> None:
         """A preprocessor line (#define, #if, #endif): column 0 whatever the nesting."""
-        self._out.append(text)
+        self.verbatim(text)
 
     def verbatim(self, text: str) -> None:
         """A line exactly as given, whatever the nesting: output whose indentation predates the
