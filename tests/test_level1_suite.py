@@ -1,5 +1,5 @@
 """The level-1 suite on the CPU: every spec of the development suite (benchmarks/level1/specs)
-and of the held-out sets (heldout/problems, problems-v2, problems-v3) passes `specgen check`;
+and of the held-out sets (heldout/problems, problems-v2, problems-v3, problems-v4) passes `specgen check`;
 the benchmark's row and summary logic (benchmarks/level1_bench.py) on fabricated timings; and
 which development specs the built-in generator lowers today, against
 benchmarks/level1/EXPECTED_REFUSALS.txt.
@@ -21,6 +21,7 @@ DEV = REPO / "benchmarks" / "level1" / "specs"
 HELDOUT = REPO / "heldout" / "problems"
 HELDOUT_V2 = REPO / "heldout" / "problems-v2"  # written in session 17 (a family outside #12's list: pool)
 HELDOUT_V3 = REPO / "heldout" / "problems-v3"  # written in session 20
+HELDOUT_V4 = REPO / "heldout" / "problems-v4"  # written by a helper session (counts only in its README)
 EXPECTED_REFUSALS = REPO / "benchmarks" / "level1" / "EXPECTED_REFUSALS.txt"
 FAMILIES = {"pointwise", "reduce_last", "reduce_middle", "reduce_multi", "reduce_all", "reduce_first", "arg_reduce",
             "scan", "row_norm", "channel_norm", "loss", "pool"}
@@ -40,12 +41,15 @@ bench = _bench()
 # ------------------------------------------------------------------ the specs
 
 def test_suites_are_large_enough_and_every_spec_has_a_family():
-    dev, held, v2, v3 = (sorted(folder.glob("*.yaml")) for folder in (DEV, HELDOUT, HELDOUT_V2, HELDOUT_V3))
-    assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12 and len(v3) >= 14
-    assert not {p.stem for p in dev} & {p.stem for p in held + v2 + v3}, "a held-out problem repeats a development one"
+    dev, held, v2, v3, v4 = (sorted(folder.glob("*.yaml"))
+                             for folder in (DEV, HELDOUT, HELDOUT_V2, HELDOUT_V3, HELDOUT_V4))
+    assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12 and len(v3) >= 14 and len(v4) >= 16
+    assert not {p.stem for p in dev} & {p.stem for p in held + v2 + v3 + v4}, \
+        "a held-out problem repeats a development one"
     assert not {p.stem for p in held} & {p.stem for p in v2}, "the second held-out set repeats the first"
     assert not {p.stem for p in held + v2} & {p.stem for p in v3}, "the third held-out set repeats an earlier one"
-    for path in dev + held + v2 + v3:
+    assert not {p.stem for p in held + v2 + v3} & {p.stem for p in v4}, "the fourth held-out set repeats an earlier one"
+    for path in dev + held + v2 + v3 + v4:
         assert bench.spec_family(path) in FAMILIES, f"{path.name}: first line must be '# family: NAME'"
     counts = {}
     for path in dev:
@@ -61,7 +65,7 @@ def test_every_spec_passes_check():
     sandbox = shared_sandbox()
     failures = []
     for path in (sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")) + sorted(HELDOUT_V2.glob("*.yaml"))
-                 + sorted(HELDOUT_V3.glob("*.yaml"))):
+                 + sorted(HELDOUT_V3.glob("*.yaml")) + sorted(HELDOUT_V4.glob("*.yaml"))):
         result = check_spec(path, samples=1, sandbox=sandbox)
         if not result.ok:
             failures.append(f"{path.relative_to(REPO)}: {result.error}")
