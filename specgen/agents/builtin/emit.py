@@ -8,10 +8,13 @@ a host entry point that dispatches on the dtype and picks the schedule from the 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, NamedTuple
 
 from ... import abi
 from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
+from .cwriter import UNIT, CWriter
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
 from .ir import Node, Program, Store, reciprocal_is_normal
@@ -22,6 +25,46 @@ from .schedule import DEFAULT_VARIANT, Variant
 
 REDUCE_INIT = {"sum": "(acc_t)0", "max": "(acc_t)(-INFINITY)", "min": "(acc_t)INFINITY"}
 REDUCE_OP = {"sum": "sg::Sum()", "max": "sg::Max()", "min": "sg::Min()"}  # combiners of sg::group_reduce
+
+
+# The row kernel's passes keep the layout they had before CWriter, as committed kernels carry
+# its bytes (changing them means re-verifying those kernels on the GPU): a pass sits at
+# PASS_LEVEL whatever encloses it (`pass_level`), some of its blocks keep their bodies at their
+# braces' depth (`unindented`), and the streamed sweep's chunk loop closes one level out.
+PASS_LEVEL = 3  # one level inside the row loop's body
+
+
+@contextmanager
+def pass_level(w: CWriter) -> Iterator[None]:
+    """Write at PASS_LEVEL, then back at the writer's own level."""
+    level, w.level = w.level, PASS_LEVEL
+    try:
+        yield
+    finally:
+        w.level = level
+
+
+@contextmanager
+def unindented(w: CWriter, opened) -> Iterator[None]:
+    """`opened` (a `w.block` or `w.chain`) with its body at the braces' depth, not one deeper."""
+    with opened:
+        w.level -= 1
+        try:
+            yield
+        finally:
+            w.level += 1
+
+
+class Sweep(NamedTuple):
+    """One pass's parts, shared by its sweeps (in registers, streamed)."""
+    consumers: list[tuple]  # (kind, node, accumulator): see write_pass
+    ctx_row: Ctx
+    stores: list[Store]
+    col_nodes: list[Node]
+    roots: list[Node]  # the elem values the pass needs
+    loads: list[tuple]  # (load key, nodes) of the elem loads it reads
+    chained: list[str]  # streamed sums kept as a partial per chunk in flight
+    kahan: bool
 
 
 def div_per_row(x: str, d: str, guarded: bool = True) -> str:
@@ -167,7 +210,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             stack.extend(n.args)
         return [n for n in self.nodes if n.id in want]
 
-    def elem_statements(self, roots: list[Node], ctx: Ctx, indent: str) -> list[str]:
+    def elem_statements(self, roots: list[Node], ctx: Ctx) -> list[str]:
+        """Statements naming the elem values `roots` need (those ctx does not name yet), in topo order."""
         lines = []
         for n in self.closure(roots, "elem"):
             if n.op == "load" or n.op == "iota":
@@ -175,7 +219,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             if n.id in ctx.names:
                 continue
             name = self.var(n)
-            lines.append(f"{indent}const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+            lines.append(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
             ctx.names[n.id] = name
         return lines
 
@@ -194,12 +238,13 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
     def raw_type(self, key) -> str:
         return f"sg::Raw<{self.ctype_of(key[0])}, VEC>"
 
-    def emit_pass(self, consumers: list[tuple], ctx_row: Ctx, stores: list[Store],
-                  col_nodes: list[Node], modes: tuple = ("reg", "loop")) -> list[str]:
+    def write_pass(self, w: CWriter, consumers: list[tuple], ctx_row: Ctx, stores: list[Store],
+                   col_nodes: list[Node], modes: tuple = ("reg", "loop")) -> None:
         """One sweep over the row's columns. consumers: (kind, node, accumulator) with kind
         sum|max|min (row reductions) or online (node: the max's operand, accumulator: the
         (max, sum) pair). Elem stores and col reductions are done in the final pass.
-        mode reg: the row is in registers (ITEMS > 0); loop: it is streamed again."""
+        mode reg: the row is in registers (ITEMS > 0); loop: it is streamed again; both: the
+        two, chosen by ITEMS."""
         roots = [n.args[0] if kind != "online" else n for kind, n, _ in consumers] + [s.value for s in stores] \
             + [c.args[0] for c in col_nodes]
         needed = {n.id for n in self.closure(roots, "elem")}
@@ -208,110 +253,117 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         # in flight (shorter sequential chains), `kahan` each compensated: float32 sums of wide
         # rows as precise as torch's pairwise ones (nvcc keeps IEEE order without fast math)
         chained = [acc for kind, _, acc in consumers if kind == "sum"] if self.variant.loop_sums != "plain" else []
-        kahan = self.variant.loop_sums == "kahan"
-        out = []
-        for mode in modes:
-            body = []
-            ind = "        "
-            if mode == "reg":
-                body.append("      #pragma unroll")
-                body.append("      for (int k = 0; k < ITEMS; ++k) {")
-                body.append("        const int64_t c = (int64_t)k * TPR + lane;")
-                body.append("        if (c * VEC < W) {")
-                slot = "r_{}[k]"
+        sweep = Sweep(consumers, ctx_row, stores, col_nodes, roots, loads, chained, self.variant.loop_sums == "kahan")
+        with pass_level(w):  # wherever it is called from (the layout committed kernels carry)
+            if modes == ("reg",):
+                self.write_reg_sweep(w, sweep)
+            elif modes == ("loop",):
+                self.write_loop_sweep(w, sweep)
             else:
-                for acc in chained:
-                    body.append(f"      acc_t {acc}_c[UNROLL];  // a sum per chunk in flight: chains UNROLL times shorter")
-                    body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc}_c[u] = (acc_t)0;")
-                    if kahan:
-                        body.append(f"      acc_t {acc}_k[UNROLL];  // each partial's compensation (Kahan)")
-                        body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc}_k[u] = (acc_t)0;")
-                # LOOP_UNROLL chunks per thread are loaded before any is used: several
-                # 16-byte loads in flight per thread even though the row is streamed.
-                body.append("      for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR) {")
-                for key, ns in loads:
-                    body.append(f"        {self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];")
-                body.append("        #pragma unroll")
-                body.append("        for (int u = 0; u < UNROLL; ++u) {")
-                body.append("          const int64_t c = c0 + (int64_t)u * TPR;")
-                body.append("          if (c * VEC < W) {")
-                for key, ns in loads:
-                    pn = self.pointer_name(key)
-                    body.append(f"            sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
-                body.append("          }")
-                body.append("        }")
-                body.append("        #pragma unroll")
-                body.append("        for (int u = 0; u < UNROLL; ++u) {")
-                body.append("        const int64_t c = c0 + (int64_t)u * TPR;")
-                body.append("        if (c * VEC < W) {")
-                slot = "l_{}[u]"
-            for i, s in enumerate(stores):
-                body.append(f"{ind}acc_t st_{i}[VEC];")
-            onlines = [(n, acc) for kind, n, acc in consumers if kind == "online"]
-            for i, _ in enumerate(onlines):
-                body.append(f"{ind}acc_t on_{i}[VEC];  // the chunk, fed to the online (max, sum) at once")
-            if mode == "reg" and self.col_smem:
-                for i, _ in enumerate(col_nodes):
-                    body.append(f"{ind}acc_t ccl_{i}[VEC];  // this chunk's column terms (medium rows)")
+                with unindented(w, w.block("if constexpr (ITEMS > 0)")):
+                    self.write_reg_sweep(w, sweep)
+                with unindented(w, w.chain("else")):
+                    self.write_loop_sweep(w, sweep)
+
+    def write_reg_sweep(self, w: CWriter, sweep: Sweep) -> None:
+        """The row in registers: this thread's chunks k, held raw in r_<pointer>[k]."""
+        w.line("#pragma unroll")
+        with w.block("for (int k = 0; k < ITEMS; ++k)"):
+            self.write_chunk(w, sweep, "reg", "(int64_t)k * TPR + lane", "r_{}[k]")
+
+    def write_loop_sweep(self, w: CWriter, sweep: Sweep) -> None:
+        """The row streamed again: UNROLL chunks per thread loaded before any is used (several
+        16-byte loads in flight per thread even though the row is streamed), then each consumed."""
+        for acc in sweep.chained:
+            w.line(f"acc_t {acc}_c[UNROLL];  // a sum per chunk in flight: chains UNROLL times shorter")
+            w.line(f"for (int u = 0; u < UNROLL; ++u) {acc}_c[u] = (acc_t)0;")
+            if sweep.kahan:
+                w.line(f"acc_t {acc}_k[UNROLL];  // each partial's compensation (Kahan)")
+                w.line(f"for (int u = 0; u < UNROLL; ++u) {acc}_k[u] = (acc_t)0;")
+        with w.block("for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR)"):
+            w.lines(f"{self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];" for key, _ in sweep.loads)
+            self.write_chunk_loads(w, "for (int u = 0; u < UNROLL; ++u)", "c0 + (int64_t)u * TPR",
+                                   [(self.pointer_name(key), f"l_{self.pointer_name(key)}[u]") for key, _ in sweep.loads])
+            w.line("#pragma unroll")
+            # this loop's body at its own depth, its `}` one level out: committed kernels carry these bytes
+            w.verbatim(w.indent + "for (int u = 0; u < UNROLL; ++u) {")
+            self.write_chunk(w, sweep, "loop", "c0 + (int64_t)u * TPR", "l_{}[u]")
+            w.verbatim(UNIT * (w.level - 1) + "}")
+        w.lines(f"for (int u = 0; u < UNROLL; ++u) {acc} += {acc}_c[u];" for acc in sweep.chained)
+
+    def write_chunk_loads(self, w: CWriter, loop: str, position: str, targets: list[tuple[str, str]]) -> None:
+        """Raw 16-byte loads of this thread's chunks (`loop` over them, chunk c at `position`),
+        each (pointer, register) of `targets`, all issued before any is used."""
+        w.line("#pragma unroll")
+        with w.block(loop):
+            w.line(f"const int64_t c = {position};")
+            with w.block("if (c * VEC < W)"):
+                w.lines(f"sg::load_raw<VEC>({pn} + c * VEC, {dst});" for pn, dst in targets)
+
+    def write_chunk(self, w: CWriter, sweep: Sweep, mode: str, position: str, slot: str) -> None:
+        """Chunk c (VEC elements at `position`) of the row: its raw loads read from `slot`
+        (a register array, `{}` the pointer's name), its elements, then what the chunk feeds at
+        once (the online pair, medium rows' shared column partials, the stores)."""
+        w.line(f"const int64_t c = {position};")
+        with unindented(w, w.block("if (c * VEC < W)")):
+            w.lines(f"acc_t st_{i}[VEC];" for i, _ in enumerate(sweep.stores))
+            onlines = [(n, acc) for kind, n, acc in sweep.consumers if kind == "online"]
+            w.lines(f"acc_t on_{i}[VEC];  // the chunk, fed to the online (max, sum) at once"
+                    for i, _ in enumerate(onlines))
+            col_smem = mode == "reg" and self.col_smem
+            if col_smem:
+                w.lines(f"acc_t ccl_{i}[VEC];  // this chunk's column terms (medium rows)"
+                        for i, _ in enumerate(sweep.col_nodes))
             raws = {}
-            for key, _ in loads:
+            for key, _ in sweep.loads:
                 pn = self.pointer_name(key)
                 raws[key] = slot.format(pn)
                 if mode == "reg" and key not in self.held_loads():  # a [W] parameter: read at use (L1)
                     raws[key] = f"lz_{pn}"
-                    body.append(f"{ind}{self.raw_type(key)} lz_{pn}; sg::load_raw<VEC>({pn} + c * VEC, lz_{pn});")
-            body.append(f"{ind}#pragma unroll")
-            body.append(f"{ind}for (int v = 0; v < VEC; ++v) {{")
-            inner = ind + "  "
-            body.append(f"{inner}const int64_t j = c * VEC + v; (void)j;")
-            ctx = Ctx(dict(ctx_row.names))
-            for key, ns in loads:
-                for n in ns:
-                    ctx.loads[n.id] = self.load_ref(n, raws[key])
-            body += self.elem_statements(roots, ctx, inner)
-            for i, (n, _) in enumerate(onlines):
-                body.append(f"{inner}on_{i}[v] = (acc_t)({self.expr(n, ctx)});")
-            for kind, n, acc in consumers:
-                if kind == "online":
-                    continue
-                val = self.expr(n.args[0], ctx)
-                if kind == "sum" and mode == "loop" and acc in chained and kahan:
-                    body.append(f"{inner}{{ const acc_t y_ = ({val}) - {acc}_k[u]; const acc_t t_ = {acc}_c[u] + y_; "
-                                f"{acc}_k[u] = (t_ - {acc}_c[u]) - y_; {acc}_c[u] = t_; }}")
-                elif kind == "sum" and mode == "loop" and acc in chained:
-                    body.append(f"{inner}{acc}_c[u] += {val};")
-                elif kind == "sum":
-                    body.append(f"{inner}{acc} += {val};")
-                else:
-                    body.append(f"{inner}{acc} = sg::{kind}_({acc}, (acc_t)({val}));")
-            for i, s in enumerate(stores):
-                body.append(f"{inner}st_{i}[v] = (acc_t)({self.expr(s.value, ctx)});")
-            for i, c in enumerate(col_nodes):
-                val = self.expr(c.args[0], ctx)
-                if mode == "reg" and self.col_smem:
-                    body.append(f"{inner}if constexpr (TPR > 32) ccl_{i}[v] = {val}; else cacc_{i}[k][v] += {val};")
-                elif mode == "reg":
-                    body.append(f"{inner}cacc_{i}[k][v] += {val};")
-                else:
-                    body.append(f"{inner}cpart_{i}[c * VEC + v] += {val};")
-            body.append(f"{ind}}}")
-            for i, (_, acc) in enumerate(onlines):
-                body.append(f"{ind}sg::online_add_vec<T, VEC>({acc[0]}, {acc[1]}, on_{i});")
+                    w.line(f"{self.raw_type(key)} lz_{pn}; sg::load_raw<VEC>({pn} + c * VEC, lz_{pn});")
+            w.line("#pragma unroll")
+            with w.block("for (int v = 0; v < VEC; ++v)"):
+                self.write_element(w, sweep, mode, raws, onlines)
+            w.lines(f"sg::online_add_vec<T, VEC>({acc[0]}, {acc[1]}, on_{i});" for i, (_, acc) in enumerate(onlines))
+            if col_smem:
+                w.lines(f"if constexpr (TPR > 32) sg::smem_add_vec<VEC>(csm + {i} * W + c * VEC, ccl_{i});"
+                        for i, _ in enumerate(sweep.col_nodes))
+            w.lines(f"sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});" for i, _ in enumerate(sweep.stores))
+
+    def write_element(self, w: CWriter, sweep: Sweep, mode: str, raws: dict, onlines: list[tuple]) -> None:
+        """Element v of the chunk: its values, then its terms into the reductions, stores and column partials."""
+        w.line("const int64_t j = c * VEC + v; (void)j;")
+        ctx = Ctx(dict(sweep.ctx_row.names))
+        for key, ns in sweep.loads:
+            for n in ns:
+                ctx.loads[n.id] = self.load_ref(n, raws[key])
+        w.lines(self.elem_statements(sweep.roots, ctx))
+        w.lines(f"on_{i}[v] = (acc_t)({self.expr(n, ctx)});" for i, (n, _) in enumerate(onlines))
+        for kind, n, acc in sweep.consumers:
+            if kind != "online":
+                w.line(self.accumulate(sweep, mode, kind, acc, self.expr(n.args[0], ctx)))
+        w.lines(f"st_{i}[v] = (acc_t)({self.expr(s.value, ctx)});" for i, s in enumerate(sweep.stores))
+        for i, c in enumerate(sweep.col_nodes):
+            val = self.expr(c.args[0], ctx)
             if mode == "reg" and self.col_smem:
-                for i, _ in enumerate(col_nodes):
-                    body.append(f"{ind}if constexpr (TPR > 32) sg::smem_add_vec<VEC>(csm + {i} * W + c * VEC, ccl_{i});")
-            for i, s in enumerate(stores):
-                body.append(f"{ind}sg::store_vec<VEC>(o_{i} + c * VEC, st_{i});")
-            body.append("        }")
-            body.append("      }")
-            if mode == "loop":
-                body.append("      }")
-                for acc in chained:
-                    body.append(f"      for (int u = 0; u < UNROLL; ++u) {acc} += {acc}_c[u];")
-            out.append(body)
-        if len(out) == 1:
-            return out[0]
-        return ["      if constexpr (ITEMS > 0) {"] + out[0] + ["      } else {"] + out[1] + ["      }"]
+                w.line(f"if constexpr (TPR > 32) ccl_{i}[v] = {val}; else cacc_{i}[k][v] += {val};")
+            elif mode == "reg":
+                w.line(f"cacc_{i}[k][v] += {val};")
+            else:
+                w.line(f"cpart_{i}[c * VEC + v] += {val};")
+
+    def accumulate(self, sweep: Sweep, mode: str, kind: str, acc: str, val: str) -> str:
+        """The statement adding one element's `val` into reduction `acc` (a streamed sum of the
+        `chains` and `kahan` variants: into this chunk's partial)."""
+        chained = kind == "sum" and mode == "loop" and acc in sweep.chained
+        if chained and sweep.kahan:
+            return (f"{{ const acc_t y_ = ({val}) - {acc}_k[u]; const acc_t t_ = {acc}_c[u] + y_; "
+                    f"{acc}_k[u] = (t_ - {acc}_c[u]) - y_; {acc}_c[u] = t_; }}")
+        if chained:
+            return f"{acc}_c[u] += {val};"
+        if kind == "sum":
+            return f"{acc} += {val};"
+        return f"{acc} = sg::{kind}_({acc}, (acc_t)({val}));"
 
     def moments_partner(self, batch: list[Node], pending: list[Node]):
         """(sum, sum of squared deviations, mean) of one row: s1 = sum(x) in `batch` and a pending
@@ -328,36 +380,34 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         rows = [n for n in self.nodes if n.op == "rowreduce"]
         return any(self.moments_partner([n], rows) is not None for n in rows)
 
-    def emit_moments(self, moments, batch: list[Node], pass_no: int, ctx: Ctx) -> list[str]:
+    def write_moments(self, w: CWriter, moments, batch: list[Node], pass_no: int, ctx: Ctx) -> list[Node]:
         """A row's sum and sum of squared deviations from its mean. In registers: this thread's
         sum and count, its exact local mean, its sum of squared deviations from that, then one
         merge round (sg::group_moments) instead of a reduction of the sum, the mean, a second
-        sweep and a second reduction. Streamed: the two sweeps."""
+        sweep and a second reduction. Streamed: the two sweeps. Returns the nodes computed."""
         s1, s2, mean = moments
         v1, v2 = self.var(s1), self.var(s2)
         others = [(n.attrs["kind"], n, self.var(n)) for n in batch if n is not s1]
         with_others = "".join(f", {kind}" for kind, _, _ in others)
-        lines = [f"    // pass {pass_no}: sum and squared deviations from the mean{with_others} over the row"]
-        for kind, n, acc in [("sum", s1, v1), ("sum", s2, v2)] + others:
-            lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
+        w.line(f"// pass {pass_no}: sum and squared deviations from the mean{with_others} over the row")
+        w.lines(f"acc_t {acc} = {REDUCE_INIT[kind]};" for kind, n, acc in [("sum", s1, v1), ("sum", s2, v2)] + others)
         local = Ctx(dict(ctx.names), dict(ctx.loads))
         local.names[mean.id] = "wmean"
-        lines.append("    if constexpr (ITEMS > 0) {  // in registers: this thread's exact moments, one round")
-        lines.append("      acc_t wn = 0;")
-        lines.append("      for (int k = 0; k < ITEMS; ++k) if (((int64_t)k * TPR + lane) * VEC < W) wn += (acc_t)VEC;")
-        lines += self.emit_pass([("sum", s1, v1)] + others, ctx, [], [], modes=("reg",))
-        lines.append(f"      const acc_t wmean = wn > (acc_t)0 ? {v1} / wn : (acc_t)0;")
-        lines += self.emit_pass([("sum", s2, v2)], local, [], [], modes=("reg",))
-        lines.append(f"      sg::group_moments<TPR, BLOCK>(wn, {v1}, {v2}, moments_smem);")
-        lines += ["  " + l for l in self.emit_group_reductions(others, "    ")]
-        lines.append("    } else {  // streamed: the sum, then the squared deviations from the row's mean")
-        lines += self.emit_pass([("sum", s1, v1)] + others, ctx, [], [], modes=("loop",))
-        lines += ["  " + l for l in self.emit_group_reductions([("sum", s1, v1)] + others, "    ")]
-        lines.append(f"      const acc_t wmean = {self.op_expr(mean, [v1, self.expr(mean.args[1], ctx)])};")
-        lines += self.emit_pass([("sum", s2, v2)], local, [], [], modes=("loop",))
-        lines += ["  " + l for l in self.emit_group_reductions([("sum", s2, v2)], "    ")]
-        lines.append("    }")
-        return lines
+        with w.block("if constexpr (ITEMS > 0)", comment="in registers: this thread's exact moments, one round"):
+            w.line("acc_t wn = 0;")
+            w.line("for (int k = 0; k < ITEMS; ++k) if (((int64_t)k * TPR + lane) * VEC < W) wn += (acc_t)VEC;")
+            self.write_pass(w, [("sum", s1, v1)] + others, ctx, [], [], modes=("reg",))
+            w.line(f"const acc_t wmean = wn > (acc_t)0 ? {v1} / wn : (acc_t)0;")
+            self.write_pass(w, [("sum", s2, v2)], local, [], [], modes=("reg",))
+            w.line(f"sg::group_moments<TPR, BLOCK>(wn, {v1}, {v2}, moments_smem);")
+            self.write_group_reductions(w, others)
+        with w.chain("else", comment="streamed: the sum, then the squared deviations from the row's mean"):
+            self.write_pass(w, [("sum", s1, v1)] + others, ctx, [], [], modes=("loop",))
+            self.write_group_reductions(w, [("sum", s1, v1)] + others)
+            w.line(f"const acc_t wmean = {self.op_expr(mean, [v1, self.expr(mean.args[1], ctx)])};")
+            self.write_pass(w, [("sum", s2, v2)], local, [], [], modes=("loop",))
+            self.write_group_reductions(w, [("sum", s2, v2)])
+        return [s1, s2] + [n for n in batch if n is not s1]
 
     def online_partner(self, batch: list[Node], pending: list[Node]) -> tuple[Node, Node] | None:
         """(max(a), sum(exp(a - max))) that can share one online pass: a max in `batch` and its
@@ -371,111 +421,134 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         return None
 
     def emit_row_kernel(self) -> str:
+        w = CWriter()
+        self.write_row_signature(w)
+        with w.block():
+            self.write_row_setup(w)
+            ctx = Ctx()
+            for n in self.nodes:
+                if n.level == "global" and n.op not in ("dim", "stride"):
+                    name = self.var(n)
+                    w.line(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
+                    ctx.names[n.id] = name
+            self.write_column_partials_setup(w)
+            w.lines(f"acc_t gacc_{i} = 0;" for i, _ in enumerate(self.globalreduces))
+            w.line("// Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.")
+            with w.block("for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb)"):
+                self.write_row(w, ctx)
+            if self.colreduces:
+                self.write_column_partials_out(w)
+            if self.finalizes_in_cluster(self.variant):
+                self.write_cluster_finalize(w, ctx)
+            for i, g in enumerate(self.globalreduces):
+                base = f"{len(self.colreduces)} * cslots * W + " if self.colreduces else ""
+                w.line(f"if (lane == 0) partials[{base}{i} * slots + slot] = (float)gacc_{i};")
+        return w.text()
+
+    def write_row_signature(self, w: CWriter) -> None:
         variant = self.variant
-        p = self.p
-        lines: list[str] = []
-        elem_stores = [s for s in p.stores if s.kind == "elem"]
-        row_stores = [s for s in p.stores if s.kind == "row"]
-        lines.append(f"// One row group of TPR threads per row; {self.describe_rows()}. BLOCK threads per block;")
-        lines.append(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
+        w.line(f"// One row group of TPR threads per row; {self.describe_rows()}. BLOCK threads per block;")
+        w.line(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
         few_flag = ", bool FEW = false" if self.few_pair_own(variant) else ""
-        lines.append(f"template <typename T, int VEC, int TPR, int ITEMS, int BLOCK{few_flag}>")
-        lines.append(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
-                     f"{self.words_per_item_expr(not self.col_smem)}, {variant.data_regs}))")
-        lines.append(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
-        lines.append("{")
-        lines.append("  using acc_t = typename sg::Acc<T>::type;")
+        w.line(f"template <typename T, int VEC, int TPR, int ITEMS, int BLOCK{few_flag}>")
+        w.line(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
+               f"{self.words_per_item_expr(not self.col_smem)}, {variant.data_regs}))")
+        w.line(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
+
+    def write_row_setup(self, w: CWriter) -> None:
+        """The kernel's constants: the looped pass's unroll, the reduction scratch, the row width,
+        and this thread's place (lane in its row group, the row group, its partials' slot)."""
+        variant = self.variant
+        w.line("using acc_t = typename sg::Acc<T>::type;")
         loads_words = " + ".join(f"(VEC * (int)sizeof({self.ctype_of(key[0])}) + 3) / 4" for key in self.elem_loads) or "1"
-        lines.append("  // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)")
-        lines.append(f"  constexpr int UNROLL = sg::items_max(8, {loads_words}, {variant.loop_unroll});")
-        lines.append("  __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)")
+        w.line("// looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)")
+        w.line(f"constexpr int UNROLL = sg::items_max(8, {loads_words}, {variant.loop_unroll});")
+        w.line("__shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)")
         if variant.moments and self.has_moments():
-            lines.append("  __shared__ acc_t moments_smem[99];  // (count, sum, squared deviations) per warp")
-        lines.append("  (void)red_smem; (void)partials;")
-        lines.append(f"  const int64_t W = {self.expr(p.width, Ctx())};")
-        lines.append("  // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
-        lines.append("  constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;")
-        lines.append("  const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x "
-                     ": (int)(threadIdx.x % TPR);")
-        lines.append("  const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);")
-        lines.append("  const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);")
-        lines.append("  const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;")
-        lines.append("  const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;")
-        lines.append("  const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;")
-        ctx = Ctx()
-        for n in self.nodes:
-            if n.level == "global" and n.op not in ("dim", "stride"):
-                name = self.var(n)
-                lines.append(f"  const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
-                ctx.names[n.id] = name
+            w.line("__shared__ acc_t moments_smem[99];  // (count, sum, squared deviations) per warp")
+        w.line("(void)red_smem; (void)partials;")
+        w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
+        w.line("// CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
+        w.line("constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;")
+        w.line("const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x "
+               ": (int)(threadIdx.x % TPR);")
+        w.line("const int rg = CL > 1 ? 0 : (int)(threadIdx.x / TPR);")
+        w.line("const int rpb = CL > 1 ? 1 : (int)(blockDim.x / TPR);")
+        w.line("const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;")
+        w.line("const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;")
+        w.line("const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;")
+
+    def write_column_partials_setup(self, w: CWriter) -> None:
+        """Column reductions' slots and accumulators, zeroed (registers or shared memory; a
+        streamed row accumulates straight into its partials)."""
         if self.colreduces:
-            lines.append("  // column partials: one slot per block (narrow rows merge their row groups at the end)")
-            lines.append("  const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;")
-            lines.append("  const int64_t cslots = nbx * gridDim.y;")
+            w.line("// column partials: one slot per block (narrow rows merge their row groups at the end)")
+            w.line("const int64_t cslot = (int64_t)blockIdx.y * nbx + bx;")
+            w.line("const int64_t cslots = nbx * gridDim.y;")
         if self.col_smem:
-            lines.append("  // medium rows: the column partials in shared memory, [reduction][W], sized at launch;")
-            lines.append("  // each column is one thread's (one row per block), so no atomics and no barriers")
-            lines.append("  extern __shared__ float col_smem[];")
-            lines.append("  acc_t* const csm = reinterpret_cast<acc_t*>(col_smem); (void)csm;")
+            w.line("// medium rows: the column partials in shared memory, [reduction][W], sized at launch;")
+            w.line("// each column is one thread's (one row per block), so no atomics and no barriers")
+            w.line("extern __shared__ float col_smem[];")
+            w.line("acc_t* const csm = reinterpret_cast<acc_t*>(col_smem); (void)csm;")
         for i, c in enumerate(self.colreduces):
-            lines.append(f"  // column partials of {self.var(c)}: this thread's columns, summed over its rows")
+            w.line(f"// column partials of {self.var(c)}: this thread's columns, summed over its rows")
             if self.col_smem:
-                lines.append(f"  acc_t cacc_{i}[ITEMS > 0 && TPR <= 32 ? ITEMS : 1][VEC];")
-                lines.append(f"  if constexpr (ITEMS > 0 && TPR > 32) for (int k = 0; k < ITEMS; ++k) {{ "
-                             f"const int64_t c = (int64_t)k * TPR + lane; if (c * VEC < W) "
-                             f"for (int v = 0; v < VEC; ++v) csm[{i} * W + c * VEC + v] = 0; }}")
-                lines.append(f"  for (int k = 0; k < (ITEMS > 0 && TPR <= 32 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
-                             f"cacc_{i}[k][v] = 0;")
+                w.line(f"acc_t cacc_{i}[ITEMS > 0 && TPR <= 32 ? ITEMS : 1][VEC];")
+                w.line(f"if constexpr (ITEMS > 0 && TPR > 32) for (int k = 0; k < ITEMS; ++k) {{ "
+                       f"const int64_t c = (int64_t)k * TPR + lane; if (c * VEC < W) "
+                       f"for (int v = 0; v < VEC; ++v) csm[{i} * W + c * VEC + v] = 0; }}")
+                w.line(f"for (int k = 0; k < (ITEMS > 0 && TPR <= 32 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
+                       f"cacc_{i}[k][v] = 0;")
             else:
-                lines.append(f"  acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
-                lines.append(f"  for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
-                             f"cacc_{i}[k][v] = 0;")
-            lines.append(f"  float* cpart_{i} = partials + ({i} * cslots + cslot) * W;")
-            lines.append(f"  if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) "
-                         f"for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = 0.f;")
-        for i, g in enumerate(self.globalreduces):
-            lines.append(f"  acc_t gacc_{i} = 0;")
-        lines.append("  // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.")
-        lines.append("  for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {")
-        lines.append("    const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;")
+                w.line(f"acc_t cacc_{i}[ITEMS > 0 ? ITEMS : 1][VEC];")
+                w.line(f"for (int k = 0; k < (ITEMS > 0 ? ITEMS : 1); ++k) for (int v = 0; v < VEC; ++v) "
+                       f"cacc_{i}[k][v] = 0;")
+            w.line(f"float* cpart_{i} = partials + ({i} * cslots + cslot) * W;")
+            w.line(f"if constexpr (ITEMS == 0) for (int64_t c = lane; c * VEC < W; c += TPR) "
+                   f"for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = 0.f;")
+
+    def write_row(self, w: CWriter, ctx: Ctx) -> None:
+        """One row: its pointers, its raw loads into registers, its row values and reductions
+        (pass by pass), the final pass's outputs, its row stores and its terms of the global reductions."""
+        p = self.p
+        elem_stores = [s for s in p.stores if s.kind == "elem"]
+        w.line("const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;")
         for key, ns in self.elem_loads.items():
             fld, kind, off, div = key
-            pn = self.pointer_name(key)
-            ttype = self.types[fld]
-            pitch = pitch_expr(self.p, ttype)
             base = f"(const {self.ctype_of(fld)}*)A.{fld}.data"
             if kind == "col":
-                lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + {off};")
+                w.line(f"const {self.ctype_of(fld)}* {self.pointer_name(key)} = {base} + {off};")
             else:
-                lines.append(f"    const {self.ctype_of(fld)}* {pn} = {base} + "
-                             f"{self.row_index(ns[0].attrs['row_div'])} * {pitch} + {off};")
+                w.line(f"const {self.ctype_of(fld)}* {self.pointer_name(key)} = {base} + "
+                       f"{self.row_index(ns[0].attrs['row_div'])} * {pitch_expr(p, self.types[fld])} + {off};")
         for i, s in enumerate(elem_stores):
-            pitch = pitch_expr(self.p, self.types[s.field])
+            pitch = pitch_expr(p, self.types[s.field])
             off = self.expr(s.offset, ctx) if s.offset is not None else "0"
-            lines.append(f"    {self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
-                         f"row * {pitch} + {off};")
+            w.line(f"{self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
+                   f"row * {pitch} + {off};")
         if self.elem_loads:
-            lines.append("    // the row stays in registers across passes, raw in the storage dtype (half the")
-            lines.append("    // registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front")
-        for key in self.held_loads():
-            pn = self.pointer_name(key)
-            lines.append(f"    {self.raw_type(key)} r_{pn}[ITEMS > 0 ? ITEMS : 1];")
+            w.line("// the row stays in registers across passes, raw in the storage dtype (half the")
+            w.line("// registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front")
+        w.lines(f"{self.raw_type(key)} r_{self.pointer_name(key)}[ITEMS > 0 ? ITEMS : 1];" for key in self.held_loads())
         if self.elem_loads:
-            lines.append("    if constexpr (ITEMS > 0) {")
-            lines.append("      #pragma unroll")
-            lines.append("      for (int k = 0; k < ITEMS; ++k) {")
-            lines.append("        const int64_t c = (int64_t)k * TPR + lane;")
-            lines.append("        if (c * VEC < W) {")
-            for key in self.held_loads():
-                pn = self.pointer_name(key)
-                lines.append(f"          sg::load_raw<VEC>({pn} + c * VEC, r_{pn}[k]);")
-            lines.append("        }")
-            lines.append("      }")
-            lines.append("    }")
-        # row scope: compute row nodes, with passes for the reductions
-        row_nodes = [n for n in self.nodes if n.level == "row"]
+            with w.block("if constexpr (ITEMS > 0)"):
+                self.write_chunk_loads(w, "for (int k = 0; k < ITEMS; ++k)", "(int64_t)k * TPR + lane",
+                                       [(self.pointer_name(key), f"r_{self.pointer_name(key)}[k]")
+                                        for key in self.held_loads()])
+        self.write_row_scope(w, ctx)
+        if elem_stores or self.colreduces:
+            w.line("// final pass: outputs" + (" and column partials" if self.colreduces else ""))
+            self.write_pass(w, [], ctx, elem_stores, self.colreduces)
+        for s in (s for s in p.stores if s.kind == "row"):
+            t = self.ctype_of(s.field)
+            w.line(f"if (lane == 0) (({t}*)A.{s.field}.data)[row] = sg::from_acc<{t}>({self.expr(s.value, ctx)});")
+        w.lines(f"gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});" for i, g in enumerate(self.globalreduces))
+
+    def write_row_scope(self, w: CWriter, ctx: Ctx) -> None:
+        """The row's values in dependency order: each row node once its operands are, and the
+        row reductions ready together in one pass over the row."""
         done = set(ctx.names)
-        pending = list(row_nodes)
+        pending = [n for n in self.nodes if n.level == "row"]
         pass_no = 0
         while pending:
             progressed = False
@@ -483,82 +556,61 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
                 if n.op in ("rowreduce",):
                     continue
                 if all(self.ready(a, done) for a in n.args) and (n.op != "gather" or self.gather_ready(n, done)):
-                    lines += self.emit_row_node(n, ctx)
+                    self.write_row_node(w, n, ctx)
                     done.add(n.id)
                     pending.remove(n)
                     progressed = True
             batch = [n for n in pending if n.op == "rowreduce" and self.elem_ready(n.args[0], done)]
             if batch:
                 pass_no += 1
-                moments = self.moments_partner(batch, pending) if variant.moments else None
-                if moments is not None:
-                    lines += self.emit_moments(moments, batch, pass_no, ctx)
-                    for n in moments[:2] + tuple(n for n in batch if n is not moments[0]):
-                        ctx.names[n.id] = self.var(n)
-                        done.add(n.id)
-                        pending.remove(n)
-                    progressed = True
-                    continue
-                pair = self.online_partner(batch, pending)
-                if pair is not None:
-                    m, s = pair
-                    mv, sv = self.var(m), self.var(s)
-                    others = [(n.attrs["kind"], n, self.var(n)) for n in batch if n is not m]
-                    with_others = "".join(f", {kind}" for kind, _, _ in others)
-                    lines.append(f"    // pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
-                    for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others:
-                        lines.append(f"    acc_t {acc} = {REDUCE_INIT[kind]};")
-                    if variant.reg_pair == "twopass" or self.few_pair_own(variant):
-                        lines += self.emit_exact_pair(m, s, others, ctx, variant)
-                    else:
-                        lines += self.emit_online_pair(m, s, others, ctx, "    ", variant.reg_pair == "local")
-                    for n in [m, s] + [n for _, n, _ in others]:
-                        ctx.names[n.id] = self.var(n)
-                        done.add(n.id)
-                        pending.remove(n)
-                    progressed = True
-                    continue
-                lines.append(f"    // pass {pass_no}: {', '.join(n.attrs['kind'] for n in batch)} over the row")
-                consumers = []
-                for n in batch:
-                    acc = self.var(n)
-                    lines.append(f"    acc_t {acc} = {REDUCE_INIT[n.attrs['kind']]};")
-                    consumers.append((n.attrs["kind"], n, acc))
-                lines += self.emit_pass(consumers, ctx, [], [])
-                lines += self.emit_group_reductions(consumers, "    ")
-                for kind, n, acc in consumers:
-                    ctx.names[n.id] = acc
+                for n in self.write_reduction_pass(w, batch, pending, pass_no, ctx):
+                    ctx.names[n.id] = self.var(n)
                     done.add(n.id)
                     pending.remove(n)
                 progressed = True
             if not progressed:
                 raise AssertionError(f"emit: cannot schedule row nodes {pending}")
-        if elem_stores or self.colreduces:
-            lines.append("    // final pass: outputs" + (" and column partials" if self.colreduces else ""))
-            lines += self.emit_pass([], ctx, elem_stores, self.colreduces)
-        for s in row_stores:
-            t = self.ctype_of(s.field)
-            lines.append(f"    if (lane == 0) (({t}*)A.{s.field}.data)[row] = sg::from_acc<{t}>"
-                         f"({self.expr(s.value, ctx)});")
-        for i, g in enumerate(self.globalreduces):
-            lines.append(f"    gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});")
-        lines.append("  }")
-        if self.colreduces:
-            lines += self.emit_column_partials_out()
-        if self.finalizes_in_cluster(variant):
-            lines += self.emit_cluster_finalize(ctx)
-        for i, g in enumerate(self.globalreduces):
-            base = f"{len(self.colreduces)} * cslots * W + " if self.colreduces else ""
-            lines.append(f"  if (lane == 0) partials[{base}{i} * slots + slot] = (float)gacc_{i};")
-        lines.append("}")
-        return "\n".join(lines)
+
+    def write_reduction_pass(self, w: CWriter, batch: list[Node], pending: list[Node], pass_no: int,
+                             ctx: Ctx) -> list[Node]:
+        """A pass computing the row reductions of `batch` (and a pending partner they fuse with:
+        LayerNorm's moments, softmax's (max, sum)). Returns the nodes it computed."""
+        moments = self.moments_partner(batch, pending) if self.variant.moments else None
+        if moments is not None:
+            return self.write_moments(w, moments, batch, pass_no, ctx)
+        pair = self.online_partner(batch, pending)
+        if pair is not None:
+            return self.write_max_sum_pass(w, pair, batch, pass_no, ctx)
+        w.line(f"// pass {pass_no}: {', '.join(n.attrs['kind'] for n in batch)} over the row")
+        consumers = [(n.attrs["kind"], n, self.var(n)) for n in batch]
+        w.lines(f"acc_t {acc} = {REDUCE_INIT[kind]};" for kind, _, acc in consumers)
+        self.write_pass(w, consumers, ctx, [], [])
+        self.write_group_reductions(w, consumers)
+        return batch
+
+    def write_max_sum_pass(self, w: CWriter, pair: tuple[Node, Node], batch: list[Node], pass_no: int,
+                           ctx: Ctx) -> list[Node]:
+        """A row's max and sum of exp(x - max) in one pass (the batch's other reductions ride
+        along), in the variant's form. Returns the nodes computed."""
+        variant = self.variant
+        m, s = pair
+        mv, sv = self.var(m), self.var(s)
+        others = [(n.attrs["kind"], n, self.var(n)) for n in batch if n is not m]
+        with_others = "".join(f", {kind}" for kind, _, _ in others)
+        w.line(f"// pass {pass_no}: max and sum of exp(x - max){with_others} over the row")
+        w.lines(f"acc_t {acc} = {REDUCE_INIT[kind]};" for kind, n, acc in [("max", m, mv), ("sum", s, sv)] + others)
+        if variant.reg_pair == "twopass" or self.few_pair_own(variant):
+            self.write_exact_pair(w, m, s, others, ctx, variant)
+        else:
+            self.write_online_pair(w, m, s, others, ctx, variant.reg_pair == "local")
+        return [m, s] + [n for _, n, _ in others]
 
     def group(self, kind: str) -> str:
         """The row group's reduction call (reduce, reduce2, online): the variant's `red_form`."""
         tree = "_tree" if self.variant.red_form == "tree" else ""
         return f"sg::group_{kind}{tree}<TPR, BLOCK>"
 
-    def emit_exact_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, variant: Variant) -> list[str]:
+    def write_exact_pair(self, w: CWriter, m: Node, s: Node, others: list[tuple], ctx: Ctx, variant: Variant) -> None:
         """The `twopass` variant's (max, sum): a medium row (one block, in registers) takes the
         exact two sweeps, whose exps are independent of each other (the max and the batch's
         other reductions in one round, then the sum of exp(x - max)); narrow and split rows in
@@ -571,93 +623,86 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         medium = variant.reg_pair == "twopass"
         if self.few_pair_own(variant):
             when = "FEW || (ITEMS > 0 && TPR > 32 && TPR <= BLOCK)" if medium else "FEW"
-            lines = [f"    if constexpr ({when}) {{  // {'medium or ' if medium else ''}few-row block: the exact two-pass form"]
+            header, comment = f"if constexpr ({when})", f"{'medium or ' if medium else ''}few-row block: the exact two-pass form"
         else:
-            lines = ["    if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK) {  // medium row: the exact two-pass form"]
-        lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
-        for kind, n, acc in [("max", m, mv)] + others:
-            lines.append(f"      {acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);")
-        pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
-        pass_ctx.names[m.id] = mv
-        lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
-        lines.append(f"      {sv} = {self.group('reduce')}({sv}, sg::Sum(), red_smem);")
+            header, comment = "if constexpr (ITEMS > 0 && TPR > 32 && TPR <= BLOCK)", "medium row: the exact two-pass form"
+        with w.block(header, comment=comment):
+            self.write_pass(w, [("max", m, mv)] + others, ctx, [], [], modes=("reg",))
+            w.lines(f"{acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);"
+                    for kind, n, acc in [("max", m, mv)] + others)
+            pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
+            pass_ctx.names[m.id] = mv
+            self.write_pass(w, [("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
+            w.line(f"{sv} = {self.group('reduce')}({sv}, sg::Sum(), red_smem);")
         local = variant.reg_pair in ("local", "twopass")  # "online" keeps its own sweep
-        lines.append("    } else {  // " + ("the other rows' own (max, sum) form" if local else "one online sweep, one reduction round"))
-        lines += self.emit_online_pair(m, s, others, ctx, "      ", local)
-        lines.append("    }")
-        return lines
+        with w.chain("else", comment="the other rows' own (max, sum) form" if local
+                     else "one online sweep, one reduction round"):
+            self.write_online_pair(w, m, s, others, ctx, local)
 
-    def emit_group_reductions(self, consumers: list[tuple], indent: str) -> list[str]:
+    def write_group_reductions(self, w: CWriter, consumers: list[tuple]) -> None:
         """Reduce a batch's accumulators over the row group, two per round (one set of barriers
         for a pair: the RMSNorm backward's two sums took two)."""
-        lines = []
         for i in range(0, len(consumers), 2):
             pair = consumers[i:i + 2]
             if len(pair) == 2:
                 (ka, _, a), (kb, _, b) = pair
-                lines.append(f"{indent}{self.group('reduce2')}({a}, {REDUCE_OP[ka]}, {b}, {REDUCE_OP[kb]}, "
-                             "red_smem);")
+                w.line(f"{self.group('reduce2')}({a}, {REDUCE_OP[ka]}, {b}, {REDUCE_OP[kb]}, red_smem);")
             else:
                 kind, _, acc = pair[0]
-                lines.append(f"{indent}{acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);")
-        return lines
+                w.line(f"{acc} = {self.group('reduce')}({acc}, {REDUCE_OP[kind]}, red_smem);")
 
-    def emit_online_pair(self, m: Node, s: Node, others: list[tuple], ctx: Ctx, indent: str,
-                         local: bool = False) -> list[str]:
+    def write_online_pair(self, w: CWriter, m: Node, s: Node, others: list[tuple], ctx: Ctx,
+                          local: bool = False) -> None:
         """One online pass (a read of a streamed row; one sweep of a row in registers) and one
         reduction round for the (max, sum) pair; the batch's other reductions ride along.
         `local`: a row in registers takes two sweeps of its registers instead (the thread's
         max, then its sum of exp(x - that max): no rescale chain, one exp per element)."""
         mv, sv = self.var(m), self.var(s)
+        online = [("online", m.args[0], (mv, sv))] + others
         if local:
             pass_ctx = Ctx(dict(ctx.names), dict(ctx.loads))
             pass_ctx.names[m.id] = mv
-            lines = ["      if constexpr (ITEMS > 0) {  // in registers: this thread's exact (max, sum)"]
-            lines += self.emit_pass([("max", m, mv)] + others, ctx, [], [], modes=("reg",))
-            lines.append(f"      if ({mv} != (acc_t)(-INFINITY)) {{  // else no element here adds anything")
-            lines += self.emit_pass([("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
-            lines.append("      }")
-            lines.append("      } else {  // streamed: one online sweep")
-            lines += self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [], modes=("loop",))
-            lines.append("      }")
+            with pass_level(w):  # like the sweeps inside (the layout committed kernels carry)
+                with unindented(w, w.block("if constexpr (ITEMS > 0)",
+                                           comment="in registers: this thread's exact (max, sum)")):
+                    self.write_pass(w, [("max", m, mv)] + others, ctx, [], [], modes=("reg",))
+                    with unindented(w, w.block(f"if ({mv} != (acc_t)(-INFINITY))",
+                                               comment="else no element here adds anything")):
+                        self.write_pass(w, [("sum", s, sv)], pass_ctx, [], [], modes=("reg",))
+                with unindented(w, w.chain("else", comment="streamed: one online sweep")):
+                    self.write_pass(w, online, ctx, [], [], modes=("loop",))
         else:
-            lines = self.emit_pass([("online", m.args[0], (mv, sv))] + others, ctx, [], [])
-        lines.append(f"{indent}{self.group('online')}({mv}, {sv}, red_smem);")
-        return lines + self.emit_group_reductions(others, indent)
+            self.write_pass(w, online, ctx, [], [])
+        w.line(f"{self.group('online')}({mv}, {sv}, red_smem);")
+        self.write_group_reductions(w, others)
 
-    def emit_column_partials_out(self) -> list[str]:
+    def write_column_partials_out(self, w: CWriter) -> None:
         """Write this block's column partials (register path; the looped path accumulated in
         place). Rows of one block (narrow rows: TPR <= 32, BLOCK / TPR row groups) cover the
         same columns, so their partials are summed in row-group order (deterministic) through
         shared memory into the block's one slot: a slot per row group wrote more partial bytes
         than the op moves (rope's cos/sin grads: 16 row groups of 64 columns per block)."""
-        lines = ["  if constexpr (ITEMS > 0 && TPR > 32) {  // one row group per block: straight out"]
-        for i, _ in enumerate(self.colreduces):
-            lines.append("    for (int k = 0; k < ITEMS; ++k) {")
-            lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
-            part = f"csm[{i} * W + c * VEC + v]" if self.col_smem else f"cacc_{i}[k][v]"
-            lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = "
-                         f"(float){part};")
-            lines.append("    }")
-        lines.append("  } else if constexpr (ITEMS > 0) {  // BLOCK / TPR row groups: summed in order")
-        if not self.col_smem:
-            lines.append("    extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch")
-        lines.append("    constexpr int CW = TPR * ITEMS * VEC;")
-        for i, _ in enumerate(self.colreduces):
-            lines.append("    for (int k = 0; k < ITEMS; ++k) {")
-            lines.append("      const int64_t c = (int64_t)k * TPR + lane;")
-            lines.append(f"      if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = "
-                         f"(float)cacc_{i}[k][v];")
-            lines.append("    }")
-            lines.append("    __syncthreads();")
-            lines.append("    for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK) {")
-            lines.append("      float t = 0.f;")
-            lines.append("      for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];")
-            lines.append(f"      cpart_{i}[jj] = t;")
-            lines.append("    }")
-            lines.append("    __syncthreads();")
-        lines.append("  }")
-        return lines
+        with w.block("if constexpr (ITEMS > 0 && TPR > 32)", comment="one row group per block: straight out"):
+            for i, _ in enumerate(self.colreduces):
+                part = f"csm[{i} * W + c * VEC + v]" if self.col_smem else f"cacc_{i}[k][v]"
+                with w.block("for (int k = 0; k < ITEMS; ++k)"):
+                    w.line("const int64_t c = (int64_t)k * TPR + lane;")
+                    w.line(f"if (c * VEC < W) for (int v = 0; v < VEC; ++v) cpart_{i}[c * VEC + v] = (float){part};")
+        with w.chain("else if constexpr (ITEMS > 0)", comment="BLOCK / TPR row groups: summed in order"):
+            if not self.col_smem:
+                w.line("extern __shared__ float col_smem[];  // [BLOCK / TPR][TPR * ITEMS * VEC], sized at launch")
+            w.line("constexpr int CW = TPR * ITEMS * VEC;")
+            for i, _ in enumerate(self.colreduces):
+                with w.block("for (int k = 0; k < ITEMS; ++k)"):
+                    w.line("const int64_t c = (int64_t)k * TPR + lane;")
+                    w.line(f"if (c * VEC < W) for (int v = 0; v < VEC; ++v) col_smem[rg * CW + c * VEC + v] = "
+                           f"(float)cacc_{i}[k][v];")
+                w.line("__syncthreads();")
+                with w.block("for (int64_t jj = threadIdx.x; jj < W; jj += BLOCK)"):
+                    w.line("float t = 0.f;")
+                    w.line("for (int r = 0; r < BLOCK / TPR; ++r) t += col_smem[r * CW + jj];")
+                    w.line(f"cpart_{i}[jj] = t;")
+                w.line("__syncthreads();")
 
     def describe_rows(self) -> str:
         rows = " * ".join(str(d) for d in self.p.row_dims) or "1"
@@ -681,25 +726,23 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
     def gather_ready(self, n: Node, done: set) -> bool:
         return self.elem_ready(n.args[0], done) and self.ready(n.args[1], done)
 
-    def emit_row_node(self, n: Node, ctx: Ctx) -> list[str]:
+    def write_row_node(self, w: CWriter, n: Node, ctx: Ctx) -> None:
         name = self.var(n)
         if n.op == "gather":
-            # Evaluate the column expression at one column per row, reading inputs directly.
-            lines = [f"    {self.ctype_var(n)} {name};", "    {",
-                     f"      const int64_t j = {self.expr(n.args[1], ctx)};"]
-            inner = Ctx(dict(ctx.names))
-            for key, ns in self.elem_loads.items():
-                pn = self.pointer_name(key)
-                for m in ns:
-                    inner.loads[m.id] = f"(acc_t)sg::to_acc({pn}[j])"
-            lines += self.elem_statements([n.args[0]], inner, "      ")
-            lines.append(f"      {name} = {self.expr(n.args[0], inner)};")
-            lines.append("    }")
-            ctx.names[n.id] = name
-            return lines
-        line = f"    const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};"
+            # the column expression evaluated at one column per row, reading the inputs directly
+            w.line(f"{self.ctype_var(n)} {name};")
+            with w.block():
+                w.line(f"const int64_t j = {self.expr(n.args[1], ctx)};")
+                inner = Ctx(dict(ctx.names))
+                for key, ns in self.elem_loads.items():
+                    pn = self.pointer_name(key)
+                    for m in ns:
+                        inner.loads[m.id] = f"(acc_t)sg::to_acc({pn}[j])"
+                w.lines(self.elem_statements([n.args[0]], inner))
+                w.line(f"{name} = {self.expr(n.args[0], inner)};")
+        else:
+            w.line(f"const {self.ctype_var(n)} {name} = {self.expr(n, ctx)};")
         ctx.names[n.id] = name
-        return [line]
 
     # ------------------------------------------------------------ finalize kernels
 

@@ -79,14 +79,12 @@ class FinalizeEmitter:
         return (variant.few_fin == "cluster" and bool(self.globalreduces) and not self.colreduces
                 and self.few_allowed(variant) and self.few_block_form(variant))
 
-    def emit_cluster_finalize(self, ctx: Ctx) -> list[str]:
+    def write_cluster_finalize(self, w: CWriter, ctx: Ctx) -> None:
         """The row kernel's tail for few rows launched as one cluster of at most FEW_FIN_ROWS blocks
         (a row each): the first block sums the blocks' partials in the finalize kernel's tree order
         (the same bits as finalize_global: its 256-wide tree over <= 8 slots adds zeros first), then
-        writes the outputs. `ctx` names the row kernel's global-level values. Lines at the row
-        kernel's body level."""
+        writes the outputs. `ctx` names the row kernel's global-level values."""
         n = len(self.globalreduces)
-        w = CWriter(level=1)
         with w.block("if constexpr (TPR == BLOCK)"):
             with w.block("if (partials == nullptr)",
                          comment="few rows, the grid one cluster (the host's fin_cluster): finalized here"):
@@ -103,7 +101,6 @@ class FinalizeEmitter:
                 w.line("__trap();  // the host launches it so only for code built for sm_90+ (clusters_ok)")
                 w.directive("#endif")
                 w.line("return;")
-        return w.to_lines()
 
     def write_cluster_sums(self, w: CWriter, ctx: Ctx) -> None:
         """The first block's sums of the cluster's partials (a FEW_FIN_ROWS-wide tree each), then the epilogue."""

@@ -154,7 +154,7 @@ VARIANTS = [
     # cl256's blocks with the exact two rounds for (max, sum) (a max round, then the sum: no exps in
     # the merge): softmax forward bf16 at 16384 x 4096 69.5 us against cl256's 75.3, cross-entropy
     # forward 0.82-0.90x cl256's time at 16384 x 4096 and 4096 x 8192 (session 16, calls 2-3);
-    # its narrow and split rows in registers keep the default's pair form (emit_exact_pair)
+    # its narrow and split rows in registers keep the default's pair form (emit.write_exact_pair)
     Variant("cl256two", block_max=256, split_block=256, reg_pair="twopass"),
     # medium rows with column partials (norm backwards): the partials in shared memory
     Variant("csmem", col_smem=True),

@@ -509,7 +509,7 @@ class AxisEmitter(DirectionEmitter):
         """Element j of kept element u: the reductions' operands, each running value updated."""
         operands = [n.args[0] for n in reduces]
         self.bind_loads(ctx, "base + v * I + u", operands, vec_index="v * VI + u")
-        w.lines(self.elem_statements(operands, ctx, ""))
+        w.lines(self.elem_statements(operands, ctx))
         for n in reduces:
             v = self.var(n)
             if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
@@ -699,7 +699,7 @@ class AxisEmitter(DirectionEmitter):
         for n in self.kept:
             ctx.names[n.id] = self.kept_name(n)
         w.lines(self.row_statements(roots, ctx))
-        w.lines(self.elem_statements(roots, ctx, ""))
+        w.lines(self.elem_statements(roots, ctx))
         for s in self.elem_stores:
             value = self.expr(s.value, ctx)
             if self.store_is_vec(s.field):

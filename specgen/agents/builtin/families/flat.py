@@ -126,7 +126,7 @@ class FlatEmitter(_emitter_base()):
             for n in ns:
                 inner.loads[n.id] = raws[key] if key[1] == "bcast" else self.load_ref(n, raws[key])
         roots = [s.value for s in self.p.stores]
-        lines = self.elem_statements(roots, inner, "")
+        lines = self.elem_statements(roots, inner)
         for i, s in enumerate(self.p.stores):
             lines.append(f"{out.format(i)} = (acc_t)({self.expr(s.value, inner)});")
         return lines

@@ -280,7 +280,7 @@ class ScanEmitter(_base()):
             for n in ns:
                 inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
                     if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
-        lines = self.elem_statements(roots, inner, "")
+        lines = self.elem_statements(roots, inner)
         if write:
             for i, s in enumerate(self.p.stores):
                 t = self.ctype_of(s.field)
@@ -373,7 +373,7 @@ class ScanEmitter(_base()):
             w.line(f"if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
         w.lines(f"acc_t loc_{k}[VEC];" for k in range(len(self.scans)))
         inner = self._tile_ctx(ctx)
-        body = self.elem_statements([n.args[0] for n in self.scans], inner, "")
+        body = self.elem_statements([n.args[0] for n in self.scans], inner)
         for k, n in enumerate(self.scans):
             body.append(f"loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {IDENTITY[n.attrs['kind']]};")
         self.write_tile_element_loop(w, "the scans' inputs", body)
@@ -425,7 +425,7 @@ class ScanEmitter(_base()):
             inner.names[n.id] = f"sv_{k}"
         body = [f"const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
                 for k, n in enumerate(self.scans)]
-        body += self.elem_statements([s.value for s in self.p.stores], inner, "")
+        body += self.elem_statements([s.value for s in self.p.stores], inner)
         for i, st in enumerate(self.p.stores):
             body.append(f"st_{i}[pv] = (acc_t)({self.expr(st.value, inner)});")
         self.write_tile_element_loop(w, "the values and the outputs", body)
