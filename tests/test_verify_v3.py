@@ -153,6 +153,23 @@ def test_full_size_cases_cover_benchmark_shapes_and_range_tops(rmsnorm):
     assert any(d["D"] == rmsnorm.dims["D"][1] for d in dims)
 
 
+def test_full_size_cases_include_an_odd_twin_of_the_largest(rmsnorm):
+    """A path taken only above some size that drops the tail after its last whole chunk meets no
+    tail at round benchmark shapes and range tops (held-out attacks-v2, session 21)."""
+    import math
+
+    from specgen.verify.strategies import call_bytes, full_size_cases
+
+    cases = full_size_cases(rmsnorm)
+    sig = rmsnorm.signature
+    round_cases, odd = cases[:-1], cases[-1]
+    largest = max(round_cases, key=lambda c: call_bytes(sig, c.dim_map, c.dtype))
+    assert odd.dtype != largest.dtype
+    for s, v in odd.dim_map.items():
+        assert abs(v - largest.dim_map[s]) == 1 and rmsnorm.dims[s][0] <= v <= rmsnorm.dims[s][1]
+    assert math.prod(odd.dim_map.values()) % 1024 != 0
+
+
 def test_scalars_are_drawn_within_their_range():
     import random
 
