@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 21, calls 2 and 3 (~540 s of command each).
-#   verify (call 2 only, ~60 s, beside the level-1 run's lowering): held-out v2 gelu_tanh_chunked_bigpath
+#   verify (call 2 only, ~60 s, before the level-1 run so its timings have the GPU alone): held-out v2 gelu_tanh_chunked_bigpath
 #     (spoiled, read after call 1) after the full-size phase gained the odd twin of its largest case.
 #   heldout4: the fourth held-out problem set (heldout/problems-v4, written this session by a helper,
 #     never read by the generator's developer), its first run, the user's path: tune + verify, then
@@ -18,7 +18,8 @@ log() { echo "[$(( $(date +%s) - started )) s] $*" | tee -a "$OUT/summary.txt"; 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt"
 if [[ "${PART:-verify}" == *verify* ]]; then
   timeout 150 python3 heldout/run_attacks_v2.py heldout/attacks-v2 --only gelu_tanh_chunked_bigpath gelu_tanh_control_vec128 --no-bench --timeout 150 \
-    --out "$OUT/logs/heldout-v2-bigpath.json" > "$OUT/logs/heldout-v2-bigpath.log" 2>&1 &
+    --out "$OUT/logs/heldout-v2-bigpath.json" > "$OUT/logs/heldout-v2-bigpath.log" 2>&1
+  log "v2 bigpath verify done"
 fi
 t=$(( $(left) - 15 ))
 name=heldout4_${SHARD:-1/2}; name=${name//\//of}
