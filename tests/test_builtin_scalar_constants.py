@@ -14,6 +14,7 @@ from specgen.agents.base import AgentRefused
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.interp import run_program
 from specgen.agents.builtin.scalar_constants import FORMS, forms_of, match
+from specgen.agents.builtin.trace import SENTINEL_BASE, SENTINEL_STEP
 from specgen.spec import load_spec
 
 
@@ -57,11 +58,24 @@ def test_a_number_computed_from_a_scalar_in_an_unknown_way_is_refused(tmp_path):
 
 
 def test_every_form_is_matched_back_to_its_scalar_and_nothing_else_is():
-    sentinels = {0.000123456789: "alpha", 0.000246913578: "beta"}
+    sentinels = {SENTINEL_BASE: "alpha", SENTINEL_BASE * (1 + SENTINEL_STEP): "beta"}  # as trace._scalars makes them
     table = forms_of(sentinels)
     for value, name in sentinels.items():
         for form, (fn, _) in FORMS.items():
-            assert match(fn(value), table) == (form, name)
-            assert match(float(torch.tensor(fn(value), dtype=torch.float32)), table) == (form, name)
+            assert match(fn(value), table) == (form, name, 1.0)
+            assert match(float(torch.tensor(fn(value), dtype=torch.float32)), table) == (form, name, 1.0)
+            assert match(0.5 * fn(value), table) == (form, name, 0.5)
     for plain in (0.0, 1.0, -1.0, 0.5, 2.0, math.pi, 1e-5, 0.044715, 8192.0):
         assert match(plain, table) is None
+
+
+@pytest.mark.parametrize("delta", [0.3, 1.0, 4.5])
+def test_huber_forward_follows_delta_through_a_scaled_form(delta):
+    """F.huber_loss's decomposition computes 0.5 * delta at trace time (SCALES)."""
+    spec = own_spec("huber_delta")
+    gen = torch.Generator().manual_seed(2)
+    x, y = (torch.randn(4, 33, generator=gen, dtype=torch.float64) * 3 for _ in range(2))
+    want = spec.reference_fn()(x, y, delta)
+    got = {"out": torch.full_like(x, float("nan"))}
+    run_program(lower_spec(spec)["forward"], {"x": x, "y": y}, {"delta": delta}, {"N": 4, "D": 33}, got)
+    assert torch.allclose(got["out"], want, rtol=1e-6, atol=1e-9)

@@ -364,12 +364,12 @@ class Lowering:
             return Val(const(arg), ())
         raise self.refuse(fx_node, f"an operand of type {type(arg).__name__}")
 
-    def scalar_expression(self, form: str, field: str, fx_node) -> Node:
-        """A number the reference computed from a float scalar (1 / alpha), as IR on the scalar."""
+    def scalar_expression(self, form: str, field: str, scale: float, fx_node) -> Node:
+        """A number the reference computed from a float scalar (1 / alpha, 0.5 * delta), as IR on the scalar."""
         node = Node("scalar", level="global", dtype="float", attrs={"field": field}, name=field)
         for op in scalar_constants.FORMS[form][1]:
             node = self.pointwise("mul", [node, node], fx_node) if op == "square" else self.pointwise(op, [node], fx_node)
-        return node
+        return node if scale == 1.0 else self.pointwise("mul", [const(scale), node], fx_node)
 
     # ---------------------------------------------------------------- node builders
     def pointwise(self, op: str, args: list[Node], fx_node, dtype: str | None = None) -> Node:

@@ -1,10 +1,11 @@
 """Numbers the reference computes from a float scalar while it is traced.
 
-Float scalars trace as sentinel values (trace.SENTINEL_BASE x (index + 1)) and the lowering
+Float scalars trace as sentinel values (trace.SENTINEL_BASE, SENTINEL_STEP) and the lowering
 maps a sentinel back to its ABI field. A decomposition may also compute a number from the
 scalar in Python (CELU's backward multiplies by 1 / alpha): such a number must become an
 expression of the scalar, never a constant baked into the kernel (a held-out CELU's backward
-was exp(x * 8100) for every alpha). FORMS lists the numbers recognised; `differing_constants`
+was exp(x * 8100) for every alpha). FORMS lists the numbers recognised, each also times one of
+SCALES (Huber's decomposition takes 0.5 * delta); `differing_constants`
 compares two traces made with different sentinels, so that a number computed from a scalar in
 any other way is refused instead of baked in.
 """
@@ -26,20 +27,24 @@ FORMS: dict[str, tuple] = {
     "rsqrt": (lambda s: 1.0 / math.sqrt(s), ("rsqrt",)),
     "log": (math.log, ("log",)),
 }
+# small constant factors a decomposition puts on such a number (Huber: 0.5 * delta)
+SCALES = (1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 3.0, 1.0 / 3.0)
 _REL = 1e-6  # the traced number is the form in double, or of the scalar rounded to float32 (CELU: 1 / alpha)
 
 
-def forms_of(sentinels: dict[float, str]) -> dict[float, tuple[str, str]]:
-    """Every recognised number of every scalar: value -> (form, scalar field)."""
-    table: dict[float, tuple[str, str]] = {}
-    for value, name in sentinels.items():
-        for form, (fn, _) in FORMS.items():
-            table[fn(value)] = (form, name)
+def forms_of(sentinels: dict[float, str]) -> dict[float, tuple[str, str, float]]:
+    """Every recognised number of every scalar: value -> (form, scalar field, scale). The
+    unscaled forms first: where two entries meet, the simpler one is kept."""
+    table: dict[float, tuple[str, str, float]] = {}
+    for scale in SCALES:
+        for value, name in sentinels.items():
+            for form, (fn, _) in FORMS.items():
+                table.setdefault(scale * fn(value), (form, name, scale))
     return table
 
 
-def match(value: float, table: dict[float, tuple[str, str]]) -> tuple[str, str] | None:
-    """The (form, scalar) a traced float is, if any."""
+def match(value: float, table: dict[float, tuple[str, str, float]]) -> tuple[str, str, float] | None:
+    """The (form, scalar, scale) a traced float is, if any."""
     if value in table:
         return table[value]
     for known, hit in table.items():
@@ -76,5 +81,6 @@ def differing_constants(first: torch.fx.GraphModule, second: torch.fx.GraphModul
             hit = match(x, table_first)
             if hit is None or match(y, table_second) != hit:
                 return (f"{a.target} takes {x!r}, a number computed from a scalar in a way the built-in "
-                        f"generator cannot express (it knows {', '.join(FORMS)})")
+                        f"generator cannot express (it knows {', '.join(FORMS)}, times "
+                        f"{', '.join(f'{k:g}' for k in SCALES[1:])})")
     return None

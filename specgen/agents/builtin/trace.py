@@ -27,8 +27,11 @@ from .scalar_constants import differing_constants, forms_of
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
 TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
-SENTINEL_BASE = 0.000123456789  # float scalars trace as SENTINEL_BASE * (index + 1)
+SENTINEL_BASE = 0.000123456789  # float scalars trace as sentinels from SENTINEL_BASE (see SENTINEL_STEP)
 OTHER_SENTINEL_BASE = 0.000345678912  # a second trace: what changes with it was computed from a scalar
+# the k-th float scalar traces as base * (1 + k * SENTINEL_STEP): no two sentinels a simple ratio
+# apart, so 0.5 / alpha is never also 1 / beta (scalar_constants.SCALES)
+SENTINEL_STEP = 0.718281828
 
 
 @dataclass
@@ -40,8 +43,8 @@ class Traced:
     outputs: list[str]  # ABI field of each graph output, in order (None: not a kernel output)
     dims: dict[str, int]  # the example size of each symbol
     # each float scalar's sentinel and every number recognised as computed from it
-    # (scalar_constants.FORMS, "identity" the sentinel itself): traced value -> (form, field)
-    scalar_forms: dict[float, tuple[str, str]] = field(default_factory=dict)
+    # (scalar_constants.FORMS, "identity" the sentinel itself): traced value -> (form, field, scale)
+    scalar_forms: dict[float, tuple[str, str, float]] = field(default_factory=dict)
 
 
 def trace_dims(spec) -> dict[str, int]:
@@ -89,7 +92,7 @@ def _scalars(spec, base: float = SENTINEL_BASE) -> tuple[dict[str, object], dict
     values, sentinels = {}, {}
     for index, p in enumerate(spec.signature.scalars):
         if p.type.kind == "float":
-            value = base * (index + 1)
+            value = base * (1 + index * SENTINEL_STEP)
             values[p.name] = value
             sentinels[value] = p.name
         else:
