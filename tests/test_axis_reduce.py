@@ -27,12 +27,12 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
-          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid"]
+          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
 REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
-SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2}
+SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2, "G": 5}
 
 
 def _spec(op):
@@ -163,6 +163,13 @@ def test_layouts_and_plans():
     assert not any(n.op == "exp" for n in program.nodes())
     # the backward of amax: the forward's max read back, one sweep counting its ties, then the pass
     assert plan("amax_mid_bwd", "backward")[1]["phases"] == [["sum"]]
+    # GroupNorm's weight and bias [4*G] vary along its block (G of [B, 4, G, L]): read per element
+    # at its coordinates in the atoms (4, G), not per kept row and not as S
+    layout, p = plan("groupnorm_affine_fwd")
+    assert layout == "O = B * 4, R = G * L, I = 1"
+    program = lower_spec(_spec("groupnorm_affine_fwd"))["forward"]
+    parts = {n.attrs["field"]: n.attrs["atoms"] for n in program.nodes() if n.op == "load" and n.attrs["kind"] == "part"}
+    assert parts == {"weight": (1, 2), "bias": (1, 2)}
 
 
 def test_programs_validate_and_the_row_family_keeps_its_ops():
@@ -190,7 +197,7 @@ def test_outside_the_families_keeps_the_row_refusal(op):
 @pytest.mark.nvcc
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss",
-                                "softmax_mid", "amax_dims02"])
+                                "softmax_mid", "amax_dims02", "groupnorm_affine_fwd"])
 def test_family_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 
@@ -201,7 +208,7 @@ def test_family_sources_compile(op):
 # one of each kind of kernel (middle axis, keepdim, arg, values + indices, scalar, loss with a
 # total, phases, both ends, backward through ties); the rest run with -m slow
 GPU_CORE = ["sum_dim1", "mean_dim1_4d", "argmax_dim1", "max_dim_last", "min_mid", "sum_all", "mse_loss",
-            "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd"]
+            "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd", "groupnorm_affine_fwd"]
 
 
 @pytest.mark.gpu

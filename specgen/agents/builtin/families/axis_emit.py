@@ -229,8 +229,22 @@ class AxisEmitter(DirectionEmitter):
             f"((size_t){self.npartial} * (size_t)GP + (size_t){slot}) * (size_t)K"
         return f"(({ctype}*)((char*)ws + 8 * ({base})))"
 
+    def part_index(self, n: Node, index: str) -> str:
+        """A parameter over some atoms of S: its element at flat element `index` of S, from that
+        element's coordinate in each of its atoms (row-major in the parameter)."""
+        atoms = list(self.lay.lead + self.lay.block + self.lay.inner)
+        mine = n.attrs["atoms"]
+        terms = []
+        for a in mine:
+            after_s = " * ".join(dim_expr(d) for d in atoms[a + 1:]) or "(int64_t)1"
+            after_p = " * ".join(dim_expr(atoms[b]) for b in mine if b > a) or "(int64_t)1"
+            terms.append(f"((int64_t)({index}) / ({after_s}) % {dim_expr(atoms[a])}) * ({after_p})")
+        return " + ".join(terms) or "0"
+
     def elem_load_expr(self, n: Node, index: str) -> str:
         t = self.ctype_of(n.attrs["field"])
+        if n.attrs["kind"] == "part":
+            index = self.part_index(n, index)
         raw = f"((const {t}*)A.{n.attrs['field']}.data)[{index}]"
         return f"(acc_t)sg::to_acc({raw})" if n.dtype == "float" else f"({self.ctype_var(n)})({raw})"
 
@@ -240,6 +254,7 @@ class AxisEmitter(DirectionEmitter):
         used = None if roots is None else {n.id for n in self.closure(roots, "elem")}
         return [ns[0] for ns in self.elem_loads.values()
                 if ns[0].dtype == "float" and self.types[ns[0].attrs["field"]].dtype is None
+                and ns[0].attrs["kind"] != "part"  # read at computed indices, one at a time
                 and (used is None or any(n.id in used for n in ns))]
 
     def bind_loads(self, ctx: Ctx, index: str, roots: list[Node], vec_index: str = "v") -> None:

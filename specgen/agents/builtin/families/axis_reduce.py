@@ -262,9 +262,14 @@ class AxisLowering(Lowering):
             raise self.refuse(fx_node, "a slice of an input")
         cls = self.shape_class(ref.shape)
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
-        if cls in (None, "part"):
+        if cls is None:
             raise self.refuse(fx_node, f"input {ref.field} of shape {ref.shape} that is neither S {self.layout.shape} "
                                        f"nor its kept shape {self.layout.kept_shape}")
+        if cls == "part":  # a parameter over some atoms (GroupNorm's weight [C] of [B, g, C/g, L]):
+            # read at each element's coordinates in its atoms (axis_emit.part_index)
+            return Val(Node("load", level="elem", dtype=dtype, name=ref.field,
+                            attrs={"field": ref.field, "kind": "part", "row_div": [], "offset": None,
+                                   "atoms": self.atoms_of(ref.shape)}), ref.shape)
         if cls == "global" or not ref.shape:
             return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
                             name=ref.field), ref.shape)
@@ -274,6 +279,20 @@ class AxisLowering(Lowering):
         return Val(Node("load", level="elem", dtype=dtype,
                         attrs={"field": ref.field, "kind": "elem", "row_div": [], "offset": None},
                         name=ref.field), ref.shape)
+
+    def part_view(self, old, new) -> bool:
+        """A value over some atoms (a parameter's) regrouped (the same atoms) or broadcast over
+        more of them (InstanceNorm's weight repeated per sample): computed at each element's
+        coordinates, it is the same node."""
+        if self.shape_class(old) not in ("part", "row") or self.shape_class(new) not in ("part", "row", "elem"):
+            return False
+        mine, theirs = set(self.atoms_of(old)), set(self.atoms_of(new))
+        return mine == theirs if math.prod(new) == math.prod(old) else mine < theirs
+
+    def atoms_of(self, shape) -> tuple[int, ...]:
+        """The non-1 atoms of S a shape of its grouping spans, in order."""
+        from .axis_views import covered
+        return tuple(sorted(covered(self.layout.shape, self.spans(shape))))
 
     def value(self, arg, fx_node, defer: bool = False):
         got = super().value(arg, fx_node, defer)
@@ -322,7 +341,10 @@ class AxisLowering(Lowering):
         # the absent ones); a value per element only another view of all of S
         if new_cls is None and old_level not in ("const", "global"):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
-        if old_level == "elem" and new_cls != "elem":
+        if old_level == "elem" and new_cls != "elem" and not self.part_view(got.shape, new_shape):
+            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
+        if old_level == "elem" and new_cls == "elem" and self.shape_class(got.shape) in ("part", "row") \
+                and not self.part_view(got.shape, new_shape):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
         return Val(got.node, new_shape)
 
@@ -551,7 +573,8 @@ def validate(program: AxisProgram) -> None:
             want = max((a.level for a in n.args), key=ir.LEVEL_RANK.__getitem__)
             assert ir.LEVEL_RANK[n.level] >= ir.LEVEL_RANK[want], f"axis program: {n!r} below its operands"
         if n.op == "load":
-            assert n.attrs["kind"] in ("elem", "row", "global") and not n.attrs.get("row_div"), n
+            assert n.attrs["kind"] in ("elem", "row", "global", "part") and not n.attrs.get("row_div"), n
+            assert n.attrs["kind"] != "part" or n.level == "elem", n
     for s in program.stores:
         assert s.kind in ("elem", "row", "global") and s.offset is None, s
         if s.kind == "row":
@@ -675,7 +698,12 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             return t.reshape(O, view[0], view[2]).permute(1, 0, 2).reshape(shape)
         return t.reshape(O, I, R).permute(0, 2, 1).reshape(shape)
 
-    ins = {k: to_rows(v) for k, v in tensors.items()}
+    def expanded(t, atoms):  # a parameter over some atoms, as the S tensor it broadcasts to
+        return t.reshape([full[a] if a in atoms else 1 for a in range(len(full))]).expand(full)
+
+    parts = {n.attrs["field"]: n.attrs["atoms"] for n in program.nodes()
+             if n.op == "load" and n.attrs.get("kind") == "part"}
+    ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v) for k, v in tensors.items()}
     outs = {}
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
