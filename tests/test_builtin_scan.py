@@ -47,6 +47,10 @@ def test_kernel_choice_follows_the_axis():
     middle = scan.plan_of(lower_spec(own_spec("cumsum_middle"))["forward"])
     assert middle.axis == 1 and middle.rank == 3
     assert last.kernel(inner=1) == "rows" and middle.kernel(inner=64) == "lanes"
+    # few lanes (a cumsum down 32768 columns: 32768 threads alone) split each lane's axis
+    assert middle.kernel(inner=32768, lanes=32768, length=32768) == "segments"
+    assert middle.kernel(inner=32768, lanes=1 << 20, length=32768) == "lanes"  # enough lanes
+    assert middle.kernel(inner=64, lanes=64, length=8) == "lanes"  # too short to split
 
 
 def test_logcumsumexp_backward_reads_the_forward_output_to_keep_one_direction():
@@ -75,6 +79,9 @@ def test_scan_sources_compile(name):
     spec = own_spec(name)
     compiled = compile_source(spec, build_source(spec))
     assert any("_scan_lanes<" in k for k in compiled.resources)
+    chained = scan.plan_of(lower_spec(spec)["forward"]).chained
+    assert any("_scan_segments<" in k for k in compiled.resources) != chained
+    assert all(r["spill_store_bytes"] == 0 for k, r in compiled.resources.items() if "_scan_segments<" in k)
 
 
 @pytest.mark.gpu

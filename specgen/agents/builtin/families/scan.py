@@ -11,6 +11,9 @@ another rev cancels it; a flip used any other way is refused.
 Kernels (`plan_of`, `ScanEmitter`): the scanned tensor is [outer, L, inner] around the axis.
     lanes   (inner > 1, or scans that feed each other): a thread per (outer, inner) lane walks
             L in order, coalesced along inner; every scan a running value in a register.
+    segments (inner > 1, independent scans, lanes too few to fill the GPU: a cumsum down the
+            columns): each lane's L in SEGMENTS pieces, a thread each; the pieces' totals, the
+            carry of the pieces before from shared memory, then the scan (two reads, one write).
     rows    (inner == 1, independent scans): a block per row, the row in tiles of BLOCK * VEC;
             a VEC-element chunk per thread (one 16-byte access, coalesced) scanned in registers,
             the chunks' totals scanned over the block (warp shuffles, then the warp totals),
@@ -32,6 +35,7 @@ SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
 IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)"}
 COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "logsumexp": "sg_scan_logaddexp({a}, {b})"}
 BLOCK = 256
+SEGMENTS = 8  # threads a lane in the segments kernel (lanes x 8 fill the H200 from 2^15 lanes)
 
 
 @dataclass
@@ -154,9 +158,15 @@ class ScanPlan:
     chained: bool  # a scan reads another scan's values (lanes kernel only)
     block: int = BLOCK
 
-    def kernel(self, inner: int) -> str:
-        """lanes | rows: the kernel the host runs for a scanned tensor of `inner` trailing elements."""
-        return "rows" if inner == 1 and not self.chained else "lanes"
+    def kernel(self, inner: int, lanes: int | None = None, length: int = 0, sms: int = 132) -> str:
+        """rows | segments | lanes: the kernel the host runs for a scanned tensor of `inner`
+        trailing elements, `lanes` = outer * inner lanes of `length` along the axis, on `sms` SMs."""
+        if self.chained:
+            return "lanes"
+        if inner == 1:
+            return "rows"
+        few = lanes is not None and lanes * 2 <= sms * 2048 and length >= 4 * SEGMENTS
+        return "segments" if few else "lanes"
 
 
 def plan_of(program: Program) -> ScanPlan | None:
@@ -271,15 +281,20 @@ class ScanEmitter(_base()):
             lines.append(f"{t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
         return lines
 
-    def _element(self, ctx: Ctx, roots: list[Node], write: bool) -> list[str]:
-        """Statements for element `e`: the closure of `roots` (scans update their state),
-        and the stores when `write`."""
+    def _element_ctx(self, ctx: Ctx) -> Ctx:
+        """Names for element `e` of the scanned tensor: its loads ([W] parameters by e % W)."""
         inner = Ctx(dict(ctx.names))
         for key, ns in self.elem_loads.items():
             index = "e % W" if key[1] == "col" else "e"
             for n in ns:
                 inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
                     if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
+        return inner
+
+    def _element(self, ctx: Ctx, roots: list[Node], write: bool) -> list[str]:
+        """Statements for element `e`: the closure of `roots` (scans update their state),
+        and the stores when `write`."""
+        inner = self._element_ctx(ctx)
         lines = self.elem_statements(roots, inner)
         if write:
             for i, s in enumerate(self.p.stores):
@@ -312,8 +327,52 @@ class ScanEmitter(_base()):
                     w.lines(self._element(ctx, roots, True))
         if not plan.chained:
             w.line()
+            self.write_segments(w, roots)
+            w.line()
             self.write_tiles(w)
         return w.text()
+
+    def write_segments(self, w: CWriter, roots: list[Node]) -> None:
+        """The lanes kernel for too few lanes to fill the GPU (a cumsum down the columns of
+        [32768, 32768]: 32768 threads, each a 32768-step chain, 8% of the bandwidth on the H200,
+        session 21): each lane's axis in SEGMENTS segments, a thread each (a block: 32 lanes x
+        SEGMENTS). A first pass sums each segment's inputs, the segments before each one are
+        combined in order from shared memory, a second pass scans the segment from that carry.
+        Two reads and one write; deterministic (a fixed order)."""
+        plan = self.plan
+        walk = "L - 1 - t" if plan.reverse else "t"
+        w.line(f"// scans along axis {plan.axis} of {plan.rank} with few lanes: each lane's axis in {SEGMENTS} segments, a")
+        w.line("// thread each; the segments' totals, the carry of the segments before, then the scan")
+        w.line("template <typename T>")
+        w.line(f"__global__ void __launch_bounds__(32 * {SEGMENTS})")
+        w.line(f"{self.kname}_scan_segments(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+        with w.block():
+            ctx = Ctx()
+            w.lines(self._prologue(ctx))
+            w.line(f"__shared__ acc_t seg_total[{len(self.scans)}][{SEGMENTS}][32];")
+            w.line("const int64_t lanes = outer * inner, lane = (int64_t)blockIdx.x * 32 + threadIdx.x;")
+            w.line("const bool live = lane < lanes;")
+            w.line("const int64_t o = live ? lane / inner : 0, i = live ? lane % inner : 0;")
+            w.line(f"const int64_t len = (L + {SEGMENTS} - 1) / {SEGMENTS}, t0 = (int64_t)threadIdx.y * len;")
+            w.line("const int64_t t1 = t0 + len < L ? t0 + len : L;  // this segment, in scan order")
+            w.lines(f"acc_t total_{k} = {IDENTITY[n.attrs['kind']]};" for k, n in enumerate(self.scans))
+            w.directive("#pragma unroll 8")
+            with w.block("for (int64_t t = t0; live && t < t1; ++t)", comment="pass 1: the segment's total"):
+                w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
+                inner = self._element_ctx(ctx)
+                w.lines(self.elem_statements([n.args[0] for n in self.scans], inner))
+                w.lines(f"total_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(total_{k}, "
+                        f"(acc_t)({self.expr(n.args[0], inner)}));" for k, n in enumerate(self.scans))
+            w.lines(f"seg_total[{k}][threadIdx.y][threadIdx.x] = total_{k};" for k in range(len(self.scans)))
+            w.line("__syncthreads();")
+            for k, n in enumerate(self.scans):
+                w.line(f"acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};  // the segments before, in order")
+                w.line(f"for (int y = 0; y < (int)threadIdx.y; ++y) {self.state[n.id]} = "
+                       f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>({self.state[n.id]}, seg_total[{k}][y][threadIdx.x]);")
+            w.directive("#pragma unroll 8")
+            with w.block("for (int64_t t = t0; live && t < t1; ++t)", comment="pass 2: the scan from the carry"):
+                w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
+                w.lines(self._element(ctx, roots, True))
 
     def write_tiles(self, w: CWriter) -> None:
         """The rows kernel: a block per row, the row in tiles of BLOCK * VEC elements; each thread
@@ -452,6 +511,7 @@ class ScanEmitter(_base()):
             w.line(f"const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave")
             if not plan.chained:
                 self.write_rows_launch(w)
+                self.write_segments_launch(w)
             w.line(f"const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};")
             w.line("const int64_t gx = need < cap ? need : cap;")
             w.line(f"{self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);")
@@ -460,6 +520,14 @@ class ScanEmitter(_base()):
         w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname,
                                self.dispatch_field(), dtypes))
         return w.text()
+
+    def write_segments_launch(self, w: CWriter) -> None:
+        """The segments kernel's launch, taken when the lanes alone would not fill the GPU."""
+        with w.block(f"if (outer * inner * 2 <= (int64_t)sg::sm_count() * 2048 && L >= {4 * SEGMENTS})",
+                     comment="too few lanes: each lane's axis in segments"):
+            w.line("const int64_t gx = (outer * inner + 31) / 32;")
+            w.line(f"{self.kname}_scan_segments<T><<<(unsigned)gx, dim3(32, {SEGMENTS}), 0, stream>>>(A, outer, L, inner);")
+            w.line("return cudaGetLastError();")
 
     def write_rows_launch(self, w: CWriter) -> None:
         """The rows kernel's launch, taken when the scanned axis is the last one."""
