@@ -133,14 +133,25 @@ def test_a_reduction_over_non_trailing_axes_is_refused_by_the_row_lowering():
     assert "[1, 3]" in message
 
 
-def test_a_parameter_spanning_part_of_the_folded_axes_is_refused_everywhere():
-    """x * w[W] summed over (H, W): w is not a row vector of the folded [H*W] axis; no family
-    takes it either, so the row lowering's refusal stands."""
+def test_a_parameter_spanning_part_of_the_folded_axes_is_read_per_element_by_the_axis_family():
+    """x * w[W] summed over (H, W): w is not a row vector of the folded [H*W] axis, so the row
+    lowering refuses; the axis family reads w at each element's W coordinate (a "part" load,
+    session 21; refused before)."""
+    import torch
+
+    from specgen.agents.builtin.families.axis_reduce import AxisProgram, run_axis_program
+    from specgen.agents.builtin.generator import lower_spec
+
     _refused_by_the_row_lowering("sum_hw_partial_param", *REFUSAL)
     spec = own_spec("sum_hw_partial_param")
-    with pytest.raises(AgentRefused) as info:
-        build_source(spec)
-    assert "sum_hw_partial_param.yaml:" in str(info.value) and "use an LLM agent" in str(info.value)
+    program = lower_spec(spec)["forward"]
+    assert isinstance(program, AxisProgram)
+    assert [n.attrs["kind"] for n in program.nodes() if n.op == "load" and n.attrs["field"] == "w"] == ["part"]
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64), torch.randn(7, generator=gen, dtype=torch.float64)
+    out = {"out": torch.full((3, 1, 1), float("nan"), dtype=torch.float64)}
+    run_axis_program(program, {"x": x, "w": w}, {}, {"B": 3, "H": 5, "W": 7}, out)
+    torch.testing.assert_close(out["out"], spec.reference_fn()(x, w), rtol=1e-12, atol=1e-12)
 
 
 def test_reductions_over_two_different_trailing_runs_are_refused(tmp_path):
