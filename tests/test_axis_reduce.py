@@ -27,7 +27,8 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "argmax_all", "amin_all", "sum_all", "frobenius", "mean_hw_keepdim", "mse_loss", "mse_sum_3d",
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
-          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd"]
+          "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd",
+          "instance_norm_affine_fwd"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}

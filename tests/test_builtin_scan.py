@@ -1,4 +1,4 @@
-"""The scan family: cumsum / cumprod / logcumsumexp along any axis, reversed and exclusive
+"""The scan family: cumsum / cumprod / logcumsumexp / cummax and cummin values along any axis, reversed and exclusive
 forms, forward and backward, checked by the CPU interpreter against the reference and its
 autograd; the plans the kernels follow; nvcc compiles; (GPU) every kernel verifies."""
 from __future__ import annotations
@@ -21,8 +21,10 @@ CASES = {  # spec -> CPU dims (not the trace's example sizes)
     "logcumsumexp_last": {"N": 3, "D": 37},
     "logcumsumexp_first": {"L": 13, "D": 6},
     "cumsum_exclusive_pad": {"N": 3, "D": 17},
+    "cummax_middle": {"B": 2, "L": 9, "D": 5},
+    "cummin_reverse_last": {"N": 3, "D": 37},
 }
-BACKWARD = [n for n in CASES if n not in ("cumprod_last", "cumsum_exclusive_pad")]
+BACKWARD = [n for n in CASES if n not in ("cumprod_last", "cumsum_exclusive_pad", "cummax_middle", "cummin_reverse_last")]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -64,6 +66,7 @@ def test_logcumsumexp_backward_reads_the_forward_output_to_keep_one_direction():
     ("cumprod_backward", "use an LLM agent"),
     ("cumsum_gelu", "both directions"),  # its backward needs the forward scan and a reversed one
     ("flip_only", "a flip"),
+    ("cummax_indices", "the indices of a running max or min"),
 ])
 def test_scans_outside_the_family_are_refused(name, why):
     with pytest.raises(AgentRefused) as info:
@@ -194,3 +197,18 @@ def test_a_pad_traces_as_a_cat_whatever_torch_decomposes_it_to(monkeypatch):
     monkeypatch.setattr(generator, "_programs", {})
     with pytest.raises(AgentRefused):  # without the override: refused, as on the H200
         build_source(spec)
+
+
+@pytest.mark.parametrize("name", ["cummax_middle", "cummin_reverse_last"])
+def test_running_extremes_propagate_nan_as_torch(name):
+    """torch.cummax / cummin: a NaN, once met, is every later value (the interpreter follows
+    torch; the kernel's sg_scan_extreme keeps a NaN running value)."""
+    spec = own_spec(name)
+    dims = CASES[name]
+    x = torch.randn(*spec.signature.inputs[0].type.shape(dims), dtype=torch.float64)
+    x.view(-1)[[3, 17]] = float("nan")
+    out = torch.full_like(x, 0.0)
+    from specgen.agents.builtin.interp import run_program
+
+    run_program(lower_spec(spec)["forward"], {"x": x}, {}, dims, {"out": out})
+    torch.testing.assert_close(out, spec.reference_fn()(x), equal_nan=True, rtol=0, atol=0)

@@ -516,7 +516,7 @@ class Lowering:
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims), max(1, len(self.fold_dims)))
 
-    # scans (families/scan.py): cumsum, cumprod, logcumsumexp and the flips around them
+    # scans (families/scan.py): cumsum, cumprod, logcumsumexp, cummax/cummin values and the flips around them
     def op_cumsum(self, fx_node, x, dim, *_, **__):
         self.unfoldable(fx_node, "a scan")
         return scan.lower_scan(self, fx_node, "sum", x, dim)
@@ -528,6 +528,14 @@ class Lowering:
     def op_logcumsumexp(self, fx_node, x, dim, *_, **__):
         self.unfoldable(fx_node, "a scan")
         return scan.lower_scan(self, fx_node, "logsumexp", x, dim)
+
+    def op_cummax(self, fx_node, x, dim, *_, **__):
+        self.unfoldable(fx_node, "a scan")
+        return scan.lower_extreme(self, fx_node, "max", x, dim)
+
+    def op_cummin(self, fx_node, x, dim, *_, **__):
+        self.unfoldable(fx_node, "a scan")
+        return scan.lower_extreme(self, fx_node, "min", x, dim)
 
     def op_rev(self, fx_node, x, dims, *_, **__):
         self.unfoldable(fx_node, "a flip")
@@ -671,6 +679,13 @@ class Lowering:
 
     def op_sym_numel(self, fx_node, tensor):
         return self.dim_node(_hint(fx_node.meta["val"]), fx_node)
+
+    def op_transpose(self, fx_node, src, permutation):
+        """The identity permutation only (torch's repeat of a 1-d tensor transposes [0, 1]);
+        any other moves axes, which the families do not take."""
+        if list(permutation) != list(range(len(permutation))):
+            raise self.refuse(fx_node, f"a transpose {list(permutation)}")
+        return self.view(src, fx_node)
 
     # -- views with offsets
     def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):

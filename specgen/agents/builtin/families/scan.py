@@ -1,6 +1,6 @@
-"""The scan family: cumsum, cumprod and logcumsumexp along any axis, forward and reversed
-(flip-scan-flip, the backward of cumsum and logcumsumexp), fused with pointwise ops before
-and after (an exclusive scan written as cumsum(x) - x is one).
+"""The scan family: cumsum, cumprod, logcumsumexp and the values of cummax / cummin along any
+axis, forward and reversed (flip-scan-flip, the backward of cumsum and logcumsumexp), fused
+with pointwise ops before and after (an exclusive scan written as cumsum(x) - x is one).
 
 Lowering (`lower_scan`, `lower_rev`, called from lower.py): trace.py keeps aten.cumsum /
 cumprod / logcumsumexp undecomposed; a scan becomes an elem node `scan` (attrs: kind sum |
@@ -31,9 +31,9 @@ from ..ctext import Ctx, entry_function
 from ..cwriter import CWriter
 from ..ir import Node, Program
 
-SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp"}
-IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)"}
-COMBINE = {"sum": "({a} + {b})", "prod": "({a} * {b})", "logsumexp": "sg_scan_logaddexp({a}, {b})"}
+SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp", "cummax": "max", "cummin": "min"}
+IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)", "max": "(acc_t)(-INFINITY)",
+            "min": "(acc_t)INFINITY"}
 BLOCK = 256
 SEGMENTS = 8  # threads a lane in the segments kernel (lanes x 8 fill the H200 from 2^15 lanes)
 
@@ -93,6 +93,25 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
 
 
 @dataclass
+class ValuesOnly:
+    """torch.cummax / cummin's (values, indices): the values are a scan; the indices (their
+    backward's scatter) are outside the family."""
+
+    values: object
+    lw: object
+    fx_node: object
+
+    def __getitem__(self, index: int):
+        if index == 0:
+            return self.values
+        raise self.lw.refuse(self.fx_node, "the indices of a running max or min")
+
+
+def lower_extreme(lw, fx_node, kind: str, x, dim):
+    return ValuesOnly(lower_scan(lw, fx_node, kind, x, dim), lw, fx_node)
+
+
+@dataclass
 class ScanPrefix:
     """The first L - 1 values of a scan along its axis (inclusive[..., :-1]), awaiting the pad
     that makes it exclusive."""
@@ -139,6 +158,7 @@ def interp_scan(node: Node, x: torch.Tensor, rows: int, width: int, dims: dict) 
         full = full.flip(axis)
     kind = node.attrs["kind"]
     out = (full.cumsum(axis) if kind == "sum" else full.cumprod(axis) if kind == "prod"
+           else full.cummax(axis).values if kind == "max" else full.cummin(axis).values if kind == "min"
            else full.logcumsumexp(axis))
     if node.attrs.get("exclusive"):  # the value before each element: shifted by one, identity first
         first = torch.full_like(out.narrow(axis, 0, 1), IDENTITY_VALUE[kind])
@@ -229,19 +249,27 @@ template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
   if (m == (A)(-INFINITY)) return m;
   return m + log1p(exp(-fabs(a - b)));
 }
+// torch.cummax / cummin: a NaN, once met, is the running value (torch's values)
+template <bool MAX, typename A> __device__ __forceinline__ A sg_scan_extreme(A a, A b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return MAX ? (b > a ? b : a) : (b < a ? b : a);
+}
+// KIND 0: sum, 1: product, 2: log-sum-exp, 3: max, 4: min.
 template <int KIND, typename A> __device__ __forceinline__ A sg_scan_op(A a, A b) {
-  return KIND == 0 ? a + b : KIND == 1 ? a * b : sg_scan_logaddexp(a, b);
+  return KIND == 0 ? a + b : KIND == 1 ? a * b : KIND == 2 ? sg_scan_logaddexp(a, b)
+       : sg_scan_extreme<KIND == 3>(a, b);
 }
 // One scan step: the running value s takes x; the inclusive value (s after) or the exclusive
-// one (s before) is returned. KIND 0: sum, 1: product, 2: log-sum-exp.
+// one (s before) is returned.
 template <int KIND, bool EXCL, typename A> __device__ __forceinline__ A sg_scan_step(A& s, A x) {
   const A before = s;
-  s = KIND == 0 ? s + x : KIND == 1 ? s * x : sg_scan_logaddexp(s, x);
+  s = sg_scan_op<KIND>(s, x);
   return EXCL ? before : s;
 }
 #endif"""
-KIND_ID = {"sum": 0, "prod": 1, "logsumexp": 2}
-IDENTITY_VALUE = {"sum": 0.0, "prod": 1.0, "logsumexp": float("-inf")}
+KIND_ID = {"sum": 0, "prod": 1, "logsumexp": 2, "max": 3, "min": 4}
+IDENTITY_VALUE = {"sum": 0.0, "prod": 1.0, "logsumexp": float("-inf"), "max": float("-inf"), "min": float("inf")}
 
 
 def _base():
@@ -543,5 +571,5 @@ class ScanEmitter(_base()):
             w.line("return cudaGetLastError();")
 
 
-__all__ = ["scan_directions", "Rev", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
+__all__ = ["scan_directions", "Rev", "ValuesOnly", "lower_extreme", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
            "trace_decompositions"]
