@@ -23,8 +23,10 @@ CASES = {  # spec -> CPU dims (not the trace's example sizes)
     "cumsum_exclusive_pad": {"N": 3, "D": 17},
     "cummax_middle": {"B": 2, "L": 9, "D": 5},
     "cummin_reverse_last": {"N": 3, "D": 37},
+    "suffix_exclusive_pad": {"B": 2, "L": 9, "D": 5},
 }
-BACKWARD = [n for n in CASES if n not in ("cumprod_last", "cumsum_exclusive_pad", "cummax_middle", "cummin_reverse_last")]
+FORWARD_ONLY = ("cumprod_last", "cumsum_exclusive_pad", "cummax_middle", "cummin_reverse_last", "suffix_exclusive_pad")
+BACKWARD = [n for n in CASES if n not in FORWARD_ONLY]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -212,3 +214,9 @@ def test_running_extremes_propagate_nan_as_torch(name):
 
     run_program(lower_spec(spec)["forward"], {"x": x}, {}, dims, {"out": out})
     torch.testing.assert_close(out, spec.reference_fn()(x), equal_nan=True, rtol=0, atol=0)
+
+
+def test_a_suffix_sum_written_with_flips_and_a_pad_is_one_exclusive_reversed_scan():
+    program = lower_spec(own_spec("suffix_exclusive_pad"))["forward"]
+    scans = [n for n in program.nodes() if n.op == "scan"]
+    assert [(n.attrs["reverse"], n.attrs.get("exclusive"), n.attrs["axis"]) for n in scans] == [(True, True, 1)]

@@ -565,6 +565,8 @@ class Lowering:
             return self.pointwise(PY_INT_OPS[target], [self.sym(a, fx_node) for a in args], fx_node)
         if target is torch.sym_float:
             return self.cast(self.sym(args[0], fx_node), torch.float32, fx_node)
+        if target is torch.sym_max:  # a fill's strides (F.pad's decomposition)
+            return self.pointwise("maximum", [self.sym(a, fx_node) for a in args], fx_node, dtype="int")
         if target is operator.getitem:
             return self.env[args[0]][args[1]]
         schema = getattr(target, "_schema", None)
@@ -703,7 +705,12 @@ class Lowering:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         if not is_const(offset, 0):
-            raise self.refuse(fx_node, "a strided view at an offset of a computed value")
+            hint = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset
+            suffix = scan.lower_suffix(self, fx_node, got, new_shape, hint) \
+                if isinstance(got, (Val, scan.ScanSuffix)) else None  # a reversed scan from its second element
+            if suffix is None:
+                raise self.refuse(fx_node, "a strided view at an offset of a computed value")
+            return suffix
         if isinstance(got, Val):
             prefix = scan.lower_prefix(self, fx_node, got, new_shape)  # an exclusive scan's slice
             if prefix is not None:

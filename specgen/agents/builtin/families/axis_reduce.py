@@ -221,11 +221,6 @@ class AxisLowering(Lowering):
                     return total
         return super().dim_node(size, fx_node)
 
-    def call(self, fx_node):
-        if fx_node.target is torch.sym_max:
-            return self.pointwise("maximum", [self.sym(a, fx_node) for a in fx_node.args], fx_node, dtype="int")
-        return super().call(fx_node)
-
     def op_empty_strided(self, fx_node, *args, **kwargs):  # only ever filled (full_like) by the traces
         return Val(const(0.0), _shape(fx_node))
 

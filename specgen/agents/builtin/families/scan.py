@@ -129,23 +129,57 @@ def lower_prefix(lw, fx_node, got, new_shape):
     return ScanPrefix(got, axis) if tuple(new_shape) == want else None
 
 
-def lower_cat(lw, fx_node, tensors, dim):
-    """cat([identity fill of width 1, scan[..., :-1]]) along the scan's axis: the exclusive scan
-    (F.pad(x.cumsum(-1)[..., :-1], (1, 0))); None for any other concatenation."""
+@dataclass
+class ScanSuffix:
+    """The last L - 1 values of a reversed scan along its axis (reverse inclusive[..., 1:]),
+    awaiting the pad at the end that makes it exclusive."""
+
+    val: object
+    axis: int
+    shape: tuple
+
+
+def lower_suffix(lw, fx_node, got, new_shape, offset: int):
+    """A reversed scan sliced from its second element along its axis (a storage offset of that
+    axis's stride), or a view of such a slice as it is; None for anything else."""
+    if isinstance(got, ScanSuffix):
+        return got if tuple(new_shape) == got.shape else None
+    node, shape = got.node, tuple(got.shape)
+    if node.op != "scan" or not node.attrs["reverse"] or node.attrs.get("exclusive") or len(new_shape) != len(shape):
+        return None
+    axis = node.attrs["axis"]
+    want = shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:]
+    stride = 1
+    for size in shape[axis + 1:]:
+        stride *= size
+    return ScanSuffix(got, axis, want) if tuple(new_shape) == want and offset == stride else None
+
+
+def _exclusive(scan: Node, fill, shape, axis: int, dim: int):
+    """The exclusive form of `scan` when `fill` is its identity, one element along `axis`."""
     from ..lower import Val
 
-    if len(tensors) != 2 or not all(isinstance(t, torch.fx.Node) for t in tensors):
-        return None
-    pad, prefix = lw.env.get(tensors[0]), lw.env.get(tensors[1])
-    if not isinstance(prefix, ScanPrefix) or not isinstance(pad, Val):
-        return None
-    scan = prefix.val.node
-    if dim % len(prefix.val.shape) != prefix.axis or pad.node.op != "const" or pad.shape[prefix.axis] != 1 \
-            or float(pad.node.attrs["value"]) != IDENTITY_VALUE[scan.attrs["kind"]]:
+    if dim % len(shape) != axis or not isinstance(fill, Val) or fill.node.op != "const" or fill.shape[axis] != 1 \
+            or float(fill.node.attrs["value"]) != IDENTITY_VALUE[scan.attrs["kind"]]:
         return None
     node = Node("scan", scan.args, level="elem", dtype="float", attrs={**scan.attrs, "exclusive": True},
                 name=f"{scan.name}_excl")
-    return Val(node, prefix.val.shape)
+    return Val(node, shape)
+
+
+def lower_cat(lw, fx_node, tensors, dim):
+    """cat([identity fill of width 1, scan[..., :-1]]) along the scan's axis: the exclusive scan
+    (F.pad(x.cumsum(-1)[..., :-1], (1, 0))); cat([reversed scan[..., 1:], identity fill]): the
+    exclusive reversed scan (a suffix sum of the elements after each one); None for any other
+    concatenation."""
+    if len(tensors) != 2 or not all(isinstance(t, torch.fx.Node) for t in tensors):
+        return None
+    first, second = lw.env.get(tensors[0]), lw.env.get(tensors[1])
+    if isinstance(second, ScanPrefix):
+        return _exclusive(second.val.node, first, second.val.shape, second.axis, dim)
+    if isinstance(first, ScanSuffix):
+        return _exclusive(first.val.node, second, first.val.shape, first.axis, dim)
+    return None
 
 
 # ------------------------------------------------------------------ the CPU interpreter
@@ -571,5 +605,5 @@ class ScanEmitter(_base()):
             w.line("return cudaGetLastError();")
 
 
-__all__ = ["scan_directions", "Rev", "ValuesOnly", "lower_extreme", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
+__all__ = ["scan_directions", "Rev", "ValuesOnly", "lower_extreme", "ScanSuffix", "lower_suffix", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
            "trace_decompositions"]
