@@ -21,6 +21,16 @@ def test_module_references_lower_and_match_on_the_cpu(name, dims):
     check_backward(spec, dims)
 
 
+def test_buffers_copied_in_from_inputs_are_the_inputs():
+    """A module's running statistics loaded from the spec's inputs (copy_ under no_grad): the
+    copies are the inputs, read per channel by the flat kernel (session 21, a development probe)."""
+    spec = own_spec("module_batchnorm_loaded")
+    check_forward(spec, {"N": 2, "C": 5, "L": 9})
+    program = lower_spec(spec)["forward"]
+    assert flat.plan_of(program) is not None
+    assert {n.attrs["field"] for n in program.nodes() if n.op == "load"} == {"x", "running_mean", "running_var"}
+
+
 def test_batchnorm_in_eval_mode_is_a_flat_pointwise_kernel():
     programs = lower_spec(own_spec("module_batchnorm_eval"))
     assert all(flat.plan_of(p) is not None for p in programs.values())

@@ -748,8 +748,13 @@ class Lowering:
         source's value, at the destination's shape when that is only a view of it."""
         if isinstance(self.env.get(dst) if hasattr(dst, "op") else None, Uninit):
             return lower_copy(self, fx_node, dst, src)
-        v = self.value(src, fx_node)
         shape = self.shape_of(fx_node)
+        ref = self.env.get(src) if isinstance(src, torch.fx.Node) else None
+        if isinstance(ref, TensorRef) and tuple(ref.shape) == shape:
+            return ref  # an input copied whole (a module's buffer loaded from it): still the input
+        if isinstance(ref, broadcast.Pending) and tuple(ref.val.shape) == shape:
+            return ref  # a value computed on a lower-rank input, still to be broadcast
+        v = self.value(src, fx_node)
         if tuple(v.shape) != shape and v.node.level == "elem":
             raise self.refuse(fx_node, "a copy that broadcasts a tensor")
         return Val(v.node, shape)
