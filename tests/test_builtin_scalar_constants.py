@@ -14,7 +14,7 @@ from specgen.agents.base import AgentRefused
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.interp import run_program
 from specgen.agents.builtin.scalar_constants import FORMS, forms_of, match
-from specgen.agents.builtin.trace import SENTINEL_BASE, SENTINEL_STEP
+from specgen.agents.builtin.trace import SENTINEL_BASE, sentinel
 from specgen.spec import load_spec
 
 
@@ -58,7 +58,7 @@ def test_a_number_computed_from_a_scalar_in_an_unknown_way_is_refused(tmp_path):
 
 
 def test_every_form_is_matched_back_to_its_scalar_and_nothing_else_is():
-    sentinels = {SENTINEL_BASE: "alpha", SENTINEL_BASE * (1 + SENTINEL_STEP): "beta"}  # as trace._scalars makes them
+    sentinels = {sentinel(SENTINEL_BASE, 0): "alpha", sentinel(SENTINEL_BASE, 1): "beta"}  # as trace._scalars makes them
     table = forms_of(sentinels)
     for value, name in sentinels.items():
         for form, (fn, _) in FORMS.items():
@@ -79,3 +79,34 @@ def test_huber_forward_follows_delta_through_a_scaled_form(delta):
     got = {"out": torch.full_like(x, float("nan"))}
     run_program(lower_spec(spec)["forward"], {"x": x, "y": y}, {"delta": delta}, {"N": 4, "D": 33}, got)
     assert torch.allclose(got["out"], want, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("expression", ["x * (a + c)", "x * (a / b)", "x * (a * c)", "x * (a - b + c)"])
+def test_numbers_computed_from_several_scalars_are_refused(tmp_path, expression):
+    """With sentinels in an arithmetic progression a + c was 2 * b (lowered as that), and a / b
+    was the same number in both traces (baked in as a constant): session 21 review."""
+    path = tmp_path / "several.yaml"
+    path.write_text(
+        "name: several\n"
+        "description: a number computed from several float scalars\n"
+        'signature: "several(x: Tensor[N, D], a: float = 1.0, b: float = 2.0, c: float = 0.5) -> Tensor[N, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {N: [1, 64], D: [1, 256]}\n"
+        "reference: |\n"
+        "  def reference(x, a=1.0, b=2.0, c=0.5):\n"
+        f"      return {expression}\n")
+    with pytest.raises(AgentRefused, match=r"computed from a scalar.*LLM agent"):
+        lower_spec(load_spec(path))
+
+
+def test_sentinels_have_no_simple_relations():
+    from itertools import combinations
+
+    from specgen.agents.builtin.trace import OTHER_SENTINEL_BASE
+
+    for base in (SENTINEL_BASE, OTHER_SENTINEL_BASE):
+        values = [sentinel(base, k) for k in range(8)]
+        table = forms_of({v: f"s{k}" for k, v in enumerate(values)})
+        for a, b in combinations(values, 2):
+            for combined in (a + b, a - b, b - a, a * b, a / b, b / a):
+                assert match(combined, table) is None

@@ -220,3 +220,36 @@ def test_a_suffix_sum_written_with_flips_and_a_pad_is_one_exclusive_reversed_sca
     program = lower_spec(own_spec("suffix_exclusive_pad"))["forward"]
     scans = [n for n in program.nodes() if n.op == "scan"]
     assert [(n.attrs["reverse"], n.attrs.get("exclusive"), n.attrs["axis"]) for n in scans] == [(True, True, 1)]
+
+
+@pytest.mark.parametrize("body", [
+    # a reversed scan regrouped before its slice: the slice is not along the scan's own axis
+    "s = torch.cumsum(x.flip(1), 1).flip(1).reshape(x.shape[1], x.shape[0], x.shape[2])\n"
+    "      return F.pad(s[:, 1:, :], (0, 0, 0, 1)).reshape(x.shape)",
+    # the same for a forward scan and its prefix
+    "s = torch.cumsum(x, 1).reshape(x.shape[1], x.shape[0], x.shape[2])\n"
+    "      return F.pad(s[:, :-1, :], (0, 0, 1, 0)).reshape(x.shape)",
+    # a scan's slice used other than padded
+    "s = torch.cumsum(x.flip(1), 1).flip(1)\n"
+    "      return F.pad(s[:, 1:, :] * 2, (0, 0, 0, 1))",
+])
+def test_slices_of_scans_other_than_the_exclusive_forms_are_refused(tmp_path, body):
+    """Session 21 review: a regrouped scan's slice was lowered as an exclusive scan of the
+    original layout (wrong values), other uses of the slice raised AttributeError."""
+    from specgen.spec import load_spec
+
+    path = tmp_path / "scan_slice.yaml"
+    path.write_text(
+        "name: scan_slice\n"
+        "description: a slice of a scan\n"
+        'signature: "scan_slice(x: Tensor[B, L, D]) -> Tensor[B, L, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {B: [1, 8], L: [2, 64], D: [1, 64]}\n"
+        "reference: |\n"
+        "  import torch\n"
+        "  import torch.nn.functional as F\n"
+        "  def reference(x):\n"
+        f"      {body}\n")
+    with pytest.raises(AgentRefused) as info:
+        build_source(load_spec(path))
+    assert "scan_slice.yaml:" in str(info.value)

@@ -106,3 +106,27 @@ def test_the_fused_patterns_are_matched_by_a_pass_and_read_by_the_emitter():
     first = next(n for n in layernorm if n.id == squares[0].attrs["moments_of"])
     assert first.attrs["kind"] == "sum" and first is not squares[0]
     assert not any("online_max" in n.attrs or "moments_of" in n.attrs for n in reductions("rmsnorm"))
+
+
+def test_a_program_that_fails_its_invariants_is_a_refusal_not_a_crash(tmp_path):
+    """(x * w).sum(2) + w.sum(1), w [C, H]: the row lowering built a row store from a total
+    over rows; the user gets the spec's refusal with the reason, never a kernel (session 21 review)."""
+    import pytest
+
+    from specgen.agents.base import AgentRefused
+    from specgen.agents.builtin.generator import build_source
+    from specgen.spec import load_spec
+
+    path = tmp_path / "irerr.yaml"
+    path.write_text(
+        "name: irerr\n"
+        "description: a row value plus a sum of a parameter\n"
+        'signature: "irerr(x: Tensor[B, C, H], w: Tensor[C, H]) -> Tensor[B, C]"\n'
+        "dtypes: [float32]\n"
+        "dims: {B: [1, 8], C: [1, 64], H: [1, 64]}\n"
+        "reference: |\n"
+        "  def reference(x, w):\n"
+        "      return (x * w).sum(2) + w.sum(1)\n")
+    with pytest.raises(AgentRefused) as info:
+        build_source(load_spec(path))
+    assert "irerr.yaml" in str(info.value) and "internal check" in str(info.value)

@@ -23,7 +23,7 @@ from .lower import lower
 from .optimize import cse, lone_norms, onehot_sums, reuse_forward_outputs
 from .saved_rows import reuse_saved_rows, shared_logsumexp
 from .trace import trace
-from .validate import run_passes
+from .validate import IRError, run_passes
 
 _programs: dict[str, dict] = {}
 
@@ -44,6 +44,12 @@ def lower_spec(spec) -> dict:
                     functools.partial(reuse_saved_rows, spec, forward), cse,
                     functools.partial(_with_forward_outputs, spec, forward)))
         except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal
+            programs = lower_family(spec, refusal)
+        except IRError as broken:  # the row lowering built a program its own invariants reject: never a
+            # kernel from it; the other families may still take the spec, else a refusal that says why
+            refusal = AgentRefused(f"{spec.path}: the builtin generator cannot lower this reference (its program "
+                                   f"fails an internal check: {broken}); use an LLM agent "
+                                   f"(--agent openai|anthropic|openai-compatible)")
             programs = lower_family(spec, refusal)
         _programs[key] = programs
     return _programs[key]

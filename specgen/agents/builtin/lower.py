@@ -84,6 +84,7 @@ class Lowering:
     def __init__(self, traced: Traced):
         self.t = traced
         self.spec = traced.spec
+        self.scan_shapes: dict[int, tuple] = {}  # a scan node's own shape (families/scan.py)
         sig = self.spec.signature
         dims = traced.dims
         self.types = {p.name: p.type for p in sig.inputs}
@@ -352,7 +353,7 @@ class Lowering:
                 raise self.refuse(fx_node, "a concatenation used before it is stored")
             if isinstance(got, Uninit):
                 raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
-            if isinstance(got, scan.ScanPrefix):
+            if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
                 raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
             if isinstance(got, scan.Rev):
                 raise self.refuse(fx_node, "a flip (torch.flip) outside a scan along the flipped dim")
@@ -609,6 +610,8 @@ class Lowering:
         new_shape = self.shape_of(fx_node)
         if isinstance(got, Cat):
             return Cat(got.pieces, new_shape)
+        if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
+            raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
         if isinstance(got, TensorRef):
             return self.view_input(got, fx_node, new_shape)
         if isinstance(got, Uninit):
@@ -704,15 +707,16 @@ class Lowering:
             if is_const(offset, 0) and new_shape == got.shape:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
+        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
         if not is_const(offset, 0):
             hint = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset
-            suffix = scan.lower_suffix(self, fx_node, got, new_shape, hint) \
+            suffix = scan.lower_suffix(self, fx_node, got, new_shape, hint, strides) \
                 if isinstance(got, (Val, scan.ScanSuffix)) else None  # a reversed scan from its second element
             if suffix is None:
                 raise self.refuse(fx_node, "a strided view at an offset of a computed value")
             return suffix
         if isinstance(got, Val):
-            prefix = scan.lower_prefix(self, fx_node, got, new_shape)  # an exclusive scan's slice
+            prefix = scan.lower_prefix(self, fx_node, got, new_shape, strides)  # an exclusive scan's slice
             if prefix is not None:
                 return prefix
         return self.view(src, fx_node)
@@ -750,6 +754,10 @@ class Lowering:
             return lower_copy(self, fx_node, dst, src)
         shape = self.shape_of(fx_node)
         ref = self.env.get(src) if isinstance(src, torch.fx.Node) else None
+        same_dtype = isinstance(src, torch.fx.Node) and getattr(src.meta.get("val"), "dtype", None) == \
+            getattr(fx_node.meta.get("val"), "dtype", None)
+        if not same_dtype:  # a copy that converts (float32 into a bf16 buffer) rounds: the general path
+            ref = None
         if isinstance(ref, TensorRef) and tuple(ref.shape) == shape:
             return ref  # an input copied whole (a module's buffer loaded from it): still the input
         if isinstance(ref, broadcast.Pending) and tuple(ref.val.shape) == shape:

@@ -1,6 +1,6 @@
 """Numbers the reference computes from a float scalar while it is traced.
 
-Float scalars trace as sentinel values (trace.SENTINEL_BASE, SENTINEL_STEP) and the lowering
+Float scalars trace as sentinel values (trace.sentinel) and the lowering
 maps a sentinel back to its ABI field. A decomposition may also compute a number from the
 scalar in Python (CELU's backward multiplies by 1 / alpha): such a number must become an
 expression of the scalar, never a constant baked into the kernel (a held-out CELU's backward

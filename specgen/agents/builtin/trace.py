@@ -10,6 +10,7 @@ whatever the storage dtype, so the dtype-specific casts of the reference are irr
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -27,11 +28,21 @@ from .scalar_constants import differing_constants, forms_of
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
 TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
-SENTINEL_BASE = 0.000123456789  # float scalars trace as sentinels from SENTINEL_BASE (see SENTINEL_STEP)
+SENTINEL_BASE = 0.000123456789  # float scalars trace as sentinels (see SENTINEL_PRIMES)
 OTHER_SENTINEL_BASE = 0.000345678912  # a second trace: what changes with it was computed from a scalar
-# the k-th float scalar traces as base * (1 + k * SENTINEL_STEP): no two sentinels a simple ratio
-# apart, so 0.5 / alpha is never also 1 / beta (scalar_constants.SCALES)
-SENTINEL_STEP = 0.718281828
+# The k-th float scalar traces as base * sqrt(PRIMES[k]), the second trace with other primes.
+# Square roots of distinct primes have no rational relation, so nothing computed from two
+# scalars looks like a form of a third (with an arithmetic progression, a + c was 2 * b), and a
+# number computed from several scalars (a / b) changes between the traces instead of staying a
+# constant that would be baked in (session 21 review).
+SENTINEL_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
+OTHER_SENTINEL_PRIMES = (59, 61, 67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109, 113, 127, 131)
+
+
+def sentinel(base: float, index: int) -> float:
+    """The value the index-th float scalar traces as (in the trace of `base`)."""
+    primes = OTHER_SENTINEL_PRIMES if base == OTHER_SENTINEL_BASE else SENTINEL_PRIMES
+    return base * math.sqrt(primes[index])
 
 
 @dataclass
@@ -90,9 +101,12 @@ def _example_inputs(spec, dims: dict[str, int]) -> dict[str, torch.Tensor]:
 
 def _scalars(spec, base: float = SENTINEL_BASE) -> tuple[dict[str, object], dict[float, str]]:
     values, sentinels = {}, {}
+    if len(spec.signature.scalars) > len(SENTINEL_PRIMES):
+        raise AgentRefused(f"{spec.path}: more than {len(SENTINEL_PRIMES)} scalars; the builtin generator traces at "
+                           f"most that many. Use an LLM agent (--agent openai|anthropic|openai-compatible)")
     for index, p in enumerate(spec.signature.scalars):
         if p.type.kind == "float":
-            value = base * (1 + index * SENTINEL_STEP)
+            value = sentinel(base, index)
             values[p.name] = value
             sentinels[value] = p.name
         else:

@@ -88,8 +88,28 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
     dims = [lw.dim_node(s, fx_node) for s in shape]
     node = Node("scan", (val.node,), level="elem", dtype="float",
                 attrs={"kind": kind, "axis": axis, "shape": dims, "reverse": reverse}, name=fx_node.name)
+    lw.scan_shapes[node.id] = tuple(shape)
     out = Val(node, shape)
     return Rev(out, axis) if reverse else out
+
+
+def _contiguous(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def _own_slice(lw, got, new_shape, strides) -> int | None:
+    """The scan's axis when `got` is a scan at its own shape (not a view that regroups its dims)
+    and `new_shape` its slice along that axis one shorter, with the scan's own strides; else None."""
+    node, shape = got.node, tuple(got.shape)
+    if node.op != "scan" or node.attrs.get("exclusive") or lw.scan_shapes.get(node.id) != shape \
+            or len(new_shape) != len(shape) or list(strides) != _contiguous(shape):
+        return None
+    axis = node.attrs["axis"]
+    return axis if tuple(new_shape) == shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:] else None
 
 
 @dataclass
@@ -120,13 +140,9 @@ class ScanPrefix:
     axis: int
 
 
-def lower_prefix(lw, fx_node, got, new_shape):
-    node, shape = got.node, tuple(got.shape)
-    if node.op != "scan" or node.attrs["reverse"] or node.attrs.get("exclusive") or len(new_shape) != len(shape):
-        return None
-    axis = node.attrs["axis"]
-    want = shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:]
-    return ScanPrefix(got, axis) if tuple(new_shape) == want else None
+def lower_prefix(lw, fx_node, got, new_shape, strides):
+    axis = _own_slice(lw, got, new_shape, strides)
+    return ScanPrefix(got, axis) if axis is not None and not got.node.attrs["reverse"] else None
 
 
 @dataclass
@@ -139,20 +155,17 @@ class ScanSuffix:
     shape: tuple
 
 
-def lower_suffix(lw, fx_node, got, new_shape, offset: int):
-    """A reversed scan sliced from its second element along its axis (a storage offset of that
-    axis's stride), or a view of such a slice as it is; None for anything else."""
+def lower_suffix(lw, fx_node, got, new_shape, offset: int, strides):
+    """A reversed scan at its own shape sliced from its second element along its axis (a storage
+    offset of that axis's stride, the scan's own strides), or that slice viewed again as it is;
+    None for anything else."""
     if isinstance(got, ScanSuffix):
-        return got if tuple(new_shape) == got.shape else None
-    node, shape = got.node, tuple(got.shape)
-    if node.op != "scan" or not node.attrs["reverse"] or node.attrs.get("exclusive") or len(new_shape) != len(shape):
+        same = tuple(new_shape) == got.shape and list(strides) == _contiguous(got.val.shape)
+        return got if same and offset == _contiguous(got.val.shape)[got.axis] else None
+    axis = _own_slice(lw, got, new_shape, strides)
+    if axis is None or not got.node.attrs["reverse"] or offset != _contiguous(got.shape)[axis]:
         return None
-    axis = node.attrs["axis"]
-    want = shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:]
-    stride = 1
-    for size in shape[axis + 1:]:
-        stride *= size
-    return ScanSuffix(got, axis, want) if tuple(new_shape) == want and offset == stride else None
+    return ScanSuffix(got, axis, tuple(new_shape))
 
 
 def _exclusive(scan: Node, fill, shape, axis: int, dim: int):
@@ -287,7 +300,7 @@ template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
 template <bool MAX, typename A> __device__ __forceinline__ A sg_scan_extreme(A a, A b) {
   if (a != a) return a;
   if (b != b) return b;
-  return MAX ? (b > a ? b : a) : (b < a ? b : a);
+  return MAX ? (b >= a ? b : a) : (b <= a ? b : a);  // ties: the later one, as torch (-0.0 after +0.0)
 }
 // KIND 0: sum, 1: product, 2: log-sum-exp, 3: max, 4: min.
 template <int KIND, typename A> __device__ __forceinline__ A sg_scan_op(A a, A b) {
