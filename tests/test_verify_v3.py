@@ -164,10 +164,26 @@ def test_full_size_cases_include_an_odd_twin_of_the_largest(rmsnorm):
     sig = rmsnorm.signature
     round_cases, odd = cases[:-1], cases[-1]
     largest = max(round_cases, key=lambda c: call_bytes(sig, c.dim_map, c.dtype))
-    assert odd.dtype != largest.dtype
+    assert odd.dtype != largest.dtype  # the next dtype (bfloat16 here: not wider than float32)
     for s, v in odd.dim_map.items():
         assert abs(v - largest.dim_map[s]) == 1 and rmsnorm.dims[s][0] <= v <= rmsnorm.dims[s][1]
     assert math.prod(odd.dim_map.values()) % 1024 != 0
+
+
+def test_the_odd_twin_is_never_wider_than_the_case_it_twins(tmp_path):
+    from specgen.spec import load_spec
+    from specgen.verify.strategies import call_bytes, full_size_cases
+
+    path = tmp_path / "narrow.yaml"
+    path.write_text('name: narrow\ndescription: d\nsignature: "narrow(x: Tensor[N, D]) -> Tensor[N, D]"\n'
+                    "dtypes: [bfloat16, float32]\ndims: {N: [1, 65536], D: [1, 16384]}\n"
+                    "reference: |\n  def reference(x):\n      return x\n"
+                    "benchmark:\n  - {N: 65536, D: 16384}\n")
+    spec = load_spec(path)
+    cases = full_size_cases(spec)
+    odd = cases[-1]
+    assert odd.dim_map == {"N": 65535, "D": 16383} and odd.dtype == "bfloat16"
+    assert call_bytes(spec.signature, odd.dim_map, odd.dtype) < call_bytes(spec.signature, cases[0].dim_map, "float32")
 
 
 def test_scalars_are_drawn_within_their_range():

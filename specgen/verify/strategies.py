@@ -388,8 +388,11 @@ def add_odd_twin(spec, cases: list[Case], add) -> None:
     steps = sig.symbol_divisors()
     largest = max(cases, key=lambda c: call_bytes(sig, c.dim_map, c.dtype))
     odd = {s: odd_neighbour(v, *spec.dims[s], steps.get(s, 1)) for s, v in largest.dim_map.items()}
-    dtype = spec.dtypes[(spec.dtypes.index(largest.dtype) + 1) % len(spec.dtypes)]
-    add(odd, dtype)
+    # the next dtype, unless wider than the largest case's (twice its bytes may not fit the GPU,
+    # and a twin shrunk to fit is round again): then the largest case's own
+    turn = spec.dtypes[(spec.dtypes.index(largest.dtype) + 1) % len(spec.dtypes)]
+    wider = call_bytes(sig, odd, turn) > call_bytes(sig, odd, largest.dtype)
+    add(odd, largest.dtype if wider else turn)
 
 
 def smoke_case(spec, seed: int = 0) -> Case:
