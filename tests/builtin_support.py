@@ -37,7 +37,8 @@ def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9):
 def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9):
     sig = spec.signature
     args = make_inputs(sig, dims, "float64", seed=seed)
-    leaves = {k: (v.clone().requires_grad_() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+    differentiable = {p.name for p in sig.inputs if p.type.differentiable}  # no_grad inputs take no grad
+    leaves = {k: (v.clone().requires_grad_() if k in differentiable and v.is_floating_point() else v)
               for k, v in args.items()}
     result = spec.reference_fn()(**leaves)
     result = result if isinstance(result, tuple) else (result,)
@@ -51,7 +52,10 @@ def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9):
     forward_outputs = {o.name: r.detach() for o, r in zip(sig.outputs, result)}
     tensors = {p.name: args[p.name] for p in sig.inputs} | forward_outputs | grads
     outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
-    run_program(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
+    from specgen.agents.builtin.families.axis_reduce import AxisProgram, run_axis_program
+
+    run = run_axis_program if isinstance(program, AxisProgram) else run_program
+    run(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
     for n, want in zip(floating, expected):
         want = torch.zeros_like(args[n]) if want is None else want
         torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=tol, atol=tol)

@@ -110,3 +110,18 @@ def test_sentinels_have_no_simple_relations():
         for a, b in combinations(values, 2):
             for combined in (a + b, a - b, b - a, a * b, a / b, b / a):
                 assert match(combined, table) is None
+
+
+@pytest.mark.parametrize("name", ["sigmoid_focal_loss_gamma", "bce_probs_class_weight_loss"])
+def test_probe_losses_match_the_reference_on_the_cpu(name):
+    """A focal loss takes 1 - alpha and, in its backward, gamma - 1 at trace time (forms
+    one_minus, minus_one); a BCE with a [D] class weight computes on it before its broadcast
+    (a part load in the axis family). Development problems, session 21."""
+    from builtin_support import check_backward, check_forward
+    from specgen.spec import load_spec
+
+    from pathlib import Path
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "benchmarks" / "level1" / "specs" / f"{name}.yaml")
+    check_forward(spec, {"N": 3, "D": 37})
+    check_backward(spec, {"N": 3, "D": 37})

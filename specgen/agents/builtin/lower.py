@@ -369,7 +369,14 @@ class Lowering:
         """A number the reference computed from a float scalar (1 / alpha, 0.5 * delta), as IR on the scalar."""
         node = Node("scalar", level="global", dtype="float", attrs={"field": field}, name=field)
         for op in scalar_constants.FORMS[form][1]:
-            node = self.pointwise("mul", [node, node], fx_node) if op == "square" else self.pointwise(op, [node], fx_node)
+            if op == "square":
+                node = self.pointwise("mul", [node, node], fx_node)
+            elif op in ("one_minus", "one_plus"):
+                node = self.pointwise("sub" if op == "one_minus" else "add", [const(1.0), node], fx_node)
+            elif op == "minus_one":
+                node = self.pointwise("sub", [node, const(1.0)], fx_node)
+            else:
+                node = self.pointwise(op, [node], fx_node)
         return node if scale == 1.0 else self.pointwise("mul", [const(scale), node], fx_node)
 
     # ---------------------------------------------------------------- node builders

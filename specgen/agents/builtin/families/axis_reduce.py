@@ -290,7 +290,9 @@ class AxisLowering(Lowering):
         return tuple(sorted(covered(self.layout.shape, self.spans(shape))))
 
     def value(self, arg, fx_node, defer: bool = False):
-        got = super().value(arg, fx_node, defer)
+        # never pending (broadcast.py): a lower-rank input is a part load here, read at each
+        # element's coordinates in its atoms, whatever is computed on it first
+        got = super().value(arg, fx_node, False)
         if isinstance(got, PartialSum):
             raise self.refuse(fx_node, "a sum over part of the reduced axes used other than scaled and summed on")
         return got
