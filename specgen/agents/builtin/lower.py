@@ -696,7 +696,7 @@ class Lowering:
         """The identity permutation only (torch's repeat of a 1-d tensor transposes [0, 1]);
         any other moves axes, which the families do not take."""
         if list(permutation) != list(range(len(permutation))):
-            raise self.refuse(fx_node, f"a transpose {list(permutation)}")
+            raise self.refuse(fx_node, f"the op prims.transpose (axes moved: {list(permutation)})")
         return self.view(src, fx_node)
 
     # -- views with offsets
