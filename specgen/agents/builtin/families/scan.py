@@ -384,11 +384,9 @@ class ScanEmitter(_base()):
         w = CWriter()
         w.line(HELPERS)
         w.line()
-        w.line(f"// scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the")
-        w.line("// axis in order (coalesced along inner), each scan a running value in a register")
-        w.line("template <typename T>")
-        w.line(f"__global__ void __launch_bounds__({plan.block})")
-        w.line(f"{self.kname}_scan_lanes(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+        self.write_lanes_head(w, [f"scans along axis {plan.axis} of {plan.rank}: a thread per (outer, inner) lane walks the",
+                                  "axis in order (coalesced along inner), each scan a running value in a register"],
+                              "lanes", str(plan.block))
         with w.block():
             ctx = Ctx()
             w.lines(self._prologue(ctx))
@@ -407,6 +405,13 @@ class ScanEmitter(_base()):
             self.write_tiles(w)
         return w.text()
 
+    def write_lanes_head(self, w: CWriter, comment: list[str], kernel: str, bounds: str) -> None:
+        """A lanes-shaped kernel's comment and signature: (A, outer, L, inner)."""
+        w.lines(f"// {line}" for line in comment)
+        w.line("template <typename T>")
+        w.line(f"__global__ void __launch_bounds__({bounds})")
+        w.line(f"{self.kname}_scan_{kernel}(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+
     def write_segments(self, w: CWriter, roots: list[Node]) -> None:
         """The lanes kernel for too few lanes to fill the GPU (a cumsum down the columns of
         [32768, 32768]: 32768 threads, each a 32768-step chain, 8% of the bandwidth on the H200,
@@ -416,11 +421,10 @@ class ScanEmitter(_base()):
         Two reads and one write; deterministic (a fixed order)."""
         plan = self.plan
         walk = "L - 1 - t" if plan.reverse else "t"
-        w.line(f"// scans along axis {plan.axis} of {plan.rank} with few lanes: each lane's axis in {SEGMENTS} segments, a")
-        w.line("// thread each; the segments' totals, the carry of the segments before, then the scan")
-        w.line("template <typename T>")
-        w.line(f"__global__ void __launch_bounds__(32 * {SEGMENTS})")
-        w.line(f"{self.kname}_scan_segments(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+        self.write_lanes_head(w, [f"scans along axis {plan.axis} of {plan.rank} with few lanes: each lane's axis in "
+                                  f"{SEGMENTS} segments, a",
+                                  "thread each; the segments' totals, the carry of the segments before, then the scan"],
+                              "segments", f"32 * {SEGMENTS}")
         with w.block():
             ctx = Ctx()
             w.lines(self._prologue(ctx))
