@@ -125,3 +125,33 @@ def test_probe_losses_match_the_reference_on_the_cpu(name):
     spec = load_spec(Path(__file__).resolve().parents[1] / "benchmarks" / "level1" / "specs" / f"{name}.yaml")
     check_forward(spec, {"N": 3, "D": 37})
     check_backward(spec, {"N": 3, "D": 37})
+
+
+@pytest.mark.parametrize("expression, refused", [
+    ("x + torch.full_like(x, a)", False),      # the fill is the scalar's expression, not the sentinel
+    ("x * torch.tensor(a, dtype=x.dtype).exp()", True),  # a tensor constant of the trace
+    ("x * int(a * 100000)", True),             # an int computed from a scalar
+])
+def test_numbers_made_from_scalars_in_python_are_expressions_or_refused(tmp_path, expression, refused):
+    """Session 21 review (a fuzz of 251 specs): these lowered with the traced value inside."""
+    path = tmp_path / "pyscalar.yaml"
+    path.write_text(
+        "name: pyscalar\n"
+        "description: a number made from float scalars in Python\n"
+        'signature: "pyscalar(x: Tensor[N, D], a: float = 1.0, b: float = 0.5) -> Tensor[N, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {N: [1, 64], D: [1, 256]}\n"
+        "reference: |\n"
+        "  import torch\n"
+        "  def reference(x, a=1.0, b=0.5):\n"
+        f"      return {expression}\n")
+    spec = load_spec(path)
+    if refused:
+        with pytest.raises(AgentRefused, match=r"LLM agent"):
+            lower_spec(spec)
+        return
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for a in (-0.4, 2.5):
+        got = {"out": torch.full_like(x, float("nan"))}
+        run_program(lower_spec(spec)["forward"], {"x": x}, {"a": a, "b": 0.5}, {"N": 3, "D": 5}, got)
+        torch.testing.assert_close(got["out"], spec.reference_fn()(x, a, 0.5))

@@ -743,14 +743,20 @@ class Lowering:
             offset += self.shape_of(t)[-1]
         return Cat(pieces, shape)
 
+    def filled(self, value, fx_node) -> Node:
+        """A fill value: a number computed from a float scalar is its expression (torch.full_like(x,
+        alpha) filled the traced sentinel before, session 21 review), any other a constant."""
+        hit = scalar_constants.match(value, self.t.scalar_forms) if isinstance(value, float) else None
+        return self.scalar_expression(*hit, fx_node) if hit is not None else const(value)
+
     def op_full_like(self, fx_node, src, value, **kwargs):
-        return Val(const(value), self.shape_of(fx_node))
+        return Val(self.filled(value, fx_node), self.shape_of(fx_node))
 
     def op_full(self, fx_node, size, value, **kwargs):
-        return Val(const(value), self.shape_of(fx_node))
+        return Val(self.filled(value, fx_node), self.shape_of(fx_node))
 
     def op_scalar_tensor(self, fx_node, value, **kwargs):
-        return Val(const(value), ())
+        return Val(self.filled(value, fx_node), ())
 
     def op_copy_(self, fx_node, dst, src, *args, **kwargs):
         """aten.copy_ into a fresh torch.empty: a module's parameter initialized with a fill
@@ -821,7 +827,7 @@ class Lowering:
         self.set_width(b.shape[-1], fx_node)
         iota = Node("iota", level="elem", dtype="int", name="col")
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
-        return Val(self.where(hit, const(value), b.node, fx_node), self.shape_of(fx_node))
+        return Val(self.where(hit, self.filled(value, fx_node), b.node, fx_node), self.shape_of(fx_node))
 
     # -- outputs
     def store(self, field: str, result, fx_node) -> list[Store]:

@@ -56,8 +56,9 @@ def match(value: float, table: dict[float, tuple[str, str, float]]) -> tuple[str
     return None
 
 
-def _floats(arg) -> list[float]:
-    if isinstance(arg, float):
+def _floats(arg) -> list:
+    """The numbers among a node's arguments (ints too: int(alpha) or round(alpha) at trace time)."""
+    if isinstance(arg, (float, int)) and not isinstance(arg, bool):
         return [arg]
     if isinstance(arg, (list, tuple)):
         return [f for a in arg for f in _floats(a)]
@@ -75,14 +76,20 @@ def differing_constants(first: torch.fx.GraphModule, second: torch.fx.GraphModul
     if len(nodes_a) != len(nodes_b) or any(a.target != b.target for a, b in zip(nodes_a, nodes_b)):
         return "its graph changes with the scalar's value (a Python branch on a scalar)"
     for a, b in zip(nodes_a, nodes_b):
+        if a.op == "get_attr":  # a tensor built from a scalar (torch.tensor(alpha)) is a constant of the trace
+            ta, tb = getattr(first, a.target, None), getattr(second, b.target, None)
+            if isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor) and \
+                    (ta.shape != tb.shape or not bool(torch.equal(ta, tb))):
+                return "a tensor built from a scalar's value while tracing (torch.tensor(alpha))"
+            continue
         floats_a, floats_b = _floats((a.args, a.kwargs)), _floats((b.args, b.kwargs))
         if len(floats_a) != len(floats_b):
             return f"{a.target}'s arguments change with the scalar's value"
         for x, y in zip(floats_a, floats_b):
             if x == y:
                 continue
-            hit = match(x, table_first)
-            if hit is None or match(y, table_second) != hit:
+            hit = match(x, table_first) if isinstance(x, float) else None
+            if hit is None or not isinstance(y, float) or match(y, table_second) != hit:
                 return (f"{a.target} takes {x!r}, a number computed from a scalar in a way the built-in "
                         f"generator cannot express (it knows {', '.join(FORMS)}, times "
                         f"{', '.join(f'{k:g}' for k in SCALES[1:])})")

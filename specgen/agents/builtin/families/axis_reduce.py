@@ -476,7 +476,7 @@ class AxisLowering(Lowering):
         if self.layout.red_axes != [dim % len(b.shape)] \
                 or idx.node.level not in ("row", "const", "global"):
             raise self.refuse(fx_node, "a scatter other than one value per kept element along the reduced axis")
-        src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else const(value)
+        src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else self.filled(value, fx_node)
         if src.level == "elem":
             raise self.refuse(fx_node, "a scatter of a full tensor")
         iota = Node("iota", level="elem", dtype="int", name="col")
