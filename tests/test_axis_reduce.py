@@ -358,3 +358,12 @@ def test_a_backward_reads_the_norm_the_forward_stored_instead_of_sweeping_again(
     assert _stored_exactly(spec, out, norm)  # float32 output, float32 math
     as_f64 = spec.model_copy(update={"dtypes": ["float32", "float64"]})
     assert not _stored_exactly(as_f64, out, norm)  # float64 math rounded to a float32 output
+
+
+def test_one_element_a_group_reads_the_input_as_s_not_as_kept_values():
+    """GroupNorm with G = L = 1: S and the kept shape have the same numel (R == 1); the CPU
+    interpreter took x for a kept tensor and raised IndexError (a helper's fuzz, session 21)."""
+    from builtin_support import check_forward
+
+    check_forward(_spec("groupnorm_affine_fwd"), {"B": 2, "G": 1, "L": 1})
+    check_forward(_spec("groupnorm_affine_fwd"), {"B": 3, "G": 2, "L": 1})

@@ -682,10 +682,15 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     ra = math.prod(d.resolve(dims) for d in lay.lead)
     view = (ra, O, R // max(ra, 1)) if lay.ends else (O, R, I)
 
-    def to_rows(t):
+    # how the program reads each input: an S tensor and a kept one have the same numel when R == 1
+    # (GroupNorm with one element a group), so the loads say which is which
+    read_as = {n.attrs["field"]: n.attrs["kind"] for n in program.nodes() if n.op == "load"}
+
+    def to_rows(t, name=None):
         if t.dim() == 0:
             return t
-        if t.numel() == S and (tuple(t.shape) == full or t.numel() != O * I):
+        if read_as.get(name) in ("elem", "part") or \
+                (read_as.get(name) is None and t.numel() == S and (tuple(t.shape) == full or t.numel() != O * I)):
             return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
                 t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
         return t.reshape(O * I)
@@ -700,7 +705,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
 
     parts = {n.attrs["field"]: n.attrs["atoms"] for n in program.nodes()
              if n.op == "load" and n.attrs.get("kind") == "part"}
-    ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v) for k, v in tensors.items()}
+    ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items()}
     outs = {}
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
