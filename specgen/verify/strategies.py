@@ -350,8 +350,16 @@ def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> 
     widest = max(spec.dtypes, key=lambda d: call_bytes(sig, top, d))
     if call_bytes(sig, top, widest) <= limit_bytes:
         add(top, widest)
-        add_odd_twin(spec, cases, add)
-        return cases
+    else:
+        add_walked_tops(spec, top, widest, limit_bytes, add)
+    add_odd_twin(spec, cases, add)
+    return cases
+
+
+def add_walked_tops(spec, top: dict[str, int], widest: str, limit_bytes: int, add) -> None:
+    """For each dim, a case with that dim at its top and the others shrunk until the call fits."""
+    sig = spec.signature
+    symbols = sig.symbols()
     for walking in symbols:
         dims = dict(top)
         for _ in range(200):
@@ -365,8 +373,6 @@ def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> 
             dims[s] = legal_sizes(spec.dims[s][0], dims[s], step, [dims[s] // 2])[0]
         if call_bytes(sig, dims, widest) <= limit_bytes * 4:  # a single dim's top may exceed the cap alone
             add(dims, widest)
-    add_odd_twin(spec, cases, add)
-    return cases
 
 
 def odd_neighbour(size: int, lo: int, hi: int, step: int) -> int:

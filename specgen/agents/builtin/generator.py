@@ -43,13 +43,11 @@ def lower_spec(spec) -> dict:
                 programs["backward"] = run_passes(programs["backward"], (
                     functools.partial(reuse_saved_rows, spec, forward), cse,
                     functools.partial(_with_forward_outputs, spec, forward)))
-        except AgentRefused as refusal:  # outside the row family: the other families (families/), or this refusal
-            programs = lower_family(spec, refusal)
-        except IRError as broken:  # the row lowering built a program its own invariants reject: never a
-            # kernel from it; the other families may still take the spec, else a refusal that says why
-            refusal = AgentRefused(f"{spec.path}: the builtin generator cannot lower this reference (its program "
-                                   f"fails an internal check: {broken}); use an LLM agent "
-                                   f"(--agent openai|anthropic|openai-compatible)")
+        except (AgentRefused, IRError) as stopped:  # outside the row family: the other families (families/), or
+            # this refusal; a program its own invariants reject (IRError) is never a kernel, refused with why
+            refusal = stopped if isinstance(stopped, AgentRefused) else AgentRefused(
+                f"{spec.path}: the builtin generator cannot lower this reference (its program fails an internal "
+                f"check: {stopped}); use an LLM agent (--agent openai|anthropic|openai-compatible)")
             programs = lower_family(spec, refusal)
         _programs[key] = programs
     return _programs[key]

@@ -56,14 +56,14 @@ def match(value: float, table: dict[float, tuple[str, str, float]]) -> tuple[str
     return None
 
 
-def _floats(arg) -> list:
+def _numbers(arg) -> list:
     """The numbers among a node's arguments (ints too: int(alpha) or round(alpha) at trace time)."""
     if isinstance(arg, (float, int)) and not isinstance(arg, bool):
         return [arg]
     if isinstance(arg, (list, tuple)):
-        return [f for a in arg for f in _floats(a)]
+        return [f for a in arg for f in _numbers(a)]
     if isinstance(arg, dict):
-        return [f for a in arg.values() for f in _floats(a)]
+        return [f for a in arg.values() for f in _numbers(a)]
     return []
 
 
@@ -82,10 +82,10 @@ def differing_constants(first: torch.fx.GraphModule, second: torch.fx.GraphModul
                     (ta.shape != tb.shape or not bool(torch.equal(ta, tb))):
                 return "a tensor built from a scalar's value while tracing (torch.tensor(alpha))"
             continue
-        floats_a, floats_b = _floats((a.args, a.kwargs)), _floats((b.args, b.kwargs))
-        if len(floats_a) != len(floats_b):
+        numbers_a, numbers_b = _numbers((a.args, a.kwargs)), _numbers((b.args, b.kwargs))
+        if len(numbers_a) != len(numbers_b):
             return f"{a.target}'s arguments change with the scalar's value"
-        for x, y in zip(floats_a, floats_b):
+        for x, y in zip(numbers_a, numbers_b):
             if x == y:
                 continue
             hit = match(x, table_first) if isinstance(x, float) else None

@@ -338,9 +338,8 @@ class AxisLowering(Lowering):
         # the absent ones); a value per element only another view of all of S
         if new_cls is None and old_level not in ("const", "global"):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
-        if old_level == "elem" and new_cls != "elem" and not self.part_view(got.shape, new_shape):
-            raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
-        if old_level == "elem" and new_cls == "elem" and self.shape_class(got.shape) in ("part", "row") \
+        # a value per element: another view of all of S, or a parameter's value regrouped or broadcast
+        if old_level == "elem" and (new_cls != "elem" or self.shape_class(got.shape) in ("part", "row")) \
                 and not self.part_view(got.shape, new_shape):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
         return Val(got.node, new_shape)
@@ -684,7 +683,8 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
 
     # how the program reads each input: an S tensor and a kept one have the same numel when R == 1
     # (GroupNorm with one element a group), so the loads say which is which
-    read_as = {n.attrs["field"]: n.attrs["kind"] for n in program.nodes() if n.op == "load"}
+    loads = {n.attrs["field"]: n.attrs for n in program.nodes() if n.op == "load"}
+    read_as = {field: attrs["kind"] for field, attrs in loads.items()}
 
     def to_rows(t, name=None):
         if t.dim() == 0:
@@ -703,8 +703,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     def expanded(t, atoms):  # a parameter over some atoms, as the S tensor it broadcasts to
         return t.reshape([full[a] if a in atoms else 1 for a in range(len(full))]).expand(full)
 
-    parts = {n.attrs["field"]: n.attrs["atoms"] for n in program.nodes()
-             if n.op == "load" and n.attrs.get("kind") == "part"}
+    parts = {field: attrs["atoms"] for field, attrs in loads.items() if attrs["kind"] == "part"}
     ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items()}
     outs = {}
     for k, v in outputs.items():

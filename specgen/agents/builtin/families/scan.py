@@ -36,6 +36,8 @@ IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINI
             "min": "(acc_t)INFINITY"}
 BLOCK = 256
 SEGMENTS = 8  # threads a lane in the segments kernel (lanes x 8 fill the H200 from 2^15 lanes)
+SEGMENTS_MIN_LENGTH = 4 * SEGMENTS  # shorter lanes are not split
+RESIDENT_THREADS = 2048  # per SM: lanes below half the GPU's resident threads take segments
 
 
 @dataclass
@@ -93,20 +95,14 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
     return Rev(out, axis) if reverse else out
 
 
-def _contiguous(shape) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def _own_slice(lw, got, new_shape, strides) -> int | None:
     """The scan's axis when `got` is a scan at its own shape (not a view that regroups its dims)
     and `new_shape` its slice along that axis one shorter, with the scan's own strides; else None."""
+    from ..lower import _contiguous_strides
+
     node, shape = got.node, tuple(got.shape)
     if node.op != "scan" or node.attrs.get("exclusive") or lw.scan_shapes.get(node.id) != shape \
-            or len(new_shape) != len(shape) or list(strides) != _contiguous(shape):
+            or len(new_shape) != len(shape) or list(strides) != _contiguous_strides(shape):
         return None
     axis = node.attrs["axis"]
     return axis if tuple(new_shape) == shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:] else None
@@ -159,11 +155,13 @@ def lower_suffix(lw, fx_node, got, new_shape, offset: int, strides):
     """A reversed scan at its own shape sliced from its second element along its axis (a storage
     offset of that axis's stride, the scan's own strides), or that slice viewed again as it is;
     None for anything else."""
+    from ..lower import _contiguous_strides
+
     if isinstance(got, ScanSuffix):
-        same = tuple(new_shape) == got.shape and list(strides) == _contiguous(got.val.shape)
-        return got if same and offset == _contiguous(got.val.shape)[got.axis] else None
+        parent = _contiguous_strides(got.val.shape)
+        return got if tuple(new_shape) == got.shape and list(strides) == parent and offset == parent[got.axis] else None
     axis = _own_slice(lw, got, new_shape, strides)
-    if axis is None or not got.node.attrs["reverse"] or offset != _contiguous(got.shape)[axis]:
+    if axis is None or not got.node.attrs["reverse"] or offset != _contiguous_strides(got.shape)[axis]:
         return None
     return ScanSuffix(got, axis, tuple(new_shape))
 
@@ -232,7 +230,7 @@ class ScanPlan:
             return "lanes"
         if inner == 1:
             return "rows"
-        few = lanes is not None and lanes * 2 <= sms * 2048 and length >= 4 * SEGMENTS
+        few = lanes is not None and lanes * 2 <= sms * RESIDENT_THREADS and length >= SEGMENTS_MIN_LENGTH
         return "segments" if few else "lanes"
 
 
@@ -602,7 +600,7 @@ class ScanEmitter(_base()):
 
     def write_segments_launch(self, w: CWriter) -> None:
         """The segments kernel's launch, taken when the lanes alone would not fill the GPU."""
-        with w.block(f"if (outer * inner * 2 <= (int64_t)sg::sm_count() * 2048 && L >= {4 * SEGMENTS})",
+        with w.block(f"if (outer * inner * 2 <= (int64_t)sg::sm_count() * {RESIDENT_THREADS} && L >= {SEGMENTS_MIN_LENGTH})",
                      comment="too few lanes: each lane's axis in segments"):
             w.line("const int64_t gx = (outer * inner + 31) / 32;")
             w.line(f"{self.kname}_scan_segments<T><<<(unsigned)gx, dim3(32, {SEGMENTS}), 0, stream>>>(A, outer, L, inner);")
