@@ -524,26 +524,13 @@ class Lowering:
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims), max(1, len(self.fold_dims)))
 
-    # scans (families/scan.py): cumsum, cumprod, logcumsumexp, cummax/cummin values and the flips around them
-    def op_cumsum(self, fx_node, x, dim, *_, **__):
+    # scans (families/scan.py): cumsum, cumprod, logcumsumexp, cummax/cummin values (scan.SCAN_OPS,
+    # dispatched in `call`) and the flips around them
+    def scan_op(self, fx_node, name: str, x, dim):
         self.unfoldable(fx_node, "a scan")
-        return scan.lower_scan(self, fx_node, "sum", x, dim)
-
-    def op_cumprod(self, fx_node, x, dim, *_, **__):
-        self.unfoldable(fx_node, "a scan")
-        return scan.lower_scan(self, fx_node, "prod", x, dim)
-
-    def op_logcumsumexp(self, fx_node, x, dim, *_, **__):
-        self.unfoldable(fx_node, "a scan")
-        return scan.lower_scan(self, fx_node, "logsumexp", x, dim)
-
-    def op_cummax(self, fx_node, x, dim, *_, **__):
-        self.unfoldable(fx_node, "a scan")
-        return scan.lower_extreme(self, fx_node, "max", x, dim)
-
-    def op_cummin(self, fx_node, x, dim, *_, **__):
-        self.unfoldable(fx_node, "a scan")
-        return scan.lower_extreme(self, fx_node, "min", x, dim)
+        kind = scan.SCAN_OPS[name]
+        lower_one = scan.lower_extreme if kind in ("max", "min") else scan.lower_scan  # (values, indices)
+        return lower_one(self, fx_node, kind, x, dim)
 
     def op_rev(self, fx_node, x, dims, *_, **__):
         self.unfoldable(fx_node, "a flip")
@@ -588,6 +575,8 @@ class Lowering:
             return self.elementwise(PRIM_BINARY[name], args[:2], fx_node)
         if name in VIEW_OPS:
             return self.view(args[0], fx_node)
+        if name in scan.SCAN_OPS:
+            return self.scan_op(fx_node, name, args[0], args[1])
         if handler is None:
             raise self.refuse(fx_node, f"the op {ns}.{name}")
         return handler(fx_node, *args, **kwargs)
