@@ -5,10 +5,13 @@
     result.record                                # what the lock keeps (LockEntry.tuning)
 
 The tuner tries the schedule variants (schedule.VARIANTS) that give this spec a distinct
-kernel and can matter at its benchmark shapes, default first, each one verified
-(`verify_kernel`) and timed at every benchmark row (both directions), inside a time budget
-per spec; per shape class it keeps the fastest verified variant and combines the winners
-(schedule.combine), verified and timed again. Eager PyTorch is timed once at the same rows.
+kernel and can matter at its benchmark shapes, default first, each one timed at every
+benchmark row (both directions, in its sandbox) inside a time budget per spec; then it
+verifies (`verify_kernel`) the fastest first, and only the variants that could still be
+chosen: verifying at the full benchmark sizes costs more than timing (four variants of a
+10^9-element op spent 307 s, session 21). No variant is chosen unverified. Per shape class
+it keeps the fastest verified variant and combines the winners (schedule.combine), timed
+and verified again. Eager PyTorch is timed once at the same rows.
 The kernel ships only when it is not slower than eager beyond the noise (EAGER_NOISE_RATIO)
 on any row; otherwise the op keeps its reference path (docs/ARCHITECTURE.md "Autotuning").
 
@@ -336,6 +339,7 @@ class _Tuning:
         self.started = clock()
         self.tried: dict[str, dict] = {}  # variant name -> its record
         self.passed: dict[str, tuple[Variant, str, Check]] = {}
+        self.sources: dict[str, tuple[Variant, str]] = {}
         self.costs: list[float] = []
         self.notes: list[str] = []
 
@@ -347,33 +351,79 @@ class _Tuning:
         estimate = sum(self.costs) / len(self.costs) if self.costs else 0.0
         return self.elapsed() + estimate > self.budget_s
 
-    def attempt(self, variant: Variant, source: str) -> bool:
+    def time(self, variant: Variant, source: str) -> bool:
+        """Time one variant at every benchmark row (in its sandbox; the bench rejects a wrong
+        timed output). Verification comes after, fastest first (`verified`)."""
         began = self.clock()
         record: dict = {"verified": False}
         self.tried[variant.name] = record
+        self.sources[variant.name] = (variant, source)
         try:
-            check = self.backend.verify(self.spec, source)
-            if check.passed:
-                record["verified"] = True
-                rows = self.backend.time_kernel(self.timed, source)
-                record["rows"] = [{"id": row_id(r), "kernel_us": _round(r.get("kernel_us"))} for r in rows]
-                if rows and all(r["kernel_us"] for r in record["rows"]):
-                    record["geomean_us"] = _round(_geomean(r["kernel_us"] for r in record["rows"]))
-                    self.passed[variant.name] = (variant, source, check)
-                else:
-                    record["reason"] = "verified, but the benchmark gave no kernel time for some row"
+            rows = self.backend.time_kernel(self.timed, source)
+            record["rows"] = [{"id": row_id(r), "kernel_us": _round(r.get("kernel_us"))} for r in rows]
+            if rows and all(r["kernel_us"] for r in record["rows"]):
+                record["geomean_us"] = _round(_geomean(r["kernel_us"] for r in record["rows"]))
             else:
-                record["reason"] = check.reason[:REASON_CHARS]
+                record["reason"] = "the benchmark gave no kernel time for some row"
         except (Rejected, RuntimeError) as error:  # a timed output was wrong, the library did not load
             record["reason"] = f"{type(error).__name__}: {error}"[:REASON_CHARS]
         record["seconds"] = round(self.clock() - began, 2)
         self.costs.append(self.clock() - began)
-        if variant.name in self.passed:
-            self.say(f"variant {variant.name}: verified, {record['geomean_us']:.1f} us (geomean of "
-                     f"{len(record['rows'])} rows)")
+        if "geomean_us" in record:
+            self.say(f"variant {variant.name}: {record['geomean_us']:.1f} us (geomean of {len(record['rows'])} rows)")
         else:
             self.say(f"variant {variant.name}: [not kept] {record.get('reason', '')[:200]}")
-        return variant.name in self.passed
+        return "geomean_us" in record
+
+    def timed_names(self) -> list[str]:
+        """Variants with a time at every row, in the order tried (the default first)."""
+        return [n for n, r in self.tried.items() if "geomean_us" in r]
+
+    def verified(self, name: str) -> bool:
+        """Verify `name` once (cached). A variant that fails loses its timings: they mean nothing."""
+        if name in self.passed:
+            return True
+        record = self.tried[name]
+        if record.get("verified") is not False or "reason" in record or "geomean_us" not in record:
+            return False
+        began = self.clock()
+        variant, source = self.sources[name]
+        try:
+            check = self.backend.verify(self.spec, source)
+        except (Rejected, RuntimeError) as error:
+            check = Check(False, f"{type(error).__name__}: {error}")
+        record["seconds"] = round(record.get("seconds", 0) + self.clock() - began, 2)
+        if check.passed:
+            record["verified"] = True
+            record.pop("verification", None)
+            self.passed[name] = (variant, source, check)
+            self.say(f"variant {name}: verified")
+            return True
+        record["reason"] = check.reason[:REASON_CHARS]
+        for key in ("rows", "geomean_us", "verification"):
+            record.pop(key, None)
+        self.say(f"variant {name}: [not kept] {record['reason'][:200]}")
+        return False
+
+    def pick(self, names, time_of: Callable[[str], float]) -> str | None:
+        """What `_fastest` picks among the verified ones of `names`, verifying only the variants
+        that can change the pick: fastest first until one verifies, then those within TIE_RATIO
+        of it (an earlier one among them keeps its place). None when none verifies."""
+        times = {n: time_of(n) for n in names}  # read before verifying: a failure drops the times
+        best = next((n for n in sorted(times, key=times.get) if self.verified(n)), None)
+        if best is None:
+            return None
+        return next(n for n in times if times[n] * TIE_RATIO <= times[best] and self.verified(n))
+
+    def note_unverified(self) -> None:
+        """Timed variants the pick never needed: marked so, not counted as failures."""
+        for name in self.timed_names():
+            if name not in self.passed and self.tried[name].get("verified") is False:
+                self.tried[name]["verification"] = "not needed: slower than the verified variant chosen"
+
+    def attempt(self, variant: Variant, source: str) -> bool:
+        """Time and verify one variant (the combination of the per-class winners)."""
+        return self.time(variant, source) and self.verified(variant.name)
 
     def times(self, name: str) -> dict[str, float]:
         return {r["id"]: r["kernel_us"] for r in self.tried[name].get("rows", [])}
@@ -399,40 +449,48 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
     backend.prepare(spec, [source for _, source in pairs])
     eager = {row_id(r): _round(r.get("eager_us")) for r in backend.time_eager(timed)}
     skipped = []
-    for variant, source in pairs:
-        if run.passed and run.over_budget():  # the first verified kernel is found whatever the budget
+    for variant, source in pairs:  # timing first: verifying at full size costs more than timing
+        if run.timed_names() and run.over_budget():  # the first timed kernel is found whatever the budget
             skipped.append(variant.name)
             run.tried[variant.name] = {"skipped": "time budget"}
             continue
-        run.attempt(variant, source)
-    if skipped:
-        run.notes.append(f"time budget of {budget_s:g} s: {len(skipped)} variant(s) not tried "
-                         f"({', '.join(skipped)})")
-    if not run.passed:  # none verified: the variants set aside for speed may still verify
+        run.time(variant, source)
+    geomean = lambda n: run.tried[n]["geomean_us"]  # noqa: E731
+    best = run.pick(run.timed_names(), geomean)
+    if best is None:  # the first verified kernel is found whatever the budget: the skipped ones,
+        # then the variants set aside for speed (they cannot speed up a row, but may verify)
+        rest = [(v, s) for v, s in pairs if v.name in skipped]
         tried = {_same(source) for _, source in pairs}
         extra = [(v, s) for v, s in candidates(spec, variants, prefer, every_class=True)[0] if _same(s) not in tried]
         if extra:
             run.notes.append(f"no variant that can speed up a benchmark row verified: tried "
                              f"{', '.join(v.name for v, _ in extra)} for correctness")
             backend.prepare(spec, [source for _, source in extra])
-        for variant, source in extra:
-            if run.passed and run.over_budget():
+        for variant, source in rest + extra:
+            skipped = [n for n in skipped if n != variant.name]
+            if run.attempt(variant, source):
+                best = variant.name
                 break
-            run.attempt(variant, source)
-    if not run.passed:
+    if skipped:
+        run.notes.append(f"time budget of {budget_s:g} s: {len(skipped)} variant(s) not tried "
+                         f"({', '.join(skipped)})")
+    if best is None:
         first = next(iter(run.tried.values()), {})
         raise Rejected(f"{spec.path}: no builtin kernel variant passed verification: {first.get('reason', '')}")
 
-    best = _fastest(run.passed, lambda n: run.tried[n]["geomean_us"])
     chosen = best
-    if len(run.passed) > 1:  # per shape class: the fastest verified variant; one kernel of the winners
+    timed_names = run.timed_names()
+    if len(timed_names) > 1:  # per shape class: the fastest verified variant; one kernel of the winners
         per_class: dict[str, dict[str, list[float]]] = {}
-        for name in run.passed:
+        for name in timed_names:
             for row in run.tried[name]["rows"]:
                 direction, dims, dtype = _parse_id(row["id"])
                 cls = shape_class_of(spec, direction, dims, dtype)
                 per_class.setdefault(cls, {}).setdefault(name, []).append(row["kernel_us"])
-        winners = {cls: run.passed[_fastest(by, lambda n: _geomean(by[n]))][0] for cls, by in per_class.items()}
+        winners = {}
+        for cls, by in per_class.items():
+            name = run.pick([n for n in by if "geomean_us" in run.tried[n]], lambda n: _geomean(by[n]))
+            winners[cls] = run.passed[name][0] if name else run.passed[best][0]
         merged = combine(winners)
         fields = [f for names in CLASS_FIELDS.values() for f in names]
         same_as = next((n for n, (v, _, _) in run.passed.items()
@@ -452,12 +510,12 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
         return [i for i, us in run.times(name).items() if slower_than_eager(us, eager.get(i))]
 
     if slower(chosen):  # never slower than eager first, speed second
-        clean = [n for n in run.passed if not slower(n)]
-        if clean:
-            better = _fastest(clean, lambda n: run.tried[n]["geomean_us"])
+        better = run.pick([n for n in run.timed_names() if not slower(n)], geomean)
+        if better:
             run.notes.append(f"{chosen} is slower than eager on {len(slower(chosen))} row(s); {better} is not: "
                              f"choosing {better}")
             chosen = better
+    run.note_unverified()
     variant, source, check = run.passed[chosen]
     kernel_times = run.times(chosen)
     if slower(chosen):  # before giving the op up to eager: both timed again, the best of two runs each
