@@ -162,3 +162,51 @@ def test_an_op_outside_the_families_is_named_even_when_its_trace_also_fixes_a_si
     with pytest.raises(AgentRefused) as info:
         lower(trace(load_spec(branch), "forward"))
     assert "fixes a symbolic size to its example value" in str(info.value)
+
+
+def _size_probe(tmp_path, name: str, body: str, dims: str = "{B: [1, 8], C: [4, 64], L: [1, 64]}"):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f'name: {name}\ndescription: a size probe.\nsignature: "{name}(x: Tensor[B, C, L]) -> Tensor[B, C, L]"\n'
+        f"dtypes: [float32]\ndims: {dims}\nreference: |\n  import torch\n  import torch.nn.functional as F\n\n"
+        f"  def reference(x):\n{body}\nbackward: none\n")
+    return load_spec(path)
+
+
+@pytest.mark.parametrize("name, body, holds", [
+    # a Python branch on a size: both traces of the example sizes take the same branch
+    ("branch_on_size", "      if x.shape[1] > 6:\n          return x * 2.0\n      return x * 3.0", "C > 6"),
+    # a group count computed from a size: 7 // 4 == 1 group at the traced size, a graph of one group
+    ("groups_from_size", "      return F.group_norm(x, x.shape[1] // 4, eps=1e-5)", "Eq((C//4), 1)"),
+])
+def test_a_branch_on_a_size_is_refused_and_named_in_the_signatures_dims(tmp_path, name, body, holds):
+    spec = _size_probe(tmp_path, name, body)
+    with pytest.raises(AgentRefused) as info:
+        trace(spec, "forward")
+    message = str(info.value)
+    assert f"{spec.path}:" in message and "branches on a size" in message
+    assert f"holds only where {holds}, not at " in message and "literal dim" in message
+
+
+def test_sizes_used_as_tensor_arithmetic_and_size_one_specializations_still_lower(tmp_path):
+    """A size read as a number of the graph (a mean written by hand, x * L) stays symbolic, and
+    torch's own guards (Ne: size-1 broadcasting, equal sizes) are not branches of the user."""
+    for name, body in (("mean_by_hand", "      return x - x.sum(-1, keepdim=True) / x.shape[-1]"),
+                       ("times_width", "      return x * x.shape[-1]")):
+        lower(trace(_size_probe(tmp_path, name, body), "forward"))  # raises when refused
+    # nn.GroupNorm(8, x.shape[1]) over 8*G channels: its guards (Eq(Mod(C, 8), 0), Ne(C//8, 1),
+    # 8*B*H*W*(C//8) >= 2, ...) hold at every size the spec allows
+    lower_spec(load_spec(Path(__file__).resolve().parent.parent / "benchmarks/level1/specs/groupnorm_module.yaml"))
+
+
+def test_other_sizes_keep_divisibility_and_the_dims_range():
+    from specgen.agents.builtin.trace import other_sizes
+
+    spec = load_spec(Path(__file__).resolve().parent.parent / "benchmarks/level1/specs/groupnorm4_ncl_affine.yaml")
+    found = other_sizes(spec)
+    assert found and all(set(s) == {"B", "G", "L"} for s in found)
+    for sizes in found:
+        for symbol, value in sizes.items():
+            lo, hi = spec.dims[symbol]
+            assert lo <= value <= hi and value >= min(2, hi)
+    assert {s["L"] for s in found} >= {2, 16384}  # the smallest of at least 2 and the largest

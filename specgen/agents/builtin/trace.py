@@ -227,16 +227,11 @@ def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
                            f"(--agent openai|anthropic|openai-compatible)")
 
 
-def _refuse_specialized_sizes(traced: Traced) -> None:
-    """A reference that fixes a symbolic size of the signature to its example value (a module
-    built from x.shape[-1], then checked against it; a Python branch on a size) traced a graph
-    valid at that size only: refused, never lowered with the example's numbers baked in.
-    (Literal dims of the signature are traced symbolic too, and fixed: that is expected.)
-    When the graph also holds an op the lowering refuses (pooling fixes its length while
-    tracing), that op's refusal is the one raised: it says what to change."""
+def _size_symbols(traced: Traced) -> tuple[dict, object]:
+    """The sympy symbol of each placeholder size -> its Dim of the signature, and the shape env."""
     import sympy
 
-    spec, graph, placeholders, direction = traced.spec, traced.graph, traced.inputs, traced.direction
+    spec, graph, placeholders = traced.spec, traced.graph, traced.inputs
     sig = spec.signature
     types = {p.name: p.type for p in sig.inputs} | {f"grad_{o.name}": o.type for o in sig.outputs}
     symbolic, shape_env = {}, None
@@ -247,13 +242,27 @@ def _refuse_specialized_sizes(traced: Traced) -> None:
             continue
         for size, dim in zip(val.shape, ttype.dims):
             expr = getattr(size.node, "_expr", None) if isinstance(size, torch.SymInt) else None
-            if isinstance(expr, sympy.Symbol) and dim.symbol:  # _expr: the symbol before replacements
+            if isinstance(expr, sympy.Symbol):  # _expr: the symbol before replacements
                 symbolic.setdefault(expr, dim)
                 shape_env = size.node.shape_env
+    return symbolic, shape_env
+
+
+def _refuse_specialized_sizes(traced: Traced) -> None:
+    """A reference that fixes a symbolic size of the signature to its example value (a module
+    built from x.shape[-1], then checked against it; a Python branch on a size) traced a graph
+    valid at that size only: refused, never lowered with the example's numbers baked in.
+    (Literal dims of the signature are traced symbolic too, and fixed: that is expected.)
+    When the graph also holds an op the lowering refuses (pooling fixes its length while
+    tracing), that op's refusal is the one raised: it says what to change."""
+    import sympy
+
+    spec, direction = traced.spec, traced.direction
+    symbolic, shape_env = _size_symbols(traced)
     if shape_env is None:
         return
     fixed = [(symbolic[sym], int(value)) for sym, value in shape_env.replacements.items()
-             if sym in symbolic and isinstance(value, sympy.Integer)]
+             if sym in symbolic and symbolic[sym].symbol and isinstance(value, sympy.Integer)]
     if fixed:
         names = ", ".join(f"{dim} = {value}" for dim, value in fixed)
         _refuse_an_op_first(traced, names)
@@ -261,6 +270,67 @@ def _refuse_specialized_sizes(traced: Traced) -> None:
                            f"size to its example value while tracing ({names}): its graph holds at that size only "
                            f"(a module built from a tensor's shape, or a branch on a size); declare the size as a "
                            f"literal dim, or use an LLM agent (--agent openai|anthropic|openai-compatible)")
+    _refuse_size_branches(traced, symbolic, shape_env)
+
+
+def other_sizes(spec) -> list[dict[str, int]]:
+    """Sizes the spec allows, beside the traced ones, that a size branch is checked at: each
+    symbol at its smallest, a middle and its largest value of at least 2 (its divisibility
+    kept), all together and each one against the others (size 1 is left to the verifier:
+    torch specializes size-1 broadcasting in guards that are harmless to the general graph)."""
+    divisors = spec.signature.symbol_divisors()
+    choices = {}
+    for symbol in spec.signature.symbols():
+        lo, hi = spec.dims.get(symbol, (2, 2))
+        step = divisors.get(symbol, 1)
+        low = -(-max(lo, 2) // step) * step
+        high = hi // step * step
+        if low > high:  # no size >= 2 in range: its smallest
+            low = high = -(-lo // step) * step
+        middle = max(low, min(high, int(math.sqrt(low * high)) // step * step))
+        choices[symbol] = (low, middle, high, min(high, low + step))
+    found = [{s: c[k] for s, c in choices.items()} for k in range(4)]
+    for symbol in choices:
+        for k, other in ((0, 2), (2, 0)):
+            found.append({s: c[k if s == symbol else other] for s, c in choices.items()})
+    return found
+
+
+def _refuse_size_branches(traced: Traced, symbolic: dict, shape_env) -> None:
+    """A reference that branches on a size (`if x.shape[1] > 6`, a group count computed from a
+    size that was 1 at the traced size) leaves a guard in the trace: a condition on the sizes
+    that the graph holds under. Equalities and inequalities are checked at other sizes the spec
+    allows (`other_sizes`); one false there means the graph is the traced size's only: refused.
+    Inequations (`Ne`) are torch's size-1 and equal-size specializations: the general graph
+    it keeps is the one that holds elsewhere."""
+    import sympy
+
+    spec, direction = traced.spec, traced.direction
+    guards = [g.expr for g in getattr(shape_env, "guards", [])
+              if not isinstance(g.expr, sympy.Ne) and g.expr.free_symbols and g.expr.free_symbols <= set(symbolic)]
+    for sizes in other_sizes(spec) if guards else []:
+        try:
+            values = {sym: sympy.Integer(dim.resolve(sizes)) for sym, dim in symbolic.items()}
+        except (KeyError, ValueError):  # a size the signature cannot take there
+            continue
+        for guard in guards:
+            held = guard.xreplace(values)
+            if held is sympy.false or held is False:
+                shown = ", ".join(f"{k} = {v}" for k, v in sizes.items())
+                raise AgentRefused(
+                    f"{spec.path}:{spec.reference_line}: the {direction} of the reference branches on a size while "
+                    f"tracing: its graph holds only where {_guard_in_dims(guard, symbolic)}, not at {shown} "
+                    f"(a Python `if` on a shape, or a count computed from a size); compute it with tensor ops, "
+                    f"declare the size as a literal dim, or use an LLM agent "
+                    f"(--agent openai|anthropic|openai-compatible)")
+
+
+def _guard_in_dims(guard, symbolic: dict) -> str:
+    """A guard written with the signature's dims instead of torch's size symbols."""
+    text = str(guard)
+    for sym in sorted(symbolic, key=lambda s: -len(str(s))):
+        text = re.sub(rf"\b{re.escape(str(sym))}\b", str(symbolic[sym]), text)
+    return text
 
 
 def _refuse_an_op_first(traced: Traced, fixed: str) -> None:
