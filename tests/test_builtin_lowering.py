@@ -178,6 +178,11 @@ def _size_probe(tmp_path, name: str, body: str, dims: str = "{B: [1, 8], C: [4, 
     ("branch_on_size", "      if x.shape[1] > 6:\n          return x * 2.0\n      return x * 3.0", "C > 6"),
     # a group count computed from a size: 7 // 4 == 1 group at the traced size, a graph of one group
     ("groups_from_size", "      return F.group_norm(x, x.shape[1] // 4, eps=1e-5)", "Eq((C//4), 1)"),
+    # inequations that are not torch's size-1 specializations (a helper's size fuzz, session 22)
+    ("odd_width", "      if x.shape[-1] % 2:\n          return x * 2.0\n      return x * 3.0", "Ne(Mod(L, 2), 0)"),
+    ("not_sixteen", "      if x.shape[-1] == 16:\n          return x * 2.0\n      return x * 3.0", "Ne(L, 16)"),
+    ("power_of_two", "      d = x.shape[-1]\n      if d & (d - 1):\n          return x * 2.0\n      return x * 3.0",
+     "Ne(BitwiseFn_bitwise_and(L, L - 1), 0)"),
 ])
 def test_a_branch_on_a_size_is_refused_and_named_in_the_signatures_dims(tmp_path, name, body, holds):
     spec = _size_probe(tmp_path, name, body)
@@ -210,3 +215,27 @@ def test_other_sizes_keep_divisibility_and_the_dims_range():
             lo, hi = spec.dims[symbol]
             assert lo <= value <= hi and value >= min(2, hi)
     assert {s["L"] for s in found} >= {2, 16384}  # the smallest of at least 2 and the largest
+
+
+def test_a_python_division_of_sizes_is_a_float_division(tmp_path):
+    """n / (n - 1) of two sizes is Python's true division: lowered as the int quotient before
+    (1 at every n >= 3), wrong at the traced size too (a helper's size fuzz, session 22)."""
+    spec = _size_probe(tmp_path, "bessel", "      n = x.shape[-1]\n      return x * (n / (n - 1))")
+    program = lower_spec(spec)["forward"]
+    for dims in ({"B": 2, "C": 4, "L": 3}, {"B": 1, "C": 5, "L": 8}):
+        x = make_inputs(spec.signature, dims, "float64", seed=1)["x"]
+        out = {"out": torch.full(x.shape, float("nan"), dtype=torch.float64)}
+        run_program(program, {"x": x}, {}, dims, out)
+        torch.testing.assert_close(out["out"], x * (dims["L"] / (dims["L"] - 1)), rtol=1e-6, atol=1e-6)
+
+
+def test_a_concatenation_of_pieces_of_different_widths_is_refused(tmp_path):
+    """A [B, C, 1] piece beside [B, C, L] was stored L wide at offset L: over the next row."""
+    path = tmp_path / "pad_col.yaml"
+    path.write_text(
+        'name: pad_col\ndescription: a zero column appended.\n'
+        'signature: "pad_col(x: Tensor[N, D]) -> Tensor[N, D+1]"\ndtypes: [float32]\n'
+        "dims: {N: [1, 8], D: [1, 32]}\nreference: |\n  import torch\n\n"
+        "  def reference(x):\n      return torch.cat([x, x.new_zeros(x.shape[0], 1)], dim=-1)\nbackward: none\n")
+    with pytest.raises(AgentRefused, match="a concatenation of pieces of different widths"):
+        lower_spec(load_spec(path))

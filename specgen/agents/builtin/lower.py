@@ -38,7 +38,7 @@ PRIM_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum"
 VIEW_OPS = {"broadcast_in_dim", "view_of", "clone", "squeeze", "reshape", "collapse_view", "split_dim",
             "expand", "alias", "view", "_unsafe_view", "unsqueeze", "expand_dims", "contiguous"}
 PY_INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
-              operator.truediv: "div", operator.neg: "neg"}
+              operator.neg: "neg"}
 FOLD = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max, "minimum": min,
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
@@ -558,6 +558,9 @@ class Lowering:
         args, kwargs = fx_node.args, fx_node.kwargs
         if target in PY_INT_OPS:
             return self.pointwise(PY_INT_OPS[target], [self.sym(a, fx_node) for a in args], fx_node)
+        if target is operator.truediv:  # Python's / of sizes is a float (n / (n - 1)), not the int quotient
+            return self.pointwise("div", [self.cast(self.sym(a, fx_node), torch.float32, fx_node) for a in args],
+                                  fx_node)
         if target is torch.sym_float:
             return self.cast(self.sym(args[0], fx_node), torch.float32, fx_node)
         if target is torch.sym_max:  # a fill's strides (F.pad's decomposition)
@@ -725,6 +728,9 @@ class Lowering:
         shape = self.shape_of(fx_node)
         if dim % len(shape) != len(shape) - 1:
             raise self.refuse(fx_node, "a concatenation along a dim other than the last")
+        if len({self.shape_of(t)[-1] for t in tensors}) > 1:  # a row holds one width: a [N, 1] piece
+            # was stored as wide as the others, over the next row (a helper's size fuzz, session 22)
+            raise self.refuse(fx_node, "a concatenation of pieces of different widths")
         pieces, offset = [], 0
         for t in tensors:
             v = self.value(t, fx_node)

@@ -276,8 +276,9 @@ def _refuse_specialized_sizes(traced: Traced) -> None:
 def other_sizes(spec) -> list[dict[str, int]]:
     """Sizes the spec allows, beside the traced ones, that a size branch is checked at: each
     symbol at its smallest, a middle and its largest value of at least 2 (its divisibility
-    kept), all together and each one against the others (size 1 is left to the verifier:
-    torch specializes size-1 broadcasting in guards that are harmless to the general graph)."""
+    kept), all together and each one against the others, then each symbol alone over its first
+    values and its powers of two (size 1 is left to the verifier: torch guards its size-1
+    specializations itself, and keeps the general graph)."""
     divisors = spec.signature.symbol_divisors()
     choices = {}
     for symbol in spec.signature.symbols():
@@ -293,21 +294,27 @@ def other_sizes(spec) -> list[dict[str, int]]:
     for symbol in choices:
         for k, other in ((0, 2), (2, 0)):
             found.append({s: c[k if s == symbol else other] for s, c in choices.items()})
+        # its first eight values and the powers of two (and three times them) in range, the
+        # others at their smallest: `C in (3, 4, 8)`, `D % 5 < 4`, `L == 16`, `D & (D - 1)`
+        step, (low, _, high, _) = divisors.get(symbol, 1), choices[symbol]
+        firsts = range(low + step, min(high, low + 8 * step) + 1, step)
+        powers = {m * 2 ** k * step for k in range(64) for m in (1, 3) if low < m * 2 ** k * step <= high}
+        for value in sorted(set(firsts) | powers):
+            found.append({s: value if s == symbol else c[0] for s, c in choices.items()})
     return found
 
 
 def _refuse_size_branches(traced: Traced, symbolic: dict, shape_env) -> None:
     """A reference that branches on a size (`if x.shape[1] > 6`, a group count computed from a
     size that was 1 at the traced size) leaves a guard in the trace: a condition on the sizes
-    that the graph holds under. Equalities and inequalities are checked at other sizes the spec
-    allows (`other_sizes`); one false there means the graph is the traced size's only: refused.
-    Inequations (`Ne`) are torch's size-1 and equal-size specializations: the general graph
-    it keeps is the one that holds elsewhere."""
+    that the graph holds under. Each is checked at other sizes the spec allows (`other_sizes`);
+    one false there means the graph is the traced size's only: refused. torch's own guards that
+    a size is not 0 or 1 are skipped (`_size_one_specialization`): it keeps the general graph."""
     import sympy
 
     spec, direction = traced.spec, traced.direction
     guards = [g.expr for g in getattr(shape_env, "guards", [])
-              if not isinstance(g.expr, sympy.Ne) and g.expr.free_symbols and g.expr.free_symbols <= set(symbolic)]
+              if not _size_one_specialization(g.expr) and g.expr.free_symbols and g.expr.free_symbols <= set(symbolic)]
     for sizes in other_sizes(spec) if guards else []:
         try:
             values = {sym: sympy.Integer(dim.resolve(sizes)) for sym, dim in symbolic.items()}
@@ -323,6 +330,24 @@ def _refuse_size_branches(traced: Traced, symbolic: dict, shape_env) -> None:
                     f"(a Python `if` on a shape, or a count computed from a size); compute it with tensor ops, "
                     f"declare the size as a literal dim, or use an LLM agent "
                     f"(--agent openai|anthropic|openai-compatible)")
+
+
+# what torch's own size arithmetic is written with; a remainder, a bit operation or a float
+# conversion in a guard is a user's (`if L % 2`, `if D & (D - 1)`)
+SIZE_ARITHMETIC = ("Symbol", "Integer", "NegativeOne", "One", "Zero", "Add", "Mul", "FloorDiv", "CleanDiv",
+                   "Max", "Min", "Pow")
+
+
+def _size_one_specialization(guard) -> bool:
+    """torch's own guards that a size (or a size computed from sizes) is not 0 or 1: the graph it
+    keeps is the general one (`Ne(L - 1, 1)` for a slice of L - 1). Any other inequation
+    (`Ne(Mod(L, 2), 0)`, `Ne(L, 16)`) is a user's branch, checked like any other guard."""
+    import sympy
+
+    if not isinstance(guard, sympy.Ne):
+        return False
+    plain = all(type(term).__name__ in SIZE_ARITHMETIC for side in guard.args for term in sympy.preorder_traversal(side))
+    return plain and any(side in (sympy.Integer(0), sympy.Integer(1)) for side in guard.args)
 
 
 def _guard_in_dims(guard, symbolic: dict) -> str:
