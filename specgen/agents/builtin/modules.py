@@ -1,7 +1,7 @@
 """nn.Modules built inside a reference: their parameters and buffers are constants of the
 reference, not inputs of the spec.
 
-A reference such as `return torch.nn.LayerNorm(x.shape[-1])(x)` computes with the values
+A reference such as `return torch.nn.LayerNorm(x.shape[-1:])(x)` computes with the values
 its own construction gives (LayerNorm: weight 1, bias 0; BatchNorm: running mean 0, var 1),
 the same on every call, so the kernel may bake them in. While tracing, every nn.Module
 subclass's own `__init__` and `Module._apply` (`.to()`, `.float()`, ...) run outside the
@@ -10,6 +10,8 @@ tensors are real tensors the graph reads as constants (fx `get_attr` nodes);
 `constant_value` then gives the lowering the one value such a tensor is filled with. A
 tensor that is not one constant fill (nn.Linear's random initialization, a seeded RNG) is
 refused: weights that vary are inputs, and a spec declares them in its signature.
+(`nn.LayerNorm(x.shape[-1])`, one symbolic int, cannot be traced: nn.LayerNorm takes it for a
+shape to iterate; the refusal says so. `x.shape[-1:]` or a literal size traces.)
 """
 from __future__ import annotations
 
