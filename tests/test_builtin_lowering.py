@@ -239,3 +239,25 @@ def test_a_concatenation_of_pieces_of_different_widths_is_refused(tmp_path):
         "  def reference(x):\n      return torch.cat([x, x.new_zeros(x.shape[0], 1)], dim=-1)\nbackward: none\n")
     with pytest.raises(AgentRefused, match="a concatenation of pieces of different widths"):
         lower_spec(load_spec(path))
+
+
+def test_a_symbol_is_never_traced_at_a_literal_dims_value(tmp_path):
+    """torch gives equal sizes one symbol: N traced at 5 beside a literal 5 was checked as the
+    literal (x[:, :3] of [N, 5] refused at N = 2) or the literal's dim was checked for N (a branch
+    on N lowered with N = 5 baked in); a review, session 22."""
+    from specgen.agents.builtin.trace import trace_dims
+
+    def probe(name, sig, body):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f'name: {name}\ndescription: probe.\nsignature: "{name}{sig}"\ndtypes: [float32]\n'
+                        "dims: {N: [1, 64]}\nreference: |\n  import torch\n\n  def reference(x):\n"
+                        + "".join("      " + line + "\n" for line in body.split("\n")) + "backward: none\n")
+        return load_spec(path)
+
+    sliced = probe("lit_slice", "(x: Tensor[N, 5]) -> Tensor[N, 3]", "return x[:, :3] * 2.0")
+    assert trace_dims(sliced)["N"] != 5
+    lower_spec(sliced)  # raises when refused
+    branch = probe("lit_first_branch", "(x: Tensor[5, N]) -> Tensor[5, N]",
+                   "if x.shape[1] == 5:\n    return x * 2.0\nreturn x * 3.0")
+    with pytest.raises(AgentRefused, match="branches on a size"):
+        lower_spec(branch)

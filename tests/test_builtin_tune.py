@@ -54,7 +54,9 @@ def test_tuner_times_every_variant_and_verifies_the_fastest_first_until_one_pass
     assert len(rows) == _rows(spec) and all(r["speedup_vs_eager"] == pytest.approx(200 / 90, rel=1e-3) for r in rows)
     assert result.record["key"] == tune.tuning_key(spec, "sm_90") and result.record["complete"]
     assert result.benchmark["rows"] and result.verification["passed"]
-    assert "1 of 4 variant(s) verified" in tune.summary_lines(result.record)[0]
+    summary = tune.summary_lines(result.record)
+    assert "4 variant(s): 1 verified, 2 timed only (slower), 1 not kept" in summary[0]
+    assert "  default: 100.0 us geomean (not verified)" in summary and "  regs16: 90.0 us geomean" in summary
 
 
 def test_within_the_noise_of_the_fastest_verified_the_earlier_tried_is_verified_and_kept(op_path):
@@ -673,3 +675,40 @@ def test_gpu_backend_sanitizes_the_compiled_chosen_source(standins, op_path, mon
     assert seen == [Path("/x/lib.so")]
     monkeypatch.setattr(sanitize, "find_compute_sanitizer", lambda: None)
     assert tune.GpuBackend().sanitize_chosen(load_spec(op_path), "good") is None
+
+
+def _class_winners_times(spec, win: dict[str, str]):
+    from specgen.agents.builtin.generator import shape_class_of
+
+    def kernel_us(variant, row):
+        cls = shape_class_of(spec, row["direction"], row["dims"], row["dtype"])
+        if ":" in variant:
+            variant = dict(p.split(":") for p in variant.split("+")).get(cls, "default")
+        return 50.0 if win.get(cls) == variant else 100.0
+
+    return kernel_us
+
+
+def test_the_per_class_winners_are_not_verified_when_their_combination_is_over_the_budget():
+    """Each class winner's verification is full size: with no budget left for them and their
+    combination, none is verified for nothing (a review's repro, session 22)."""
+    spec = load_spec(SPECS / "softmax.yaml")
+    win = {"few": "fewtwo", "medium": "twopass", "split": "nosplit", "wide": "loop1024"}
+    backend = FakeBackend(kernel_us=_class_winners_times(spec, win), cost=20.0)  # timing 10 s, verifying 10 s
+    result = tune.tune(spec, backend, budget_s=60, clock=backend.clock)
+    assert [name for kind, name in backend.calls if kind == "verify"] == [result.variant]
+    assert result.record["spent_s"] <= 60 + 10 + 10  # the budget, one timing and one verification past it
+    assert any("combination" in note and "not tried" in note for note in result.notes)
+
+
+def test_a_combination_that_is_a_variant_already_timed_is_not_tried_again():
+    """rmsnorm: fewblock wins the few-rows class, the default every other; their combination has
+    the fields of fewblock itself, timed already: no second timing or verification."""
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(SPECS / "rmsnorm.yaml")
+    backend = FakeBackend(kernel_us=lambda v, row: 90.0 if "fewblock" in v else 100.0)
+    result = tune.tune(spec, backend, budget_s=1e9, clock=backend.clock, variants=variants_named("default,fewblock"))
+    assert result.variant == "fewblock"
+    calls = [c for c in backend.calls if c[0] in ("verify", "time")]
+    assert calls == [("time", "default"), ("time", "fewblock"), ("verify", "fewblock")]

@@ -66,7 +66,9 @@ def trace_dims(spec) -> dict[str, int]:
     sig = spec.signature
     divisors = sig.symbol_divisors()
     dims: dict[str, int] = {}
-    used: set[int] = set()
+    # a literal dim's value is taken too: torch gives equal sizes one symbol, and a symbol traced
+    # at a literal's value would be checked (and fixed) as that literal (a review, session 22)
+    used: set[int] = {d.add for t in _types(sig) for d in t.dims if d.is_literal}
     candidates = iter(TRACE_SIZES + tuple(range(29, 400, 2)))
     for symbol in sig.symbols():
         step = divisors.get(symbol, 1)
@@ -242,8 +244,8 @@ def _size_symbols(traced: Traced) -> tuple[dict, object]:
             continue
         for size, dim in zip(val.shape, ttype.dims):
             expr = getattr(size.node, "_expr", None) if isinstance(size, torch.SymInt) else None
-            if isinstance(expr, sympy.Symbol):  # _expr: the symbol before replacements
-                symbolic.setdefault(expr, dim)
+            if isinstance(expr, sympy.Symbol) and (expr not in symbolic or not symbolic[expr].symbol):
+                symbolic[expr] = dim  # _expr: the symbol before replacements; a signature symbol over a literal
                 shape_env = size.node.shape_env
     return symbolic, shape_env
 

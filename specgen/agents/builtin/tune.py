@@ -340,16 +340,20 @@ class _Tuning:
         self.tried: dict[str, dict] = {}  # variant name -> its record
         self.passed: dict[str, tuple[Variant, str, Check]] = {}
         self.sources: dict[str, tuple[Variant, str]] = {}
-        self.costs: list[float] = []
+        self.costs: list[float] = []  # seconds per timing
+        self.verify_costs: list[float] = []  # seconds per verification
         self.notes: list[str] = []
 
     def elapsed(self) -> float:
         return self.clock() - self.started
 
-    def over_budget(self) -> bool:
-        """Whether the next variant (estimated as the mean cost so far) would end past the budget."""
-        estimate = sum(self.costs) / len(self.costs) if self.costs else 0.0
-        return self.elapsed() + estimate > self.budget_s
+    def over_budget(self, verifying: int = 0) -> bool:
+        """Whether the next timing (estimated as the mean timing so far), and `verifying` more
+        verifications (the mean verification so far), would end past the budget."""
+        def mean(costs):
+            return sum(costs) / len(costs) if costs else 0.0
+
+        return self.elapsed() + mean(self.costs) + verifying * mean(self.verify_costs) > self.budget_s
 
     def time(self, variant: Variant, source: str) -> bool:
         """Time one variant at every benchmark row (in its sandbox; the bench rejects a wrong
@@ -393,6 +397,7 @@ class _Tuning:
         except (Rejected, RuntimeError) as error:
             check = Check(False, f"{type(error).__name__}: {error}")
         record["seconds"] = round(record.get("seconds", 0) + self.clock() - began, 2)
+        self.verify_costs.append(self.clock() - began)
         if check.passed:
             record["verified"] = True
             record.pop("verification", None)
@@ -463,14 +468,16 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
         tried = {_same(source) for _, source in pairs}
         extra = [(v, s) for v, s in candidates(spec, variants, prefer, every_class=True)[0] if _same(s) not in tried]
         if extra:
-            run.notes.append(f"no variant that can speed up a benchmark row verified: tried "
-                             f"{', '.join(v.name for v, _ in extra)} for correctness")
             backend.prepare(spec, [source for _, source in extra])
         for variant, source in rest + extra:
             skipped = [n for n in skipped if n != variant.name]
             if run.attempt(variant, source):
                 best = variant.name
                 break
+        aside = [v.name for v, _ in extra if v.name in run.tried]
+        if aside:
+            run.notes.append(f"no variant that can speed up a benchmark row verified: tried "
+                             f"{', '.join(aside)} for correctness")
     if skipped:
         run.notes.append(f"time budget of {budget_s:g} s: {len(skipped)} variant(s) not tried "
                          f"({', '.join(skipped)})")
@@ -487,24 +494,31 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
                 direction, dims, dtype = _parse_id(row["id"])
                 cls = shape_class_of(spec, direction, dims, dtype)
                 per_class.setdefault(cls, {}).setdefault(name, []).append(row["kernel_us"])
-        winners = {}
-        for cls, by in per_class.items():
-            name = run.pick([n for n in by if "geomean_us" in run.tried[n]], lambda n: _geomean(by[n]))
-            winners[cls] = run.passed[name][0] if name else run.passed[best][0]
-        merged = combine(winners)
         fields = [f for names in CLASS_FIELDS.values() for f in names]
-        same_as = next((n for n, (v, _, _) in run.passed.items()
-                        if all(getattr(v, f) == getattr(merged, f) for f in fields)), None)
-        if same_as is None and run.over_budget():
+
+        def known(merged: Variant) -> bool:  # the combination is a variant already timed (it won or lost)
+            return any(all(getattr(v, f) == getattr(merged, f) for f in fields) for v, _ in run.sources.values())
+
+        # first by times alone: a combination that is a timed variant costs no verification
+        by_time = {cls: run.sources[next(n for n in by if by[n] and _geomean(by[n]) * TIE_RATIO <= min(
+            _geomean(t) for t in by.values()))][0] for cls, by in per_class.items()}
+        merged = combine(by_time)
+        if not known(merged) and run.over_budget(verifying=len(per_class) + 1):
             run.notes.append(f"time budget: the combination {merged.name} of the per-class winners was not tried")
-        elif same_as is None:
-            source = build_source(spec, merged)
-            if _same(source) not in {_same(s) for _, s, _ in run.passed.values()} and run.attempt(merged, source):
-                if run.tried[merged.name]["geomean_us"] <= run.tried[best]["geomean_us"]:
-                    chosen = merged.name
-                else:
-                    run.notes.append(f"combined variant {merged.name} is slower than {best} over all rows; "
-                                     f"keeping {best}")
+        elif not known(merged):  # the winners verified (fastest first per class), then their combination
+            winners = {}
+            for cls, by in per_class.items():
+                name = run.pick([n for n in by if "geomean_us" in run.tried[n]], lambda n: _geomean(by[n]))
+                winners[cls] = run.passed[name][0] if name else run.passed[best][0]
+            merged = combine(winners)
+            if not known(merged):
+                source = build_source(spec, merged)
+                if _same(source) not in {_same(s) for _, s in run.sources.values()} and run.attempt(merged, source):
+                    if run.tried[merged.name]["geomean_us"] <= run.tried[best]["geomean_us"]:
+                        chosen = merged.name
+                    else:
+                        run.notes.append(f"combined variant {merged.name} is slower than {best} over all rows; "
+                                         f"keeping {best}")
 
     def slower(name: str) -> list[str]:
         return [i for i, us in run.times(name).items() if slower_than_eager(us, eager.get(i))]
@@ -596,15 +610,17 @@ def summary_lines(record: dict) -> list[str]:
     variants = record.get("variants", {})
     tried = [n for n, v in variants.items() if "skipped" not in v]
     verified = [n for n in tried if variants[n].get("verified")]
+    timed_only = [n for n in tried if variants[n].get("verification")]  # slower: never needed verifying
     budget = record.get("budget_s")
     lines.append(f"tuned in {record.get('spent_s', 0):.0f} s " + (f"of a {budget:g} s budget" if budget else
                                                                   "(no budget)") + ": "
-                 f"{len(verified)} of {len(tried)} variant(s) verified"
+                 f"{len(tried)} variant(s): {len(verified)} verified, {len(timed_only)} timed only (slower), "
+                 f"{len(tried) - len(verified) - len(timed_only)} not kept"
                  + ("" if record.get("complete", True) else ", budget reached before all were tried"))
     for name in tried:
         v = variants[name]
         if v.get("geomean_us"):
-            lines.append(f"  {name}: {v['geomean_us']:.1f} us geomean")
+            lines.append(f"  {name}: {v['geomean_us']:.1f} us geomean" + ("" if v.get("verified") else " (not verified)"))
         elif v.get("verified") and not v.get("reason"):
             lines.append(f"  {name}: verified, not timed (no benchmark shapes)")
         else:
