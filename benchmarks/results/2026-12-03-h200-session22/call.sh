@@ -18,7 +18,8 @@ log() { echo "[$(( $(date +%s) - started )) s] $*" | tee -a "$OUT/summary.txt"; 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt"
 PART=${PART:-heldout4}
 if [[ "$PART" == *tests* ]]; then
-  timeout ${TESTS_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider --assert=plain --tb=short \
+  # SIGINT: pytest stops and still prints the failures so far (session 22 lost them to a plain kill)
+  timeout -s INT -k 20 ${TESTS_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider --assert=plain --tb=short \
     tests/test_builtin_scan.py tests/test_axis_reduce.py > "$OUT/logs/gpu-tests.log" 2>&1
   log "gpu tests (scan, axis): exit $? :: $(tail -1 "$OUT/logs/gpu-tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/logs/gpu-tests.log" | cut -c1-200 >> "$OUT/summary.txt"
