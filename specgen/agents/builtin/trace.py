@@ -151,7 +151,9 @@ def decompositions() -> dict:
     return table
 
 
-def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, check_scalars: bool = True) -> Traced:
+def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked: bool = True) -> Traced:
+    """`checked`: the refusals of sizes and scalars run; False for the second trace, made at the
+    same sizes only to compare its constants with the first's."""
     sig = spec.signature
     dims = trace_dims(spec)
     examples = _example_inputs(spec, dims)
@@ -208,11 +210,12 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, check_s
                            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                            f"use an LLM agent (--agent openai|anthropic|openai-compatible)") from None
     traced = Traced(spec, direction, graph, placeholders, outputs, dims, forms_of(sentinels))
-    _refuse_specialized_sizes(traced)
+    if checked:
+        _refuse_specialized_sizes(traced)
     # values nothing reads (a module's discarded scratch tensors, e.g. BatchNorm in eval mode)
     # are not lowered: fx keeps ops with side effects (in-place writes), which are refused
     graph.graph.eliminate_dead_code()
-    if sentinels and check_scalars:
+    if sentinels and checked:
         _refuse_unexpressed_scalar_numbers(traced)
     return traced
 
@@ -221,7 +224,7 @@ def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
     """Traced again with other sentinels: every number that changed must be one the lowering
     writes as an expression of its scalar (scalar_constants), or the graph is refused."""
     spec, direction = traced.spec, traced.direction
-    other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, check_scalars=False)
+    other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, checked=False)
     why = differing_constants(traced.graph, other.graph, traced.scalar_forms, other.scalar_forms)
     if why:
         raise AgentRefused(f"{spec.path}: the {direction} of the reference: {why}; the kernel would hold the "
@@ -324,7 +327,7 @@ def _refuse_size_branches(traced: Traced, symbolic: dict, shape_env) -> None:
             continue
         for guard in guards:
             held = guard.xreplace(values)
-            if held is sympy.false or held is False:
+            if held is sympy.false:
                 shown = ", ".join(f"{k} = {v}" for k, v in sizes.items())
                 raise AgentRefused(
                     f"{spec.path}:{spec.reference_line}: the {direction} of the reference branches on a size while "

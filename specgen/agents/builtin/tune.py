@@ -400,12 +400,11 @@ class _Tuning:
         self.verify_costs.append(self.clock() - began)
         if check.passed:
             record["verified"] = True
-            record.pop("verification", None)
             self.passed[name] = (variant, source, check)
             self.say(f"variant {name}: verified")
             return True
         record["reason"] = check.reason[:REASON_CHARS]
-        for key in ("rows", "geomean_us", "verification"):
+        for key in ("rows", "geomean_us"):
             record.pop(key, None)
         self.say(f"variant {name}: [not kept] {record['reason'][:200]}")
         return False
@@ -500,15 +499,14 @@ def tune(spec, backend: TuneBackend, *, budget_s: float = DEFAULT_BUDGET_S, vari
             return any(all(getattr(v, f) == getattr(merged, f) for f in fields) for v, _ in run.sources.values())
 
         # first by times alone: a combination that is a timed variant costs no verification
-        by_time = {cls: run.sources[next(n for n in by if by[n] and _geomean(by[n]) * TIE_RATIO <= min(
-            _geomean(t) for t in by.values()))][0] for cls, by in per_class.items()}
+        by_time = {cls: run.sources[_fastest(by, lambda n: _geomean(by[n]))][0] for cls, by in per_class.items()}
         merged = combine(by_time)
         if not known(merged) and run.over_budget(verifying=len(per_class) + 1):
             run.notes.append(f"time budget: the combination {merged.name} of the per-class winners was not tried")
         elif not known(merged):  # the winners verified (fastest first per class), then their combination
             winners = {}
             for cls, by in per_class.items():
-                name = run.pick([n for n in by if "geomean_us" in run.tried[n]], lambda n: _geomean(by[n]))
+                name = run.pick(by, lambda n: _geomean(by[n]))  # (one that failed is never verified again)
                 winners[cls] = run.passed[name][0] if name else run.passed[best][0]
             merged = combine(winners)
             if not known(merged):
