@@ -253,3 +253,48 @@ def test_slices_of_scans_other_than_the_exclusive_forms_are_refused(tmp_path, bo
     with pytest.raises(AgentRefused) as info:
         build_source(load_spec(path))
     assert "scan_slice.yaml:" in str(info.value)
+
+
+def _host_combine(kind: int, pairs):
+    """The scan helpers' own C text (families/scan.py HELPERS) compiled for the host with g++ and
+    run on `pairs`: the combine a kernel applies, checked without a GPU."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    body = "\n".join(f"  show(sg_scan_op<{kind}, double>({a!r}, {b!r}));".replace("inf", "INFINITY")
+                     .replace("nan", "NAN") for a, b in pairs)
+    src = ("#include <cmath>\n#include <cstdio>\nusing std::log1p; using std::exp; using std::fabs;\n"
+           "#define __device__\n#define __forceinline__ inline\n" + scan.HELPERS +
+           "\nstatic void show(double v) { std::printf(\"%.17g\\n\", v); }\nint main() {\n" + body + "\n}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "c.cpp").write_text(src)
+        subprocess.run([cxx, "-O1", "-o", f"{tmp}/c", f"{tmp}/c.cpp"], check=True, capture_output=True)
+        lines = subprocess.run([f"{tmp}/c"], check=True, capture_output=True, text=True).stdout.split()
+    return [float(v) for v in lines]
+
+
+SPECIALS = [float("nan"), float("inf"), float("-inf"), 0.0, -1.5, 3.0]
+
+
+def test_logaddexp_combine_handles_specials_as_torch_does():
+    # session 23's GPU run: a NaN beside -inf vanished and inf (+) inf gave NaN
+    pairs = [(a, b) for a in SPECIALS for b in SPECIALS]
+    got = _host_combine(scan.KIND_ID["logsumexp"], pairs)
+    for (a, b), value in zip(pairs, got):
+        want = torch.logcumsumexp(torch.tensor([a, b], dtype=torch.float64), 0)[1].item()
+        assert (value == want) or (value != value and want != want) or abs(value - want) < 1e-12, (a, b, value, want)
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_extreme_combine_handles_specials_as_torch_does(kind):
+    pairs = [(a, b) for a in SPECIALS for b in SPECIALS]
+    got = _host_combine(scan.KIND_ID[kind], pairs)
+    for (a, b), value in zip(pairs, got):
+        t = torch.tensor([a, b], dtype=torch.float64)
+        want = (t.cummax(0) if kind == "max" else t.cummin(0)).values[1].item()
+        assert (value == want) or (value != value and want != want), (a, b, value, want)

@@ -289,9 +289,13 @@ def _flat_but_scans(program: Program, flat) -> bool:
 # ------------------------------------------------------------------ emitter
 HELPERS = r"""#ifndef SG_SCAN_HELPERS
 #define SG_SCAN_HELPERS
+// torch's _log_add_exp_helper: a NaN on either side is the result (a NaN beside -inf too), and
+// two infinities of one sign stay that infinity (inf - inf would give NaN)
 template <typename A> __device__ __forceinline__ A sg_scan_logaddexp(A a, A b) {
+  if (a != a) return a;
+  if (b != b) return b;
   const A m = a > b ? a : b;
-  if (m == (A)(-INFINITY)) return m;
+  if (m == (A)(-INFINITY) || m == (A)INFINITY) return m;
   return m + log1p(exp(-fabs(a - b)));
 }
 // torch.cummax / cummin: a NaN, once met, is the running value (torch's values)
