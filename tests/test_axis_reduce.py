@@ -367,3 +367,57 @@ def test_one_element_a_group_reads_the_input_as_s_not_as_kept_values():
 
     check_forward(_spec("groupnorm_affine_fwd"), {"B": 2, "G": 1, "L": 1})
     check_forward(_spec("groupnorm_affine_fwd"), {"B": 3, "G": 2, "L": 1})
+
+
+LEVEL1 = Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs"
+# rows (I == 1): an elem pass after two phases (the norms), one phase with row stores (max / argmin)
+FUSED_OPS = {"instance_norm": LEVEL1, "groupnorm_affine_fwd": SPECS, "instance_norm_affine_fwd": SPECS,
+             "max_dim_last": SPECS, "argmin_last": SPECS}
+
+
+def _fused_plan(spec, direction, variant_name):
+    from specgen.agents.builtin.schedule import variants_named
+
+    variant = variants_named(variant_name)[0] if variant_name else None
+    program = lower_spec(spec)[direction]
+    return (AxisEmitter(spec, program, direction, variant) if variant else AxisEmitter(spec, program, direction)).plan()
+
+
+def test_the_fused_variant_runs_every_phase_of_a_row_in_one_block():
+    """`axisfused`: one kernel a block per kept element for programs with reductions and no
+    total; the default keeps the reduce / elem kernels; a loss (a total over all rows) and a
+    two-ended layout keep them under the variant too."""
+    norm = load_spec(LEVEL1 / "instance_norm.yaml")
+    for direction in ("forward", "backward"):
+        fused = _fused_plan(norm, direction, "axisfused")
+        assert fused["fused"] and fused["elem"] and len(fused["phases"]) >= 2
+        assert not _fused_plan(norm, direction, None)["fused"]
+    assert not _fused_plan(_spec("cosine_loss"), "forward", "axisfused")["fused"]  # its total
+    assert not _fused_plan(_spec("sum_dims02"), "forward", "axisfused")["fused"]  # both ends
+
+
+@pytest.mark.nvcc
+def test_the_fused_variant_compiles_without_spills():
+    from specgen.agents.builtin.generator import compile_source
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(LEVEL1 / "instance_norm.yaml")
+    source = build_source(spec, variants_named("axisfused")[0])
+    assert "_fused<" not in build_source(spec)
+    kernels = {k: r for k, r in compile_source(spec, source).resources.items() if "_fused<" in k}
+    # forward and backward, VEC and scalar, float32 and bfloat16
+    assert len(kernels) == 8 and all(r["spill_store_bytes"] == 0 for r in kernels.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", list(FUSED_OPS))
+def test_fused_variant_kernels_verify_on_the_gpu(op):
+    from specgen.agents.builtin.schedule import variants_named
+    from specgen.verify import verify_kernel
+
+    spec = load_spec(FUSED_OPS[op] / f"{op}.yaml")
+    source = build_source(spec, variants_named("axisfused")[0])
+    assert source != build_source(spec)
+    verdict = verify_kernel(spec, source)
+    assert verdict.passed, verdict.summary()

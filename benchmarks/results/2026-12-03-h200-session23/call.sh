@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 23's calls (~560 s of command each). PART picks what runs, in this order:
-#   tests    the GPU tests of the CPU-only work of session 21: the scan family's segments kernel
-#            and the axis family's part loads (pytest -m gpu), at most TESTS_S seconds.
+#   tests    the GPU tests of the scan and axis families (pytest -m gpu) in TEST_SHARDS processes
+#            side by side, those matching FIRST first, at most TESTS_S seconds.
 #   heldout4 the fourth held-out problem set (heldout/problems-v4, written by a helper, never read
 #            by the generator's developer), the user's path: tune (timing first, then verifying the
 #            fastest first) + verify, then every benchmark row beside eager and torch.compile;
@@ -18,16 +18,23 @@ log() { echo "[$(( $(date +%s) - started )) s] $*" | tee -a "$OUT/summary.txt"; 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/summary.txt"
 PART=${PART:-heldout4}
 if [[ "$PART" == *tests* ]]; then
-  # the two logcumsumexp tests that failed in session 22 first, with whole tracebacks (their verdicts)
-  timeout -s INT -k 20 ${LSE_S:-120} python3 -m pytest -m gpu -q -p no:cacheprovider --assert=plain --tb=long \
-    tests/test_builtin_scan.py -k logcumsumexp > "$OUT/logs/gpu-tests-lse.log" 2>&1
-  log "gpu tests (logcumsumexp): exit $? :: $(tail -1 "$OUT/logs/gpu-tests-lse.log")"
-  grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/gpu-tests-lse.log" | cut -c1-300 | head -40 >> "$OUT/summary.txt"
-  # SIGINT: pytest stops and still prints the failures so far (session 22 lost them to a plain kill)
-  timeout -s INT -k 20 ${TESTS_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider --assert=plain --tb=short \
-    tests/test_builtin_scan.py tests/test_axis_reduce.py -k "not logcumsumexp" > "$OUT/logs/gpu-tests.log" 2>&1
-  log "gpu tests (scan, axis): exit $? :: $(tail -1 "$OUT/logs/gpu-tests.log")"
-  grep -E "^(FAILED|ERROR)" "$OUT/logs/gpu-tests.log" | cut -c1-300 >> "$OUT/summary.txt"
+  # the GPU tests of the scan and axis families in TEST_SHARDS pytest processes side by side (the
+  # verifier's time is mostly nvcc on the CPUs); the tests named in FIRST (-k form) lead each shard
+  python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_builtin_scan.py tests/test_axis_reduce.py \
+    2>/dev/null | grep "::" > /tmp/ids.all
+  { grep -E "${FIRST:-logcumsumexp|fused}" /tmp/ids.all; grep -vE "${FIRST:-logcumsumexp|fused}" /tmp/ids.all; } > /tmp/ids
+  n=${TEST_SHARDS:-4}
+  for k in $(seq 0 $((n - 1))); do
+    awk -v n=$n -v k=$k 'NR % n == k' /tmp/ids > /tmp/ids.$k
+    # SIGINT: pytest stops and still prints the failures so far (session 22 lost them to a plain kill)
+    timeout -s INT -k 20 ${TESTS_S:-200} python3 -m pytest -m gpu -q -p no:cacheprovider --assert=plain --tb=short \
+      $(cat /tmp/ids.$k) > "$OUT/logs/gpu-tests-$k.log" 2>&1 &
+  done
+  wait
+  for k in $(seq 0 $((n - 1))); do
+    log "gpu tests shard $k/$n ($(wc -l < /tmp/ids.$k) tests): $(tail -1 "$OUT/logs/gpu-tests-$k.log")"
+    grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/gpu-tests-$k.log" | cut -c1-300 | head -30 >> "$OUT/summary.txt"
+  done
 fi
 run_level1() {  # name, then the LEVEL1_ variables
   local name=$1; shift

@@ -120,6 +120,11 @@ class Variant:
     # a kept element, 8 a block, with no shared memory or barrier (families/axis_emit.py write_rows);
     # 0: never (the block-per-element kernel)
     axis_rows: int = 0
+    # axis programs with I == 1 whose R is not split: one block per kept element runs every phase's
+    # sweep and then the elem stores of its row in one kernel (families/axis_emit.py write_fused),
+    # so the row's second and third reads can hit L2 (InstanceNorm / GroupNorm: three reads of x
+    # through three kernels, 0.75x eager on a held-out InstanceNorm, session 23)
+    axis_fused: bool = False
 
     @property
     def schedules(self) -> tuple:
@@ -188,6 +193,8 @@ VARIANTS = [
     Variant("axistree", axis_merge="tree"),
     # axis programs: a warp per kept element for rows of up to 16384 (not run on a GPU yet)
     Variant("axisrows", axis_rows=16384),
+    # axis programs: a block per kept element through every phase and the elem stores (one launch)
+    Variant("axisfused", axis_fused=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -202,7 +209,7 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows"),
+                           "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 

@@ -32,6 +32,8 @@ from .axis_reduce import AxisProgram
 BLOCK = 256
 TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (shape-only: reproducible)
 MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
+FUSED_BLOCK = 512  # the fused kernel's threads per kept element (one block a row, 4 blocks an SM)
+FUSED_L2_BYTES = 24 << 20  # rows in flight in the fused kernel: their bytes kept under about half of L2
 
 def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
                 ends_rb: int | None = None, rows_max: int = 0) -> dict:
@@ -97,6 +99,7 @@ class AxisEmitter(DirectionEmitter):
         super().__init__(spec, program, direction)
         self.merge_form = variant.axis_merge  # "warp" (shuffles, then the warps' tree) or "tree" (over TY)
         self.rows_max = variant.axis_rows  # R up to which a warp takes a kept element (I == 1); 0: never
+        self.fused = variant.axis_fused  # a block per kept element through every phase (I == 1, G == 1)
         self.lay = program.layout
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.aliases = self.arg_pairs(program)  # torch.max's values: its argmax's running value
@@ -167,7 +170,8 @@ class AxisEmitter(DirectionEmitter):
                 "kinds": [n.attrs["kind"] for n in self.reduces], "partial_slots": self.npartial,
                 "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
                 "kept_slots": len(self.kept), "layout": self.lay.describe(),
-                "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values())}
+                "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values()),
+                "fused": self.fused_allowed()}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -608,6 +612,88 @@ class AxisEmitter(DirectionEmitter):
                     w.line("const int64_t row = row0;")
                     w.line(self.finish_call(p, lambda name: f"{name}[0]"))
 
+    def fused_allowed(self) -> bool:
+        """The one-kernel form (variant axisfused): reductions, a one-ended layout, no totals
+        (their sum over every kept element needs a kernel after all rows)."""
+        return self.fused and bool(self.reduces) and not self.lay.ends and not self.totals
+
+    def write_fused(self, w: CWriter) -> None:
+        """A block per kept element (I == 1, R not split): each phase's sweep, merge and finish in
+        turn (a barrier between: the next phase reads the finish's results), then the elem stores
+        of the row. The row's later reads come from L2 while it is still there: the launcher caps
+        the rows in flight (FUSED_L2_BYTES), where the reduce / elem kernels re-read it from HBM."""
+        w.line(f"// Fused (variant axisfused): a block of {FUSED_BLOCK} threads per kept element (I == 1, R not")
+        w.line("// split) through every phase, then the row's elem stores; the row's re-reads hit L2.")
+        w.line("template <typename T, int VEC>")
+        # two blocks an SM at least: under the default bound ptxas spilled float32's VEC kernel at 40 registers
+        w.line(f"__global__ void __launch_bounds__({FUSED_BLOCK}, 2) {self.kname}_fused(const {self.args_t} A, "
+               "void* ws, int64_t O, int64_t R)")
+        with w.block():
+            w.line("using acc_t = typename sg::Acc<T>::type;")
+            w.line(f"constexpr int TX = 1, VI = 1, TY = {FUSED_BLOCK}, TW = 1; (void)TW;")
+            w.line("const int tx = 0, ty = threadIdx.y; (void)tx;")
+            w.line("const int64_t I = 1, K = O, G = 1, GP = 0, r0 = 0, r1 = R, i = 0; (void)K; (void)GP; (void)i;")
+            w.line("constexpr int WT = " + ("32;  // a warp's rows of ty merged by shuffles first"
+                                           if self.merge_form == "warp" else "1;  // the tree runs over TY"))
+            for n in self.reduces:
+                w.lines(f"__shared__ {t} sm_{name}[TY / WT][TW];" for name, t in self.running_values(n))
+            with w.block("for (int64_t o = blockIdx.x; o < O; o += gridDim.x)"):
+                w.line("const int64_t row0 = o; (void)row0;")
+                for p, reduces in enumerate(self.phases):
+                    with w.block(comment=f"phase {p}: " + ", ".join(n.attrs["kind"] for n in reduces)):
+                        for n in reduces:
+                            self.write_running_decls(w, n)
+                            w.line(self.running_init(n, "0"))
+                        self.write_sweep(w, p, "(int64_t)ty", "TY")
+                        if self.merge_form == "warp":
+                            self.write_warp_merge(w, reduces)
+                        else:
+                            self.write_to_smem(w, reduces)
+                        self.write_smem_tree(w, reduces)
+                        with w.block("if (ty == 0)"):
+                            w.line("const int c = 0;")
+                            w.line("const int64_t row = row0;")
+                            w.line(self.finish_call(p, lambda name: f"sm_{name}[0][c]"))
+                        w.line("__syncthreads();  // the finish's results seen by the block; the tree's smem free")
+                if self.elem_stores:
+                    self.write_fused_elem(w)
+
+    def write_fused_elem(self, w: CWriter) -> None:
+        """The elem stores of kept element o's row, VEC consecutive elements a thread a step."""
+        roots = [s.value for s in self.elem_stores]
+        with w.block("for (int64_t j0 = (int64_t)ty * VEC; j0 < R; j0 += (int64_t)TY * VEC)"):
+            w.line("const int64_t n0 = o * R + j0;")
+            self.write_vec_loads(w, roots, "VEC", "n0")
+            fields = dict.fromkeys(s.field for s in self.elem_stores)
+            w.lines(f"acc_t st_{f}[VEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
+                    for f in fields)
+            w.directive("#pragma unroll")
+            with w.block("for (int v = 0; v < VEC; ++v)"):
+                w.line("const int64_t row = o; (void)row;")
+                w.line("const int64_t j = j0 + v; (void)j;")
+                self.write_elem_values(w, roots)
+            w.lines(f"sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
+                    for f in fields if self.store_is_vec(f))
+
+    def write_fused_launch(self, w: CWriter) -> None:
+        """The fused kernel's launch where it applies (I == 1, G == 1), then return: VEC along R
+        where every vector load and store is aligned; at most FUSED_L2_BYTES of rows in flight
+        (but a block per SM), so a row's re-reads find it in L2."""
+        stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
+                                     dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
+        row_loads = max(1, len(self.vec_loads()))
+        with w.block("if (I == 1 && G == 1 && K > 0)", comment="variant axisfused: one kernel"):
+            w.line(f"const bool fvec = vec_r && {stores_aligned or 'true'};")
+            w.line(f"const int64_t row_bytes = R * (int64_t)sizeof(T) * {row_loads};")
+            w.line(f"int64_t cap = (int64_t){FUSED_L2_BYTES} / (row_bytes > 0 ? row_bytes : 1);")
+            w.line("if (cap < (int64_t)sg::sm_count()) cap = sg::sm_count();")
+            w.line("const int64_t fb = O < cap ? O : cap;")
+            w.line("const unsigned fgrid = (unsigned)(fb < (1 << 30) ? fb : (1 << 30));")
+            launch = f"<<<fgrid, dim3(1, {FUSED_BLOCK}), 0, stream>>>(args, ws, O, R);"
+            w.line(f"if (fvec) {self.kname}_fused<T, VEC>{launch}")
+            w.line(f"else {self.kname}_fused<T, 1>{launch}")
+            w.line("return cudaGetLastError();")
+
     def write_combine(self, w: CWriter, p: int) -> None:
         """Phase p's split partials (G > 1): each kept element's merged in chunk order, then finished."""
         w.line("// Combine: a thread per kept element merges its G chunk partials in chunk order.")
@@ -756,6 +842,8 @@ class AxisEmitter(DirectionEmitter):
             else:
                 w.line("void* ws = nullptr;")
             w.line(f"const {self.args_t} args = A;")
+            if self.fused_allowed():
+                self.write_fused_launch(w)
             if self.reduces:
                 with w.block("if (K > 0)"):
                     self.write_reduce_launches(w, vi_ok)
@@ -870,6 +958,9 @@ class AxisEmitter(DirectionEmitter):
                 if self.rows_allowed():
                     self.write_rows(w, p)
                     w.line()
+            if self.fused_allowed():
+                self.write_fused(w)
+                w.line()
         if self.totals:
             self.write_total(w)
             w.line()
