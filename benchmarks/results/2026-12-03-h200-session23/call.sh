@@ -6,6 +6,7 @@
 #            by the generator's developer), the user's path: tune (timing first, then verifying the
 #            fastest first) + verify, then every benchmark row beside eager and torch.compile;
 #            shard SHARD (1/2 or 2/2).
+#   diag     scripts/diag/fused_rows_check.py (the fused axis variant on one-element groups)
 #   dev      the development problems named in DEV_ONLY (comma list), same harness.
 set -uo pipefail
 started=$(date +%s)
@@ -35,6 +36,10 @@ if [[ "$PART" == *tests* ]]; then
     log "gpu tests shard $k/$n ($(wc -l < /tmp/ids.$k) tests): $(tail -1 "$OUT/logs/gpu-tests-$k.log")"
     grep -E "^(FAILED|ERROR|E  )" "$OUT/logs/gpu-tests-$k.log" | cut -c1-300 | head -30 >> "$OUT/summary.txt"
   done
+fi
+if [[ "$PART" == *diag* ]]; then  # the fused variant against the default on one-element groups
+  timeout 120 python3 scripts/diag/fused_rows_check.py > "$OUT/logs/diag.log" 2>&1
+  log "diag: exit $?"; grep -E "bad rows \[\(|Error" "$OUT/logs/diag.log" | cut -c1-200 | head -20 >> "$OUT/summary.txt"
 fi
 run_level1() {  # name, then the LEVEL1_ variables
   local name=$1; shift
