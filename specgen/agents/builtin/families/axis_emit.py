@@ -32,7 +32,7 @@ from .axis_reduce import AxisProgram
 BLOCK = 256
 TARGET_BLOCKS = 2048  # R is split until the grid has about this many blocks (shape-only: reproducible)
 MIN_STEPS = 4  # each thread takes at least this many steps of its chunk
-FUSED_BLOCK = 512  # the fused kernel's threads per kept element (one block a row, 4 blocks an SM)
+FUSED_BLOCK = 512  # the fused kernel's threads per kept element (one block a row, 2 or more an SM)
 FUSED_L2_BYTES = 24 << 20  # rows in flight in the fused kernel: their bytes kept under about half of L2
 
 def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, vi_ok: bool = True,
@@ -624,7 +624,7 @@ class AxisEmitter(DirectionEmitter):
         the rows in flight (FUSED_L2_BYTES), where the reduce / elem kernels re-read it from HBM."""
         w.line(f"// Fused (variant axisfused): a block of {FUSED_BLOCK} threads per kept element (I == 1, R not")
         w.line("// split) through every phase, then the row's elem stores; the row's re-reads hit L2.")
-        w.line("template <typename T, int VEC>")
+        w.line("template <typename T, int VEC, int EVEC>  // VEC: the sweeps' reads; EVEC: the elem pass's")
         # two blocks an SM at least: under the default bound ptxas spilled float32's VEC kernel at 40 registers
         w.line(f"__global__ void __launch_bounds__({FUSED_BLOCK}, 2) {self.kname}_fused(const {self.args_t} A, "
                "void* ws, int64_t O, int64_t R)")
@@ -661,37 +661,39 @@ class AxisEmitter(DirectionEmitter):
     def write_fused_elem(self, w: CWriter) -> None:
         """The elem stores of kept element o's row, VEC consecutive elements a thread a step."""
         roots = [s.value for s in self.elem_stores]
-        with w.block("for (int64_t j0 = (int64_t)ty * VEC; j0 < R; j0 += (int64_t)TY * VEC)"):
+        with w.block("for (int64_t j0 = (int64_t)ty * EVEC; j0 < R; j0 += (int64_t)TY * EVEC)"):
             w.line("const int64_t n0 = o * R + j0;")
-            self.write_vec_loads(w, roots, "VEC", "n0")
+            self.write_vec_loads(w, roots, "EVEC", "n0")
             fields = dict.fromkeys(s.field for s in self.elem_stores)
-            w.lines(f"acc_t st_{f}[VEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
+            w.lines(f"acc_t st_{f}[EVEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
                     for f in fields)
             w.directive("#pragma unroll")
-            with w.block("for (int v = 0; v < VEC; ++v)"):
+            with w.block("for (int v = 0; v < EVEC; ++v)"):
                 w.line("const int64_t row = o; (void)row;")
                 w.line("const int64_t j = j0 + v; (void)j;")
                 self.write_elem_values(w, roots)
-            w.lines(f"sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
+            w.lines(f"sg::store_vec<EVEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
                     for f in fields if self.store_is_vec(f))
 
     def write_fused_launch(self, w: CWriter) -> None:
-        """The fused kernel's launch where it applies (I == 1, G == 1), then return: VEC along R
-        where every vector load and store is aligned; at most FUSED_L2_BYTES of rows in flight
-        (but a block per SM), so a row's re-reads find it in L2."""
+        """The fused kernel's launch where it applies (I == 1, G == 1), then return: the sweeps
+        read VEC along R where the loads are aligned (vec_r), the elem pass where its stores are
+        too; at most FUSED_L2_BYTES of rows in flight, but two blocks an SM (rows too long for L2
+        gain nothing from fewer, and one 512-thread block an SM reads at a quarter occupancy)."""
         stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
                                      dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
         row_loads = max(1, len(self.vec_loads()))
         with w.block("if (I == 1 && G == 1 && K > 0)", comment="variant axisfused: one kernel"):
-            w.line(f"const bool fvec = vec_r && {stores_aligned or 'true'};")
+            w.line(f"const bool evec = vec_r && {stores_aligned or 'true'};")
             w.line(f"const int64_t row_bytes = R * (int64_t)sizeof(T) * {row_loads};")
             w.line(f"int64_t cap = (int64_t){FUSED_L2_BYTES} / (row_bytes > 0 ? row_bytes : 1);")
-            w.line("if (cap < (int64_t)sg::sm_count()) cap = sg::sm_count();")
+            w.line("if (cap < 2 * (int64_t)sg::sm_count()) cap = 2 * (int64_t)sg::sm_count();")
             w.line("const int64_t fb = O < cap ? O : cap;")
             w.line("const unsigned fgrid = (unsigned)(fb < (1 << 30) ? fb : (1 << 30));")
             launch = f"<<<fgrid, dim3(1, {FUSED_BLOCK}), 0, stream>>>(args, ws, O, R);"
-            w.line(f"if (fvec) {self.kname}_fused<T, VEC>{launch}")
-            w.line(f"else {self.kname}_fused<T, 1>{launch}")
+            w.line(f"if (evec) {self.kname}_fused<T, VEC, VEC>{launch}")
+            w.line(f"else if (vec_r) {self.kname}_fused<T, VEC, 1>{launch}")
+            w.line(f"else {self.kname}_fused<T, 1, 1>{launch}")
             w.line("return cudaGetLastError();")
 
     def write_combine(self, w: CWriter, p: int) -> None:
