@@ -455,3 +455,23 @@ def test_fused_kernel_strides_over_rows_and_stores_unaligned_alike():
     truth = spec.reference_fn()(x=x.double().cpu())
     assert torch.allclose(outs[0].double(), truth, atol=1e-4, rtol=1e-4)
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+def test_groupnorm_centres_before_scaling_so_one_element_groups_are_exact():
+    """torch's decomposition writes GroupNorm as x * (rstd * w) + (b - mean * rstd * w); with one
+    value a group (variance 0, rstd = 316) the products cancel, and every kernel variant was
+    1.4-3e-5 off on the H200 (session 23). optimize.centered_affine keeps (x - mean) * a + b:
+    the float32 interpreter (the kernels' accumulator) then gives b exactly; the folded form
+    gave 2.3e-5 here."""
+    spec = _spec("groupnorm_affine_fwd")
+    program = lower_spec(spec)["forward"]
+    assert not any(n.op == "neg" for n in program.nodes())  # no -mean * a term left
+    dims = {"B": 5, "G": 1, "L": 1}
+    worst = 0.0
+    for seed in range(10):
+        args = make_inputs(spec.signature, dims, "float32", seed=seed)
+        out = torch.full((5, 4, 1), float("nan"), dtype=torch.float32)
+        run_axis_program(program, dict(args), {}, dims, {"out": out}, acc=torch.float32)
+        truth = spec.reference_fn()(**{k: v.double() for k, v in args.items()})
+        worst = max(worst, (out.double() - truth).abs().max().item())
+    assert worst < 1e-9

@@ -15,6 +15,8 @@
   index compare per element.
 - `lone_norms`: a 2-norm sqrt(sum(a * a)) is |a| where the sum has one term (width 1), as
   torch's vector_norm has it; the square underflows or overflows in float32 where |a| does not.
+- `centered_affine`: x * a + ((-m) * a + c) is (x - m) * a + c (GroupNorm's decomposition folds
+  the mean into the shift, and the products cancel when a is large).
 """
 from __future__ import annotations
 
@@ -226,6 +228,49 @@ def lone_norms(program: Program) -> Program:
                    attrs={"kind": "max"}, name=f"{built.name}_lone")
         one = Node("eq", (program.width, const(1)), level=level_of(program.width), dtype="bool")
         return Node("where", (one, top, built), level="row", dtype="float", name=f"{built.name}_norm")
+
+    return _rebuild(program, replace)
+
+
+def _centered(p: Node, q: Node) -> Node | None:
+    """(x - m) * a + c when p = x * a and q = (-m) * a + c (any order of the products' factors
+    and of q's sum), else None."""
+    if p.op != "mul" or q.op != "add":
+        return None
+    for r, c in ((q.args[0], q.args[1]), (q.args[1], q.args[0])):
+        if r.op != "mul":
+            continue
+        for neg_m, a in ((r.args[0], r.args[1]), (r.args[1], r.args[0])):
+            if neg_m.op != "neg" or a not in p.args:
+                continue
+            x = p.args[1] if p.args[0] is a else p.args[0]
+            m = neg_m.args[0]
+            if x.dtype != "float" or m.dtype != "float" or a.dtype != "float" or c.dtype != "float":
+                continue
+            diff = Node("sub", (x, m), level=level_of(x, m), dtype="float")
+            scaled = Node("mul", (diff, a), level=level_of(diff, a), dtype="float")
+            return scaled, c
+    return None
+
+
+def centered_affine(program: Program) -> Program:
+    """x * a + ((-m) * a + c) -> (x - m) * a + c.
+
+    torch's decomposition of native_group_norm (its CUDA kernel too) folds the mean into the
+    shift: a = rstd * w, c' = b - mean * a, y = x * a + c'. With a large a (a group of one value:
+    zero variance, rstd = 1/sqrt(eps) = 316) the two products cancel and float32 keeps 1-3e-5 of
+    rounding where y is exactly b (session 23, every variant of the axis kernels). Centring first
+    is exact when x == m and never larger in error elsewhere. Run after cse (the two a's one node)."""
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        if built.op != "add" or built.level != "elem" or built.dtype != "float":
+            return built
+        for p, q in ((built.args[0], built.args[1]), (built.args[1], built.args[0])):
+            got = _centered(p, q)
+            if got is not None:
+                scaled, c = got
+                return Node("add", (scaled, c), level=built.level, dtype="float", name=built.name)
+        return built
 
     return _rebuild(program, replace)
 

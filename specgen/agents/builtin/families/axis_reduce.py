@@ -630,7 +630,7 @@ def reuse_forward_rows(forward: AxisProgram, backward: AxisProgram, spec) -> Axi
 
 def lower_axis(spec) -> dict[str, AxisProgram]:
     """The programs of every direction the spec asks for, or AgentRefused."""
-    from ..optimize import cse, lone_norms
+    from ..optimize import centered_affine, cse, lone_norms
 
     forward = trace(spec, "forward")
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
@@ -640,7 +640,7 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
     programs = {}
     for d in directions:
         traced = traces[d]
-        program = with_layout(cse(lone_norms(cse(AxisLowering(traced, layout).run()))), layout)
+        program = with_layout(cse(centered_affine(lone_norms(cse(AxisLowering(traced, layout).run())))), layout)
         validate(program)
         if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
                                                                               for n in program.nodes()):
