@@ -90,8 +90,11 @@ def spec_family(path: Path) -> str:
     return "other"
 
 
-def find_specs(folders: list[Path], only: list[str] | None = None, shard: tuple[int, int] | None = None) -> list[Path]:
-    """The specs to run, sorted by name; `shard` (K, N) keeps every N-th from the K-th."""
+def find_specs(folders: list[Path], only: list[str] | None = None, shard: tuple[int, int] | None = None,
+               skip: set[str] | frozenset = frozenset()) -> list[Path]:
+    """The specs to run, sorted by name; `shard` (K, N) keeps every N-th from the K-th (of the
+    whole folder, so a shard names the same specs in every call); `skip`: names left out (the
+    problems an earlier call of the shard reached, --skip-reached)."""
     paths = sorted(p for folder in folders for p in Path(folder).glob("*.yaml"))
     if only:
         wanted = set(only)
@@ -99,7 +102,17 @@ def find_specs(folders: list[Path], only: list[str] | None = None, shard: tuple[
     if shard:
         k, n = shard
         paths = [p for i, p in enumerate(paths) if i % n == k - 1]
-    return paths
+    return [p for p in paths if p.stem not in skip]
+
+
+def reached_names(files: list[str]) -> set[str]:
+    """Problems an earlier run's JSON reached (any status but not reached): a call that goes on
+    with a shard skips them, and --merge joins the two reports."""
+    names = set()
+    for f in files:
+        report = json.loads(Path(f).read_text())
+        names |= {p["name"] for p in report.get("problems", []) if p.get("status") not in (NOT_REACHED, None)}
+    return names
 
 
 def run_order(paths: list[Path], lowering: dict) -> list[Path]:
@@ -753,6 +766,8 @@ def parse_args(argv=None):
     parser.add_argument("--name", default="level1_bench", help="file stem of the JSON and markdown written")
     parser.add_argument("--only", default="", help="comma-separated spec names")
     parser.add_argument("--shard", default=None, metavar="K/N", help="every N-th spec from the K-th (1-based)")
+    parser.add_argument("--skip-reached", nargs="+", default=None, metavar="JSON",
+                        help="leave out the problems these earlier runs reached (go on with a shard; --merge after)")
     parser.add_argument("--sizes", choices=("decode", "large", "all"), default="all",
                         help=f"benchmark shapes: decode (largest float32 tensor < {DECODE_BYTES >> 20} MiB), large, all")
     parser.add_argument("--dtypes", default="", help="comma-separated dtypes (default: each spec's)")
@@ -846,7 +861,7 @@ def main(argv=None) -> int:
               "(scripts/gpu-suite level1)", file=sys.stderr)
         return 3
     folders = [Path(f) for f in (args.specs or [DEFAULT_SPECS])]
-    paths = find_specs(folders, args.only, args.shard)
+    paths = find_specs(folders, args.only, args.shard, reached_names(args.skip_reached or []))
     if not paths:
         print(f"level1_bench: no specs selected in {', '.join(map(str, folders))}", file=sys.stderr)
         return 2
@@ -911,7 +926,7 @@ def plan_run(args) -> int:
     from specgen.spec import load_spec
 
     folders = [Path(f) for f in (args.specs or [DEFAULT_SPECS])]
-    paths = find_specs(folders, args.only, args.shard)
+    paths = find_specs(folders, args.only, args.shard, reached_names(args.skip_reached or []))
     lowering = lowering_pass(paths)
     gpu_bytes = int(args.gpu_gb * 1e9)
     table = Table(title=f"plan: {', '.join(map(str, folders))} (GPU of {args.gpu_gb:.0f} GB)")

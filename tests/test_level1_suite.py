@@ -396,3 +396,23 @@ def test_the_benchmark_explains_its_options():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--verify-shapes" in done.stdout and "80% of the GPU" in done.stdout.replace("\n", " ").replace("  ", " ")
+
+
+def test_a_shard_goes_on_without_the_problems_an_earlier_call_reached(tmp_path):
+    import json
+
+    earlier = {"specs_folder": "dev", "environment": {}, "rows": [], "problems": [
+        {"name": "relu", "status": "verified"}, {"name": "cumsum", "status": "refused"},
+        {"name": "tanh", "status": "not reached"}]}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    done = bench.reached_names([str(tmp_path / "earlier.json")])
+    assert done == {"relu", "cumsum"}  # refused counts as reached: nothing left to run for it
+    everything = bench.find_specs([DEV])
+    rest = bench.find_specs([DEV], skip=done)
+    assert {p.stem for p in everything} - {p.stem for p in rest} == {"relu", "cumsum"}
+    assert any(p.stem == "tanh" for p in rest)
+    # a shard keeps its members: the skipped ones are taken out after the shard is cut
+    shard = bench.find_specs([DEV], shard=(1, 3))
+    assert bench.find_specs([DEV], shard=(1, 3), skip=done) == [p for p in shard if p.stem not in done]
+    args = bench.parse_args(["--skip-reached", str(tmp_path / "earlier.json"), "--shard", "1/2"])
+    assert args.skip_reached == [str(tmp_path / "earlier.json")]

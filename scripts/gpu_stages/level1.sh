@@ -9,6 +9,7 @@
 #   held-out set, default 150), LEVEL1_SETS (dev | heldout | both, default both), LEVEL1_SIZES
 #   (decode | large | all, default all), LEVEL1_ONLY (spec names, comma-separated), LEVEL1_SHARD (K/N:
 #   every N-th spec from the K-th, to split the suite over several calls; merge with --merge),
+#   LEVEL1_SKIP_REACHED (JSON files of earlier calls, space-separated: their reached problems left out),
 #   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_ARGS (more benchmarks/level1_bench.py flags),
 #   LEVEL1_HELDOUT_DIR (the held-out folder, default heldout/problems; heldout/problems-v2 and
 #   heldout/problems-v3 are the second and third sets).
@@ -26,6 +27,8 @@ export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$REPO" rev-parse HEAD 2>/dev/null || 
 common=(--sizes "${LEVEL1_SIZES:-all}" --spec-budget-s "${LEVEL1_SPEC_BUDGET_S:-150}")
 [ -n "${LEVEL1_ONLY:-}" ] && common+=(--only "$LEVEL1_ONLY")
 [ -n "${LEVEL1_SHARD:-}" ] && common+=(--shard "$LEVEL1_SHARD")
+# shellcheck disable=SC2206
+[ -n "${LEVEL1_SKIP_REACHED:-}" ] && common+=(--skip-reached ${LEVEL1_SKIP_REACHED})
 # shellcheck disable=SC2206
 extra=(${LEVEL1_ARGS:-})
 status=0
