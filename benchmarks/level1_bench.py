@@ -102,17 +102,23 @@ def find_specs(folders: list[Path], only: list[str] | None = None, shard: tuple[
     if shard:
         k, n = shard
         paths = [p for i, p in enumerate(paths) if i % n == k - 1]
-    return [p for p in paths if p.stem not in skip]
+    return [p for p in paths if str(p.resolve()) not in skip and p.stem not in skip]
 
 
 def reached_names(files: list[str]) -> set[str]:
-    """Problems an earlier run's JSON reached (any status but not reached): a call that goes on
-    with a shard skips them, and --merge joins the two reports."""
-    names = set()
+    """Problems an earlier run's JSON reached and need not run again: a call that goes on with a
+    shard skips them, and --merge joins the two reports. Each is named by its spec file's
+    absolute path where the JSON records one (a name alone could match a spec of another set),
+    else by its name. Errors are run again (a CUDA context poisoned by an earlier spec makes
+    the later ones errors), as are problems not reached."""
+    done = set()
     for f in files:
         report = json.loads(Path(f).read_text())
-        names |= {p["name"] for p in report.get("problems", []) if p.get("status") not in (NOT_REACHED, None)}
-    return names
+        for p in report.get("problems", []):
+            if p.get("status") in (NOT_REACHED, ERROR, None):
+                continue
+            done.add(str(Path(p["path"]).resolve()) if p.get("path") else p["name"])
+    return done
 
 
 def run_order(paths: list[Path], lowering: dict) -> list[Path]:
@@ -862,6 +868,9 @@ def main(argv=None) -> int:
         return 3
     folders = [Path(f) for f in (args.specs or [DEFAULT_SPECS])]
     paths = find_specs(folders, args.only, args.shard, reached_names(args.skip_reached or []))
+    if not paths and args.skip_reached and find_specs(folders, args.only, args.shard):
+        print("level1_bench: every selected spec was reached by the runs of --skip-reached; nothing to run")
+        return 0
     if not paths:
         print(f"level1_bench: no specs selected in {', '.join(map(str, folders))}", file=sys.stderr)
         return 2

@@ -402,11 +402,14 @@ def test_a_shard_goes_on_without_the_problems_an_earlier_call_reached(tmp_path):
     import json
 
     earlier = {"specs_folder": "dev", "environment": {}, "rows": [], "problems": [
-        {"name": "relu", "status": "verified"}, {"name": "cumsum", "status": "refused"},
-        {"name": "tanh", "status": "not reached"}]}
+        {"name": "relu", "status": "verified", "path": str(DEV / "relu.yaml")},
+        {"name": "cumsum", "status": "refused"}, {"name": "tanh", "status": "not reached"},
+        {"name": "sigmoid", "status": "error"},  # run again: a poisoned context makes errors
+        {"name": "gelu", "status": "verified", "path": str(tmp_path / "other_set" / "gelu.yaml")}]}
     (tmp_path / "earlier.json").write_text(json.dumps(earlier))
     done = bench.reached_names([str(tmp_path / "earlier.json")])
-    assert done == {"relu", "cumsum"}  # refused counts as reached: nothing left to run for it
+    # refused counts as reached (nothing left to run); a path names its own set's spec only
+    assert done == {str((DEV / "relu.yaml").resolve()), "cumsum", str((tmp_path / "other_set" / "gelu.yaml").resolve())}
     everything = bench.find_specs([DEV])
     rest = bench.find_specs([DEV], skip=done)
     assert {p.stem for p in everything} - {p.stem for p in rest} == {"relu", "cumsum"}
