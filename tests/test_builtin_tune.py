@@ -712,3 +712,13 @@ def test_a_combination_that_is_a_variant_already_timed_is_not_tried_again():
     assert result.variant == "fewblock"
     calls = [c for c in backend.calls if c[0] in ("verify", "time")]
     assert calls == [("time", "default"), ("time", "fewblock"), ("verify", "fewblock")]
+
+
+def test_the_tuner_tries_the_fused_axis_kernel_for_channel_norms_only():
+    """`axisfused` changes axis programs only: the tuner tries it for an InstanceNorm (a kernel
+    text of its own) and drops it for a row program, whose text it leaves unchanged."""
+    norm = load_spec(Path(__file__).resolve().parent.parent / "benchmarks" / "level1" / "specs" / "instance_norm.yaml")
+    names = [v.name for v, _ in tune.candidates(norm)[0]]
+    assert names[0] == "default" and "axisfused" in names
+    rows = [v.name for v, _ in tune.candidates(load_spec(SPECS / "swiglu.yaml"))[0]]
+    assert "axisfused" not in rows
