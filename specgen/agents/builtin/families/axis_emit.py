@@ -11,7 +11,10 @@ Per direction, up to four kernels, all deterministic (fixed trees and orders, no
   <k>_rows     (variant axisrows; I == 1, many short rows) a warp per kept element instead;
   <k>_combine  (G > 1) a thread per kept element merges its G partials in chunk order;
   <k>_elem     (elem stores: backward) a flat grid-stride pass over S reading the kept values
-               (reduction results from the workspace, row inputs such as grad_out).
+               (reduction results from the workspace, row inputs such as grad_out);
+  <k>_fused    (variant axisfused; I == 1, G == 1, no totals) all of the above for one kept
+               element in one block of 512 threads: each phase in turn, then the row's elem
+               stores, the row's re-reads from L2.
 The reduce or combine kernel finishes a kept element: its epilogue, its row stores, and its
 reduction results into the workspace for the elem pass. G depends on the shape only.
 """
