@@ -423,11 +423,7 @@ class AxisEmitter(DirectionEmitter):
                     w.line(f"for (int u = 0; u < VI; ++u) {{ {self.running_init(n, 'u')} }}")
                 with w.block("if (live)"):
                     self.write_sweep(w, p, "(int64_t)ty", "TY")
-                if self.merge_form == "warp":
-                    self.write_warp_merge(w, reduces)
-                else:
-                    self.write_to_smem(w, reduces)
-                self.write_smem_tree(w, reduces)
+                self.write_block_merge(w, reduces)
                 self.write_reduce_results(w, p)
                 w.line("__syncthreads();  // the tree's smem is reused by the next kept tile")
 
@@ -542,6 +538,15 @@ class AxisEmitter(DirectionEmitter):
             else:
                 w.line(self.update(n, f"{v}[u]", self.expr(n.args[0], ctx), "j", f"{v}_i[u]"))
 
+    def write_block_merge(self, w: CWriter, reduces: list[Node]) -> None:
+        """A block's partials merged into smem row 0: by warps first (merge_form "warp") or all
+        into shared memory, then the fixed tree."""
+        if self.merge_form == "warp":
+            self.write_warp_merge(w, reduces)
+        else:
+            self.write_to_smem(w, reduces)
+        self.write_smem_tree(w, reduces)
+
     def write_warp_merge(self, w: CWriter, reduces: list[Node]) -> None:
         """A warp's rows of ty merged by shuffles (xor offsets >= TX keep tx), its first row's
         lanes writing the warp's partials: the smem tree then spans 8 warps (4 barriers where a
@@ -648,11 +653,7 @@ class AxisEmitter(DirectionEmitter):
                             self.write_running_decls(w, n)
                             w.line(self.running_init(n, "0"))
                         self.write_sweep(w, p, "(int64_t)ty", "TY")
-                        if self.merge_form == "warp":
-                            self.write_warp_merge(w, reduces)
-                        else:
-                            self.write_to_smem(w, reduces)
-                        self.write_smem_tree(w, reduces)
+                        self.write_block_merge(w, reduces)
                         with w.block("if (ty == 0)"):
                             w.line("const int c = 0;")
                             w.line("const int64_t row = row0;")
@@ -662,32 +663,19 @@ class AxisEmitter(DirectionEmitter):
                     self.write_fused_elem(w)
 
     def write_fused_elem(self, w: CWriter) -> None:
-        """The elem stores of kept element o's row, VEC consecutive elements a thread a step."""
-        roots = [s.value for s in self.elem_stores]
+        """The elem stores of kept element o's row, EVEC consecutive elements a thread a step."""
         with w.block("for (int64_t j0 = (int64_t)ty * EVEC; j0 < R; j0 += (int64_t)TY * EVEC)"):
             w.line("const int64_t n0 = o * R + j0;")
-            self.write_vec_loads(w, roots, "EVEC", "n0")
-            fields = dict.fromkeys(s.field for s in self.elem_stores)
-            w.lines(f"acc_t st_{f}[EVEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
-                    for f in fields)
-            w.directive("#pragma unroll")
-            with w.block("for (int v = 0; v < EVEC; ++v)"):
-                w.line("const int64_t row = o; (void)row;")
-                w.line("const int64_t j = j0 + v; (void)j;")
-                self.write_elem_values(w, roots)
-            w.lines(f"sg::store_vec<EVEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
-                    for f in fields if self.store_is_vec(f))
+            self.write_elem_chunk(w, "EVEC", row="o", j="j0 + v")
 
     def write_fused_launch(self, w: CWriter) -> None:
         """The fused kernel's launch where it applies (I == 1, G == 1), then return: the sweeps
         read VEC along R where the loads are aligned (vec_r), the elem pass where its stores are
         too; at most FUSED_L2_BYTES of rows in flight, but two blocks an SM (rows too long for L2
         gain nothing from fewer, and one 512-thread block an SM reads at a quarter occupancy)."""
-        stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
-                                     dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
         row_loads = max(1, len(self.vec_loads()))
         with w.block("if (I == 1 && G == 1 && K > 0)", comment="variant axisfused: one kernel"):
-            w.line(f"const bool evec = vec_r && {stores_aligned or 'true'};")
+            w.line(f"const bool evec = vec_r && {self.stores_aligned()};")
             w.line(f"const int64_t row_bytes = R * (int64_t)sizeof(T) * {row_loads};")
             w.line(f"int64_t cap = (int64_t){FUSED_L2_BYTES} / (row_bytes > 0 ? row_bytes : 1);")
             w.line("if (cap < 2 * (int64_t)sg::sm_count()) cap = 2 * (int64_t)sg::sm_count();")
@@ -769,22 +757,27 @@ class AxisEmitter(DirectionEmitter):
                 for line in self.rb_line():
                     w.verbatim("  " + line)
                 self.write_elem_position(w)
-                roots = [s.value for s in self.elem_stores]
-                self.write_vec_loads(w, roots, "VEC", "n0")
-                fields = dict.fromkeys(s.field for s in self.elem_stores)
-                w.lines(f"acc_t st_{f}[VEC];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
-                        for f in fields)
-                w.directive("#pragma unroll")
-                with w.block("for (int v = 0; v < VEC; ++v)"):
-                    w.line("const int64_t row = o * I + i0 + (MODE == 1 ? v : 0); (void)row;")
-                    w.line("const int64_t j = j0 + (MODE == 2 ? v : 0); (void)j;")
-                    self.write_elem_values(w, roots)
-                w.lines(f"sg::store_vec<VEC>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
-                        for f in fields if self.store_is_vec(f))
+                self.write_elem_chunk(w, "VEC", row="o * I + i0 + (MODE == 1 ? v : 0)", j="j0 + (MODE == 2 ? v : 0)")
                 if self.global_stores and not self.reduces:
                     ctx = Ctx()
                     with w.block("if (n0 == 0)"):
                         w.lines(self.scalar_store(s, ctx) for s in self.global_stores)
+
+    def write_elem_chunk(self, w: CWriter, width: str, row: str, j: str) -> None:
+        """`width` consecutive elements from flat element n0: the vector reads, each element's
+        values (its kept element `row`, its place `j` along R, both C in v), the vector stores."""
+        roots = [s.value for s in self.elem_stores]
+        self.write_vec_loads(w, roots, width, "n0")
+        fields = dict.fromkeys(s.field for s in self.elem_stores)
+        w.lines(f"acc_t st_{f}[{width}];" if self.store_is_vec(f) else f"// {f}: stored one at a time"
+                for f in fields)
+        w.directive("#pragma unroll")
+        with w.block(f"for (int v = 0; v < {width}; ++v)"):
+            w.line(f"const int64_t row = {row}; (void)row;")
+            w.line(f"const int64_t j = {j}; (void)j;")
+            self.write_elem_values(w, roots)
+        w.lines(f"sg::store_vec<{width}>(({self.ctype_of(f)}*)A.{f}.data + n0, st_{f});"
+                for f in fields if self.store_is_vec(f))
 
     def write_elem_position(self, w: CWriter) -> None:
         """Flat element n0 as its kept element (o, i0) and its place j0 along R."""
@@ -813,6 +806,11 @@ class AxisEmitter(DirectionEmitter):
             else:
                 w.line(f"(({self.ctype_of(s.field)}*)A.{s.field}.data)[n0 + v] = "
                        f"{self.store_value(s.field, value, s.value)};")
+
+    def stores_aligned(self) -> str:
+        """C: every output the elem pass stores 16 bytes at a time is 16-byte aligned."""
+        fields = dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field))
+        return " && ".join(f"sg::aligned16(A.{f}.data)" for f in fields) or "true"
 
     def store_is_vec(self, field: str) -> bool:
         return self.types[field].dtype is None and all(s.value.dtype == "float" for s in self.elem_stores
@@ -926,9 +924,7 @@ class AxisEmitter(DirectionEmitter):
 
     def write_elem_launch(self, w: CWriter) -> None:
         """The element kernel's launch: its vector mode, 32-bit index math where N allows it."""
-        stores_aligned = " && ".join(f"sg::aligned16(A.{f}.data)" for f in
-                                     dict.fromkeys(s.field for s in self.elem_stores if self.store_is_vec(s.field)))
-        w.line(f"const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {stores_aligned or 'true'};")
+        w.line(f"const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {self.stores_aligned()};")
         w.line("const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
                "const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;")
         w.line("const int64_t per = mode ? VEC : 1;")
