@@ -232,8 +232,8 @@ def lone_norms(program: Program) -> Program:
     return _rebuild(program, replace)
 
 
-def _centered(p: Node, q: Node) -> Node | None:
-    """(x - m) * a + c when p = x * a and q = (-m) * a + c (any order of the products' factors
+def _centered(p: Node, q: Node) -> tuple[Node, Node] | None:
+    """((x - m) * a, c) when p = x * a and q = (-m) * a + c (any order of the products' factors
     and of q's sum), else None."""
     if p.op != "mul" or q.op != "add":
         return None
@@ -260,7 +260,8 @@ def centered_affine(program: Program) -> Program:
     shift: a = rstd * w, c' = b - mean * a, y = x * a + c'. With a large a (a group of one value:
     zero variance, rstd = 1/sqrt(eps) = 316) the two products cancel and float32 keeps 1-3e-5 of
     rounding where y is exactly b (session 23, every variant of the axis kernels). Centring first
-    is exact when x == m and never larger in error elsewhere. Run after cse (the two a's one node)."""
+    is exact when x == m; the two forms differ otherwise only at float32's overflow edges (x - m
+    or x * a overflowing where the other does not). Run after cse (the two a's one node)."""
     def replace(n: Node, args: tuple, attrs: dict) -> Node:
         built = _same(n, args, attrs)
         if built.op != "add" or built.level != "elem" or built.dtype != "float":
