@@ -465,7 +465,7 @@ def test_groupnorm_centres_before_scaling_so_one_element_groups_are_exact():
     gave 2.3e-5 here."""
     spec = _spec("groupnorm_affine_fwd")
     program = lower_spec(spec)["forward"]
-    assert not any(n.op == "neg" for n in program.nodes())  # no -mean * a term left
+    assert any(n.op == "isfinite" for n in program.nodes())  # the centred form, guarded
     dims = {"B": 5, "G": 1, "L": 1}
     worst = 0.0
     for seed in range(10):
@@ -475,3 +475,22 @@ def test_groupnorm_centres_before_scaling_so_one_element_groups_are_exact():
         truth = spec.reference_fn()(**{k: v.double() for k, v in args.items()})
         worst = max(worst, (out.double() - truth).abs().max().item())
     assert worst < 1e-9
+
+
+def test_groupnorm_keeps_the_references_nan_where_an_infinite_weight_cancels():
+    """With w = inf at a channel, torch's folded form gives x * inf + (b - mean * inf): NaN where
+    x and the mean have one sign, while the centred form alone gives +-inf (the H200's specials,
+    session 24). The guarded form keeps the reference's value at every element."""
+    spec = _spec("groupnorm_affine_fwd")
+    program = lower_spec(spec)["forward"]
+    dims = {"B": 3, "G": 8, "L": 3}
+    args = make_inputs(spec.signature, dims, "float32", seed=3)
+    args["x"] = args["x"].abs() + 0.5  # one sign: every x * inf and mean * inf is +inf
+    args["weight"][5] = float("inf")
+    out = torch.zeros((3, 32, 3), dtype=torch.float32)
+    run_axis_program(program, dict(args), {}, dims, {"out": out}, acc=torch.float32)
+    truth = spec.reference_fn()(**{k: v.double() for k, v in args.items()})
+    assert truth[:, 5].isnan().any()  # the case: the reference's own NaN
+    assert torch.equal(out.isnan(), truth.isnan()) and torch.equal(out.isinf(), truth.isinf())
+    finite = truth.isfinite()
+    assert torch.allclose(out.double()[finite], truth[finite], atol=1e-4, rtol=1e-4)

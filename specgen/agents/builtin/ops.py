@@ -42,6 +42,7 @@ OPS: dict[str, OpDef] = {
     "floor": OpDef(1, "floor((acc_t)({0}))", torch.floor),
     "ceil": OpDef(1, "ceil((acc_t)({0}))", torch.ceil),
     "sign": OpDef(1, "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))", torch.sign),
+    "isfinite": OpDef(1, "isfinite((acc_t)({0}))", torch.isfinite),  # bool: optimize.centered_affine's guard
     # binary
     "add": OpDef(2, "({0} + {1})", torch.add),
     "sub": OpDef(2, "({0} - {1})", torch.sub),

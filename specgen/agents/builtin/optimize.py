@@ -15,8 +15,8 @@
   index compare per element.
 - `lone_norms`: a 2-norm sqrt(sum(a * a)) is |a| where the sum has one term (width 1), as
   torch's vector_norm has it; the square underflows or overflows in float32 where |a| does not.
-- `centered_affine`: x * a + ((-m) * a + c) is (x - m) * a + c (GroupNorm's decomposition folds
-  the mean into the shift, and the products cancel when a is large).
+- `centered_affine`: x * a + ((-m) * a + c) is (x - m) * a + c where that is finite (GroupNorm's
+  decomposition folds the mean into the shift, and the products cancel when a is large).
 """
 from __future__ import annotations
 
@@ -254,14 +254,16 @@ def _centered(p: Node, q: Node) -> tuple[Node, Node] | None:
 
 
 def centered_affine(program: Program) -> Program:
-    """x * a + ((-m) * a + c) -> (x - m) * a + c.
+    """x * a + ((-m) * a + c) -> (x - m) * a + c where that is finite, else the folded form.
 
     torch's decomposition of native_group_norm (its CUDA kernel too) folds the mean into the
     shift: a = rstd * w, c' = b - mean * a, y = x * a + c'. With a large a (a group of one value:
     zero variance, rstd = 1/sqrt(eps) = 316) the two products cancel and float32 keeps 1-3e-5 of
     rounding where y is exactly b (session 23, every variant of the axis kernels). Centring first
-    is exact when x == m; the two forms differ otherwise only at float32's overflow edges (x - m
-    or x * a overflowing where the other does not). Run after cse (the two a's one node)."""
+    is exact when x == m. Where the centred value is not finite the folded one is kept: the
+    reference's NaN from inf - inf (an infinite weight: x * inf + (b - m * inf)) is the contract,
+    and the centred form alone gave -inf there (session 24, the verifier's specials on the H200).
+    Run after cse (the two a's one node)."""
     def replace(n: Node, args: tuple, attrs: dict) -> Node:
         built = _same(n, args, attrs)
         if built.op != "add" or built.level != "elem" or built.dtype != "float":
@@ -270,7 +272,10 @@ def centered_affine(program: Program) -> Program:
             got = _centered(p, q)
             if got is not None:
                 scaled, c = got
-                return Node("add", (scaled, c), level=built.level, dtype="float", name=built.name)
+                centred = Node("add", (scaled, c), level=built.level, dtype="float")
+                folded = Node("add", built.args, level=built.level, dtype="float")
+                finite = Node("isfinite", (centred,), level=built.level, dtype="bool")
+                return Node("where", (finite, centred, folded), level=built.level, dtype="float", name=built.name)
         return built
 
     return _rebuild(program, replace)
