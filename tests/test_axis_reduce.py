@@ -423,6 +423,71 @@ def test_fused_variant_kernels_verify_on_the_gpu(op):
     assert verdict.passed, verdict.summary()
 
 
+def test_the_moments_variant_sweeps_a_variance_with_its_mean():
+    """`moments` on axis programs: InstanceNorm's, GroupNorm's and BatchNorm's sum of squared
+    deviations from sum(x) / count joins the sum's phase (one read of x fewer); a reduction
+    whose divisor is not the reduced count, or any other program, keeps its phases."""
+    cases = [(load_spec(LEVEL1 / "instance_norm.yaml"), "forward", 1),
+             (_spec("groupnorm_affine_fwd"), "forward", 1),
+             (load_spec(LEVEL1 / "batchnorm1d_train_ncl.yaml"), "forward", 1)]
+    for spec, direction, pairs in cases:
+        default = _fused_plan(spec, direction, None)
+        mom = _fused_plan(spec, direction, "moments")
+        assert default["moments"] == 0 and mom["moments"] == pairs
+        assert len(mom["phases"]) == len(default["phases"]) - 1
+        assert mom["partial_slots"] == default["partial_slots"] + 1  # the pair's count
+    for op in ("cosine_loss", "max_dim_last", "sum_dims02"):
+        assert _fused_plan(_spec(op), "forward", "moments")["moments"] == 0
+
+
+def test_moments_pairs_need_the_reduced_count():
+    """A mean over another count (sum(x) / H where the reduction runs over H * W) is not the mean
+    the merged moments give: no pair."""
+    from specgen.agents.builtin.families import axis_emit
+    from specgen.agents.builtin.ir import Node
+    from specgen.signature import Dim
+
+    h, w = (Node("dim", level="global", dtype="int", attrs={"dim": Dim("H")}),
+            Node("dim", level="global", dtype="int", attrs={"dim": Dim("W")}))
+    both = Node("cast", (Node("mul", (h, w), level="global", dtype="int"),), level="global")
+    assert axis_emit._dims_of_count(both) == sorted([str(Dim("H")), str(Dim("W"))])
+    assert axis_emit._dims_of_count(Node("cast", (h,), level="global")) == [str(Dim("H"))]
+    assert axis_emit._dims_of_count(Node("const", level="const", attrs={"value": 4})) is None
+
+
+@pytest.mark.nvcc
+def test_the_moments_variants_compile_without_spills():
+    from specgen.agents.builtin.generator import compile_source
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = load_spec(LEVEL1 / "instance_norm.yaml")
+    for name in ("moments", "axisfusedmom"):
+        source = build_source(spec, variants_named(name)[0])
+        assert "sg::moments_merge(" in source and "sg::moments_merge(" not in build_source(spec)
+        # the kernels that sweep a pair (phase 0's reduce and combine, the fused one): no spills
+        swept = {k: r for k, r in compile_source(spec, source).resources.items()
+                 if any(part in k for part in ("_reduce0<", "_combine0<", "_fused<"))}
+        assert len(swept) >= 8 and all(r["spill_store_bytes"] == 0 for r in swept.values()), (name, swept)
+
+
+MOMENTS_OPS = {"instance_norm": LEVEL1, "groupnorm_affine_fwd": SPECS, "batchnorm1d_train_ncl": LEVEL1}
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("variant", ["moments", "axisfusedmom"])
+@pytest.mark.parametrize("op", list(MOMENTS_OPS))
+def test_moments_variant_kernels_verify_on_the_gpu(op, variant):
+    from specgen.agents.builtin.schedule import variants_named
+    from specgen.verify import verify_kernel
+
+    spec = load_spec(MOMENTS_OPS[op] / f"{op}.yaml")
+    source = build_source(spec, variants_named(variant)[0])
+    assert "sg::moments_merge(" in source
+    verdict = verify_kernel(spec, source)
+    assert verdict.passed, verdict.summary()
+
+
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_fused_kernel_strides_over_rows_and_stores_unaligned_alike():

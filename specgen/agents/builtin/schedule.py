@@ -64,7 +64,8 @@ class Variant:
     ([reduction][W] per block, each column one thread's: no atomics) instead of registers,
     so the row itself can take more registers (more chunks per thread, fewer threads).
     `moments` True: a row's mean and squared deviations (LayerNorm) from each thread's exact
-    moments merged in one round (sg::group_moments) instead of two reduction rounds.
+    moments merged in one round (sg::group_moments) instead of two reduction rounds; in axis
+    programs, the squared deviations swept with the mean's sum (families/axis_emit.py).
     `min_threads`: threads an SM must keep resident (a register cap via __launch_bounds__)."""
 
     name: str
@@ -195,6 +196,10 @@ VARIANTS = [
     Variant("axisrows", axis_rows=16384),
     # axis programs: a block per kept element through every phase and the elem stores (one launch)
     Variant("axisfused", axis_fused=True),
+    # axis programs: a variance's sum of squared deviations in its mean's sweep (Chan's merge of each
+    # step's exact moments: one read of x fewer for InstanceNorm / GroupNorm / BatchNorm forwards; the
+    # `moments` variant does this alone), with the fused kernel too
+    Variant("axisfusedmom", axis_fused=True, moments=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the

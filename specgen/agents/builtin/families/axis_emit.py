@@ -28,7 +28,7 @@ from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_works
 from ..cwriter import CWriter
 from ..emit import DirectionEmitter
 from ..ir import Node, Store
-from ..prelude import PRELUDE, with_optional_preludes
+from ..prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from ..schedule import DEFAULT_VARIANT, Variant
 from .axis_reduce import AxisProgram
 
@@ -97,6 +97,18 @@ struct FastDiv {
 }  // namespace sgx"""
 
 
+def _dims_of_count(n: Node) -> list[str] | None:
+    """The dims whose product `n` is (through casts and products), sorted; None for anything else."""
+    if n.op == "cast":
+        return _dims_of_count(n.args[0])
+    if n.op == "dim":
+        return [str(n.attrs["dim"])]
+    if n.op == "mul":
+        a, b = _dims_of_count(n.args[0]), _dims_of_count(n.args[1])
+        return None if a is None or b is None else sorted(a + b)
+    return None
+
+
 class AxisEmitter(DirectionEmitter):
     def __init__(self, spec, program: AxisProgram, direction: str, variant: Variant = DEFAULT_VARIANT):
         super().__init__(spec, program, direction)
@@ -107,6 +119,9 @@ class AxisEmitter(DirectionEmitter):
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.aliases = self.arg_pairs(program)  # torch.max's values: its argmax's running value
         self.reduces = [n for n in self.reduces if n.id not in self.aliases]
+        # variant moments: {sum of squared deviations id: (the sum, the mean)} taken in one sweep
+        self.pairs = self.moments_pairs() if variant.moments else {}
+        self.pair_sums = {s1.id for s1, _ in self.pairs.values()}
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
         self.row_stores = [s for s in program.stores if s.kind == "row"]
         self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
@@ -116,9 +131,8 @@ class AxisEmitter(DirectionEmitter):
         # arg kinds) per reduction, then each reduction's result when the elem pass reads it
         self.pslots = {}
         for n in self.reduces:
-            self.pslots[n.id] = len(self.pslots) + sum(1 for m in self.reduces[:self.reduces.index(n)]
-                                                       if m.attrs["kind"].startswith("arg"))
-        self.npartial = sum(2 if n.attrs["kind"].startswith("arg") else 1 for n in self.reduces)
+            self.pslots[n.id] = sum(len(self.running_values(m)) for m in self.reduces[:self.reduces.index(n)])
+        self.npartial = sum(len(self.running_values(n)) for n in self.reduces)
         self.phases = self.phase_list()
         self.kept = self.kept_reduces()
 
@@ -139,6 +153,33 @@ class AxisEmitter(DirectionEmitter):
             return {}  # an operand from another phase: keep both reductions
         return pairs
 
+    def moments_pairs(self) -> dict[int, tuple[Node, Node]]:
+        """{s2 id: (s1, mean)} for s2 = sum((x - s1 / count)^2), s1 = sum(x) and count the number
+        of reduced elements (InstanceNorm's and GroupNorm's variance): s2 is then the sum of
+        squared deviations from the exact mean, which the moments of each thread's chunks merged
+        by Chan's formula give in the sum's own sweep (one read of x fewer)."""
+        reduced = sorted(str(d) for d in self.lay.red_dims)
+        pairs = {}
+        for s2 in self.reduces:
+            sq = s2.args[0]
+            if s2.attrs["kind"] != "sum" or s2.dtype != "float":
+                continue
+            if sq.op == "mul" and sq.args[0] is sq.args[1]:
+                dev = sq.args[0]
+            elif sq.op == "pow" and sq.args[1].op == "const" and sq.args[1].attrs["value"] in (2, 2.0):
+                dev = sq.args[0]
+            else:
+                continue
+            if dev.op != "sub" or dev.args[1].op != "div":
+                continue
+            mean = dev.args[1]
+            s1 = mean.args[0]
+            if s1.op == "rowreduce" and s1.attrs["kind"] == "sum" and s1.args[0] is dev.args[0] \
+                    and s1 in self.reduces and s1.id not in {a.id for a, _ in pairs.values()} \
+                    and _dims_of_count(mean.args[1]) == reduced:
+                pairs[s2.id] = (s1, mean)
+        return pairs
+
     # ------------------------------------------------------------ plan (read by tests and the host)
     def phase_list(self) -> list[list[Node]]:
         """Reductions grouped by depth: a reduction whose operand needs another's result (a
@@ -148,6 +189,8 @@ class AxisEmitter(DirectionEmitter):
             below = [depth[a.id] for a in n.args if a.id in depth]
             d = max(below, default=0)
             depth[n.id] = d + 1 if n.op == "rowreduce" else d
+            if n.id in self.pairs:  # squared deviations from the mean: in the sum's sweep (moments)
+                depth[n.id] = depth[self.pairs[n.id][0].id]
         phases: dict[int, list[Node]] = {}
         for n in self.reduces:
             phases.setdefault(depth[n.id], []).append(n)
@@ -174,7 +217,7 @@ class AxisEmitter(DirectionEmitter):
                 "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
                 "kept_slots": len(self.kept), "layout": self.lay.describe(),
                 "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values()),
-                "fused": self.fused_allowed()}
+                "fused": self.fused_allowed(), "moments": len(self.pairs)}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -191,6 +234,8 @@ class AxisEmitter(DirectionEmitter):
     def running_values(self, n: Node) -> list[tuple[str, str]]:
         """A reduction's running values as (name, C type): its value, then an arg-reduction's index."""
         v = self.var(n)
+        if n.id in self.pairs:  # the squared deviations, then the count (the sum: its pair's value)
+            return [(v, "acc_t"), (f"{v}_n", "acc_t")]
         return [(v, self.acc_type(n))] + ([(f"{v}_i", "int64_t")] if self.is_arg(n) else [])
 
     def partials(self, n: Node) -> list[tuple[str, str, str]]:
@@ -230,6 +275,21 @@ class AxisEmitter(DirectionEmitter):
 
     def merge(self, n: Node, v: str, other: str, other_i: str = "", vi: str | None = None) -> str:
         return self.update(n, v, other, other_i, vi)
+
+    def merge_stmt(self, n: Node, mine: Callable[[str], str], other: Callable[[str], str]) -> str:
+        """Reduction n's running values (each named `mine(name)`) merged with another part's
+        (`other(name)`). A moments pair merges as one (count, sum, squared deviations): the sum's
+        own statement is empty."""
+        if n.id in self.pair_sums:
+            return ""
+        v = self.var(n)
+        if n.id in self.pairs:
+            s = self.var(self.pairs[n.id][0])
+            return (f"sg::moments_merge({mine(v + '_n')}, {mine(s)}, {mine(v)}, "
+                    f"{other(v + '_n')}, {other(s)}, {other(v)});")
+        if self.is_arg(n):
+            return self.merge(n, mine(v), other(v), other(f"{v}_i"), mine(f"{v}_i"))
+        return self.merge(n, mine(v), other(v))
 
     def ws_ptr(self, slot: int, ctype: str, partial: bool) -> str:
         base = f"(size_t){slot} * (size_t)G * (size_t)K" if partial else \
@@ -385,7 +445,7 @@ class AxisEmitter(DirectionEmitter):
         """VI > 1 (16-byte reads along I) where the tree's shared memory stays small: at most
         8 KB of values (16-bit storage: VI = 8 fp32 values a thread) and 16 KB of indices per
         reduction of the phase, 48 KB in all."""
-        need = sum(8 + (16 if self.is_arg(n) else 0) for n in self.phases[p])
+        need = sum(16 if t == "int64_t" else 8 for n in self.phases[p] for _, t in self.running_values(n))
         return not self.lay.ends and need <= 48
 
     def write_row_arrays(self, w: CWriter, roots: list[Node], ctx: Ctx) -> None:
@@ -451,7 +511,8 @@ class AxisEmitter(DirectionEmitter):
     def running_init(self, n: Node, u: str) -> str:
         """Kept element `u`'s running values set to the reduction's identity (no index yet)."""
         v = self.var(n)
-        return f"{v}[{u}] = {self.init(n)};" + (f" {v}_i[{u}] = INT64_MAX;" if self.is_arg(n) else "")
+        rest = f" {v}_i[{u}] = INT64_MAX;" if self.is_arg(n) else f" {v}_n[{u}] = 0;" if n.id in self.pairs else ""
+        return f"{v}[{u}] = {self.init(n)};" + rest
 
     def write_smem_tree(self, w: CWriter, reduces: list[Node]) -> None:
         """The partials in shared memory merged by a fixed tree over its rows, into row 0."""
@@ -461,7 +522,9 @@ class AxisEmitter(DirectionEmitter):
                 w.directive("#pragma unroll")
                 with w.block("for (int u = 0; u < VI; ++u)"):
                     w.line("const int c = tx * VI + u;")
-                    for n in reduces:
+                    if self.pairs:  # a pair's merge writes its sum's value too: every read first
+                        self.write_tree_merges_together(w, reduces)
+                    for n in reduces if not self.pairs else ():
                         v = self.var(n)
                         w.line(f"{self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
                         if self.is_arg(n):
@@ -471,6 +534,17 @@ class AxisEmitter(DirectionEmitter):
                         if self.is_arg(n):
                             w.line(f"sm_{v}_i[ty][c] = {v}_m_i;")
             w.line("__syncthreads();")
+
+    def write_tree_merges_together(self, w: CWriter, reduces: list[Node]) -> None:
+        """One step of the smem tree for a phase with a moments pair: every running value read,
+        then the merges, then the writes (a pair's merge updates its sum as well)."""
+        values = [(name, t) for n in reduces for name, t in self.running_values(n)]
+        w.lines(f"{t} {name}_m = sm_{name}[ty][c];" for name, t in values)
+        for n in reduces:
+            line = self.merge_stmt(n, lambda name: f"{name}_m", lambda name: f"sm_{name}[ty + s][c]")
+            if line:
+                w.line(line)
+        w.lines(f"sm_{name}[ty][c] = {name}_m;" for name, _ in values)
 
     def write_reduce_results(self, w: CWriter, p: int) -> None:
         """The tree's results: finished here when R is not split (G == 1), else this chunk's
@@ -496,15 +570,18 @@ class AxisEmitter(DirectionEmitter):
                         for n in reduces if self.is_arg(n))
         ctx = Ctx()
         self.earlier(p, ctx)
-        operands = [n.args[0] for n in reduces]
+        operands = [n.args[0] for n in reduces if n.id not in self.pairs]  # a pair: its sum's operand
         self.write_row_arrays(w, operands, ctx)
         if self.lay.ends:  # j = a * RB + b, tracked without a division per step
             w.line(f"int64_t ja = ({start}) / RB, jb = ({start}) % RB;")
+        pairs = [n for n in reduces if n.id in self.pairs]
+        w.lines(f"acc_t {self.var(n)}_cnt = 0;  // this thread's elements so far (each kept one's)" for n in pairs)
         w.directive("#pragma unroll 4")
         with w.block(f"for (int64_t j0 = {start}; j0 < r1; j0 += (int64_t){step} * VEC)"):
             w.line("const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
                    else "const int64_t base = (o * R + j0) * I + i; (void)base;")
             self.write_vec_loads(w, operands, "VEC * VI", "base")
+            w.lines(f"acc_t {self.var(n)}_x[VEC * VI];  // the step's values of the pair's sum" for n in pairs)
             w.directive("#pragma unroll")
             with w.block("for (int v = 0; v < VEC; ++v)"):
                 w.line("const int64_t j = j0 + v; (void)j;")
@@ -512,9 +589,33 @@ class AxisEmitter(DirectionEmitter):
                 with w.block("for (int u = 0; u < VI; ++u)"):
                     w.line("const int64_t row = row0 + u; (void)row;")
                     self.write_sweep_updates(w, reduces, ctx)
+            for n in pairs:
+                self.write_chunk_moments(w, n)
             if self.lay.ends:
                 w.line(f"jb += (int64_t){step} * VEC;")
                 w.line("if (jb >= RB) { ja += jb / RB; jb %= RB; }")
+        for n in pairs:
+            w.line(f"for (int u = 0; u < VI; ++u) {self.var(n)}_n[u] = {self.var(n)}_cnt;")
+
+    def write_chunk_moments(self, w: CWriter, n: Node) -> None:
+        """A step's VEC values of each kept element (all in range: R and the chunks are whole
+        steps) as one part of exact moments (their sum, their squared deviations from their own
+        mean), merged into the running ones by Chan's formula; the count is the same for every
+        kept element of the thread, so the divisions are once a step."""
+        v, total = self.var(n), self.var(self.pairs[n.id][0])
+        with w.block():
+            w.line(f"const acc_t f_ = {v}_cnt * (acc_t)VEC / ({v}_cnt + (acc_t)VEC);  // n * VEC / (n + VEC)")
+            w.line(f"const acc_t r_ = {v}_cnt > (acc_t)0 ? (acc_t)1 / {v}_cnt : (acc_t)0;")
+            w.directive("#pragma unroll")
+            with w.block("for (int u = 0; u < VI; ++u)"):
+                w.line("acc_t cs_ = 0, c2_ = 0;")
+                w.line(f"for (int v = 0; v < VEC; ++v) cs_ += {v}_x[v * VI + u];")
+                w.line("const acc_t cm_ = cs_ * ((acc_t)1 / (acc_t)VEC);")
+                w.line(f"for (int v = 0; v < VEC; ++v) {{ const acc_t d_ = {v}_x[v * VI + u] - cm_; c2_ += d_ * d_; }}")
+                w.line(f"const acc_t dl_ = cm_ - {total}[u] * r_;  // the part's mean minus the running mean")
+                w.line(f"{v}[u] += c2_ + dl_ * dl_ * f_;")
+                w.line(f"{total}[u] += cs_;")
+            w.line(f"{v}_cnt += (acc_t)VEC;")
 
     def write_vec_loads(self, w: CWriter, roots: list[Node], width: str, at: str) -> None:
         """The vector reads (`width` elements from element `at`) of the loads `roots` read."""
@@ -525,11 +626,17 @@ class AxisEmitter(DirectionEmitter):
 
     def write_sweep_updates(self, w: CWriter, reduces: list[Node], ctx: Ctx) -> None:
         """Element j of kept element u: the reductions' operands, each running value updated."""
-        operands = [n.args[0] for n in reduces]
+        operands = [n.args[0] for n in reduces if n.id not in self.pairs]  # a pair: its sum's operand
         self.bind_loads(ctx, "base + v * I + u", operands, vec_index="v * VI + u")
         w.lines(self.elem_statements(operands, ctx))
         for n in reduces:
             v = self.var(n)
+            if n.id in self.pairs:  # merged a step at a time (write_chunk_moments)
+                continue
+            if n.id in self.pair_sums:
+                partner = next(m for m, (s1, _) in self.pairs.items() if s1 is n)
+                w.line(f"{self.var(self.by_id[partner])}_x[v * VI + u] = (acc_t)({self.expr(n.args[0], ctx)});")
+                continue
             if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
                 m = "true" if n.attrs["kind"] == "argmax" else "false"
                 w.line(f"{{ const acc_t c_ = (acc_t)({self.expr(n.args[0], ctx)}); "
@@ -569,6 +676,15 @@ class AxisEmitter(DirectionEmitter):
         for n in reduces:
             v = self.var(n)
             other = f"__shfl_xor_sync(0xffffffffu, {v}[{u}], off)"
+            if n.id in self.pair_sums:
+                continue
+            if n.id in self.pairs:
+                names = [self.var(self.pairs[n.id][0]), f"{v}_n", v]
+                lines.append("{ " + " ".join(f"const acc_t o{k}_ = __shfl_xor_sync(0xffffffffu, {nm}[{u}], off);"
+                                             for k, nm in enumerate(names))
+                             + " " + self.merge_stmt(n, lambda nm: f"{nm}[{u}]",
+                                                     lambda nm: f"o{names.index(nm)}_") + " }")
+                continue
             if self.is_arg(n):
                 lines.append(f"{{ const {self.acc_type(n)} o_ = {other}; const int64_t oi_ = "
                              f"__shfl_xor_sync(0xffffffffu, {v}_i[{u}], off); "
@@ -700,7 +816,12 @@ class AxisEmitter(DirectionEmitter):
                 for n in self.phases[p]:
                     w.lines(f"{t} {name} = {ptr}[row];" for name, t, ptr in self.partials(n))
                 with w.block("for (int64_t g = 1; g < G; ++g)"):
+                    ptrs = {name: ptr for n in self.phases[p] for name, _, ptr in self.partials(n)}
                     for n in self.phases[p]:
+                        if self.pairs:
+                            line = self.merge_stmt(n, lambda name: name, lambda name: f"{ptrs[name]}[g * K + row]")
+                            w.lines([line] if line else [])
+                            continue
                         others = [f"{ptr}[g * K + row]" for _, _, ptr in self.partials(n)]
                         w.line(self.merge(n, self.var(n), *others))
                 w.line(self.finish_call(p, lambda name: name))
@@ -981,7 +1102,10 @@ def emit_axis_source(spec, programs: dict[str, AxisProgram], variant: Variant = 
              "// (fp64 for float64), storage keeps the spec's dtype. Deterministic: fixed reduction",
              "// trees and chunk orders (split reductions go through a workspace), no atomics.",
              f'#include "{abi.header_filename(spec)}"', PRELUDE, HELPERS]
-    for direction, program in programs.items():
+    emitters = {direction: AxisEmitter(spec, program, direction, variant) for direction, program in programs.items()}
+    if any(em.pairs for em in emitters.values()):
+        parts.append(PRELUDE_MOMENTS)
+    for direction, em in emitters.items():
         parts.append(f"// ======================= {direction} =======================")
-        parts.append(AxisEmitter(spec, program, direction, variant).emit(list(spec.dtypes)))
+        parts.append(em.emit(list(spec.dtypes)))
     return "\n\n".join(with_optional_preludes(parts)) + "\n"
