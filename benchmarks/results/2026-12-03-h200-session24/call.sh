@@ -7,6 +7,7 @@
 #            fastest first) + verify, then every benchmark row beside eager and torch.compile;
 #            shard SHARD (1/2 or 2/2).
 #   diag     scripts/diag/fused_rows_check.py (the fused axis variant on one-element groups)
+#   ab       benchmarks/variant_ab.py: AB_OPS (spec paths) at default against AB_B (kernel time only)
 #   dev      the development problems named in DEV_ONLY (comma list), same harness.
 set -uo pipefail
 started=$(date +%s)
@@ -40,6 +41,11 @@ fi
 if [[ "$PART" == *diag* ]]; then  # the fused variant against the default on one-element groups
   timeout 120 python3 scripts/diag/fused_rows_check.py > "$OUT/logs/diag.log" 2>&1
   log "diag: exit $?"; grep -E "bad rows \[\(|Error" "$OUT/logs/diag.log" | cut -c1-200 | head -20 >> "$OUT/summary.txt"
+fi
+if [[ "$PART" == *ab* ]]; then  # variants timed side by side (kernel only, not verified): AB_OPS, AB_B
+  timeout $(( $(left) - 20 )) python3 benchmarks/variant_ab.py --out "$OUT/ab" --ops "${AB_OPS:?}" --a default \
+    --b "${AB_B:-moments,axisfused,axisfusedmom}" > "$OUT/logs/ab.log" 2>&1
+  log "variant_ab: exit $?"; tail -40 "$OUT/ab/variant_ab.md" 2>/dev/null | cut -c1-200 >> "$OUT/summary.txt"
 fi
 run_level1() {  # name, then the LEVEL1_ variables
   local name=$1; shift
