@@ -425,8 +425,8 @@ def test_fused_variant_kernels_verify_on_the_gpu(op):
 
 def test_the_moments_variant_sweeps_a_variance_with_its_mean():
     """`moments` on axis programs: InstanceNorm's, GroupNorm's and BatchNorm's sum of squared
-    deviations from sum(x) / count joins the sum's phase (one read of x fewer); a reduction
-    whose divisor is not the reduced count, or any other program, keeps its phases."""
+    deviations from sum(x) / count joins the sum's phase (one read of x fewer), and in the
+    backward sum(g * (x - mean)) too (a co-moment); other programs keep their phases."""
     cases = [(load_spec(LEVEL1 / "instance_norm.yaml"), "forward", 1),
              (_spec("groupnorm_affine_fwd"), "forward", 1),
              (load_spec(LEVEL1 / "batchnorm1d_train_ncl.yaml"), "forward", 1)]
@@ -438,6 +438,11 @@ def test_the_moments_variant_sweeps_a_variance_with_its_mean():
         assert mom["partial_slots"] == default["partial_slots"] + 1  # the pair's count
     for op in ("cosine_loss", "max_dim_last", "sum_dims02"):
         assert _fused_plan(_spec(op), "forward", "moments")["moments"] == 0
+    # the backward's sum(g * (x - mean)) is a co-moment of the same sweep: one phase, not two
+    for spec in (load_spec(LEVEL1 / "instance_norm.yaml"), load_spec(LEVEL1 / "batchnorm1d_train_ncl.yaml")):
+        default, mom = _fused_plan(spec, "backward", None), _fused_plan(spec, "backward", "moments")
+        assert (len(default["phases"]), len(mom["phases"])) == (2, 1)
+        assert mom["moments"] == mom["co_moments"] == 1 and default["co_moments"] == 0
 
 
 def test_moments_pairs_need_the_reduced_count():

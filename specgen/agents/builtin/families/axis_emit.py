@@ -97,6 +97,39 @@ struct FastDiv {
 }  // namespace sgx"""
 
 
+# Only in kernels with a co-moment (families/axis_emit.py co_moments): the others' text stays as it was.
+COMOMENTS = r"""namespace sgx {
+// Merge two parts' (count, sum of x, squared deviations of x, sum of g, co-moment of g and x):
+// Chan et al.'s pairwise combination, as sg::moments_merge, with the co-moment's cross term.
+template <typename A>
+__device__ __forceinline__ void comoments_merge(A& n, A& s, A& m2, A& t, A& c, A n2, A s2, A m22, A t2, A c2) {
+  if (n2 == (A)0) return;
+  if (n == (A)0) { n = n2; s = s2; m2 = m22; t = t2; c = c2; return; }
+  const A total = n + n2, f = n * n2 / total;
+  const A dx = s2 / n2 - s / n, dg = t2 / n2 - t / n;
+  m2 = m2 + m22 + dx * dx * f;
+  c = c + c2 + dx * dg * f;
+  s = s + s2;
+  t = t + t2;
+  n = total;
+}
+}  // namespace sgx"""
+
+
+def _reads_a_reduction(n: Node) -> bool:
+    """Does `n`'s value need a reduction's result (so it cannot be swept in the first phase)?"""
+    seen, stack = set(), [n]
+    while stack:
+        m = stack.pop()
+        if m.id in seen:
+            continue
+        seen.add(m.id)
+        if m.op in ("rowreduce", "globalreduce"):
+            return True
+        stack.extend(m.args)
+    return False
+
+
 def _dims_of_count(n: Node) -> list[str] | None:
     """The dims whose product `n` is (through casts and products), sorted; None for anything else."""
     if n.op == "cast":
@@ -121,7 +154,11 @@ class AxisEmitter(DirectionEmitter):
         self.reduces = [n for n in self.reduces if n.id not in self.aliases]
         # variant moments: {sum of squared deviations id: (the sum, the mean)} taken in one sweep
         self.pairs = self.moments_pairs() if variant.moments else {}
-        self.pair_sums = {s1.id for s1, _ in self.pairs.values()}
+        # {s2 id: (s3, sg)}: s3 = sum(g * (x - mean)), a co-moment merged with the pair (sg = sum(g))
+        self.co = self.co_moments()
+        self.co_ids = {s3.id for s3, _ in self.co.values()}
+        # sums swept a step at a time by their pair (their operands kept per step in <name>_x)
+        self.pair_sums = {s1.id for s1, _ in self.pairs.values()} | {sg.id for _, sg in self.co.values()}
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
         self.row_stores = [s for s in program.stores if s.kind == "row"]
         self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
@@ -180,6 +217,29 @@ class AxisEmitter(DirectionEmitter):
                 pairs[s2.id] = (s1, mean)
         return pairs
 
+    def co_moments(self) -> dict[int, tuple[Node, Node]]:
+        """{s2 id: (s3, sg)} for a pair's s3 = sum(g * (x - mean)) (the pair's own deviation node)
+        with sg = sum(g) another reduction and g free of reductions (InstanceNorm's backward):
+        s3 is the co-moment sum((g - mean(g)) * (x - mean)), merged with the pair by Chan's
+        formula, so the backward's second sweep over x and g goes too."""
+        co, taken = {}, set()
+        for s2, (s1, mean) in self.pairs.items():
+            dev = self.by_id[s2].args[0].args[0]
+            for s3 in self.reduces:
+                t = s3.args[0]
+                if s3.attrs["kind"] != "sum" or t.op != "mul" or s3.id in self.pairs or s3.id in taken:
+                    continue
+                g = t.args[1] if t.args[0] is dev else t.args[0] if t.args[1] is dev else None
+                if g is None or g is dev or _reads_a_reduction(g):
+                    continue
+                sg = next((m for m in self.reduces if m.attrs["kind"] == "sum" and m.args[0] is g
+                           and m.id not in self.pairs and m is not s1), None)
+                if sg is not None:
+                    co[s2] = (s3, sg)
+                    taken.add(s3.id)
+                    break
+        return co
+
     # ------------------------------------------------------------ plan (read by tests and the host)
     def phase_list(self) -> list[list[Node]]:
         """Reductions grouped by depth: a reduction whose operand needs another's result (a
@@ -191,6 +251,9 @@ class AxisEmitter(DirectionEmitter):
             depth[n.id] = d + 1 if n.op == "rowreduce" else d
             if n.id in self.pairs:  # squared deviations from the mean: in the sum's sweep (moments)
                 depth[n.id] = depth[self.pairs[n.id][0].id]
+            for s2, (s3, _) in self.co.items():
+                if n is s3:
+                    depth[n.id] = depth[self.pairs[s2][0].id]
         phases: dict[int, list[Node]] = {}
         for n in self.reduces:
             phases.setdefault(depth[n.id], []).append(n)
@@ -217,7 +280,7 @@ class AxisEmitter(DirectionEmitter):
                 "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
                 "kept_slots": len(self.kept), "layout": self.lay.describe(),
                 "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values()),
-                "fused": self.fused_allowed(), "moments": len(self.pairs)}
+                "fused": self.fused_allowed(), "moments": len(self.pairs), "co_moments": len(self.co)}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -280,11 +343,16 @@ class AxisEmitter(DirectionEmitter):
         """Reduction n's running values (each named `mine(name)`) merged with another part's
         (`other(name)`). A moments pair merges as one (count, sum, squared deviations): the sum's
         own statement is empty."""
-        if n.id in self.pair_sums:
+        if n.id in self.pair_sums or n.id in self.co_ids:
             return ""
         v = self.var(n)
         if n.id in self.pairs:
             s = self.var(self.pairs[n.id][0])
+            if n.id in self.co:
+                c, t = (self.var(m) for m in self.co[n.id])
+                names = [f"{v}_n", s, v, t, c]
+                return (f"sgx::comoments_merge({', '.join(mine(x) for x in names)}, "
+                        f"{', '.join(other(x) for x in names)});")
             return (f"sg::moments_merge({mine(v + '_n')}, {mine(s)}, {mine(v)}, "
                     f"{other(v + '_n')}, {other(s)}, {other(v)});")
         if self.is_arg(n):
@@ -570,7 +638,7 @@ class AxisEmitter(DirectionEmitter):
                         for n in reduces if self.is_arg(n))
         ctx = Ctx()
         self.earlier(p, ctx)
-        operands = [n.args[0] for n in reduces if n.id not in self.pairs]  # a pair: its sum's operand
+        operands = [n.args[0] for n in reduces if n.id not in self.pairs and n.id not in self.co_ids]
         self.write_row_arrays(w, operands, ctx)
         if self.lay.ends:  # j = a * RB + b, tracked without a division per step
             w.line(f"int64_t ja = ({start}) / RB, jb = ({start}) % RB;")
@@ -581,7 +649,8 @@ class AxisEmitter(DirectionEmitter):
             w.line("const int64_t base = (ja * O + o) * RB + jb; (void)base;" if self.lay.ends
                    else "const int64_t base = (o * R + j0) * I + i; (void)base;")
             self.write_vec_loads(w, operands, "VEC * VI", "base")
-            w.lines(f"acc_t {self.var(n)}_x[VEC * VI];  // the step's values of the pair's sum" for n in pairs)
+            w.lines(f"acc_t {self.var(n)}_x[VEC * VI];  // the step's values of a pair's sum"
+                    for n in reduces if n.id in self.pair_sums)
             w.directive("#pragma unroll")
             with w.block("for (int v = 0; v < VEC; ++v)"):
                 w.line("const int64_t j = j0 + v; (void)j;")
@@ -603,16 +672,25 @@ class AxisEmitter(DirectionEmitter):
         mean), merged into the running ones by Chan's formula; the count is the same for every
         kept element of the thread, so the divisions are once a step."""
         v, total = self.var(n), self.var(self.pairs[n.id][0])
+        x = f"{total}_x"
         with w.block():
             w.line(f"const acc_t f_ = {v}_cnt * (acc_t)VEC / ({v}_cnt + (acc_t)VEC);  // n * VEC / (n + VEC)")
             w.line(f"const acc_t r_ = {v}_cnt > (acc_t)0 ? (acc_t)1 / {v}_cnt : (acc_t)0;")
             w.directive("#pragma unroll")
             with w.block("for (int u = 0; u < VI; ++u)"):
                 w.line("acc_t cs_ = 0, c2_ = 0;")
-                w.line(f"for (int v = 0; v < VEC; ++v) cs_ += {v}_x[v * VI + u];")
+                w.line(f"for (int v = 0; v < VEC; ++v) cs_ += {x}[v * VI + u];")
                 w.line("const acc_t cm_ = cs_ * ((acc_t)1 / (acc_t)VEC);")
-                w.line(f"for (int v = 0; v < VEC; ++v) {{ const acc_t d_ = {v}_x[v * VI + u] - cm_; c2_ += d_ * d_; }}")
+                w.line(f"for (int v = 0; v < VEC; ++v) {{ const acc_t d_ = {x}[v * VI + u] - cm_; c2_ += d_ * d_; }}")
                 w.line(f"const acc_t dl_ = cm_ - {total}[u] * r_;  // the part's mean minus the running mean")
+                if n.id in self.co:  # the co-moment with g: the same merge with g's part
+                    c, t = (self.var(m) for m in self.co[n.id])
+                    w.line("acc_t gs_ = 0, cc_ = 0;")
+                    w.line(f"for (int v = 0; v < VEC; ++v) gs_ += {t}_x[v * VI + u];")
+                    w.line("const acc_t gm_ = gs_ * ((acc_t)1 / (acc_t)VEC);")
+                    w.line(f"for (int v = 0; v < VEC; ++v) cc_ += ({t}_x[v * VI + u] - gm_) * ({x}[v * VI + u] - cm_);")
+                    w.line(f"{c}[u] += cc_ + dl_ * (gm_ - {t}[u] * r_) * f_;")
+                    w.line(f"{t}[u] += gs_;")
                 w.line(f"{v}[u] += c2_ + dl_ * dl_ * f_;")
                 w.line(f"{total}[u] += cs_;")
             w.line(f"{v}_cnt += (acc_t)VEC;")
@@ -626,16 +704,15 @@ class AxisEmitter(DirectionEmitter):
 
     def write_sweep_updates(self, w: CWriter, reduces: list[Node], ctx: Ctx) -> None:
         """Element j of kept element u: the reductions' operands, each running value updated."""
-        operands = [n.args[0] for n in reduces if n.id not in self.pairs]  # a pair: its sum's operand
+        operands = [n.args[0] for n in reduces if n.id not in self.pairs and n.id not in self.co_ids]
         self.bind_loads(ctx, "base + v * I + u", operands, vec_index="v * VI + u")
         w.lines(self.elem_statements(operands, ctx))
         for n in reduces:
             v = self.var(n)
-            if n.id in self.pairs:  # merged a step at a time (write_chunk_moments)
+            if n.id in self.pairs or n.id in self.co_ids:  # merged a step at a time (write_chunk_moments)
                 continue
             if n.id in self.pair_sums:
-                partner = next(m for m, (s1, _) in self.pairs.items() if s1 is n)
-                w.line(f"{self.var(self.by_id[partner])}_x[v * VI + u] = (acc_t)({self.expr(n.args[0], ctx)});")
+                w.line(f"{v}_x[v * VI + u] = (acc_t)({self.expr(n.args[0], ctx)});")
                 continue
             if self.is_arg(n) and not self.lay.ends:  # in index order: arg_step, no index compare
                 m = "true" if n.attrs["kind"] == "argmax" else "false"
@@ -676,10 +753,10 @@ class AxisEmitter(DirectionEmitter):
         for n in reduces:
             v = self.var(n)
             other = f"__shfl_xor_sync(0xffffffffu, {v}[{u}], off)"
-            if n.id in self.pair_sums:
+            if n.id in self.pair_sums or n.id in self.co_ids:
                 continue
             if n.id in self.pairs:
-                names = [self.var(self.pairs[n.id][0]), f"{v}_n", v]
+                names = [self.var(self.pairs[n.id][0]), f"{v}_n", v] + [self.var(m) for m in self.co.get(n.id, ())]
                 lines.append("{ " + " ".join(f"const acc_t o{k}_ = __shfl_xor_sync(0xffffffffu, {nm}[{u}], off);"
                                              for k, nm in enumerate(names))
                              + " " + self.merge_stmt(n, lambda nm: f"{nm}[{u}]",
@@ -1105,6 +1182,8 @@ def emit_axis_source(spec, programs: dict[str, AxisProgram], variant: Variant = 
     emitters = {direction: AxisEmitter(spec, program, direction, variant) for direction, program in programs.items()}
     if any(em.pairs for em in emitters.values()):
         parts.append(PRELUDE_MOMENTS)
+    if any(em.co for em in emitters.values()):
+        parts.append(COMOMENTS)
     for direction, em in emitters.items():
         parts.append(f"// ======================= {direction} =======================")
         parts.append(em.emit(list(spec.dtypes)))
