@@ -211,7 +211,7 @@ class AxisEmitter(DirectionEmitter):
                 continue
             mean = dev.args[1]
             s1 = mean.args[0]
-            if s1.op == "rowreduce" and s1.attrs["kind"] == "sum" and s1.args[0] is dev.args[0] \
+            if s1.op == "rowreduce" and s1.attrs["kind"] == "sum" and s1.dtype == "float" and s1.args[0] is dev.args[0] \
                     and s1 in self.reduces and s1.id not in {a.id for a, _ in pairs.values()} \
                     and _dims_of_count(mean.args[1]) == reduced:
                 pairs[s2.id] = (s1, mean)
@@ -222,9 +222,11 @@ class AxisEmitter(DirectionEmitter):
         with sg = sum(g) another reduction and g free of reductions (InstanceNorm's backward):
         s3 is the co-moment sum((g - mean(g)) * (x - mean)), merged with the pair by Chan's
         formula, so the backward's second sweep over x and g goes too."""
-        co, taken = {}, set()
+        co, taken = {}, {s1.id for s1, _ in self.pairs.values()}  # a sum is swept by one pair at most
         for s2, (s1, mean) in self.pairs.items():
             dev = self.by_id[s2].args[0].args[0]
+            if _reads_a_reduction(dev.args[0]):  # x after a reduction: s1 in a later phase than sum(g)
+                continue
             for s3 in self.reduces:
                 t = s3.args[0]
                 if s3.attrs["kind"] != "sum" or t.op != "mul" or s3.id in self.pairs or s3.id in taken:
@@ -233,10 +235,10 @@ class AxisEmitter(DirectionEmitter):
                 if g is None or g is dev or _reads_a_reduction(g):
                     continue
                 sg = next((m for m in self.reduces if m.attrs["kind"] == "sum" and m.args[0] is g
-                           and m.id not in self.pairs and m is not s1), None)
+                           and m.dtype == "float" and m.id not in self.pairs and m.id not in taken), None)
                 if sg is not None:
                     co[s2] = (s3, sg)
-                    taken.add(s3.id)
+                    taken |= {s3.id, sg.id}
                     break
         return co
 
@@ -664,6 +666,7 @@ class AxisEmitter(DirectionEmitter):
                 w.line(f"jb += (int64_t){step} * VEC;")
                 w.line("if (jb >= RB) { ja += jb / RB; jb %= RB; }")
         for n in pairs:
+            w.directive("#pragma unroll")
             w.line(f"for (int u = 0; u < VI; ++u) {self.var(n)}_n[u] = {self.var(n)}_cnt;")
 
     def write_chunk_moments(self, w: CWriter, n: Node) -> None:
@@ -689,9 +692,9 @@ class AxisEmitter(DirectionEmitter):
                     w.line(f"for (int v = 0; v < VEC; ++v) gs_ += {t}_x[v * VI + u];")
                     w.line("const acc_t gm_ = gs_ * ((acc_t)1 / (acc_t)VEC);")
                     w.line(f"for (int v = 0; v < VEC; ++v) cc_ += ({t}_x[v * VI + u] - gm_) * ({x}[v * VI + u] - cm_);")
-                    w.line(f"{c}[u] += cc_ + dl_ * (gm_ - {t}[u] * r_) * f_;")
+                    w.line(f"{c}[u] += cc_ + dl_ * ((gm_ - {t}[u] * r_) * f_);")
                     w.line(f"{t}[u] += gs_;")
-                w.line(f"{v}[u] += c2_ + dl_ * dl_ * f_;")
+                w.line(f"{v}[u] += c2_ + dl_ * (dl_ * f_);  // f_ first: 0 on the first step, where dl_^2 may overflow")
                 w.line(f"{total}[u] += cs_;")
             w.line(f"{v}_cnt += (acc_t)VEC;")
 
