@@ -17,6 +17,8 @@ Per direction, up to four kernels, all deterministic (fixed trees and orders, no
                stores, the row's re-reads from L2.
 The reduce or combine kernel finishes a kept element: its epilogue, its row stores, and its
 reduction results into the workspace for the elem pass. G depends on the shape only.
+Variant moments: a variance's squared deviations (and a backward's co-moment with a gradient)
+swept with the mean's sum, merged by Chan's formula (moments_pairs, co_moments): one phase fewer.
 """
 from __future__ import annotations
 
@@ -221,7 +223,8 @@ class AxisEmitter(DirectionEmitter):
         """{s2 id: (s3, sg)} for a pair's s3 = sum(g * (x - mean)) (the pair's own deviation node)
         with sg = sum(g) another reduction and g free of reductions (InstanceNorm's backward):
         s3 is the co-moment sum((g - mean(g)) * (x - mean)), merged with the pair by Chan's
-        formula, so the backward's second sweep over x and g goes too."""
+        formula, so the backward's second sweep over x and g goes too. (An infinite g gives NaN
+        here where torch's sum gives +-inf: docs/ARCHITECTURE.md.)"""
         co, taken = {}, {s1.id for s1, _ in self.pairs.values()}  # a sum is swept by one pair at most
         for s2, (s1, mean) in self.pairs.items():
             dev = self.by_id[s2].args[0].args[0]
