@@ -9,6 +9,7 @@ kernel passes specgen's verifier and repeats bit for bit.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -460,6 +461,26 @@ def test_moments_pairs_need_the_reduced_count():
     assert axis_emit._dims_of_count(Node("const", level="const", attrs={"value": 4})) is None
 
 
+def test_the_elem_vec_variant_takes_odd_kept_axes_16_bytes_at_a_time():
+    """`axiselemvec`: a backward's elem pass over a kept axis VEC does not divide (sum over dim 1
+    of [64, 4096, 4095], the development suite's odd shape) takes MODE 3 (VEC flat elements a
+    thread, each at its own position) where the default takes MODE 0 (one element a thread);
+    shapes the vector modes already take keep them; the forward (no elem pass) is unchanged."""
+    from specgen.agents.builtin.families.axis_emit import elem_mode
+
+    spec = load_spec(LEVEL1 / "sum_dim1_keepdim.yaml")
+    assert _fused_plan(spec, "backward", "axiselemvec")["elem_vec"]
+    assert not _fused_plan(spec, "backward", None)["elem_vec"]
+    assert not _fused_plan(spec, "forward", "axiselemvec")["elem_vec"]
+    for itemsize in (4, 2):
+        assert elem_mode(64, 4096, 4095, itemsize) == 0
+        assert elem_mode(64, 4096, 4095, itemsize, elem_vec=True) == 3
+        assert elem_mode(16, 4096, 16384, itemsize, elem_vec=True) == 1  # I % VEC == 0
+        assert elem_mode(64, 4096, 1, itemsize, elem_vec=True) == 2  # along R
+        assert elem_mode(3, 5, 7, itemsize, elem_vec=True) == 0  # N % VEC != 0: one at a time
+        assert elem_mode(8, 64, 1, itemsize, ends_rb=4095, elem_vec=True) == 3
+
+
 MOMENTS_SPECS = Path(__file__).resolve().parent / "moments_specs"
 
 
@@ -515,6 +536,48 @@ def test_moments_variant_kernels_verify_on_the_gpu(op, variant):
     assert "sg::moments_merge(" in source
     verdict = verify_kernel(spec, source)
     assert verdict.passed, verdict.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op,dims", [("sum_dim1", {"B": 3, "C": 8, "L": 4095}),  # I = 4095: MODE 3
+                                     ("sum_dims02", {"B": 3, "C": 8, "L": 4095})])  # both ends, RB = 4095
+def test_elem_vec_backward_matches_the_reference_at_odd_kept_axes(op, dims):
+    """The backward's elem pass in MODE 3 (variant axiselemvec) at a shape that takes it, float32
+    and bfloat16, against torch's own backward of the reference (a sum's: grad_out broadcast, so
+    exact); the default (MODE 0) too."""
+    import ctypes
+
+    from specgen import abi
+    from specgen.agents.builtin.families.axis_emit import elem_mode
+    from specgen.agents.builtin.generator import compile_source
+    from specgen.agents.builtin.schedule import variants_named
+
+    spec = _spec(op)
+    x_shape = spec.signature.inputs[0].type.shape(dims)
+    assert elem_mode(1, 1, math.prod(x_shape), 4, elem_vec=True) in (1, 3)  # N % VEC == 0
+    for variant in (variants_named("axiselemvec")[0], None):
+        source = build_source(spec, variant) if variant else build_source(spec)
+        lib = ctypes.CDLL(str(compile_source(spec, source).library))
+        fn = getattr(lib, abi.entry_point(spec, "backward"))
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(x_shape, device="cuda").to(dtype)
+            out = spec.reference_fn()(x=x)
+            grad_out = torch.randn_like(out)
+            xd = x.double().requires_grad_()
+            (spec.reference_fn()(x=xd) * grad_out.double()).sum().backward()
+            truth = xd.grad
+            grad_x = torch.full(x_shape, float("nan"), device="cuda", dtype=dtype)
+            struct = abi.pack_args(spec, "backward", {"x": x, "out": out, "grad_out": grad_out, "grad_x": grad_x},
+                                   {}, dims)
+            size = getattr(lib, abi.workspace_function(spec, "backward"), None)
+            if size is not None:
+                size.restype = ctypes.c_size_t
+                workspace = torch.empty(size(ctypes.byref(struct)), dtype=torch.uint8, device="cuda")
+                abi.set_workspace(struct, workspace)
+            assert fn(ctypes.byref(struct), None) == 0
+            torch.cuda.synchronize()
+            assert torch.equal(grad_x.double(), truth), (op, variant, dtype)  # a sum's backward: a broadcast
 
 
 @pytest.mark.gpu

@@ -126,6 +126,13 @@ class Variant:
     # so the row's second and third reads can hit L2 (InstanceNorm / GroupNorm: three reads of x
     # through three kernels, 0.75x eager on a held-out InstanceNorm, session 23)
     axis_fused: bool = False
+    # axis programs: the elem pass (a backward's broadcast over the reduced axes) on a kept axis that
+    # VEC does not divide (mean over dim 1 of [B, C, 4095]) takes VEC consecutive flat elements a
+    # thread with each element's own position (MODE 3: 16-byte reads and stores, VEC independent
+    # kept-value reads in flight) instead of one element a thread (MODE 0). MODE 0 keeps one 4-byte
+    # store and one dependent read in flight per thread: Little's law caps it near a quarter of HBM
+    # (held-out v5: a middle-axis backward at 23-39% of HBM, 0.38-0.43x torch.compile, session 24)
+    axis_elem_vec: bool = False
 
     @property
     def schedules(self) -> tuple:
@@ -200,6 +207,8 @@ VARIANTS = [
     # step's exact moments: one read of x fewer for InstanceNorm / GroupNorm / BatchNorm forwards; the
     # `moments` variant does this alone), with the fused kernel too
     Variant("axisfusedmom", axis_fused=True, moments=True),
+    # axis programs: the elem pass VEC flat elements a thread on kept axes VEC does not divide
+    Variant("axiselemvec", axis_elem_vec=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -214,7 +223,8 @@ def variants_named(names: str) -> list[Variant]:
 
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
-                           "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused"),
+                           "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused",
+                           "axis_elem_vec"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 

@@ -64,6 +64,19 @@ def launch_plan(O: int, R: int, I: int, itemsize: int, *, aligned: bool = True, 
     return {"TX": tx, "VI": vi, "vec_r": vec_r, "tiles": tiles, "G": g, "chunk": chunk, "rows": rows}
 
 
+def elem_mode(O: int, R: int, I: int, itemsize: int, *, ends_rb: int | None = None, aligned: bool = True,
+              elem_vec: bool = False) -> int:
+    """The elem pass's MODE the generated launcher picks (a Python mirror of write_elem_launch, for
+    the tests): 1 VEC along I, 2 VEC along R (or RB), 3 VEC flat elements at their own positions
+    (variant axiselemvec), 0 one element at a time."""
+    vec = max(1, 16 // itemsize)
+    if vec == 1 or (O * R * I) % vec or not aligned:
+        return 0
+    if ends_rb is not None:
+        return 2 if ends_rb % vec == 0 else 3 if elem_vec else 0
+    return 1 if I % vec == 0 else 2 if I == 1 and R % vec == 0 else 3 if elem_vec else 0
+
+
 HELPERS = r"""namespace sgx {
 // Arg-reductions as torch breaks ties: the first index of the extreme; NaN is the extreme
 // (the first NaN wins). Order-free: the index decides ties, so any merge order agrees.
@@ -150,6 +163,7 @@ class AxisEmitter(DirectionEmitter):
         self.merge_form = variant.axis_merge  # "warp" (shuffles, then the warps' tree) or "tree" (over TY)
         self.rows_max = variant.axis_rows  # R up to which a warp takes a kept element (I == 1); 0: never
         self.fused = variant.axis_fused  # a block per kept element through every phase (I == 1, G == 1)
+        self.elem_vec = variant.axis_elem_vec  # the elem pass's MODE 3 (VEC flat elements, own positions)
         self.lay = program.layout
         self.reduces = [n for n in self.nodes if n.op == "rowreduce"]
         self.aliases = self.arg_pairs(program)  # torch.max's values: its argmax's running value
@@ -285,7 +299,8 @@ class AxisEmitter(DirectionEmitter):
                 "phases": [[n.attrs["kind"] for n in phase] for phase in self.phases],
                 "kept_slots": len(self.kept), "layout": self.lay.describe(),
                 "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values()),
-                "fused": self.fused_allowed(), "moments": len(self.pairs), "co_moments": len(self.co)}
+                "fused": self.fused_allowed(), "moments": len(self.pairs), "co_moments": len(self.co),
+                "elem_vec": self.elem_vec and bool(self.elem_stores)}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -947,7 +962,10 @@ class AxisEmitter(DirectionEmitter):
     def write_elem(self, w: CWriter) -> None:
         """The flat pass over S for the elem stores (reading the kept reductions' results)."""
         w.line("// Elem: a flat grid-stride pass over S. MODE 1: VEC consecutive elements along I (I % VEC")
-        w.line("// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time.")
+        w.line("// == 0); MODE 2: along R (I == 1, R % VEC == 0); MODE 0: one element at a time." +
+               (" MODE 3: VEC" if self.elem_vec else ""))
+        if self.elem_vec:
+            w.line("// consecutive flat elements, each at its own kept element and place along R (any I).")
         w.line("// NARROW (N < 2^31): the index math in 32 bits through FastDiv.")
         w.line("template <typename T, int VEC, int MODE, bool NARROW>")
         w.line(f"__global__ void __launch_bounds__({BLOCK}) {self.kname}_elem(const {self.args_t} A, void* ws, "
@@ -961,7 +979,12 @@ class AxisEmitter(DirectionEmitter):
                 for line in self.rb_line():
                     w.verbatim("  " + line)
                 self.write_elem_position(w)
-                self.write_elem_chunk(w, "VEC", row="o * I + i0 + (MODE == 1 ? v : 0)", j="j0 + (MODE == 2 ? v : 0)")
+                if self.elem_vec:
+                    self.write_elem_positions(w)
+                    self.write_elem_chunk(w, "VEC", row="MODE == 3 ? prow_[v] : o * I + i0 + (MODE == 1 ? v : 0)",
+                                          j="MODE == 3 ? pj_[v] : j0 + (MODE == 2 ? v : 0)")
+                else:
+                    self.write_elem_chunk(w, "VEC", row="o * I + i0 + (MODE == 1 ? v : 0)", j="j0 + (MODE == 2 ? v : 0)")
                 if self.global_stores and not self.reduces:
                     ctx = Ctx()
                     with w.block("if (n0 == 0)"):
@@ -993,6 +1016,26 @@ class AxisEmitter(DirectionEmitter):
         w.line("const int64_t r1 = n0 - q * D1, r2 = q - q2 * D2;")
         w.line("const int64_t o = r2, j0 = q2 * RB + r1, i0 = 0; (void)j0;  // n0 = (a * O + o) * RB + b" if ends
                else "const int64_t o = q2, j0 = r2, i0 = r1; (void)j0;  // n0 = (o * R + j) * I + i")
+
+    def write_elem_positions(self, w: CWriter) -> None:
+        """MODE 3: each of the VEC flat elements from n0 as its kept element and place along R,
+        stepping from n0's position (no division per element)."""
+        w.line("int64_t prow_[VEC], pj_[VEC]; (void)prow_; (void)pj_;")
+        with w.block("if constexpr (MODE == 3)"):
+            if self.lay.ends:  # n = (a * O + o) * RB + b, j = a * RB + b, I == 1
+                w.line("int64_t a_ = q2, b_ = r1, o_ = o;")
+                w.directive("#pragma unroll")
+                with w.block("for (int v = 0; v < VEC; ++v)"):
+                    w.line("prow_[v] = o_;")
+                    w.line("pj_[v] = a_ * RB + b_;")
+                    w.line("if (++b_ == RB) { b_ = 0; if (++o_ == O) { o_ = 0; ++a_; } }")
+            else:  # n = (o * R + j) * I + i
+                w.line("int64_t o_ = o, j_ = j0, i_ = i0;")
+                w.directive("#pragma unroll")
+                with w.block("for (int v = 0; v < VEC; ++v)"):
+                    w.line("prow_[v] = o_ * I + i_;")
+                    w.line("pj_[v] = j_;")
+                    w.line("if (++i_ == I) { i_ = 0; if (++j_ == R) { j_ = 0; ++o_; } }")
 
     def write_elem_values(self, w: CWriter, roots: list[Node]) -> None:
         """Element n0 + v: its values from the loads and the kept reductions' results, then its
@@ -1129,8 +1172,9 @@ class AxisEmitter(DirectionEmitter):
     def write_elem_launch(self, w: CWriter) -> None:
         """The element kernel's launch: its vector mode, 32-bit index math where N allows it."""
         w.line(f"const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {self.stores_aligned()};")
-        w.line("const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB" if self.lay.ends else
-               "const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : 0;")
+        other = 3 if self.elem_vec else 0  # VEC flat elements at their own positions, or one at a time
+        w.line(f"const int mode = !vec_ok ? 0 : RB % VEC == 0 ? 2 : {other};  // VEC along RB" if self.lay.ends else
+               f"const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : {other};")
         w.line("const int64_t per = mode ? VEC : 1;")
         w.line("int64_t eb = (N / per + 255) / 256;")
         w.line("if (eb > (1 << 20)) eb = 1 << 20;")
@@ -1142,6 +1186,8 @@ class AxisEmitter(DirectionEmitter):
                     f"else {self.kname}_elem<T, V, M, false>{launch} }} while (0)")
         w.line("if (mode == 1) SG_ELEM(VEC, 1);")
         w.line("else if (mode == 2) SG_ELEM(VEC, 2);")
+        if self.elem_vec:
+            w.line("else if (mode == 3) SG_ELEM(VEC, 3);")
         w.line("else SG_ELEM(1, 0);")
         w.directive("#undef SG_ELEM")
 
