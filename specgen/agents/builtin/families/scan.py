@@ -333,16 +333,34 @@ class ScanEmitter(_base()):
         self.plan = plan
         self.scans = [n for n in self.nodes if n.op == "scan"]
         self.state = {n.id: f"s_{i}" for i, n in enumerate(self.scans)}
+        # a backward's log-sum-exp scan carried in float64 for float32 data: logcumsumexp's backward
+        # (a reversed logcumsumexp of log|g| - out) runs at |out| (1e4 at outliers) and, carried in
+        # float32, lost 8% over 4095 steps on the H200 (session 23); torch's CPU carries double.
+        # The forward (verified in float32) keeps float: double's exp and log1p cost about 4x
+        self.scan_t = "scan_t" if direction == "backward" and any(
+            n.attrs["kind"] == "logsumexp" for n in self.scans) else "acc_t"
+
+    def ctype_var(self, node: Node) -> str:
+        """A scan's value keeps its running type: the backward's log-sum-exp + x then cancels in
+        float64, not at float32's ulp of |out|."""
+        return self.scan_t if node.op == "scan" else super().ctype_var(node)
+
+    def ident(self, n: Node) -> str:
+        """The scan's identity in its running type."""
+        return IDENTITY[n.attrs["kind"]].replace("(acc_t)", f"({self.scan_t})")
 
     def op_expr(self, node: Node, x: list[str]) -> str:
         if node.op == "scan":
             excl = "true" if node.attrs.get("exclusive") else "false"
-            return f"sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, (acc_t)({x[0]}))"
+            return f"sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, ({self.scan_t})({x[0]}))"
         return super().op_expr(node, x)
 
     def _prologue(self, ctx: Ctx) -> list[str]:
         """A kernel's first statements: acc_t, W, the global-level values (named in ctx), the pointers."""
-        lines = ["using acc_t = typename sg::Acc<T>::type;",
+        lines = ["using acc_t = typename sg::Acc<T>::type;"]
+        if self.scan_t == "scan_t":
+            lines.append("using scan_t = typename std::conditional<std::is_same<T, float>::value, double, acc_t>::type;")
+        lines += [
                  f"const int64_t W = {self.expr(self.p.width, Ctx())}; (void)W;"]
         for n in self.nodes:
             if n.level == "global" and n.op not in ("dim", "stride"):
@@ -396,7 +414,7 @@ class ScanEmitter(_base()):
             with w.block("for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
                          "lane += (int64_t)gridDim.x * blockDim.x)"):
                 w.line("const int64_t o = lane / inner, i = lane % inner;")
-                w.lines(f"acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};" for n in self.scans)
+                w.lines(f"{self.scan_t} {self.state[n.id]} = {self.ident(n)};" for n in self.scans)
                 with w.block("for (int64_t t = 0; t < L; ++t)"):
                     w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
                     w.lines(self._element(ctx, roots, True))
@@ -430,24 +448,24 @@ class ScanEmitter(_base()):
         with w.block():
             ctx = Ctx()
             w.lines(self._prologue(ctx))
-            w.line(f"__shared__ acc_t seg_total[{len(self.scans)}][{SEGMENTS}][32];")
+            w.line(f"__shared__ {self.scan_t} seg_total[{len(self.scans)}][{SEGMENTS}][32];")
             w.line("const int64_t lanes = outer * inner, lane = (int64_t)blockIdx.x * 32 + threadIdx.x;")
             w.line("const bool live = lane < lanes;")
             w.line("const int64_t o = live ? lane / inner : 0, i = live ? lane % inner : 0;")
             w.line(f"const int64_t len = (L + {SEGMENTS} - 1) / {SEGMENTS}, t0 = (int64_t)threadIdx.y * len;")
             w.line("const int64_t t1 = t0 + len < L ? t0 + len : L;  // this segment, in scan order")
-            w.lines(f"acc_t total_{k} = {IDENTITY[n.attrs['kind']]};" for k, n in enumerate(self.scans))
+            w.lines(f"{self.scan_t} total_{k} = {self.ident(n)};" for k, n in enumerate(self.scans))
             w.directive("#pragma unroll 8")
             with w.block("for (int64_t t = t0; live && t < t1; ++t)", comment="pass 1: the segment's total"):
                 w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
                 inner = self._element_ctx(ctx)
                 w.lines(self.elem_statements([n.args[0] for n in self.scans], inner))
                 w.lines(f"total_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(total_{k}, "
-                        f"(acc_t)({self.expr(n.args[0], inner)}));" for k, n in enumerate(self.scans))
+                        f"({self.scan_t})({self.expr(n.args[0], inner)}));" for k, n in enumerate(self.scans))
             w.lines(f"seg_total[{k}][threadIdx.y][threadIdx.x] = total_{k};" for k in range(len(self.scans)))
             w.line("__syncthreads();")
             for k, n in enumerate(self.scans):
-                w.line(f"acc_t {self.state[n.id]} = {IDENTITY[n.attrs['kind']]};  // the segments before, in order")
+                w.line(f"{self.scan_t} {self.state[n.id]} = {self.ident(n)};  // the segments before, in order")
                 w.line(f"for (int y = 0; y < (int)threadIdx.y; ++y) {self.state[n.id]} = "
                        f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>({self.state[n.id]}, seg_total[{k}][y][threadIdx.x]);")
             w.directive("#pragma unroll 8")
@@ -470,10 +488,10 @@ class ScanEmitter(_base()):
         with w.block():
             w.lines(self._prologue(ctx))
             w.line(f"constexpr int NW = {plan.block} / 32;")
-            w.line(f"__shared__ acc_t wsum[{len(self.scans)}][NW];")
+            w.line(f"__shared__ {self.scan_t} wsum[{len(self.scans)}][NW];")
             w.line("const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);")
             with w.block("for (int64_t row = blockIdx.x; row < rows; row += gridDim.x)"):
-                w.lines(f"acc_t carry_{k} = {IDENTITY[n.attrs['kind']]};" for k, n in enumerate(self.scans))
+                w.lines(f"{self.scan_t} carry_{k} = {self.ident(n)};" for k, n in enumerate(self.scans))
                 with w.block(f"for (int64_t base = 0; base < L; base += (int64_t){plan.block} * VEC)"):
                     self.write_tile_inputs(w, ctx)
                     self.write_chunk_scans(w)
@@ -511,26 +529,26 @@ class ScanEmitter(_base()):
             pn = self.pointer_name(key)
             w.line(f"{self.raw_type(key)} r_{pn};")
             w.line(f"if (live) sg::load_raw<VEC>({pn} + c0, r_{pn});")
-        w.lines(f"acc_t loc_{k}[VEC];" for k in range(len(self.scans)))
+        w.lines(f"{self.scan_t} loc_{k}[VEC];" for k in range(len(self.scans)))
         inner = self._tile_ctx(ctx)
         body = self.elem_statements([n.args[0] for n in self.scans], inner)
         for k, n in enumerate(self.scans):
-            body.append(f"loc_{k}[v] = live ? (acc_t)({self.expr(n.args[0], inner)}) : {IDENTITY[n.attrs['kind']]};")
+            body.append(f"loc_{k}[v] = live ? ({self.scan_t})({self.expr(n.args[0], inner)}) : {self.ident(n)};")
         self.write_tile_element_loop(w, "the scans' inputs", body)
 
     def write_chunk_scans(self, w: CWriter) -> None:
         """Each scan over the chunk in registers, then the chunks' totals over each warp (x_k)."""
         for k, n in enumerate(self.scans):
-            ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+            ident, op = self.ident(n), f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
             kept = f"pre_{k}" if n.attrs.get("exclusive") else "t_"
             w.line(f"// scan {k}: the chunk in registers, then the block over the chunks' totals")
-            w.line(f"acc_t pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk")
+            w.line(f"{self.scan_t} pre_{k} = {ident};  // this chunk's exclusive prefix in the chunk")
             w.line("#pragma unroll")
-            w.line(f"for (int v = 0; v < VEC; ++v) {{ const acc_t t_ = {op}(pre_{k}, loc_{k}[v]); "
+            w.line(f"for (int v = 0; v < VEC; ++v) {{ const {self.scan_t} t_ = {op}(pre_{k}, loc_{k}[v]); "
                    f"loc_{k}[v] = {kept}; pre_{k} = t_; }}")
-            w.line(f"acc_t x_{k} = pre_{k};  // the chunk's total, scanned over the warp")
+            w.line(f"{self.scan_t} x_{k} = pre_{k};  // the chunk's total, scanned over the warp")
             w.line("#pragma unroll")
-            w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
+            w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const {self.scan_t} y_ = __shfl_up_sync(0xffffffffu, x_{k}, o); "
                    f"if (lane >= o) x_{k} = {op}(y_, x_{k}); }}")
             w.line(f"if (lane == 31) wsum[{k}][warp] = x_{k};")
 
@@ -539,12 +557,12 @@ class ScanEmitter(_base()):
         w.line("__syncthreads();")
         with w.block("if (warp == 0)", comment="the warp totals, scanned by the first warp"):
             for k, n in enumerate(self.scans):
-                ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+                ident, op = self.ident(n), f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
                 # every scan declares w_: all but the last in braces of their own
                 open_, close = ("{ ", " }") if k + 1 < len(self.scans) else ("", "")
-                w.line(f"{open_}acc_t w_ = lane < NW ? wsum[{k}][lane] : {ident};")
+                w.line(f"{open_}{self.scan_t} w_ = lane < NW ? wsum[{k}][lane] : {ident};")
                 w.line("#pragma unroll")
-                w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const acc_t y_ = __shfl_up_sync(0xffffffffu, w_, o); "
+                w.line(f"for (int o = 1; o < 32; o <<= 1) {{ const {self.scan_t} y_ = __shfl_up_sync(0xffffffffu, w_, o); "
                        f"if (lane >= o) w_ = {op}(y_, w_); }}")
                 w.line(f"if (lane < NW) wsum[{k}][lane] = w_;{close}")
         w.line("__syncthreads();")
@@ -553,17 +571,17 @@ class ScanEmitter(_base()):
         """Each chunk's prefix from the carry, the warps before it and the lanes before it; the
         scans' values at its elements, the outputs, stored as one chunk."""
         for k, n in enumerate(self.scans):
-            ident, op = IDENTITY[n.attrs["kind"]], f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
-            w.line(f"acc_t xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);")
+            ident, op = self.ident(n), f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>"
+            w.line(f"{self.scan_t} xe_{k} = __shfl_up_sync(0xffffffffu, x_{k}, 1);")
             w.line(f"if (lane == 0) xe_{k} = {ident};")
-            w.line(f"const acc_t before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
+            w.line(f"const {self.scan_t} before_{k} = {op}(carry_{k}, {op}(warp > 0 ? wsum[{k}][warp - 1] : {ident}, "
                    f"xe_{k}));  // everything before this chunk")
             w.line(f"carry_{k} = {op}(carry_{k}, wsum[{k}][NW - 1]);")
         w.lines(f"acc_t st_{i}[VEC];" for i in range(len(self.p.stores)))
         inner = self._tile_ctx(ctx)
         for k, n in enumerate(self.scans):
             inner.names[n.id] = f"sv_{k}"
-        body = [f"const acc_t sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
+        body = [f"const {self.scan_t} sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
                 for k, n in enumerate(self.scans)]
         body += self.elem_statements([s.value for s in self.p.stores], inner)
         for i, st in enumerate(self.p.stores):
