@@ -1173,8 +1173,11 @@ class AxisEmitter(DirectionEmitter):
         """The element kernel's launch: its vector mode, 32-bit index math where N allows it."""
         w.line(f"const bool vec_ok = VEC > 1 && N % VEC == 0 && loads_aligned && {self.stores_aligned()};")
         other = 3 if self.elem_vec else 0  # VEC flat elements at their own positions, or one at a time
-        w.line(f"const int mode = !vec_ok ? 0 : RB % VEC == 0 ? 2 : {other};  // VEC along RB" if self.lay.ends else
-               f"const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : {other};")
+        if self.lay.ends:  # (the default's text as it was)
+            w.line("const int mode = !vec_ok ? 0 : RB % VEC == 0 ? 2 : 3;  // VEC along RB, else at own positions"
+                   if self.elem_vec else "const int mode = vec_ok && RB % VEC == 0 ? 2 : 0;  // VEC along RB")
+        else:
+            w.line(f"const int mode = !vec_ok ? 0 : I % VEC == 0 ? 1 : (I == 1 && R % VEC == 0) ? 2 : {other};")
         w.line("const int64_t per = mode ? VEC : 1;")
         w.line("int64_t eb = (N / per + 255) / 256;")
         w.line("if (eb > (1 << 20)) eb = 1 << 20;")
