@@ -612,16 +612,21 @@ class AxisEmitter(DirectionEmitter):
                     w.line("const int c = tx * VI + u;")
                     if self.pairs:  # a pair's merge writes its sum's value too: every read first
                         self.write_tree_merges_together(w, reduces)
-                    for n in reduces if not self.pairs else ():
-                        v = self.var(n)
-                        w.line(f"{self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
-                        if self.is_arg(n):
-                            w.line(f"int64_t {v}_m_i = sm_{v}_i[ty][c];")
-                        w.line(self.merge(n, f"{v}_m", f"sm_{v}[ty + s][c]", f"sm_{v}_i[ty + s][c]", f"{v}_m_i"))
-                        w.line(f"sm_{v}[ty][c] = {v}_m;")
-                        if self.is_arg(n):
-                            w.line(f"sm_{v}_i[ty][c] = {v}_m_i;")
+                    else:
+                        self.write_tree_merges(w, reduces)
             w.line("__syncthreads();")
+
+    def write_tree_merges(self, w: CWriter, reduces: list[Node]) -> None:
+        """One step of the smem tree: each reduction's value (and index) read, merged, written."""
+        for n in reduces:
+            v = self.var(n)
+            w.line(f"{self.acc_type(n)} {v}_m = sm_{v}[ty][c];")
+            if self.is_arg(n):
+                w.line(f"int64_t {v}_m_i = sm_{v}_i[ty][c];")
+            w.line(self.merge(n, f"{v}_m", f"sm_{v}[ty + s][c]", f"sm_{v}_i[ty + s][c]", f"{v}_m_i"))
+            w.line(f"sm_{v}[ty][c] = {v}_m;")
+            if self.is_arg(n):
+                w.line(f"sm_{v}_i[ty][c] = {v}_m_i;")
 
     def write_tree_merges_together(self, w: CWriter, reduces: list[Node]) -> None:
         """One step of the smem tree for a phase with a moments pair: every running value read,
