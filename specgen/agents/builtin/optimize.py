@@ -290,9 +290,10 @@ def _online_max(total: Node) -> Node | None:
     return m if m.op == "rowreduce" and m.attrs.get("kind") == "max" and m.args[0] is a else None
 
 
-def _moments(squares: Node, width: Node) -> tuple[Node, Node] | None:
-    """(s1, mean) when `squares` is rowreduce(sum, (x - s1 / W)^2) with s1 = rowreduce(sum, x) and
-    W the row width (LayerNorm's mean and variance), else None."""
+def squared_deviations(squares: Node) -> tuple[Node, Node, Node] | None:
+    """(s1, mean, count) when `squares` is rowreduce(sum, (x - s1 / count)^2) with s1 =
+    rowreduce(sum, x): a variance's sum of squared deviations, whoever checks what count is
+    (the row width here, the reduced extent in families/axis_emit.py), else None."""
     sq = squares.args[0]
     if squares.attrs.get("kind") != "sum":
         return None
@@ -306,9 +307,20 @@ def _moments(squares: Node, width: Node) -> tuple[Node, Node] | None:
         return None
     mean = dev.args[1]
     s1 = mean.args[0]
-    count = mean.args[1].args[0] if mean.args[1].op == "cast" else mean.args[1]
-    if s1.op == "rowreduce" and s1.attrs.get("kind") == "sum" and dev.args[0] is s1.args[0] and count.op == "dim" \
-            and width.op == "dim" and str(count.attrs["dim"]) == str(width.attrs["dim"]):
+    if s1.op == "rowreduce" and s1.attrs.get("kind") == "sum" and dev.args[0] is s1.args[0]:
+        return s1, mean, mean.args[1]
+    return None
+
+
+def _moments(squares: Node, width: Node) -> tuple[Node, Node] | None:
+    """(s1, mean) when `squares` is rowreduce(sum, (x - s1 / W)^2) with s1 = rowreduce(sum, x) and
+    W the row width (LayerNorm's mean and variance), else None."""
+    found = squared_deviations(squares)
+    if found is None:
+        return None
+    s1, mean, count = found
+    count = count.args[0] if count.op == "cast" else count
+    if count.op == "dim" and width.op == "dim" and str(count.attrs["dim"]) == str(width.attrs["dim"]):
         return s1, mean
     return None
 

@@ -30,6 +30,7 @@ from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_works
 from ..cwriter import CWriter
 from ..emit import DirectionEmitter
 from ..ir import Node, Store
+from ..optimize import squared_deviations
 from ..prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from ..schedule import DEFAULT_VARIANT, Variant
 from .axis_reduce import AxisProgram
@@ -214,22 +215,12 @@ class AxisEmitter(DirectionEmitter):
         reduced = sorted(str(d) for d in self.lay.red_dims)
         pairs = {}
         for s2 in self.reduces:
-            sq = s2.args[0]
-            if s2.attrs["kind"] != "sum" or s2.dtype != "float":
+            found = squared_deviations(s2) if s2.dtype == "float" else None
+            if found is None:
                 continue
-            if sq.op == "mul" and sq.args[0] is sq.args[1]:
-                dev = sq.args[0]
-            elif sq.op == "pow" and sq.args[1].op == "const" and sq.args[1].attrs["value"] in (2, 2.0):
-                dev = sq.args[0]
-            else:
-                continue
-            if dev.op != "sub" or dev.args[1].op != "div":
-                continue
-            mean = dev.args[1]
-            s1 = mean.args[0]
-            if s1.op == "rowreduce" and s1.attrs["kind"] == "sum" and s1.dtype == "float" and s1.args[0] is dev.args[0] \
-                    and s1 in self.reduces and s1.id not in {a.id for a, _ in pairs.values()} \
-                    and _dims_of_count(mean.args[1]) == reduced:
+            s1, mean, count = found
+            if s1.dtype == "float" and s1 in self.reduces and s1.id not in {a.id for a, _ in pairs.values()} \
+                    and _dims_of_count(count) == reduced:
                 pairs[s2.id] = (s1, mean)
         return pairs
 
@@ -263,16 +254,15 @@ class AxisEmitter(DirectionEmitter):
     def phase_list(self) -> list[list[Node]]:
         """Reductions grouped by depth: a reduction whose operand needs another's result (a
         variance from its mean, cosine similarity's normalized product) sweeps after it."""
+        joins = {s2: s1.id for s2, (s1, _) in self.pairs.items()}
+        joins |= {s3.id: self.pairs[s2][0].id for s2, (s3, _) in self.co.items()}
         depth: dict[int, int] = {}
         for n in self.nodes:  # topological order
             below = [depth[a.id] for a in n.args if a.id in depth]
             d = max(below, default=0)
             depth[n.id] = d + 1 if n.op == "rowreduce" else d
-            if n.id in self.pairs:  # squared deviations from the mean: in the sum's sweep (moments)
-                depth[n.id] = depth[self.pairs[n.id][0].id]
-            for s2, (s3, _) in self.co.items():
-                if n is s3:
-                    depth[n.id] = depth[self.pairs[s2][0].id]
+            if n.id in joins:  # squared deviations or a co-moment: in the pair's sum's sweep (moments)
+                depth[n.id] = depth[joins[n.id]]
         phases: dict[int, list[Node]] = {}
         for n in self.reduces:
             phases.setdefault(depth[n.id], []).append(n)
@@ -663,7 +653,7 @@ class AxisEmitter(DirectionEmitter):
                         for n in reduces if self.is_arg(n))
         ctx = Ctx()
         self.earlier(p, ctx)
-        operands = [n.args[0] for n in reduces if n.id not in self.pairs and n.id not in self.co_ids]
+        operands = self.sweep_operands(reduces)
         self.write_row_arrays(w, operands, ctx)
         if self.lay.ends:  # j = a * RB + b, tracked without a division per step
             w.line(f"int64_t ja = ({start}) / RB, jb = ({start}) % RB;")
@@ -691,6 +681,11 @@ class AxisEmitter(DirectionEmitter):
         for n in pairs:
             w.directive("#pragma unroll")
             w.line(f"for (int u = 0; u < VI; ++u) {self.var(n)}_n[u] = {self.var(n)}_cnt;")
+
+    def sweep_operands(self, reduces: list[Node]) -> list[Node]:
+        """What a sweep reads for `reduces`: each one's operand, but a moments pair's squares and a
+        co-moment's product are merged from their sums' values (write_chunk_moments)."""
+        return [n.args[0] for n in reduces if n.id not in self.pairs and n.id not in self.co_ids]
 
     def write_chunk_moments(self, w: CWriter, n: Node) -> None:
         """A step's VEC values of each kept element (all in range: R and the chunks are whole
@@ -730,7 +725,7 @@ class AxisEmitter(DirectionEmitter):
 
     def write_sweep_updates(self, w: CWriter, reduces: list[Node], ctx: Ctx) -> None:
         """Element j of kept element u: the reductions' operands, each running value updated."""
-        operands = [n.args[0] for n in reduces if n.id not in self.pairs and n.id not in self.co_ids]
+        operands = self.sweep_operands(reduces)
         self.bind_loads(ctx, "base + v * I + u", operands, vec_index="v * VI + u")
         w.lines(self.elem_statements(operands, ctx))
         for n in reduces:
@@ -921,12 +916,8 @@ class AxisEmitter(DirectionEmitter):
                 with w.block("for (int64_t g = 1; g < G; ++g)"):
                     ptrs = {name: ptr for n in self.phases[p] for name, _, ptr in self.partials(n)}
                     for n in self.phases[p]:
-                        if self.pairs:
-                            line = self.merge_stmt(n, lambda name: name, lambda name: f"{ptrs[name]}[g * K + row]")
-                            w.lines([line] if line else [])
-                            continue
-                        others = [f"{ptr}[g * K + row]" for _, _, ptr in self.partials(n)]
-                        w.line(self.merge(n, self.var(n), *others))
+                        line = self.merge_stmt(n, lambda name: name, lambda name: f"{ptrs[name]}[g * K + row]")
+                        w.lines([line] if line else [])  # empty: merged by its moments pair
                 w.line(self.finish_call(p, lambda name: name))
 
     def write_total(self, w: CWriter) -> None:
