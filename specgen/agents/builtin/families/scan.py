@@ -32,8 +32,8 @@ from ..cwriter import CWriter
 from ..ir import Node, Program
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp", "cummax": "max", "cummin": "min"}
-IDENTITY = {"sum": "(acc_t)0", "prod": "(acc_t)1", "logsumexp": "(acc_t)(-INFINITY)", "max": "(acc_t)(-INFINITY)",
-            "min": "(acc_t)INFINITY"}
+# each kind's identity as C, cast to the scan's running type (ScanEmitter.ident)
+IDENTITY = {"sum": "0", "prod": "1", "logsumexp": "(-INFINITY)", "max": "(-INFINITY)", "min": "INFINITY"}
 BLOCK = 256
 SEGMENTS = 8  # threads a lane in the segments kernel (lanes x 8 fill the H200 from 2^15 lanes)
 SEGMENTS_MIN_LENGTH = 4 * SEGMENTS  # shorter lanes are not split
@@ -347,7 +347,7 @@ class ScanEmitter(_base()):
 
     def ident(self, n: Node) -> str:
         """The scan's identity in its running type."""
-        return IDENTITY[n.attrs["kind"]].replace("(acc_t)", f"({self.scan_t})")
+        return f"({self.scan_t}){IDENTITY[n.attrs['kind']]}"
 
     def op_expr(self, node: Node, x: list[str]) -> str:
         if node.op == "scan":
