@@ -336,14 +336,18 @@ class ScanEmitter(_base()):
         # a backward's log-sum-exp scan carried in float64 for float32 data: logcumsumexp's backward
         # (a reversed logcumsumexp of log|g| - out) runs at |out| (1e4 at outliers) and, carried in
         # float32, lost 8% over 4095 steps on the H200 (session 23); torch's CPU carries double.
-        # The forward (verified in float32) keeps float: double's exp and log1p cost about 4x
+        # The forward (verified in float32) keeps float: double's exp and log1p cost about 4x.
+        # Only the carry is double: each scan value is rounded to the working type where it is
+        # used, as torch's float32 logcumsumexp tensor is. Kept double, log-sum-exp + x cancelled
+        # to a precise value of the wrong sign where `out` (read in float32) is 1e9 or more and
+        # its rounding alone is worth e^30 (the H200's "huge" cases, session 25): the float64
+        # truth gave 0, torch's float32 about 0, the kernel 129.
         self.scan_t = "scan_t" if direction == "backward" and any(
             n.attrs["kind"] == "logsumexp" for n in self.scans) else "acc_t"
 
-    def ctype_var(self, node: Node) -> str:
-        """A scan's value keeps its running type: the backward's log-sum-exp + x then cancels in
-        float64, not at float32's ulp of |out|."""
-        return self.scan_t if node.op == "scan" else super().ctype_var(node)
+    def to_working(self) -> str:
+        """The cast of a scan's value from its running type to acc_t (none when they are one)."""
+        return "(acc_t)" if self.scan_t != "acc_t" else ""
 
     def ident(self, n: Node) -> str:
         """The scan's identity in its running type."""
@@ -352,7 +356,8 @@ class ScanEmitter(_base()):
     def op_expr(self, node: Node, x: list[str]) -> str:
         if node.op == "scan":
             excl = "true" if node.attrs.get("exclusive") else "false"
-            return f"sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, ({self.scan_t})({x[0]}))"
+            return (f"{self.to_working()}sg_scan_step<{KIND_ID[node.attrs['kind']]}, {excl}>({self.state[node.id]}, "
+                    f"({self.scan_t})({x[0]}))")
         return super().op_expr(node, x)
 
     def _prologue(self, ctx: Ctx) -> list[str]:
@@ -581,7 +586,7 @@ class ScanEmitter(_base()):
         inner = self._tile_ctx(ctx)
         for k, n in enumerate(self.scans):
             inner.names[n.id] = f"sv_{k}"
-        body = [f"const {self.scan_t} sv_{k} = sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
+        body = [f"const acc_t sv_{k} = {self.to_working()}sg_scan_op<{KIND_ID[n.attrs['kind']]}>(before_{k}, loc_{k}[v]);"
                 for k, n in enumerate(self.scans)]
         body += self.elem_statements([s.value for s in self.p.stores], inner)
         for i, st in enumerate(self.p.stores):
