@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 25's calls (copied from session 24's; AB_S caps the A/B) (~560 s of command each). PART picks what runs, in this order:
+# Session 25's calls (copied from session 24's; AB_S caps the A/B, HELDOUT_CAP_S the held-out part) (~560 s of command each). PART picks what runs, in this order:
 #   tests    the GPU tests of the scan and axis families (pytest -m gpu) in TEST_SHARDS processes
 #            side by side, those matching FIRST first, at most TESTS_S seconds.
 #   heldout  a held-out problem set (heldout/problems-$HELDOUT, default v5; written by a helper, never read
@@ -50,6 +50,8 @@ fi
 run_level1() {  # name, then the LEVEL1_ variables
   local name=$1; shift
   local t=$(( $(left) - 15 ))
+  # HELDOUT_CAP_S: the held-out part's share when a dev part follows in the same call
+  [ "$name" != dev ] && [ -n "${HELDOUT_CAP_S:-}" ] && [ "$t" -gt "$HELDOUT_CAP_S" ] && t=$HELDOUT_CAP_S
   env "$@" LEVEL1_BUDGET_S=$(( t - 25 )) LEVEL1_HELDOUT_S=$(( t - 25 )) LEVEL1_SPEC_BUDGET_S=${SPEC_BUDGET_S:-90} \
     timeout $t scripts/gpu-suite level1 > "$OUT/logs/level1_$name.log" 2>&1
   log "level1 $name: exit $?"
@@ -62,7 +64,7 @@ if [[ "$PART" == *heldout* ]]; then
   run_level1 "$name" LEVEL1_SETS=heldout LEVEL1_HELDOUT_DIR=heldout/problems-$hv LEVEL1_SHARD=${SHARD:-1/3} ${SKIP:+LEVEL1_SKIP_REACHED="$SKIP"}
 fi
 if [[ "$PART" == *dev* ]]; then
-  run_level1 dev LEVEL1_SETS=dev LEVEL1_ONLY="${DEV_ONLY:?DEV_ONLY names the problems}"
+  run_level1 dev LEVEL1_SETS=dev LEVEL1_ONLY="${DEV_ONLY:?DEV_ONLY names the problems}" ${DEV_ARGS:+LEVEL1_ARGS="$DEV_ARGS"}
 fi
 cd "$OUT" && tar czf /tmp/call.tgz --exclude summary.txt . && find "$OUT" -mindepth 1 ! -name summary.txt -delete && mv /tmp/call.tgz "$OUT/call.tgz"
 cut -c1-220 "$OUT/summary.txt"
