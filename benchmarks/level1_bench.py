@@ -696,7 +696,7 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
                 f"verified without the benchmark shape(s) {'; '.join(map(shape_text, dropped))}: the verifier's timed "
                 f"phase ({VERIFY_TIMED_SETS} checked input sets with float64 truths) would need more than "
                 f"{MEMORY_SHARE:.0%} of the GPU there; those rows are still checked output by output while timed")
-    timing_spec = spec if verify_spec is not spec and getattr(args, "tune_shapes", "verified") == "all" else None
+    timing_spec = spec if verify_spec is not spec and getattr(args, "tune_shapes", "all") == "all" else None
     if timing_spec is not None:
         problem["verify_note"] += "; the tuner timed its variants at every benchmark shape (--tune-shapes all)"
     try:
@@ -791,11 +791,12 @@ def parse_args(argv=None):
                              f"{MEMORY_SHARE * 100:.0f}%% of the GPU (the others are timed, and checked while timed, but "
                              "left out of the verifier's full-size phase; the problem row says so); all: every "
                              "benchmark shape, exactly as `specgen generate` does")
-    parser.add_argument("--tune-shapes", choices=("verified", "all"), default="verified",
-                        help="with --verify-shapes fit: the shapes the tuner times its variants at: verified "
-                             "(default: the ones verified) or all (every benchmark shape: the dropped ones can "
-                             "decide between launches that are the same at the small ones; each variant's "
-                             "timing then prepares the large inputs again)")
+    parser.add_argument("--tune-shapes", choices=("verified", "all"), default="all",
+                        help="with --verify-shapes fit: the shapes the tuner times its variants at: all (default, "
+                             "as `specgen generate` does: every benchmark shape; the dropped ones decide between "
+                             "launches that are the same at the small ones, e.g. sum over dim 1 of [64, 4096, 4095] "
+                             "in session 25) or verified (the ones verified; faster: each variant's timing does not "
+                             "prepare the large inputs again)")
     parser.add_argument("--min-start-s", type=float, default=30.0,
                         help="start no new spec with less than this left of --budget-s (default 30)")
     parser.add_argument("--reps", type=int, default=REPS)
