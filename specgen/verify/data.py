@@ -49,6 +49,9 @@ class CaseData:
     tolerance: dict[str, torch.Tensor] = field(default_factory=dict)  # kept element tolerances, by output
     # the truth computed on the CPU where it differs from the device's (alternative_truth)
     alternative: dict[str, torch.Tensor] = field(default_factory=dict)
+    # (truth, reference) from any inputs, whatever `later`: the CPU's reference when a check fails
+    # (reference_elsewhere)
+    recompute: Callable[[dict], tuple[dict, dict]] | None = None
 
     def refs(self) -> dict[str, TensorRef]:
         return {**self.input_refs, **self.output_refs}
@@ -155,7 +158,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     truth, ref = ({}, {}) if later else derive(read)
     atol = {slot.name: spec_atol for slot in written}
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
-                    device, reference=ref, derive=derive if later else None)
+                    device, reference=ref, derive=derive if later else None, recompute=derive)
     if not later:
         data.alternative = alternative_truth(derive, read, truth)
     return data
@@ -191,6 +194,29 @@ def alternative_truth(derive, read: dict, truth: dict, device_type: str | None =
         if not bool(same.all()):
             differs[name] = value
     return differs
+
+
+SECOND_REFERENCE_ELEMENTS = 1 << 24  # the CPU's reference only where it costs seconds at most
+
+
+def reference_elsewhere(data: CaseData, device_type: str | None = None) -> dict[str, torch.Tensor]:
+    """The reference in the working dtype run again on the CPU, for a case on a GPU whose check
+    failed (at most SECOND_REFERENCE_ELEMENTS input elements); {} otherwise. torch's CPU and
+    CUDA kernels round differently (the CPU's logcumsumexp carries double), and where the
+    working dtype's answer is noise (an exp of the difference of two numbers near 1e7, whose
+    float32 ulp is 1) one of them may land near the truth by chance and the other not: the
+    reference's own error at an element is then the larger of the two (docs/VERIFIER.md
+    "Tolerance")."""
+    tensors = [t for t in data.inputs.values() if isinstance(t, torch.Tensor)]
+    if data.recompute is None or not tensors or (device_type or tensors[0].device.type) == "cpu":
+        return {}
+    if sum(t.numel() for t in tensors) > SECOND_REFERENCE_ELEMENTS:
+        return {}
+    try:
+        _, host = data.recompute({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in data.inputs.items()})
+    except Exception:  # noqa: BLE001 - a reference that runs on the GPU only: the GPU's reference alone
+        return {}
+    return host
 
 
 def derive_truth(data: CaseData) -> None:
