@@ -696,9 +696,16 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
                 f"verified without the benchmark shape(s) {'; '.join(map(shape_text, dropped))}: the verifier's timed "
                 f"phase ({VERIFY_TIMED_SETS} checked input sets with float64 truths) would need more than "
                 f"{MEMORY_SHARE:.0%} of the GPU there; those rows are still checked output by output while timed")
-    timing_spec = spec if verify_spec is not spec and getattr(args, "tune_shapes", "all") == "all" else None
-    if timing_spec is not None:
-        problem["verify_note"] += "; the tuner timed its variants at every benchmark shape (--tune-shapes all)"
+    # the tuner times the run's shapes (--sizes) where some were dropped from verification
+    # (--tune-shapes all); with tuning off nothing is tuned, so nothing more is timed
+    timed_dropped = [s for s in shapes if s in problem.get("verify_dropped_shapes", [])]
+    timing_spec = None
+    if timed_dropped and args.tune_on and getattr(args, "tune_shapes", "all") == "all":
+        timing_spec = spec
+        if [dict(s) for s in spec.benchmark] != shapes:  # --sizes left some out: a copy with the run's
+            (Path(scratch.name) / "timed").mkdir()
+            timing_spec = spec_with_shapes(spec, shapes, Path(scratch.name) / "timed")
+        problem["verify_note"] += "; the tuner timed its variants at every benchmark shape of the run (--tune-shapes all)"
     try:
         try:
             fields, library = generate(verify_spec, args, timing_spec)

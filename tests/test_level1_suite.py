@@ -323,14 +323,11 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "environment", lambda dtypes: {"gpu": "fake H200", "neg_gbs": NEG, "hbm_peak_gbs": 4800.0,
                                                               "copy_gbs": 3900.0, "commit": "test"})
 
-    verified_at = {}
+    verified_at, timed_at = {}, {}
 
     def fake_generate(spec, args, timing_spec=None):
         verified_at[spec.name] = list(spec.benchmark)
-        # --tune-shapes all (the default, as `specgen generate`): the tuner times every benchmark shape,
-        # the verified spec's own when none was dropped, else the full spec's
-        timed = timing_spec or spec
-        assert timed.benchmark == load_spec(DEV / spec.path.name).benchmark
+        timed_at[spec.name] = None if timing_spec is None else list(timing_spec.benchmark)
         assert spec.path.is_file()  # the verifier's worker reloads the spec from its path
         assert load_spec(spec.path).benchmark == spec.benchmark and spec.hash() != load_spec(DEV / spec.path.name).hash() \
             or spec.path.parent == DEV
@@ -387,6 +384,14 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
     assert all(r["misses"] == [] for r in relu_rows)
     assert report["summary"]["lowered"] == 3 and report["summary"]["refused"] == 1
     assert "targets" in capsys.readouterr().out
+    assert timed_at["relu"] is None  # --tune off: nothing is tuned, so the dropped shape is not timed twice
+    # --tune on, --tune-shapes all (the default, as `specgen generate`): the tuner times the dropped
+    # shape too (--sizes large: a copy of the spec with the run's shapes); with --sizes decode the run
+    # has no dropped shape, and the verified spec is timed
+    for sizes, timed in (("all", [{"N": 8192, "D": 262144}, {"N": 8, "D": 4096}, {"N": 1, "D": 4096}]),
+                         ("large", [{"N": 8192, "D": 262144}]), ("decode", None)):
+        assert bench.main(["--only", "relu", "--out", str(tmp_path / sizes), "--tune", "on", "--sizes", sizes]) == 0
+        assert timed_at["relu"] == timed, sizes
 
 
 def test_plan_runs_on_the_cpu(capsys):
