@@ -14,7 +14,7 @@ from builtin_support import own_spec
 from specgen.verify import checks
 from specgen.verify.data import SECOND_REFERENCE_ELEMENTS, prepare, reference_elsewhere
 from specgen.verify.strategies import make_case
-from specgen.verify.verdict import Failure
+from specgen.verify.verdict import Failure, tolerance_text
 
 
 def _rounded_kernel(data) -> torch.Tensor:
@@ -54,7 +54,11 @@ def test_a_kernel_as_near_as_the_cpu_reference_passes_on_its_error(monkeypatch):
         with pytest.raises(Failure):  # held to the lucky device reference alone: rejected
             checks.check_close(data, {"grad_x": got})
         _as_if_on_a_gpu(monkeypatch)
-        checks.check_close(data, {"grad_x": got})  # the CPU's own error at those elements: passes
+        stats = {"spec_atol": data.spec_atol, "spec_rtol": data.rtol}
+        checks.check_close(data, {"grad_x": got}, stats=stats)  # the CPU's own error at those elements: passes
+        # and the record says the pass leaned on the CPU's reference, and how far
+        assert stats["max_widening"] < stats["max_widening_cpu_reference"]
+        assert "CPU reference" in tolerance_text(stats)
         checks.check_close(data, {"grad_x": near_the_truth})
         # beyond the larger of the two tolerances still fails: at the CPU reference's worst element,
         # 3x its error there; and where the CPU's reference is right, its errors elsewhere buy nothing

@@ -131,6 +131,9 @@ def tolerance_text(t: dict) -> str:
     if t.get("max_widening", 0) > 0:
         text += (f" (widened element by element where the reference itself errs, by up to "
                  f"{t['max_widening']:.3g})")
+    if t.get("max_widening_cpu_reference", 0) > 0:
+        text += (f" (and where torch's CPU reference errs more than its GPU one, by up to "
+                 f"{t['max_widening_cpu_reference']:.3g})")
     if t.get("max_abs_error") is not None:
         text += f"; largest error of the kernel {t['max_abs_error']:.3g}"
     return text
