@@ -255,6 +255,29 @@ def test_slices_of_scans_other_than_the_exclusive_forms_are_refused(tmp_path, bo
     assert "scan_slice.yaml:" in str(info.value)
 
 
+def test_a_flip_viewed_before_its_scan_is_refused_not_a_crash(tmp_path):
+    """Session 25 review: logcumsumexp of a flip, flipped back, with a kernel backward: the
+    backward views the flipped value before a scan takes it, and lowering raised AttributeError
+    ('Rev' object has no attribute 'shape') instead of refusing."""
+    from specgen.spec import load_spec
+
+    path = tmp_path / "rev_lcse.yaml"
+    path.write_text(
+        "name: rev_lcse\n"
+        "description: a reversed logcumsumexp written with flips\n"
+        'signature: "rev_lcse(x: Tensor[N, D]) -> Tensor[N, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {N: [1, 64], D: [1, 4096]}\n"
+        "reference: |\n"
+        "  import torch\n"
+        "  def reference(x):\n"
+        "      return torch.logcumsumexp(x.flip(-1), -1).flip(-1)\n"
+        "backward: kernel\n")
+    with pytest.raises(AgentRefused) as info:
+        build_source(load_spec(path))
+    assert "rev_lcse.yaml:" in str(info.value) and "a view of a flipped value" in str(info.value)
+
+
 def _host_combine(kind: int, pairs):
     """The scan helpers' own C text (families/scan.py HELPERS) compiled for the host with g++ and
     run on `pairs`: the combine a kernel applies, checked without a GPU."""

@@ -611,6 +611,8 @@ class Lowering:
             return Cat(got.pieces, new_shape)
         if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
             raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
+        if isinstance(got, scan.Rev):  # a flip awaits the scan that takes it; viewed first, it has no layout
+            raise self.refuse(fx_node, "a view of a flipped value (a flip is lowered only as a scan's direction)")
         if isinstance(got, TensorRef):
             return self.view_input(got, fx_node, new_shape)
         if isinstance(got, Uninit):
