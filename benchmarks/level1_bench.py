@@ -471,10 +471,10 @@ def generate(spec, args, timing_spec=None) -> tuple[dict, object]:
     params = inspect.signature(generate_builtin).parameters
     if args.examples:
         kwargs["examples"] = args.examples
-    if args.tune_on and args.tune_budget is not None:
-        for name in ("tune_budget", "tune_budget_s"):
-            if name in params:
-                kwargs[name] = args.tune_budget
+    if args.tune_on:  # the tuner's budget as `specgen generate` gives it (its default unless --tune-budget)
+        from specgen.agents.builtin.tune import DEFAULT_BUDGET_S
+
+        kwargs["tune_budget_s"] = args.tune_budget if args.tune_budget is not None else DEFAULT_BUDGET_S
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     gen = generate_builtin(spec, **kwargs)
     fields = {"variant": gen.variant, "notes": list(gen.notes),
@@ -791,7 +791,8 @@ def parse_args(argv=None):
                         help="per spec, timing rows after generation (default 150)")
     parser.add_argument("--tune", choices=("auto", "on", "off"), default="auto",
                         help="autotune variants as generate_builtin does; auto: as `specgen generate` does")
-    parser.add_argument("--tune-budget", type=float, default=None, help="passed on when the generator takes one")
+    parser.add_argument("--tune-budget", type=float, default=None,
+                        help="the tuner's seconds per spec (default: specgen generate's, 240)")
     parser.add_argument("--examples", type=int, default=None, help="verification examples (default: the verifier's)")
     parser.add_argument("--verify-shapes", choices=("fit", "all"), default="fit",
                         help="fit (default): verify at the benchmark shapes whose full-size timed phase fits in "

@@ -432,3 +432,30 @@ def test_a_shard_goes_on_without_the_problems_an_earlier_call_reached(tmp_path):
     assert bench.find_specs([DEV], shard=(1, 3), skip=done) == [p for p in shard if p.stem not in done]
     args = bench.parse_args(["--skip-reached", str(tmp_path / "earlier.json"), "--shard", "1/2"])
     assert args.skip_reached == [str(tmp_path / "earlier.json")]
+
+
+def test_the_suite_gives_the_tuner_the_users_budget(monkeypatch):
+    """The suite's generation is `specgen generate`'s path: its tuner gets that command's budget
+    per spec (tune.DEFAULT_BUDGET_S) or --tune-budget, and no budget when it does not tune
+    (session 25's review: the harness tuned without a budget)."""
+    import types
+
+    import specgen.agents.builtin as builtin
+    from specgen.agents.builtin.tune import DEFAULT_BUDGET_S
+    from specgen.spec import load_spec
+
+    seen = []
+
+    def fake_generate_builtin(spec, **kwargs):
+        seen.append(kwargs)
+        return types.SimpleNamespace(variant="default", notes=[], verdicts={}, timings={}, library=None)
+
+    import inspect
+
+    fake_generate_builtin.__signature__ = inspect.signature(builtin.generate_builtin)  # the real parameters
+    monkeypatch.setattr(builtin, "generate_builtin", fake_generate_builtin)
+    spec = load_spec(DEV / "relu.yaml")
+    for tune_on, budget in ((True, None), (True, 30.0), (False, 30.0)):
+        bench.generate(spec, types.SimpleNamespace(tune_on=tune_on, tune_budget=budget, examples=None))
+    assert [k.get("tune_budget_s") for k in seen] == [DEFAULT_BUDGET_S, 30.0, None]
+    assert [k["tune"] for k in seen] == [True, True, False]

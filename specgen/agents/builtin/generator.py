@@ -179,7 +179,8 @@ def _size_at(node, dims: dict) -> int:
 
 def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regenerate: bool = False,
                      tune: bool = True, bench: bool = True, examples: int | None = None,
-                     variants: list[Variant] | None = None, timing_spec=None) -> GeneratedKernel:
+                     variants: list[Variant] | None = None, timing_spec=None,
+                     tune_budget_s: float = math.inf) -> GeneratedKernel:
     """Generate, compile and (with a GPU) verify, autotune and benchmark the kernel of `spec`,
     then write `specs/kernels/<op>.cu` and its lock entry (benchmarks/builtin_bench.py's entry
     point). Autotuning is the user path's tuner (tune.py) without a time budget: every variant
@@ -188,7 +189,8 @@ def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regen
     record goes into the lock only when it ships the kernel. Without a GPU: the default
     variant, compiled, no verification record. Raises AgentRefused outside the families,
     CompileError/Rejected when no variant compiles and verifies, LockError on a hand edit.
-    `timing_spec`: the tuner times the variants at its benchmark shapes (tune.tune)."""
+    `timing_spec`: the tuner times the variants at its benchmark shapes (tune.tune);
+    `tune_budget_s`: the tuner's time budget (`specgen generate`'s default is tune.DEFAULT_BUDGET_S)."""
     from ... import lock
     from ...verify import VERIFIER_VERSION, gpu_available
     from .tune import KERNEL, GpuBackend
@@ -204,7 +206,7 @@ def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regen
         result.notes.append("no GPU: the default variant was compiled, not verified (no verification record)")
     else:
         backend = GpuBackend(examples=examples, final_benchmark=False)
-        tuned = run_tuner(spec, backend, budget_s=math.inf,
+        tuned = run_tuner(spec, backend, budget_s=tune_budget_s,
                           variants=(variants or VARIANTS) if tune else [DEFAULT_VARIANT], timing_spec=timing_spec)
         result.verdicts = dict(backend.verdicts)
         result.timings = {name: [row["kernel_us"] for row in v["rows"]]
