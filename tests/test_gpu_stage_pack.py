@@ -37,3 +37,29 @@ def test_pack_without_out_touches_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "OUT"}
     done = subprocess.run(["bash", str(PACK)], env=env, cwd=tmp_path, capture_output=True)
     assert done.returncode != 0 and keep.read_text() == "mine"
+
+
+def test_a_failed_tar_deletes_nothing(tmp_path):
+    """A full disk (tar fails) must not lose the call's results (session 25 review)."""
+    out = tmp_path / "out"
+    (out / "level1").mkdir(parents=True)
+    (out / "level1" / "dev.log").write_text("result\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "tar").write_text("#!/bin/sh\nexit 2\n")
+    (fake / "tar").chmod(0o755)
+    env = {**os.environ, "OUT": str(out), "PATH": f"{fake}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(PACK)], env=env, capture_output=True)
+    assert done.returncode != 0
+    assert (out / "level1" / "dev.log").read_text() == "result\n" and not (out / "call.tgz").exists()
+
+
+def test_a_relative_out_packs_that_folder_only(tmp_path):
+    """OUT relative to the caller's folder: resolved once (it named a sibling folder before)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "a.log").write_text("a\n")
+    (tmp_path / "sibling").mkdir()
+    (tmp_path / "sibling" / "keep.txt").write_text("mine")
+    subprocess.run(["bash", str(PACK)], env={**os.environ, "OUT": "out"}, cwd=tmp_path, check=True, capture_output=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["call.tgz", "summary.txt"]
+    assert (tmp_path / "sibling" / "keep.txt").read_text() == "mine"

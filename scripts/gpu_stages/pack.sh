@@ -6,6 +6,9 @@
 # (without console.log the summary holds the GPU and the level-1 tables only).
 set -uo pipefail
 cd "$OUT" || exit 1
+OUT="$(pwd -P)"  # absolute: a relative OUT resolved again from inside it named another folder
+[ "$OUT" = / ] && { echo "pack: OUT is /" >&2; exit 1; }
+summary="$(mktemp)" tarball="$(mktemp)"
 {
   head -2 environment.txt 2>/dev/null
   if [ -f console.log ]; then
@@ -16,8 +19,13 @@ cd "$OUT" || exit 1
     [ -f "$f" ] && { echo "== $f"; grep -vE "^\[level1\] spec " "$f" | tail -n 24 | cut -c1-220; }
   done
   [ -f ab/variant_ab.md ] && { echo "== ab/variant_ab.md"; tail -n 40 ab/variant_ab.md | cut -c1-220; }
-} > /tmp/pack-summary.txt
-tar czf /tmp/pack-call.tgz --exclude ./summary.txt --exclude ./call.tgz --exclude ./pack .
+} > "$summary"
+# nothing is deleted unless the tarball was written whole (a full disk must not lose the call)
+if ! tar czf "$tarball" --exclude ./summary.txt --exclude ./call.tgz --exclude ./pack .; then
+  echo "pack: tar failed; $OUT left as it was" >&2
+  mv "$summary" "$OUT/summary.txt"
+  exit 1
+fi
 find "$OUT" -mindepth 1 -delete
-mv /tmp/pack-call.tgz "$OUT/call.tgz" && mv /tmp/pack-summary.txt "$OUT/summary.txt"
+mv "$tarball" "$OUT/call.tgz" && mv "$summary" "$OUT/summary.txt"
 cat "$OUT/summary.txt"
