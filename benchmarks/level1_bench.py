@@ -534,6 +534,14 @@ def estimate_bytes(spec, dims: dict, dtype: str, direction: str, sets: int) -> i
     return max(torch_side, footprint(spec, dims, dtype, direction, sets, calls=REPS + 5))
 
 
+def positive_seconds(text: str) -> float:
+    """--tune-budget: seconds > 0, as `specgen generate --tune-budget` takes them."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds > 0")
+    return value
+
+
 def spec_with_shapes(spec, shapes: list[dict], folder: Path):
     """A copy of the spec file with only `shapes` as its benchmark, loaded from `folder`: the
     verifier's worker reloads a spec from its path, so the copy must be a file."""
@@ -544,7 +552,7 @@ def spec_with_shapes(spec, shapes: list[dict], folder: Path):
     data = yaml.safe_load(Path(spec.path).read_text())
     data["benchmark"] = [dict(s) for s in shapes]
     path = Path(folder) / Path(spec.path).name
-    path.write_text(f"# {spec.path} with the benchmark shapes the verifier can run at full size here\n"
+    path.write_text(f"# {spec.path} with only some of its benchmark shapes (level1_bench.py)\n"
                     + yaml.safe_dump(data, sort_keys=False, width=1000))
     return load_spec(path)
 
@@ -791,7 +799,7 @@ def parse_args(argv=None):
                         help="per spec, timing rows after generation (default 150)")
     parser.add_argument("--tune", choices=("auto", "on", "off"), default="auto",
                         help="autotune variants as generate_builtin does; auto: as `specgen generate` does")
-    parser.add_argument("--tune-budget", type=float, default=None,
+    parser.add_argument("--tune-budget", type=positive_seconds, default=None,
                         help="the tuner's seconds per spec (default: specgen generate's, 240)")
     parser.add_argument("--examples", type=int, default=None, help="verification examples (default: the verifier's)")
     parser.add_argument("--verify-shapes", choices=("fit", "all"), default="fit",

@@ -459,3 +459,10 @@ def test_the_suite_gives_the_tuner_the_users_budget(monkeypatch):
         bench.generate(spec, types.SimpleNamespace(tune_on=tune_on, tune_budget=budget, examples=None))
     assert [k.get("tune_budget_s") for k in seen] == [DEFAULT_BUDGET_S, 30.0, None]
     assert [k["tune"] for k in seen] == [True, True, False]
+
+
+def test_the_suite_takes_a_positive_tune_budget_only(capsys):
+    for bad in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            bench.main(["--plan", "--only", "relu", "--tune-budget", bad])
+        assert "seconds > 0" in capsys.readouterr().err

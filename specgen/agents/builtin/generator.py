@@ -183,7 +183,7 @@ def generate_builtin(spec, *, gpu: bool | None = None, write: bool = True, regen
                      tune_budget_s: float = math.inf) -> GeneratedKernel:
     """Generate, compile and (with a GPU) verify, autotune and benchmark the kernel of `spec`,
     then write `specs/kernels/<op>.cu` and its lock entry (benchmarks/builtin_bench.py's entry
-    point). Autotuning is the user path's tuner (tune.py) without a time budget: every variant
+    point). Autotuning is the user path's tuner (tune.py), by default without a time budget: every variant
     of `variants` (default: all) verified and timed, or the default alone when not `tune`; the
     kernel is kept even where the tuner would keep eager (the note says so), and the tuning
     record goes into the lock only when it ships the kernel. Without a GPU: the default

@@ -38,6 +38,7 @@ from ..ir import Node, Program, Store, const
 from ..lower import Cat, Lowering, TensorRef, Val, _shape
 from ..modules import Uninit
 from ..trace import trace
+from .scan import Rev
 
 REDUCE_PRIMS = {"sum": "sum", "amax": "max", "amin": "min", "prod": "prod"}
 ARG_ATEN = {"argmax": "argmax", "argmin": "argmin"}
@@ -327,6 +328,8 @@ class AxisLowering(Lowering):
             return PartialSum(got.summand, new_shape, got.atoms)
         if isinstance(got, Cat):
             raise self.refuse(fx_node, "a concatenation")
+        if isinstance(got, Rev):  # a flip awaits a scan; this family has none
+            raise self.refuse(fx_node, "a view of a flipped value")
         if isinstance(got, Node):
             return got
         if isinstance(got, Uninit):  # a module's parameter before its fill (modules.py)
