@@ -10,24 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builtin_support import own_spec
+from builtin_support import logcumsumexp_backward_as_the_kernel, own_spec
 from specgen.verify import checks
 from specgen.verify.data import SECOND_REFERENCE_ELEMENTS, prepare, reference_elsewhere
 from specgen.verify.strategies import make_case
 from specgen.verify.verdict import Failure, tolerance_text
-
-
-def _rounded_kernel(data) -> torch.Tensor:
-    """The emitted backward's arithmetic: log|g| - out in float32, the reversed log-sum-exp
-    carried in float64 and rounded to float32 where used, + x and exp in float32."""
-    x, out, g = data.inputs["x"], data.inputs["out"], data.inputs["grad_out"]
-    lowest = torch.tensor(torch.finfo(torch.float32).min)
-    grad = torch.zeros_like(x)
-    for sign in (1, -1):
-        shifted = torch.where(g * sign > 0, g.abs().log(), lowest) - out
-        carried = shifted.double().flip(-1).logcumsumexp(-1).flip(-1).float()
-        grad = grad + sign * (carried + x).exp()
-    return grad
 
 
 def _huge_case(seed: int):
@@ -47,7 +34,7 @@ def test_a_kernel_as_near_as_the_cpu_reference_passes_on_its_error(monkeypatch):
     passed = 0
     for seed in range(140, 146):
         data, cpu_reference = _huge_case(seed)
-        got = _rounded_kernel(data)
+        got = logcumsumexp_backward_as_the_kernel(data.inputs["x"], data.inputs["grad_out"], data.inputs["out"])
         near_the_truth = data.truth["grad_x"].float()
         if (got.double() - data.truth["grad_x"]).abs().max() <= 1e-3:
             continue  # nothing ill-conditioned in this draw
@@ -78,8 +65,8 @@ def test_a_kernel_as_near_as_the_cpu_reference_passes_on_its_error(monkeypatch):
 def test_the_cpu_reference_is_asked_only_for_a_failed_check_of_a_small_case_on_a_gpu(monkeypatch):
     data, _ = _huge_case(140)
     calls = []
-    recompute = data.recompute
-    data.recompute = lambda staged: calls.append(1) or recompute(staged)
+    derive = data.derive
+    data.derive = lambda staged: calls.append(1) or derive(staged)
     assert reference_elsewhere(data) == {} and calls == []  # already on the CPU: the same answer
     assert set(reference_elsewhere(data, device_type="cuda")) == {"grad_x"} and calls == [1]
     _as_if_on_a_gpu(monkeypatch)

@@ -8,7 +8,7 @@ import torch
 
 from .. import abi
 from .compare import bitwise_equal, compare, differing_bits, locate, unwritten
-from .data import CaseData, reference_elsewhere
+from .data import SECOND_REFERENCE_ELEMENTS, CaseData, reference_elsewhere
 from .runner import check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once, synchronize
 from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,
                       STREAM_VIOLATION, UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
@@ -173,7 +173,6 @@ def _with_the_cpu_reference(data: CaseData, name: str, got, truth, atol: float, 
     `mismatch` and 0 when the CPU has no reference for this output (or the output is too large
     to compare whole), else the new comparison's (None: every element passes)."""
     from .compare import REFERENCE_ERROR_FACTOR, element_tolerance
-    from .data import SECOND_REFERENCE_ELEMENTS
 
     if got.numel() > SECOND_REFERENCE_ELEMENTS:  # compared whole below, in float64: not for large outputs
         return mismatch, 0.0

@@ -43,15 +43,14 @@ class CaseData:
     input_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each input lives
     output_refs: dict[str, TensorRef] = field(default_factory=dict)  # after staging: where each output goes
     keep_tolerance: bool = False  # checked many times (a timed set): keep each output's element tolerance
-    # (truth, reference) from the inputs, for a case prepared with later=True: computed when its
-    # output is checked, from the staged inputs, and dropped after (see derive_truth)
+    # (truth, reference) from any inputs: a case prepared with `later` derives them when its output
+    # is checked, from the staged inputs, and drops them after (derive_truth); the CPU's second
+    # truth and reference come from it too (alternative_truth, reference_elsewhere)
     derive: Callable[[dict], tuple[dict, dict]] | None = None
+    later: bool = False
     tolerance: dict[str, torch.Tensor] = field(default_factory=dict)  # kept element tolerances, by output
     # the truth computed on the CPU where it differs from the device's (alternative_truth)
     alternative: dict[str, torch.Tensor] = field(default_factory=dict)
-    # (truth, reference) from any inputs, whatever `later`: the CPU's reference when a check fails
-    # (reference_elsewhere)
-    recompute: Callable[[dict], tuple[dict, dict]] | None = None
 
     def refs(self) -> dict[str, TensorRef]:
         return {**self.input_refs, **self.output_refs}
@@ -158,7 +157,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     truth, ref = ({}, {}) if later else derive(read)
     atol = {slot.name: spec_atol for slot in written}
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
-                    device, reference=ref, derive=derive if later else None, recompute=derive)
+                    device, reference=ref, derive=derive, later=later)
     if not later:
         data.alternative = alternative_truth(derive, read, truth)
     return data
@@ -173,17 +172,8 @@ def alternative_truth(derive, read: dict, truth: dict, device_type: str | None =
     kernels do not agree everywhere there: softshrink's CUDA backward passes the gradient at a
     NaN input, its CPU kernel and its decomposition (what torch.compile and the built-in generator
     follow) give 0. Where the two truths differ, either is an answer torch gives."""
-    tensors = [t for t in read.values() if isinstance(t, torch.Tensor)]
-    if not tensors or (device_type or tensors[0].device.type) == "cpu":
-        return {}
-    if sum(t.numel() for t in tensors) > ALTERNATIVE_ELEMENTS:
-        return {}
-    if not any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors):
-        return {}
-    try:
-        host, _ = derive({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in read.items()})
-    except Exception:  # noqa: BLE001 - a reference that runs on the GPU only: the GPU's truth alone
-        return {}
+    host, _ = derive_on_the_cpu(derive, read, ALTERNATIVE_ELEMENTS, device_type, when=lambda tensors: any(
+        t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors))
     differs = {}
     for name, value in host.items():
         here = truth.get(name)
@@ -207,27 +197,37 @@ def reference_elsewhere(data: CaseData, device_type: str | None = None) -> dict[
     float32 ulp is 1) one of them may land near the truth by chance and the other not: the
     reference's own error at an element is then the larger of the two (docs/VERIFIER.md
     "Tolerance")."""
-    tensors = [t for t in data.inputs.values() if isinstance(t, torch.Tensor)]
-    if data.recompute is None or not tensors or (device_type or tensors[0].device.type) == "cpu":
+    if data.derive is None:
         return {}
-    if sum(t.numel() for t in tensors) > SECOND_REFERENCE_ELEMENTS:
-        return {}
+    return derive_on_the_cpu(data.derive, data.inputs, SECOND_REFERENCE_ELEMENTS, device_type)[1]
+
+
+def derive_on_the_cpu(derive, read: dict, most: int, device_type: str | None = None,
+                      when: Callable[[list], bool] = lambda tensors: True) -> tuple[dict, dict]:
+    """(truth, reference) of a case on a GPU derived again from its inputs copied to the CPU, when
+    they hold at most `most` elements and `when(their tensors)`; ({}, {}) for a case already on
+    the CPU (the same answer), a larger one, or a reference that runs on the GPU only (the GPU's
+    answer alone). The cheap tests first: `when` may read every element."""
+    tensors = [t for t in read.values() if isinstance(t, torch.Tensor)]
+    if not tensors or (device_type or tensors[0].device.type) == "cpu" or sum(t.numel() for t in tensors) > most:
+        return {}, {}
+    if not when(tensors):
+        return {}, {}
     try:
-        _, host = data.recompute({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in data.inputs.items()})
-    except Exception:  # noqa: BLE001 - a reference that runs on the GPU only: the GPU's reference alone
-        return {}
-    return host
+        return derive({k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in read.items()})
+    except Exception:  # noqa: BLE001 - a reference that runs on the GPU only
+        return {}, {}
 
 
 def derive_truth(data: CaseData) -> None:
     """The truth and reference of a case prepared with later=True, from its (staged) inputs."""
-    if not data.truth and data.derive is not None:
+    if not data.truth and data.later:
         data.truth, data.reference = data.derive(data.inputs)
 
 
 def drop_truth(data: CaseData) -> None:
     """Give back a derived truth (the next check derives it again)."""
-    if data.derive is not None:
+    if data.later:
         data.truth, data.reference = {}, {}
 
 
