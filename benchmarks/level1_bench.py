@@ -534,14 +534,6 @@ def estimate_bytes(spec, dims: dict, dtype: str, direction: str, sets: int) -> i
     return max(torch_side, footprint(spec, dims, dtype, direction, sets, calls=REPS + 5))
 
 
-def positive_seconds(text: str) -> float:
-    """--tune-budget: seconds > 0, as `specgen generate --tune-budget` takes them."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds > 0")
-    return value
-
-
 def spec_with_shapes(spec, shapes: list[dict], folder: Path):
     """A copy of the spec file with only `shapes` as its benchmark, loaded from `folder`: the
     verifier's worker reloads a spec from its path, so the copy must be a file."""
@@ -779,6 +771,8 @@ def lowering_pass(paths: list[Path]) -> dict[str, bool | None]:
 # ------------------------------------------------------------------ main
 
 def parse_args(argv=None):
+    from specgen.commands import positive
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--specs", action="append", default=None, metavar="DIR",
@@ -799,7 +793,7 @@ def parse_args(argv=None):
                         help="per spec, timing rows after generation (default 150)")
     parser.add_argument("--tune", choices=("auto", "on", "off"), default="auto",
                         help="autotune variants as generate_builtin does; auto: as `specgen generate` does")
-    parser.add_argument("--tune-budget", type=positive_seconds, default=None,
+    parser.add_argument("--tune-budget", type=positive, default=None,  # as `specgen generate --tune-budget`
                         help="the tuner's seconds per spec (default: specgen generate's, 240)")
     parser.add_argument("--examples", type=int, default=None, help="verification examples (default: the verifier's)")
     parser.add_argument("--verify-shapes", choices=("fit", "all"), default="fit",

@@ -71,3 +71,17 @@ def without_saved(path: Path, tmp_path: Path):
     plain = Path(tmp_path) / Path(path).name
     plain.write_text(yaml.safe_dump(data, sort_keys=False))
     return load_spec(plain)
+
+
+def logcumsumexp_backward_as_the_kernel(x, g, out, round_value: bool = True):
+    """logcumsumexp's backward as the emitted kernel computes it: log|g| - out in float32, the
+    reversed log-sum-exp carried in float64, then (round_value) rounded to float32 before + x, or
+    kept in float64 for the sum (session 24's form, which failed the H200's huge values)."""
+    lowest = torch.tensor(torch.finfo(torch.float32).min)
+    grad = torch.zeros_like(x)
+    for sign in (1, -1):
+        shifted = torch.where(g * sign > 0, g.abs().log(), lowest) - out
+        carried = shifted.double().flip(-1).logcumsumexp(-1).flip(-1)
+        total = carried.float() + x if round_value else (carried + x.double()).float()
+        grad = grad + sign * total.exp()
+    return grad

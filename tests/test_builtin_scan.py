@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builtin_support import OWN, check_backward, check_forward, own_spec
+from builtin_support import OWN, check_backward, check_forward, logcumsumexp_backward_as_the_kernel, own_spec
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.families import scan
@@ -365,20 +365,6 @@ def test_extreme_combine_handles_specials_as_torch_does(kind):
         assert (value == want) or (value != value and want != want), (a, b, value, want)
 
 
-def _backward_in_kernel_arithmetic(x, g, out, round_value: bool):
-    """logcumsumexp's backward as the emitted kernel computes it: log|g| - out in float32, the
-    reversed log-sum-exp carried in float64, then (round_value) rounded to float32 before + x, or
-    kept in float64 for the sum (session 24's form)."""
-    lowest = torch.tensor(-3.4028234663852886e+38, dtype=torch.float32)
-    grad = torch.zeros_like(x)
-    for sign in (1, -1):
-        shifted = torch.where(g * sign > 0, g.abs().log(), lowest) - out
-        carried = shifted.double().flip(-1).logcumsumexp(-1).flip(-1)
-        total = carried.float() + x if round_value else (carried + x.double()).float()
-        grad = grad + sign * total.exp()
-    return grad
-
-
 def test_the_backward_rounds_each_scan_value_to_float32_before_adding_x():
     """The H200's "huge" cases (|x| up to 1e15, session 25): `out` read in float32 is off by its
     rounding, worth e^30 at 1e9, so log-sum-exp + x is noise of either sign. torch's float32
@@ -397,8 +383,8 @@ def test_the_backward_rounds_each_scan_value_to_float32_before_adding_x():
         x32 = x.clone().requires_grad_(True)
         reference, = torch.autograd.grad(torch.logcumsumexp(x32, -1), x32, g)
         bound = 1e-5 + 2e-5 * truth.abs() + (reference.double() - truth).abs()
-        rounded = _backward_in_kernel_arithmetic(x, g, out, round_value=True).double()
-        kept = _backward_in_kernel_arithmetic(x, g, out, round_value=False).double()
+        rounded = logcumsumexp_backward_as_the_kernel(x, g, out, round_value=True).double()
+        kept = logcumsumexp_backward_as_the_kernel(x, g, out, round_value=False).double()
         assert ((rounded - truth).abs() <= bound).all()
         assert ((kept - truth).abs() > bound).any()  # the form that failed on the H200
     source = build_source(own_spec("logcumsumexp_last"))
