@@ -33,6 +33,33 @@ class PyKernel:
         pass
 
 
+class StaticScratchKernel(PyKernel):
+    """GELU in two launches through one buffer that outlives the call (a static __device__
+    array in CUDA) instead of the workspace: correct one call at a time. `steps` gives the two
+    launches, so the CPU stand-in runner interleaves them with another call's as two streams
+    on a GPU do (A1, B1, A2, B2): call A then copies call B's values."""
+
+    def __init__(self, spec):
+        super().__init__(spec, self.forward)
+        self.scratch = None
+
+    def steps(self, direction, tensors, scalars, dims):
+        if direction != "forward":
+            return [lambda: self.call(direction, tensors, scalars, dims, None)]
+
+        def compute():
+            self.scratch = _gelu(tensors["x"]).clone()
+
+        def copy_out():
+            tensors["out"].copy_(self.scratch.view_as(tensors["out"]))
+        return [compute, copy_out]
+
+    @staticmethod
+    def forward(k, t, dims):
+        for step in k.steps("forward", t, {}, dims):
+            step()
+
+
 def _gelu(x):
     return F.gelu(x.float(), approximate="tanh").to(x.dtype)
 

@@ -35,7 +35,7 @@ def serve(fd: int) -> int:
         channel.send({"type": "error", "message": traceback.format_exc()})
         return 1
     channel.send({"type": "ready", "device": torch.cuda.get_device_name()})
-    state = {"arenas": {}, "lib": None, "spec": None, "flush": None}
+    state = {"arenas": {}, "lib": None, "spec": None, "flush": None, "streams": []}
 
     def tensors(refs: dict) -> dict:
         from .layout import TensorRef
@@ -93,6 +93,8 @@ def serve(fd: int) -> int:
                 reply = _endure(torch, state, message, prepare_call, stream)
             elif op == "timed":
                 reply = _timed(torch, state, message, prepare_call, stream, tensors)
+            elif op == "side_by_side":
+                reply = _side_by_side(torch, state, message, prepare_call)
             else:
                 reply = {"type": "error", "message": f"unknown op {op!r}"}
         except Exception as error:  # noqa: BLE001 - a broken context is fatal; the judge decides
@@ -150,6 +152,19 @@ def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
     if problem is not None:
         reply.update(ok=False, problem=problem)
     return _after(torch, state, reply)
+
+
+def _side_by_side(torch, state, message: dict, prepare_call) -> dict:
+    """Calls at the same time, each on a stream of its own (graphs.launch_side_by_side)."""
+    from .graphs import launch_side_by_side
+
+    calls = message["calls"]
+    while len(state["streams"]) < len(calls):
+        state["streams"].append(torch.cuda.Stream())
+    streams = state["streams"][:len(calls)]
+    launches = [prepare_call(item, on) for item, on in zip(calls, streams)]
+    code = launch_side_by_side(launches, streams, message.get("leads") or [0] * len(calls))
+    return _after(torch, state, {"type": "done", "code": code})
 
 
 # Device cycles the stream spins before each timed call's start event (about 40 us at the

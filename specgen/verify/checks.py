@@ -346,3 +346,42 @@ def check_stale_output_loop(runner, data: CaseData, *, rounds: int = 2, seed: in
                     prefix=f"after {STALE_LOOP_CALLS} calls on unchanged inputs (the output left holding its "
                            f"result, as a model's loop leaves it) and then {STALE_LOOP_CHANGES} elements of each "
                            f"input changed in place (round {round_ + 1}: {'; '.join(changed)[:300]}), ")
+
+
+# ------------------------------------------------------------------ two calls at the same time
+
+# leads (device cycles each stream waits beyond the common spin): the two calls start together,
+# then the second one first (about 20 us ahead: its early kernels meet the first call's later ones)
+SIDE_BY_SIDE_LEADS = ((0, 0), (40_000, 0))
+SIDE_BY_SIDE_HINT = ("with a second call of the same shape on other values running at the same time on another "
+                     "stream (as two streams or threads of a program call an op; scratch kept outside the "
+                     "workspace the ABI hands each call, e.g. a static __device__ buffer or memory allocated "
+                     "once and kept, is shared by both calls), ")
+
+
+def check_calls_side_by_side(runner, pair: list[CaseData], copies: list[dict], *, deterministic: bool) -> None:
+    """Two calls of one shape on different values at the same time, each on its own stream with
+    its own outputs and workspace: each must give its own inputs' results (and, for a
+    deterministic spec, the bits it gives alone). `pair` is staged with output_copies=2 and
+    workspaces=2 (data.stage); pair[i] writes copies[i]."""
+    alone = []
+    for data, refs in zip(pair, copies):
+        data.output_refs = refs
+        alone.append(run_once(runner, data, 0, refs))
+        check_close(data, alone[-1])
+    workspaces = runner.workspaces()
+    items = [{"direction": data.direction,
+              "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
+              "scalars": data.scalars, "dims": data.dims} for i, (data, refs) in enumerate(zip(pair, copies))]
+    for leads in SIDE_BY_SIDE_LEADS:
+        for refs in copies:
+            fill_outputs(runner, refs, 1)
+        synchronize(pair[0].device)
+        outcome = runner.side_by_side(items, list(leads))
+        raise_outcome(runner.spec, pair[0], outcome, what="two calls at the same time on two streams")
+        check_guards(runner, pair[0], "with two calls at the same time: ")
+        for data, refs, solo in zip(pair, copies, alone):
+            together = {name: runner.tensor(ref).clone() for name, ref in refs.items()}
+            check_close(data, together, prefix=SIDE_BY_SIDE_HINT)
+            if deterministic:
+                check_same_bits(data, solo, together, what=f"a call alone and the same call {SIDE_BY_SIDE_HINT[:-2]}")

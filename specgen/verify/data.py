@@ -57,11 +57,12 @@ class CaseData:
 
 
 def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
-          output_copies: int = 1) -> list[dict[str, TensorRef]]:
+          output_copies: int = 1, workspaces: int = 1) -> list[dict[str, TensorRef]]:
     """Lay one case (or several input sets of one shape) out in the runner's arenas: inputs
     copied in (offset views, as each case says), outputs placed `output_copies` times, guard
-    bytes around each. Each case's inputs become views of the arena and its `output_refs` the
-    first copy; returns the output refs of every copy."""
+    bytes around each, and `workspaces` workspaces when the kernel asks for one (calls that run
+    at the same time need one each). Each case's inputs become views of the arena and its
+    `output_refs` the first copy; returns the output refs of every copy."""
     sets = data if isinstance(data, list) else [data]
     layout = Layout()
     for item in sets:
@@ -71,7 +72,7 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
-    place_workspace(runner, sets, copies, layout)
+    place_workspace(runner, sets, copies, layout, workspaces)
     runner.memory.arm_guards()
     for item in sets:
         for name, ref in item.input_refs.items():
@@ -104,10 +105,12 @@ def workspace_problem(sizes: list[int], tensor_bytes: int) -> str | None:
             f"{WORKSPACE_FLOOR >> 20} MiB)")
 
 
-def place_workspace(runner, sets: list[CaseData], copies: list[dict[str, TensorRef]], layout: Layout) -> None:
+def place_workspace(runner, sets: list[CaseData], copies: list[dict[str, TensorRef]], layout: Layout,
+                    count: int = 1) -> None:
     """The workspace every call of the staged case gets: the most the kernel's size function asks
     for over the case's calls (it sees their addresses), in the workspace arena, guarded like an
-    output. Asked once the inputs and outputs are mapped where they will stay."""
+    output (and `count - 1` spares of that size, for calls at the same time). Asked once the
+    inputs and outputs are mapped where they will stay."""
     calls = [{"direction": item.direction, "tensors": {**item.input_refs, **refs}, "scalars": item.scalars,
               "dims": item.dims} for item in sets for refs in copies]
     ask = getattr(runner, "workspace_sizes", None)
@@ -121,6 +124,7 @@ def place_workspace(runner, sets: list[CaseData], copies: list[dict[str, TensorR
                                      f"{sets[0].case.describe()}. Return the bytes one call needs (0 for none)")
     if max(sizes, default=0):
         layout.workspace = layout.place("workspace", (max(sizes),), torch.uint8)
+        layout.spare_workspaces = [layout.place("workspace", (max(sizes),), torch.uint8) for _ in range(count - 1)]
         runner.ensure({"workspace": layout.needed("workspace")})
 
 

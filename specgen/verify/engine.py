@@ -18,8 +18,8 @@ from hypothesis import seed as hypothesis_seed
 
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import (check_capture, check_case, check_deterministic_repeats, check_repeated_calls,
-                     check_stale_output_loop)
+from .checks import (check_calls_side_by_side, check_capture, check_case, check_deterministic_repeats,
+                     check_repeated_calls, check_stale_output_loop)
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget, fresh_case,
@@ -173,7 +173,7 @@ class Session:
             yield
 
     def small_cases(self, direction: str) -> bool:
-        """Smoke, capture, boundary, sweep, Hypothesis, repeated calls; True for a quick run
+        """Smoke, capture, boundary, sweep, Hypothesis, repeated calls, calls side by side; True for a quick run
         (the sanitizer's), which ends here."""
         spec, opts = self.spec, self.options
         t = time.perf_counter()
@@ -210,6 +210,14 @@ class Session:
             check_stale_output_loop(self.runner, loop, seed=opts.seed + number)
             self.cases += 2
         t = self.phase("repeated-calls", t)
+        for paired in [big, *self.launch_bound_cases()]:
+            self.progress(f"{direction}: two calls at the same time on two streams, {paired.describe()}")
+            pair = [prepare(self.spec, dataclasses.replace(paired, seed=paired.seed + 3000 + i), direction, self.device)
+                    for i in (0, 1)]
+            copies = stage(self.runner, pair, snapshots=False, output_copies=2, workspaces=2)
+            check_calls_side_by_side(self.runner, pair, copies, deterministic=spec.deterministic)
+            self.cases += 2
+        t = self.phase("side-by-side", t)
         self.endurance(direction, [smoke_case(spec, opts.seed + 5)] + boundary[:3] + [big])
         self.phase("endurance", t)
         return False

@@ -1,6 +1,7 @@
-"""One call captured into a CUDA graph, and one call repeated as a long run repeats it: shared
-by the candidate's process and the in-process runner (CPU stand-ins aside). No checking code
-here: the candidate's process imports it."""
+"""One call captured into a CUDA graph, one call repeated as a long run repeats it, and calls
+launched to run at the same time on streams of their own: shared by the candidate's process and
+the in-process runner (CPU stand-ins aside). No checking code here: the candidate's process
+imports it."""
 from __future__ import annotations
 
 from typing import Callable
@@ -59,3 +60,22 @@ def repeat_calls(launcher_on: Callable[[object], Callable[[], int]], stream, *, 
     for _ in range(replays):
         graph.replay()
     return 0, None
+
+
+# Device cycles each stream spins before its call (about 100 us at the H200's 1.98 GHz): the
+# host launches every call meanwhile, so the calls start on the device together.
+SIDE_BY_SIDE_COVER_CYCLES = 200_000
+
+
+def launch_side_by_side(launchers: list[Callable[[], int]], streams: list, leads: list[int]) -> int:
+    """Calls that run at the same time, call i on streams[i] after a spin of COVER + leads[i]
+    cycles (a shorter lead starts first), as two threads or two streams of a program call an
+    op. Returns the first failing call's code or 0; does not wait for the device."""
+    import torch
+
+    torch.cuda.synchronize()
+    for stream, lead in zip(streams, leads):
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(SIDE_BY_SIDE_COVER_CYCLES + int(lead))
+    codes = [launch() for launch in launchers]
+    return next((code for code in codes if code), 0)

@@ -11,6 +11,7 @@ accesses to ordinary allocations.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -73,9 +74,18 @@ class RunnerBase:
     def scramble_workspace(self) -> None:
         """Random bytes in the workspace before a call: the kernel finds nothing of an earlier
         call there (the framework's workspace is scratch for one call, any contents on entry)."""
-        ws = self.workspace()
-        if ws is not None:
+        for ws in self.workspaces():
             self.memory.tensor(ws).random_(0, 256)
+
+    def workspaces(self) -> list[TensorRef]:
+        """The case's workspace and its spares (calls at the same time get one each); [] for none."""
+        layout = self.memory.layout
+        return [] if layout.workspace is None else [layout.workspace, *layout.spare_workspaces]
+
+    def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
+        """Calls at the same time, each on a stream of its own (graphs.launch_side_by_side); an
+        item is a call (direction, tensors with its own workspace, scalars, dims)."""
+        raise NotImplementedError
 
     def timed_item(self, item: dict) -> dict:
         """A timed call with the workspace: passed, and poisoned with the outputs before the call."""
@@ -124,6 +134,7 @@ class LocalRunner(RunnerBase):
         self.memory = (SeparateMemory(self.device) if separate else
                        Memory({name: torch.empty(0, dtype=torch.uint8, device=self.device) for name in ARENAS}))
         self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        self._streams: list = []  # side_by_side's, made when first needed
 
     def ensure(self, needed: dict[str, int]) -> None:
         for name, nbytes in needed.items():
@@ -213,6 +224,36 @@ class LocalRunner(RunnerBase):
             if code:
                 return Outcome(code=code, error=self.lib.error_name(code))
         return Outcome()
+
+    def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
+        self.scramble_workspace()
+        if self.device.type != "cuda":  # a stand-in's launches (its `steps`, else one call) taken in turns
+            turns = [self._steps(item) for item in items]
+            for round_ in itertools.zip_longest(*turns):
+                for step in filter(None, round_):
+                    if code := step():
+                        return Outcome(code=code, error=self.lib.error_name(code))
+            return Outcome()
+        from .graphs import launch_side_by_side
+
+        while len(self._streams) < len(items):
+            self._streams.append(torch.cuda.Stream())
+        launches = [(lambda item=item, on=on: self.lib.call(item["direction"], self._tensors(item["tensors"]),
+                                                            item["scalars"], item["dims"], on))
+                    for item, on in zip(items, self._streams)]
+        code = launch_side_by_side(launches, self._streams[:len(items)], leads)
+        outcome = Outcome(code=code, fatal=self._sync())
+        if code:
+            outcome.error = self.lib.error_name(code)
+            self.lib.clear_error()
+        return outcome
+
+    def _steps(self, item: dict) -> list:
+        """A CPU stand-in's call as the launches a GPU would interleave with another stream's
+        (`lib.steps(...)`, a list of callables), or the whole call as one step."""
+        args = (item["direction"], self._tensors(item["tensors"]), item["scalars"], item["dims"])
+        steps = getattr(self.lib, "steps", None)
+        return steps(*args) if steps else [lambda: self.lib.call(*args, None)]
 
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         times = []
@@ -362,6 +403,11 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "endure", **_call_message(direction, refs, scalars, dims),
                               "host_calls": host_calls, "graph_calls": graph_calls, "replays": replays},
                              timeout=self.call_timeout + calls * 1e-4)
+
+    def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
+        self.scramble_workspace()
+        wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in items]
+        return self._request({"op": "side_by_side", "calls": wire, "leads": list(leads)})
 
     def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
         wire = [{**_call_message(c["direction"], c["tensors"], c.get("scalars", {}), c.get("dims", {})),

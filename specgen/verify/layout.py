@@ -61,6 +61,8 @@ class Layout:
         self.used = {name: 0 for name in ARENAS}
         self.guards: dict[str, list[tuple[int, int]]] = {name: [] for name in ARENAS}
         self.workspace: TensorRef | None = None  # uint8 bytes handed to every call of the case
+        # more workspaces of the same size: one per call when calls run at the same time
+        self.spare_workspaces: list[TensorRef] = []
 
     def place(self, arena: str, shape: tuple[int, ...], dtype: torch.dtype, element_offset: int = 0) -> TensorRef:
         itemsize = torch.empty((), dtype=dtype).element_size()
