@@ -1,6 +1,7 @@
 """Where the working dtype's answer is noise, torch's CPU and CUDA kernels land on different
-noise, and the reference's own error at an element is the larger of the two (checks'
-_with_the_cpu_reference, data.reference_elsewhere, docs/VERIFIER.md "Tolerance").
+noise, and the reference's own error at an element is the larger of the two; where torch's two
+float64 truths differ, the truth is uncertain by that much (checks' _with_the_cpu_reference,
+data.reference_elsewhere, docs/VERIFIER.md "Tolerance").
 logcumsumexp's backward at |x| near 1e7 (the verifier's "huge" values) takes exp of
 log-sum-exp + x, which float32 rounds to whole numbers: the H200 rejected a kernel whose float64
 carry matched the CPU's reference because the CUDA reference landed near the truth at one of
@@ -67,11 +68,57 @@ def test_the_cpu_reference_is_asked_only_for_a_failed_check_of_a_small_case_on_a
     calls = []
     derive = data.derive
     data.derive = lambda staged: calls.append(1) or derive(staged)
-    assert reference_elsewhere(data) == {} and calls == []  # already on the CPU: the same answer
-    assert set(reference_elsewhere(data, device_type="cuda")) == {"grad_x"} and calls == [1]
+    assert reference_elsewhere(data) == ({}, {}) and calls == []  # already on the CPU: the same answer
+    truth, reference = reference_elsewhere(data, device_type="cuda")
+    assert set(truth) == set(reference) == {"grad_x"} and calls == [1]
     _as_if_on_a_gpu(monkeypatch)
     checks.check_close(data, {"grad_x": data.truth["grad_x"].float()})  # passes at once: no second run
     assert calls == [1]
     big = dict(data.inputs, x=torch.zeros(SECOND_REFERENCE_ELEMENTS + 1))
     data.inputs = big
-    assert reference_elsewhere(data, device_type="cuda") == {} and calls == [1]
+    assert reference_elsewhere(data, device_type="cuda") == ({}, {}) and calls == [1]
+
+
+def _direct_logcumsumexp_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """sum over j >= i of grad_j exp(x_i - out_j), each term on its own in float64: no log-sum-exp
+    of log|grad| - out added back to x, the cancellation torch's formula makes at |x| near 1e15."""
+    x, grad = x.double(), grad.double()
+    out = torch.logcumsumexp(x, -1)
+    terms = grad.unsqueeze(-2) * torch.exp(x.unsqueeze(-1) - out.unsqueeze(-2))
+    return torch.where(torch.ones(x.shape[-1], x.shape[-1], dtype=torch.bool).triu(), terms,
+                       torch.zeros((), dtype=torch.float64)).sum(-1)
+
+
+def test_where_torchs_two_float64_truths_differ_the_truth_is_uncertain_by_that_much(monkeypatch):
+    """At |x| up to 1e15 torch's float64 gradient of logcumsumexp is itself off by tens (its
+    formula adds a log-sum-exp near -1e15 back to x; measured on the CPU: up to 30 against the
+    term-by-term sum). Held-out attacks-v5's honest control, which evaluates that formula in double
+    one row at a time, was rejected on the H200 (session 26: expected 0.0 from CUDA's float64, got
+    -13). Here the device's truth is the term-by-term sum and the kernel gives torch's CPU float64
+    answer: rejected on the device's truth alone, passed once the CPU's truth shows the doubt;
+    beyond twice the doubt still fails."""
+    checked = 0
+    for seed in range(140, 146):
+        data, _ = _huge_case(seed)
+        cpu_truth = data.truth["grad_x"]
+        device_truth = _direct_logcumsumexp_backward(data.inputs["x"], data.inputs["grad_out"])
+        doubt = (cpu_truth - device_truth).abs()
+        if float(doubt.max()) < 1.0:
+            continue
+        data.truth = {"grad_x": device_truth}
+        data.reference = {"grad_x": device_truth.float()}  # a device reference lucky everywhere
+        got = cpu_truth.float()
+        with pytest.raises(Failure):
+            checks.check_close(data, {"grad_x": got})
+        _as_if_on_a_gpu(monkeypatch)
+        stats = {"spec_atol": data.spec_atol, "spec_rtol": data.rtol}
+        checks.check_close(data, {"grad_x": got}, stats=stats)
+        assert stats["max_widening_cpu_reference"] >= 2 * float(doubt.max()) * 0.99
+        worst = int(doubt.reshape(-1).argmax())
+        wrong = device_truth.clone().reshape(-1)
+        wrong[worst] += 3 * float(doubt.reshape(-1)[worst]) + 1.0
+        with pytest.raises(Failure):
+            checks.check_close(data, {"grad_x": wrong.reshape(got.shape).float()})
+        monkeypatch.undo()
+        checked += 1
+    assert checked >= 2  # the draws do reach the formula's cancellation

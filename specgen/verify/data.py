@@ -193,17 +193,16 @@ def alternative_truth(derive, read: dict, truth: dict, device_type: str | None =
 SECOND_REFERENCE_ELEMENTS = 1 << 24  # the CPU's reference only where it costs seconds at most
 
 
-def reference_elsewhere(data: CaseData, device_type: str | None = None) -> dict[str, torch.Tensor]:
-    """The reference in the working dtype run again on the CPU, for a case on a GPU whose check
-    failed (at most SECOND_REFERENCE_ELEMENTS input elements); {} otherwise. torch's CPU and
-    CUDA kernels round differently (the CPU's logcumsumexp carries double), and where the
-    working dtype's answer is noise (an exp of the difference of two numbers near 1e7, whose
-    float32 ulp is 1) one of them may land near the truth by chance and the other not: the
-    reference's own error at an element is then the larger of the two (docs/VERIFIER.md
-    "Tolerance")."""
+def reference_elsewhere(data: CaseData, device_type: str | None = None) -> tuple[dict, dict]:
+    """(truth, reference in the working dtype) of a case on a GPU whose check failed, run again on
+    the CPU (at most SECOND_REFERENCE_ELEMENTS input elements); ({}, {}) otherwise. torch's CPU
+    and CUDA kernels round differently (the CPU's logcumsumexp carries double), and where the
+    answer is noise one of them may land near the truth by chance and the other not: the
+    reference's own error at an element is then the larger of the two, and where the two float64
+    truths differ, the truth itself is uncertain by that much (docs/VERIFIER.md "Tolerance")."""
     if data.derive is None:
-        return {}
-    return derive_on_the_cpu(data.derive, data.inputs, SECOND_REFERENCE_ELEMENTS, device_type)[1]
+        return {}, {}
+    return derive_on_the_cpu(data.derive, data.inputs, SECOND_REFERENCE_ELEMENTS, device_type)
 
 
 def derive_on_the_cpu(derive, read: dict, most: int, device_type: str | None = None,
