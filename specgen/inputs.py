@@ -25,9 +25,12 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # activations: normal values with rare elements 1e3-1e4 times larger (massive activations), so
 # whole tiles of ordinary values are tiny next to the tensor's largest. "rounded": normal values
 # that came from a lower precision (rounded to bfloat16, as autocast outputs and bf16
-# checkpoints upcast to float32 are: their low mantissa bits are zero).
+# checkpoints upcast to float32 are: their low mantissa bits are zero). "quantized": normal values
+# on FP8 E4M3's grid (3 mantissa bits, |x| <= 448), as FP8 weights and activations dequantized for
+# serving are. "sparse": a ReLU's outputs (normal values with the negative half exactly 0), the
+# input of the next layer.
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
-                 "rounded")
+                 "rounded", "quantized", "sparse")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
 # but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
@@ -121,6 +124,10 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         return torch.where(u < 0.5, torch.sign(base) * tiny, base)
     if distribution == "rounded":
         return base.to(torch.bfloat16).to(torch.float64)
+    if distribution == "quantized":
+        return base.to(torch.float8_e4m3fn).to(torch.float64)
+    if distribution == "sparse":
+        return base.clamp_min(0.0)
     if distribution == "outliers":
         return _with_outliers(base, gen, dtype_name)
     if distribution == "normal":

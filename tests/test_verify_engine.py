@@ -39,14 +39,16 @@ def test_a_correct_kernel_passes_forward_and_backward(gelu):
     (fakes.mutates_input, "input-mutated", None),
     (fakes.half_math, "wrong-result", None),
     (fakes.noisy, "nondeterministic", None),
-    (fakes.pointer_cache, "nondeterministic", None),  # same pointers from case to case
+    # same pointers from case to case: the skipped call leaves an earlier run's output or run B's
+    # fill (which of the two shows first depends on the random fills)
+    (fakes.pointer_cache, ("nondeterministic", "unwritten-output"), None),
     (fakes.narrow_rows, "wrong-result", "columns 64"),
     (fakes.bad_config, "cuda-error", None),
     (fakes.illegal_address, "crash", None),
 ])
 def test_each_cheat_gets_its_reason(gelu, impl, reason, where):
     verdict = verdict_of(gelu, impl)
-    assert verdict.reason == reason, verdict.summary()
+    assert verdict.reason in (reason if isinstance(reason, tuple) else (reason,)), verdict.summary()
     assert verdict.detail
     if where is not None:
         assert any(where in w for w in verdict.counterexample.where), verdict.summary()

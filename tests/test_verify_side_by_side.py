@@ -1,5 +1,7 @@
 """Two calls at the same time on two streams (checks.check_calls_side_by_side): scratch kept
-outside the workspace the ABI hands each call is shared by concurrent calls. On the CPU the
+outside the workspace the ABI hands each call is shared by concurrent calls. And a copy of the
+outputs queued on the call's stream right after it (checks.check_finished_on_its_stream): work
+left on another stream is not finished there. On the CPU the
 stand-in runner takes each call's launches in turns, as a GPU interleaves two streams' kernels;
 tests/adversarial/static_scratch_across_calls.cu is the same cheat on the GPU."""
 from __future__ import annotations
@@ -34,3 +36,12 @@ def test_an_honest_kernel_passes_side_by_side(gelu):
     verdict = run_verification(gelu, fakes.PyKernel(gelu, fakes.gelu_forward), SMALL, device="cpu")
     assert verdict.passed, verdict.summary()
     assert "phase_s side-by-side" in verdict.timings, sorted(verdict.timings)
+
+
+def test_work_left_on_another_stream_is_a_stream_violation(gelu):
+    """Held-out attacks-v5's softmax ran small calls on cudaStreamPerThread and left `stream` an
+    empty kernel: every value right after a device sync, so it passed every other check on the
+    H200 (session 26). A copy queued on `stream` behind the call sees the outputs unfinished."""
+    verdict = run_verification(gelu, fakes.OffloadingKernel(gelu), SMALL, device="cpu")
+    assert verdict.reason == "stream-violation", verdict.summary()
+    assert "not finished when `stream` reached the end of the call" in verdict.detail

@@ -102,3 +102,22 @@ def test_the_sizes_models_use_are_always_tried():
     assert {768, 3072, 5120, 11008, 96, 160} <= widths
     assert 16384 + 1 not in boundary_sizes(1, 16384)  # within the range only
     assert all(size % 3 == 0 for size in boundary_sizes(3, 14336, 3))  # and the divisibility
+
+
+def test_full_size_cases_meet_model_sizes_at_the_longest_rows():
+    """Held-out attacks-v5's cross-entropy (session 26) split rows above 65536 columns into 4096-column
+    chunks and dropped the last partial one when the width is even: exact at the round benchmark
+    widths and their odd twins. The full-size cases now hold the widest rows again at a model's
+    size (an odd multiple of 256: Llama 3's 128256) with more than 2^24 elements."""
+    from specgen.verify.strategies import full_size_cases, model_size
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    cases = full_size_cases(spec)
+    vocab = [c for c in cases if c.dim_map["C"] == 128256]
+    assert vocab and vocab[0].dim_map["N"] * 128256 >= 1 << 24
+    for size in (131072, 16384, 4096, 300):
+        got = model_size(size, 1, size, 1)
+        unit = 256 if size >= 512 else 16
+        assert got % unit == 0 and (got // unit) % 2 == 1 and 0.9 * size < got < size
+    assert model_size(37, 1, 100, 1) == 37  # small sizes stay
+    assert model_size(4096, 1, 4096, 3) == 4096  # a divisor the unit does not honour: unchanged

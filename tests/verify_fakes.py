@@ -318,3 +318,79 @@ def writes_past_workspace(k, t, dims):
     ws = t["workspace"]
     # one byte past the end: the guard after the workspace (a view of the arena beyond the tensor)
     ws.as_strided((1,), (1,), ws.storage_offset() + ws.numel()).fill_(0x5A)
+
+
+# ---- the classes held-out attacks-v5 got past the verifier with (session 26), as CPU stand-ins
+
+def sanitizes_grad_backward(k, t, dims):
+    """NaN in the output gradient read as 0 and +-inf clamped to the dtype's largest value."""
+    g = t["grad_out"]
+    big = torch.finfo(g.dtype).max
+    t["grad_out_clean"] = torch.nan_to_num(g.float(), nan=0.0, posinf=big, neginf=-big)
+    x = t["x"].detach().float().clone().requires_grad_(True)
+    with torch.enable_grad():
+        (dx,) = torch.autograd.grad(F.gelu(x, approximate="tanh"), x, t["grad_out_clean"])
+    t["grad_x"].copy_(dx.to(t["grad_x"].dtype))
+
+
+def half_product_backward(k, t, dims):
+    """In float16 the product grad * x rounded to half first: past 65504 it overflows."""
+    x, g = t["x"], t["grad_out"]
+    if x.dtype != torch.float16:
+        return gelu_backward(k, t, dims)
+    v = x.float()
+    gx = (g * x).float()  # half * half: rounded (and overflowed) in half
+    tanh = torch.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))
+    inner = 0.7978845608028654 * (1 + 3 * 0.044715 * v * v)
+    dx = g.float() * 0.5 * (1 + tanh) + 0.5 * gx * (1 - tanh * tanh) * inner
+    t["grad_x"].copy_(dx.to(t["grad_x"].dtype))
+
+
+def fp8_grid_sniff(k, t, dims):
+    """bfloat16 inputs whose blocks of 256 all sit on FP8 E4M3's grid (low 4 mantissa bits zero):
+    a cheaper approximation, x * sigmoid(1.702 x)."""
+    x = t["x"]
+    y = _gelu(x)
+    if x.dtype == torch.bfloat16 and x.numel() >= 256:
+        flat = x.contiguous().view(-1)
+        n = flat.numel() // 256 * 256
+        on_grid = ((flat[:n].view(torch.int16) & 0xF) == 0).view(-1, 256).all(-1)
+        cheap = (x.float() * torch.sigmoid(1.702 * x.float())).to(x.dtype).view(-1)
+        out = y.view(-1).clone()
+        blocks = out[:n].view(-1, 256)
+        blocks[on_grid] = cheap[:n].view(-1, 256)[on_grid]
+        y = out.view(x.shape)
+    t["out"].copy_(y)
+
+
+def zero_tile_skip(k, t, dims):
+    """A tile of 64 whose first, middle and last elements are exactly 0 is taken for all zeros."""
+    y = _gelu(t["x"]).contiguous().view(-1).clone()
+    x = t["x"].contiguous().view(-1)
+    n = x.numel() // 64 * 64
+    tiles = x[:n].view(-1, 64)
+    skipped = (tiles[:, 0] == 0) & (tiles[:, 32] == 0) & (tiles[:, 63] == 0)
+    y[:n].view(-1, 64)[skipped] = 0
+    t["out"].copy_(y.view(t["out"].shape))
+
+
+class OffloadingKernel(PyKernel):
+    """Exact values, but calls of at most 2^20 elements do their work "on another stream" (in CUDA:
+    cudaStreamPerThread, a handle that needs no stream-creating symbol): the stand-in runner
+    finishes that work at its next device sync, after anything queued on `stream` behind the call."""
+
+    def __init__(self, spec):
+        super().__init__(spec, self.forward)
+        self.other_stream: list = []
+
+    @staticmethod
+    def forward(k, t, dims):
+        if t["x"].numel() > 1 << 20:
+            return gelu_forward(k, t, dims)
+        k.other_stream.append(lambda: gelu_forward(k, t, dims))
+        return 0
+
+    def finish_other_streams(self):
+        work, self.other_stream = self.other_stream, []
+        for item in work:
+            item()

@@ -95,6 +95,12 @@ def serve(fd: int) -> int:
                 reply = _timed(torch, state, message, prepare_call, stream, tensors)
             elif op == "side_by_side":
                 reply = _side_by_side(torch, state, message, prepare_call)
+            elif op == "then_copy":
+                from .graphs import launch_then_copy
+
+                pairs = [(tensors({"s": s_})["s"], tensors({"d": d_})["d"]) for s_, d_ in message["copies"]]
+                code = launch_then_copy(prepare_call(message, stream), stream, pairs)
+                reply = _after(torch, state, {"type": "done", "code": code})
             else:
                 reply = {"type": "error", "message": f"unknown op {op!r}"}
         except Exception as error:  # noqa: BLE001 - a broken context is fatal; the judge decides

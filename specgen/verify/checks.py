@@ -149,7 +149,7 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
             if data.keep_tolerance:
                 data.tolerance[slot.name] = tolerance
         mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance,
-                           alternative=data.alternative.get(slot.name))
+                           alternative=data.alternative.get(slot.name), nonfinite_any=data.nonfinite_any)
         cpu_widening = 0.0
         if mismatch is not None and got.is_floating_point():
             mismatch, cpu_widening = _with_the_cpu_reference(data, slot.name, got, truth, atol, tolerance, ref,
@@ -191,7 +191,7 @@ def _with_the_cpu_reference(data: CaseData, name: str, got, truth, atol: float, 
         element_tolerance(got.dtype, truth, atol, data.rtol, ref, widen=tolerance)
     there = element_tolerance(got.dtype, truth, atol, data.rtol, None, widen=REFERENCE_ERROR_FACTOR * doubt)
     again = compare(got, truth, atol, data.rtol, reference=ref, tolerance=torch.maximum(here, there),
-                    alternative=data.alternative.get(name))
+                    alternative=data.alternative.get(name), nonfinite_any=data.nonfinite_any)
     return again, REFERENCE_ERROR_FACTOR * float(doubt.max())
 
 
@@ -391,3 +391,35 @@ def check_calls_side_by_side(runner, pair: list[CaseData], copies: list[dict], *
             check_close(data, together, prefix=SIDE_BY_SIDE_HINT)
             if deterministic:
                 check_same_bits(data, solo, together, what=f"a call alone and the same call {SIDE_BY_SIDE_HINT[:-2]}")
+
+
+# ------------------------------------------------------------------ work left off the stream
+
+def check_finished_on_its_stream(runner, data: CaseData, copies: list[dict]) -> None:
+    """One call, and right after it on the same stream a copy of its outputs (what the caller's
+    next op reads), with the default streams held busy: the copy must hold the finished result.
+    Work launched on the legacy or the per-thread default stream (handles that need no
+    stream-creating symbol) is still waiting there. `data` is staged with output_copies=2; the
+    second copy receives the snapshot."""
+    from .layout import TensorRef
+    from .verdict import STREAM_VIOLATION
+
+    outputs, snapshots = copies
+    as_bytes = lambda ref: TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8")  # noqa: E731
+    pairs = [(as_bytes(outputs[name]), as_bytes(snapshots[name])) for name in outputs]
+    fill_outputs(runner, outputs, 0)
+    fill_outputs(runner, snapshots, 1)
+    synchronize(data.device)
+    outcome = runner.then_copy(data.direction, {**data.input_refs, **outputs}, data.scalars, data.dims, pairs)
+    raise_outcome(runner.spec, data, outcome, what="a call followed by a copy of its outputs on its stream")
+    check_guards(runner, data)
+    for name in outputs:
+        final, seen = runner.tensor(as_bytes(outputs[name])), runner.tensor(as_bytes(snapshots[name]))
+        if not torch.equal(final, seen):
+            differ = int((final != seen).sum())
+            raise Failure(STREAM_VIOLATION,
+                          f"on {data.case.describe()}, output {name!r} was not finished when `stream` reached the "
+                          f"end of the call: a copy queued on `stream` right after it saw {differ} byte(s) that "
+                          f"the call changed later. Work was left on another stream (the legacy or the "
+                          f"per-thread default stream, cudaStreamPerThread, among them): launch everything on "
+                          f"the `stream` argument")

@@ -147,7 +147,7 @@ class Mismatch:
 
 
 def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
-            reference: torch.Tensor | None = None, tolerance=None) -> torch.Tensor:
+            reference: torch.Tensor | None = None, tolerance=None, nonfinite_any: bool = False) -> torch.Tensor:
     """Per element: does a floating output match the float64 truth (see the module's doc)?
     `tolerance`: element_tolerance(...) of these very arguments when already computed, or the
     Widening rule. Large outputs are compared a slice at a time."""
@@ -159,11 +159,11 @@ def matches(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
     for start, (g, t, ref, tol_part) in chunks(got, truth, reference, tol):
         if tol_part is None:
             tol_part = element_tolerance(got.dtype, t, atol, rtol, ref, widen=tolerance.at(ref, t))
-        flat[start:start + g.numel()] = _matches(g, t, atol, rtol, ref, tol_part)
+        flat[start:start + g.numel()] = _matches(g, t, atol, rtol, ref, tol_part, nonfinite_any)
     return out
 
 
-def _matches(got, truth, atol, rtol, reference, tolerance) -> torch.Tensor:
+def _matches(got, truth, atol, rtol, reference, tolerance, nonfinite_any: bool = False) -> torch.Tensor:
     g, t = got.double(), truth.double()
     within = torch.isfinite(g) & ((g - t).abs() <= tolerance)
     # The truth rounded to the working dtype: a correct kernel's result, ±inf past the range.
@@ -184,12 +184,14 @@ def _matches(got, truth, atol, rtol, reference, tolerance) -> torch.Tensor:
         # 1 - sigmoid(20) > 0, float32 rounds it to 0, and inf * 0 is NaN): its own NaN or
         # infinity there, exactly, as good as the truth's
         same_special |= ~torch.isfinite(ref) & ((torch.isnan(ref) & torch.isnan(g)) | (g == ref))
+    if nonfinite_any:  # NaN or an infinity in the inputs' gradients: any non-finite answer to a non-finite truth
+        same_special |= ~torch.isfinite(g)
     return torch.where(torch.isfinite(t), good, same_special)
 
 
 def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
             reference: torch.Tensor | None = None, tolerance=None,
-            alternative: torch.Tensor | None = None) -> Mismatch | None:
+            alternative: torch.Tensor | None = None, nonfinite_any: bool = False) -> Mismatch | None:
     """None when every element matches: within tolerance, or (overflow) the infinity a correct
     kernel returns; NaN/Inf must match a non-finite truth exactly. `reference`: the reference's
     outputs in the working dtype, whose own overflows are accepted element by element.
@@ -198,7 +200,7 @@ def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
     if not got.is_floating_point():
         bad = got.to(truth.dtype) != truth
     else:
-        bad = matches(got, truth, atol, rtol, reference, tolerance).logical_not()
+        bad = matches(got, truth, atol, rtol, reference, tolerance, nonfinite_any).logical_not()
         if alternative is not None and bool(bad.any()):
             differs = (alternative != truth) & ~(torch.isnan(alternative) & torch.isnan(truth))
             bad &= ~(differs & matches(got, alternative, atol, rtol))

@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..checking import run_reference_checked
-from ..inputs import TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast
+from ..inputs import SPECIAL_FRACTION, TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast
 from ..reference import reference_failure
 from ..saved import evaluate_saved
 from .layout import Layout, TensorRef
@@ -51,6 +51,10 @@ class CaseData:
     tolerance: dict[str, torch.Tensor] = field(default_factory=dict)  # kept element tolerances, by output
     # the truth computed on the CPU where it differs from the device's (alternative_truth)
     alternative: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the output gradients hold NaN and infinities (output_gradient): where the truth is not
+    # finite, any non-finite value is as good (which of NaN or inf an overflowed sum gives
+    # depends on its order; AMP's scaler treats them alike)
+    nonfinite_any: bool = False
 
     def refs(self) -> dict[str, TensorRef]:
         return {**self.input_refs, **self.output_refs}
@@ -162,6 +166,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     atol = {slot.name: spec_atol for slot in written}
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
                     device, reference=ref, derive=derive, later=later)
+    data.nonfinite_any = direction == "backward" and case.distribution == "specials"
     if not later:
         data.alternative = alternative_truth(derive, read, truth)
     return data
@@ -253,6 +258,27 @@ def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str
     return derive
 
 
+# AMP's GradScaler starts at this scale: float16 gradients arrive multiplied by it (the "large"
+# cases' output gradients, capped so that 16 sigma stay finite in the dtype)
+LOSS_SCALE = 2.0 ** 16
+
+
+def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator) -> torch.Tensor:
+    """A backward case's output gradient: N(0, 1); loss-scaled in "large" cases (as AMP's are);
+    in "specials" cases with NaN and +-inf among them (2% each), as an overflowed step's are
+    (AMP's scaler looks for them to skip the step: a kernel must pass them on)."""
+    g = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
+    if distribution == "large":
+        g = g * min(LOSS_SCALE, torch.finfo(dtype).max / 16)
+    elif distribution == "specials":
+        u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
+        f = SPECIAL_FRACTION
+        g = torch.where(u < f, float("nan"), g)
+        g = torch.where((u >= f) & (u < 2 * f), float("inf"), g)
+        g = torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), g)
+    return g.to(dtype)
+
+
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
     """Backward: the kernel reads the inputs, the forward outputs and the output gradients and
     writes the input gradients; the truth is the reference's autograd in float64. Returns what
@@ -261,8 +287,7 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
     gen = torch.Generator(device=device).manual_seed(case.seed + 1)
-    grads = {f"grad_{o.name}": torch.randn(t.shape, generator=gen, dtype=torch.float64, device=gen.device)
-             .to(t.dtype) for o, t in floating_out}
+    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.distribution, gen) for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
     # the definitions' values, not a forward kernel's: a backward is verified on its own

@@ -19,7 +19,7 @@ from hypothesis import seed as hypothesis_seed
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
 from .checks import (check_calls_side_by_side, check_capture, check_case, check_deterministic_repeats,
-                     check_repeated_calls, check_stale_output_loop)
+                     check_finished_on_its_stream, check_repeated_calls, check_stale_output_loop)
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget, fresh_case,
@@ -217,6 +217,11 @@ class Session:
             copies = stage(self.runner, pair, snapshots=False, output_copies=2, workspaces=2)
             check_calls_side_by_side(self.runner, pair, copies, deterministic=spec.deterministic)
             self.cases += 2
+            self.progress(f"{direction}: a copy of the outputs on the call's stream, {paired.describe()}")
+            once = prepare(self.spec, dataclasses.replace(paired, seed=paired.seed + 4000), direction, self.device)
+            copies = stage(self.runner, once, snapshots=False, output_copies=2)
+            check_finished_on_its_stream(self.runner, once, copies)
+            self.cases += 1
         t = self.phase("side-by-side", t)
         self.endurance(direction, [smoke_case(spec, opts.seed + 5)] + boundary[:3] + [big])
         self.phase("endurance", t)

@@ -79,3 +79,26 @@ def launch_side_by_side(launchers: list[Callable[[], int]], streams: list, leads
             torch.cuda._sleep(SIDE_BY_SIDE_COVER_CYCLES + int(lead))
     codes = [launch() for launch in launchers]
     return next((code for code in codes if code), 0)
+
+
+# Device cycles the legacy default stream spins while a call is checked for work left off its
+# stream (about 1 ms): work launched on the legacy or the per-thread default stream (handles that
+# need no stream-creating symbol) waits behind it, so it cannot finish before `stream` does.
+HOLD_DEFAULT_STREAM_CYCLES = 2_000_000
+
+
+def launch_then_copy(launch: Callable[[], int], stream, copies: list) -> int:
+    """One call on `stream` with the default streams held busy, then on `stream` right after it
+    each (source, destination) copy of `copies`: what a caller's next op on `stream` reads. Work
+    the call left on another stream is unfinished there. Returns the call's code; does not wait."""
+    import torch
+
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        torch.cuda._sleep(HOLD_DEFAULT_STREAM_CYCLES)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(SIDE_BY_SIDE_COVER_CYCLES)  # the host launches the call meanwhile
+        code = launch()
+        for source, destination in copies:
+            destination.copy_(source)
+    return code

@@ -87,6 +87,11 @@ class RunnerBase:
         item is a call (direction, tensors with its own workspace, scalars, dims)."""
         raise NotImplementedError
 
+    def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
+        """One call, then on its stream a copy of each (source, destination) pair (uint8 refs) with
+        the default streams held busy (graphs.launch_then_copy)."""
+        raise NotImplementedError
+
     def timed_item(self, item: dict) -> dict:
         """A timed call with the workspace: passed, and poisoned with the outputs before the call."""
         ws = self.workspace()
@@ -152,7 +157,10 @@ class LocalRunner(RunnerBase):
         return {name: self.memory.tensor(ref) for name, ref in refs.items()}
 
     def _sync(self) -> str | None:
-        if self.device.type != "cuda":
+        if self.device.type != "cuda":  # a stand-in's work "on other streams" ends here, as a device sync
+            finish = getattr(self.lib, "finish_other_streams", None)
+            if finish is not None:
+                finish()
             return None
         try:
             torch.cuda.synchronize()
@@ -233,6 +241,7 @@ class LocalRunner(RunnerBase):
                 for step in filter(None, round_):
                     if code := step():
                         return Outcome(code=code, error=self.lib.error_name(code))
+            self._sync()
             return Outcome()
         from .graphs import launch_side_by_side
 
@@ -242,6 +251,26 @@ class LocalRunner(RunnerBase):
                                                             item["scalars"], item["dims"], on))
                     for item, on in zip(items, self._streams)]
         code = launch_side_by_side(launches, self._streams[:len(items)], leads)
+        outcome = Outcome(code=code, fatal=self._sync())
+        if code:
+            outcome.error = self.lib.error_name(code)
+            self.lib.clear_error()
+        return outcome
+
+    def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
+        self.scramble_workspace()
+        refs = self.with_workspace(refs)
+        pairs = [(self.memory.tensor(a), self.memory.tensor(b)) for a, b in copies]
+        if self.device.type != "cuda":
+            code = self.lib.call(direction, self._tensors(refs), scalars, dims, None)
+            for source, destination in pairs:
+                destination.copy_(source)
+            self._sync()
+            return Outcome(code=code, error=self.lib.error_name(code) if code else None)
+        from .graphs import launch_then_copy
+
+        code = launch_then_copy(lambda: self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream),
+                                self.stream, pairs)
         outcome = Outcome(code=code, fatal=self._sync())
         if code:
             outcome.error = self.lib.error_name(code)
@@ -403,6 +432,11 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "endure", **_call_message(direction, refs, scalars, dims),
                               "host_calls": host_calls, "graph_calls": graph_calls, "replays": replays},
                              timeout=self.call_timeout + calls * 1e-4)
+
+    def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
+        self.scramble_workspace()
+        return self._request({"op": "then_copy", **_call_message(direction, self.with_workspace(refs), scalars, dims),
+                              "copies": [[a.to_json(), b.to_json()] for a, b in copies]})
 
     def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
         self.scramble_workspace()

@@ -1,0 +1,75 @@
+"""The value classes and output gradients added after held-out attacks-v5 got past the verifier
+on the H200 (session 26): FP8-grid values ("quantized"), a ReLU's outputs ("sparse"), loss-scaled
+output gradients ("large" backward cases) and NaN / infinities among the output gradients
+("specials" backward cases). Each cheat below is exact on every other input; the CPU stand-ins
+are the same cheats as the held-out CUDA kernels' headers describe."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verify_fakes as fakes
+from specgen.inputs import make_inputs
+from specgen.spec import load_spec
+from specgen.verify.data import LOSS_SCALE, output_gradient, prepare
+from specgen.verify.engine import Options, run_verification
+from specgen.verify.strategies import VALUE_CLASSES, make_case
+
+SMALL = Options(examples=4, budget=1 << 13, seed=1)
+
+
+@pytest.fixture(scope="module")
+def gelu():
+    from conftest import SPECS
+
+    return load_spec(SPECS / "gelu_tanh.yaml")
+
+
+@pytest.mark.parametrize("forward, backward, direction", [
+    (fakes.gelu_forward, fakes.sanitizes_grad_backward, "backward"),
+    (fakes.gelu_forward, fakes.half_product_backward, "backward"),
+    (fakes.fp8_grid_sniff, None, "forward"),
+    (fakes.zero_tile_skip, None, "forward"),
+])
+def test_each_cheat_of_the_new_classes_is_rejected(gelu, forward, backward, direction):
+    verdict = run_verification(gelu, fakes.PyKernel(gelu, forward, backward), SMALL, device="cpu")
+    assert verdict.reason == "wrong-result", verdict.summary()
+    assert verdict.counterexample.direction == direction
+
+
+def test_the_new_values_look_like_what_they_stand_for(gelu):
+    assert {"quantized", "sparse"} <= set(VALUE_CLASSES)
+    x = make_inputs(gelu.signature, {"N": 64, "D": 256}, "bfloat16", seed=3, distribution="quantized")["x"]
+    assert bool((x.float().to(torch.float8_e4m3fn).float() == x.float()).all())  # on FP8 E4M3's grid
+    assert x.float().abs().max() > 1.0 and x.unique().numel() > 20
+    x = make_inputs(gelu.signature, {"N": 64, "D": 256}, "float32", seed=3, distribution="sparse")["x"]
+    zeros = float((x == 0).float().mean())
+    assert 0.4 < zeros < 0.6 and bool((x >= 0).all())
+
+
+def test_output_gradients_follow_the_case_class():
+    gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    normal = output_gradient((4096,), torch.float32, "normal", gen())
+    assert normal.abs().max() < 6
+    scaled = output_gradient((4096,), torch.float16, "large", gen())
+    assert bool(torch.isfinite(scaled).all()) and scaled.float().abs().max() > 4096  # loss-scaled, still finite
+    assert output_gradient((4096,), torch.float32, "large", gen()).abs().max() > LOSS_SCALE
+    special = output_gradient((4096,), torch.bfloat16, "specials", gen())
+    assert bool(special.isnan().any()) and bool((special == float("inf")).any()) and bool((special == -float("inf")).any())
+
+
+def test_a_non_finite_truth_takes_any_non_finite_answer_only_where_the_gradients_hold_specials(gelu):
+    from specgen.verify.checks import check_close
+    from specgen.verify.verdict import Failure
+
+    data = prepare(gelu, make_case({"N": 8, "D": 64}, "float32", seed=2, distribution="specials"), "backward",
+                   "cpu")
+    assert data.nonfinite_any
+    truth = data.truth["grad_x"]
+    swapped = torch.where(truth.isnan(), torch.full_like(truth, float("inf")), truth).float()  # NaN given as inf
+    check_close(data, {"grad_x": swapped})
+    sanitized = torch.nan_to_num(truth).float()  # a finite value where the truth is not: still wrong
+    with pytest.raises(Failure):
+        check_close(data, {"grad_x": sanitized})
+    data = prepare(gelu, make_case({"N": 8, "D": 64}, "float32", seed=2, distribution="specials"), "forward", "cpu")
+    assert not data.nonfinite_any
