@@ -89,36 +89,32 @@ def _direct_logcumsumexp_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.
                        torch.zeros((), dtype=torch.float64)).sum(-1)
 
 
-def test_where_torchs_two_float64_truths_differ_the_truth_is_uncertain_by_that_much(monkeypatch):
-    """At |x| up to 1e15 torch's float64 gradient of logcumsumexp is itself off by tens (its
-    formula adds a log-sum-exp near -1e15 back to x; measured on the CPU: up to 30 against the
-    term-by-term sum). Held-out attacks-v5's honest control, which evaluates that formula in double
-    one row at a time, was rejected on the H200 (session 26: expected 0.0 from CUDA's float64, got
-    -13). Here the device's truth is the term-by-term sum and the kernel gives torch's CPU float64
-    answer: rejected on the device's truth alone, passed once the CPU's truth shows the doubt;
-    beyond twice the doubt still fails."""
+def test_where_torchs_two_float64_truths_differ_the_device_truth_still_decides(monkeypatch):
+    """At |x| up to 1e15 torch's float64 gradient of logcumsumexp is itself off by tens (its formula
+    adds a log-sum-exp near -1e15 back to x; up to 30 against the term-by-term sum on the CPU).
+    Held-out attacks-v5's honest control, torch's formula in double a row at a time, was rejected
+    on the H200 for it (session 26). Widening by the two truths' difference passed it, and let two
+    held-out cheats through in the same run: the rule was taken back. This pins the behaviour kept
+    (a known false rejection, docs/VERIFIER.md "What it cannot catch"): an answer that matches the
+    CPU's float64 truth where the device's truth differs is rejected, even with the CPU's
+    reference asked."""
     checked = 0
     for seed in range(140, 146):
         data, _ = _huge_case(seed)
         cpu_truth = data.truth["grad_x"]
         device_truth = _direct_logcumsumexp_backward(data.inputs["x"], data.inputs["grad_out"])
-        doubt = (cpu_truth - device_truth).abs()
-        if float(doubt.max()) < 1.0:
+        if float((cpu_truth - device_truth).abs().max()) < 1.0:
             continue
         data.truth = {"grad_x": device_truth}
         data.reference = {"grad_x": device_truth.float()}  # a device reference lucky everywhere
-        got = cpu_truth.float()
-        with pytest.raises(Failure):
-            checks.check_close(data, {"grad_x": got})
         _as_if_on_a_gpu(monkeypatch)
-        stats = {"spec_atol": data.spec_atol, "spec_rtol": data.rtol}
-        checks.check_close(data, {"grad_x": got}, stats=stats)
-        assert stats["max_widening_cpu_reference"] >= 2 * float(doubt.max()) * 0.99
-        worst = int(doubt.reshape(-1).argmax())
-        wrong = device_truth.clone().reshape(-1)
-        wrong[worst] += 3 * float(doubt.reshape(-1)[worst]) + 1.0
+        cpu_reference = reference_elsewhere(data, device_type="cuda")[1]["grad_x"].double()
+        beyond = (cpu_truth - device_truth).abs() > 2 * (cpu_reference - device_truth).abs() + 1e-3
+        if not bool(beyond.any()):  # the CPU's reference explains the difference: nothing to pin here
+            monkeypatch.undo()
+            continue
         with pytest.raises(Failure):
-            checks.check_close(data, {"grad_x": wrong.reshape(got.shape).float()})
+            checks.check_close(data, {"grad_x": cpu_truth.float()})
         monkeypatch.undo()
         checked += 1
-    assert checked >= 2  # the draws do reach the formula's cancellation
+    assert checked >= 1  # the draws do reach the formula's cancellation
