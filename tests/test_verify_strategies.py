@@ -121,3 +121,20 @@ def test_full_size_cases_meet_model_sizes_at_the_longest_rows():
         assert got % unit == 0 and (got // unit) % 2 == 1 and 0.9 * size < got < size
     assert model_size(37, 1, 100, 1) == 37  # small sizes stay
     assert model_size(4096, 1, 4096, 3) == 4096  # a divisor the unit does not honour: unchanged
+
+
+def test_a_case_shrunk_to_the_gpu_memory_keeps_its_row_width(monkeypatch):
+    """Held-out attacks-v5's cross-entropy miscounts chunks only at widths above 65536: a model-size
+    case (15616 x 128256) shrunk for memory by halving its largest dim (C to 64128) met no chunked
+    path on a crowded H200 (session 26). Rows are what kernels dispatch on: other dims give first."""
+    import specgen.verify.memory as memory
+    from specgen.verify.engine import Options, Session
+    from specgen.verify.strategies import make_case
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    session = Session(spec, runner=None, options=Options(), progress=lambda text: None, device="cpu")
+    monkeypatch.setattr(session, "per_element", lambda direction, dtype: 64.0)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 64 * 400_000_000)  # about 400M elements fit
+    shrunk = session.fit_memory(make_case({"N": 15616, "C": 128256}, "float32"), "forward")
+    assert shrunk.dim_map["C"] == 128256 and shrunk.dim_map["N"] < 15616
+    assert session.shrunk and "128256" in session.shrunk[0]

@@ -23,7 +23,7 @@ from .checks import (check_calls_side_by_side, check_capture, check_case, check_
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget, fresh_case,
-                         full_size_cases, large_case, make_case, smoke_case)
+                         full_size_cases, large_case, make_case, row_symbol, smoke_case)
 from .runner import check_guards, raise_outcome
 from .verdict import CRASH, INPUT_MUTATED, NOT_CAPTURABLE, PASSED, Failure, Verdict
 
@@ -372,7 +372,9 @@ class Session:
         fit = elements_that_fit(self.per_element(direction, case.dtype) * copies, available_bytes(self.device))
         if case_elements(sig, case.dim_map, direction) <= fit:
             return case
-        dims = fit_budget(sig, case.dim_map, self.spec.dims, fit, direction=direction)
+        # the row's width kept while other dims can give: the widths (a vocabulary, a model size)
+        # are what kernels dispatch on; halving 128256 columns to 64128 met no chunked path (session 26)
+        dims = fit_budget(sig, case.dim_map, self.spec.dims, fit, keep=row_symbol(sig), direction=direction)
         smaller = dataclasses.replace(case, dims=tuple(dims.items()))
         self.shrunk.append(f"{direction} {case.describe()} -> {smaller.describe()}")
         self.progress(f"{direction}: {case.describe()} does not fit the GPU memory free now; {smaller.describe()}")

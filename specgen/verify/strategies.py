@@ -192,7 +192,7 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
     # Every dtype at the widest row and half of it, aligned, the other dims small: kernels
     # switch schedule by row width (one block, a cluster of blocks, a looped pass), and the walk
     # above meets each width in one dtype only.
-    row_dim = _row_dim(sig)
+    row_dim = row_symbol(sig)
     if row_dim is not None:
         lo, hi = spec.dims[row_dim]
         step = steps.get(row_dim, 1)
@@ -424,7 +424,7 @@ def add_model_twin(spec, cases: list[Case], add) -> None:
         return
     sig = spec.signature
     steps = sig.symbol_divisors()
-    row = _row_dim(sig)
+    row = row_symbol(sig)
     largest = max(cases, key=lambda c: call_bytes(sig, c.dim_map, c.dtype))
     widest = max(cases, key=lambda c: (c.dim_map.get(row, 0), call_bytes(sig, c.dim_map, c.dtype)))
     for case in (largest, widest):  # the most bytes, and the longest rows (a vocabulary's)
@@ -441,7 +441,7 @@ def smoke_case(spec, seed: int = 0) -> Case:
     return make_case(dims, spec.dtypes[0], seed=seed)
 
 
-def _row_dim(sig) -> str | None:
+def row_symbol(sig) -> str | None:
     """The symbol of the first input's last dim (the row kernels work along it), if any."""
     return next((d.symbol for d in reversed(sig.inputs[0].type.dims) if d.symbol), None) if sig.inputs else None
 
@@ -455,7 +455,7 @@ def large_case(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, dtype
     else:
         dims = {s: spec.dims[s][1] for s in sig.symbols()}
     # keep rows wide (the last dim of the first input): many blocks per row, where atomics race
-    row_dim = _row_dim(sig)
+    row_dim = row_symbol(sig)
     dims = fit_budget(sig, dims, spec.dims, budget * LARGE_CASE_FACTOR, keep=row_dim)
     return make_case(dims, dtype or spec.dtypes[0], seed=seed)
 
