@@ -73,3 +73,29 @@ def test_a_non_finite_truth_takes_any_non_finite_answer_only_where_the_gradients
         check_close(data, {"grad_x": sanitized})
     data = prepare(gelu, make_case({"N": 8, "D": 64}, "float32", seed=2, distribution="specials"), "forward", "cpu")
     assert not data.nonfinite_any
+
+
+def test_loss_scaled_gradients_scale_the_absolute_tolerance_too():
+    """A backward is linear in its output gradients. The committed cross-entropy kernel reads the
+    saved float32 log-sum-exp, whose rounding (half an ulp of |lse|, 4e-6 near 90) is all of
+    1 - p at a confident target; times a loss scale of 2^16 it passed the spec's float16 atol
+    (1e-3), and the H200 rejected the kernel (session 26) though its error is 4e-6 of the
+    gradient's own scale. The same arithmetic here, on the verifier's own draws, passes; an answer
+    that drops 1 - p at twice that scale does not."""
+    from specgen.verify.checks import check_close
+    from specgen.verify.verdict import Failure
+
+    from conftest import SPECS
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    for seed in range(30, 40):
+        data = prepare(spec, make_case({"N": 97, "C": 3}, "float16", seed=seed, distribution="large", offset=4),
+                       "backward", "cpu")
+        assert data.atol["grad_logits"] == pytest.approx(1e-3 * LOSS_SCALE)
+        x, target = data.inputs["logits"].float(), data.inputs["target"]
+        lse, g = data.inputs["saved_lse"].float(), data.inputs["grad_out"].float()
+        p = torch.exp(x - lse[:, None])
+        onehot = torch.nn.functional.one_hot(target, 3).float()
+        check_close(data, {"grad_logits": ((p - onehot) * g / 97).half()})
+    with pytest.raises(Failure):
+        check_close(data, {"grad_logits": ((p - onehot) * 2 * g / 97).half()})

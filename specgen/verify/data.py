@@ -154,6 +154,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     tensors = {k: v for k, v in host.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in host.items() if not isinstance(v, torch.Tensor)}
     spec_atol, rtol = _tolerance(spec, case.dtype)
+    scale = 1.0
     if direction == "forward":
         read = dict(tensors)
         written = [OutputSlot(o.name, shape, tdtype) for o, (shape, tdtype)
@@ -161,9 +162,11 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
         written += saved_slots(spec, dims, case.dtype)
         derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [o.name for o in sig.outputs])
     else:
-        read, written, derive = _backward(spec, case, tensors, scalars, dims, device)
+        read, written, derive, scale = _backward(spec, case, tensors, scalars, dims, device)
     truth, ref = ({}, {}) if later else derive(read)
-    atol = {slot.name: spec_atol for slot in written}
+    # a backward is linear in its output gradients: loss-scaled ones scale the truth and every
+    # honest error alike, so the spec's absolute tolerance scales with them (relative ones hold)
+    atol = {slot.name: spec_atol * scale for slot in written}
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
                     device, reference=ref, derive=derive, later=later)
     data.nonfinite_any = direction == "backward" and case.distribution == "specials"
@@ -263,13 +266,18 @@ def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str
 LOSS_SCALE = 2.0 ** 16
 
 
+def gradient_scale(dtype: torch.dtype, distribution: str) -> float:
+    """The factor a backward case's output gradients are drawn with (output_gradient)."""
+    return min(LOSS_SCALE, torch.finfo(dtype).max / 16) if distribution == "large" else 1.0
+
+
 def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator) -> torch.Tensor:
     """A backward case's output gradient: N(0, 1); loss-scaled in "large" cases (as AMP's are);
     in "specials" cases with NaN and +-inf among them (2% each), as an overflowed step's are
     (AMP's scaler looks for them to skip the step: a kernel must pass them on)."""
     g = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
     if distribution == "large":
-        g = g * min(LOSS_SCALE, torch.finfo(dtype).max / 16)
+        g = g * gradient_scale(dtype, distribution)
     elif distribution == "specials":
         u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
         f = SPECIAL_FRACTION
@@ -282,7 +290,8 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
     """Backward: the kernel reads the inputs, the forward outputs and the output gradients and
     writes the input gradients; the truth is the reference's autograd in float64. Returns what
-    the kernel reads, what it writes and derive(read) -> (truth, reference)."""
+    the kernel reads, what it writes, derive(read) -> (truth, reference) and the output
+    gradients' scale (gradient_scale)."""
     sig = spec.signature
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
@@ -324,4 +333,5 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
         working = gradients(inputs, given, lambda out: out.dtype)
         return exact, working
 
-    return read, written, derive
+    scale = max((gradient_scale(t.dtype, case.distribution) for _, t in floating_out), default=1.0)
+    return read, written, derive, scale
