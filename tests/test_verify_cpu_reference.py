@@ -1,7 +1,7 @@
 """Where the working dtype's answer is noise, torch's CPU and CUDA kernels land on different
-noise, and the reference's own error at an element is the larger of the two; where torch's two
-float64 truths differ, the truth is uncertain by that much (checks' _with_the_cpu_reference,
-data.reference_elsewhere, docs/VERIFIER.md "Tolerance").
+noise, and the reference's own error at an element is the larger of the two (checks'
+_with_the_cpu_reference, data.reference_elsewhere, docs/VERIFIER.md "Tolerance"); torch's two
+float64 truths are not used that way (a known false rejection, pinned below).
 logcumsumexp's backward at |x| near 1e7 (the verifier's "huge" values) takes exp of
 log-sum-exp + x, which float32 rounds to whole numbers: the H200 rejected a kernel whose float64
 carry matched the CPU's reference because the CUDA reference landed near the truth at one of
@@ -68,15 +68,14 @@ def test_the_cpu_reference_is_asked_only_for_a_failed_check_of_a_small_case_on_a
     calls = []
     derive = data.derive
     data.derive = lambda staged: calls.append(1) or derive(staged)
-    assert reference_elsewhere(data) == ({}, {}) and calls == []  # already on the CPU: the same answer
-    truth, reference = reference_elsewhere(data, device_type="cuda")
-    assert set(truth) == set(reference) == {"grad_x"} and calls == [1]
+    assert reference_elsewhere(data) == {} and calls == []  # already on the CPU: the same answer
+    assert set(reference_elsewhere(data, device_type="cuda")) == {"grad_x"} and calls == [1]
     _as_if_on_a_gpu(monkeypatch)
     checks.check_close(data, {"grad_x": data.truth["grad_x"].float()})  # passes at once: no second run
     assert calls == [1]
     big = dict(data.inputs, x=torch.zeros(SECOND_REFERENCE_ELEMENTS + 1))
     data.inputs = big
-    assert reference_elsewhere(data, device_type="cuda") == ({}, {}) and calls == [1]
+    assert reference_elsewhere(data, device_type="cuda") == {} and calls == [1]
 
 
 def _direct_logcumsumexp_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -108,7 +107,7 @@ def test_where_torchs_two_float64_truths_differ_the_device_truth_still_decides(m
         data.truth = {"grad_x": device_truth}
         data.reference = {"grad_x": device_truth.float()}  # a device reference lucky everywhere
         _as_if_on_a_gpu(monkeypatch)
-        cpu_reference = reference_elsewhere(data, device_type="cuda")[1]["grad_x"].double()
+        cpu_reference = reference_elsewhere(data, device_type="cuda")["grad_x"].double()
         beyond = (cpu_truth - device_truth).abs() > 2 * (cpu_reference - device_truth).abs() + 1e-3
         if not bool(beyond.any()):  # the CPU's reference explains the difference: nothing to pin here
             monkeypatch.undo()

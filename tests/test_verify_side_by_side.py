@@ -45,3 +45,16 @@ def test_work_left_on_another_stream_is_a_stream_violation(gelu):
     verdict = run_verification(gelu, fakes.OffloadingKernel(gelu), SMALL, device="cpu")
     assert verdict.reason == "stream-violation", verdict.summary()
     assert "not finished when `stream` reached the end of the call" in verdict.detail
+
+
+def test_each_call_side_by_side_gets_a_workspace_of_its_own(gelu, monkeypatch):
+    """Scratch in the workspace the ABI hands each call is the honest way: two calls at once get
+    two workspaces (review of session 26). Handing both the same one is what a static buffer does,
+    and the check sees it."""
+    from specgen.verify import isolation
+
+    assert run_verification(gelu, fakes.StagedThroughWorkspace(gelu), SMALL, device="cpu").passed
+    own = isolation.RunnerBase.workspaces
+    monkeypatch.setattr(isolation.RunnerBase, "workspaces", lambda self: [own(self)[0]] * 2 if own(self) else [])
+    verdict = run_verification(gelu, fakes.StagedThroughWorkspace(gelu), SMALL, device="cpu")
+    assert verdict.reason == "wrong-result" and "at the same time on another stream" in verdict.detail

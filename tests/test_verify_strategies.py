@@ -115,11 +115,11 @@ def test_full_size_cases_meet_model_sizes_at_the_longest_rows():
     cases = full_size_cases(spec)
     vocab = [c for c in cases if c.dim_map["C"] == 128256]
     assert vocab and vocab[0].dim_map["N"] * 128256 >= 1 << 24
-    for size in (131072, 16384, 4096, 300):
+    for size in (131072, 16384, 8192, 4096, 2048, 768, 512, 300):
         got = model_size(size, 1, size, 1)
-        unit = 256 if size >= 512 else 16
+        unit = 256 if size >= 8192 else 16
         assert got % unit == 0 and (got // unit) % 2 == 1 and 0.9 * size < got < size
-    assert model_size(37, 1, 100, 1) == 37  # small sizes stay
+    assert model_size(37, 1, 100, 1) == 37 and model_size(64, 1, 64, 1) == 64  # small sizes stay (48 is 75%)
     assert model_size(4096, 1, 4096, 3) == 4096  # a divisor the unit does not honour: unchanged
 
 

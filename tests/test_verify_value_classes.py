@@ -11,7 +11,7 @@ import torch
 import verify_fakes as fakes
 from specgen.inputs import make_inputs
 from specgen.spec import load_spec
-from specgen.verify.data import LOSS_SCALE, output_gradient, prepare
+from specgen.verify.data import LOSS_SCALE, gradient_scale, output_gradient, prepare
 from specgen.verify.engine import Options, run_verification
 from specgen.verify.strategies import VALUE_CLASSES, make_case
 
@@ -51,9 +51,13 @@ def test_output_gradients_follow_the_case_class():
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     normal = output_gradient((4096,), torch.float32, "normal", gen())
     assert normal.abs().max() < 6
-    scaled = output_gradient((4096,), torch.float16, "large", gen())
+    # one scale for every output gradient of a case, capped by the narrowest dtype
+    assert gradient_scale([torch.float32], "large") == LOSS_SCALE
+    assert gradient_scale([torch.float32, torch.float16], "large") == pytest.approx(65504 / 16)
+    assert gradient_scale([torch.float32], "normal") == 1.0
+    scale = gradient_scale([torch.float16], "large")
+    scaled = output_gradient((4096,), torch.float16, "large", gen(), scale)
     assert bool(torch.isfinite(scaled).all()) and scaled.float().abs().max() > 4096  # loss-scaled, still finite
-    assert output_gradient((4096,), torch.float32, "large", gen()).abs().max() > LOSS_SCALE
     special = output_gradient((4096,), torch.bfloat16, "specials", gen())
     assert bool(special.isnan().any()) and bool((special == float("inf")).any()) and bool((special == -float("inf")).any())
 
@@ -71,6 +75,15 @@ def test_a_non_finite_truth_takes_any_non_finite_answer_only_where_the_gradients
     sanitized = torch.nan_to_num(truth).float()  # a finite value where the truth is not: still wrong
     with pytest.raises(Failure):
         check_close(data, {"grad_x": sanitized})
+    # torch's masks pick 0 where a kernel multiplying by the mask gives NaN: both hold the NaN
+    masked = truth.float().clone()
+    zero = int((truth.reshape(-1) == 0).nonzero()[0]) if bool((truth == 0).any()) else None
+    if zero is None:
+        masked.reshape(-1)[0] = 0.0
+        data.truth["grad_x"].reshape(-1)[0] = 0.0
+        zero = 0
+    masked.reshape(-1)[zero] = float("nan")
+    check_close(data, {"grad_x": masked})
     data = prepare(gelu, make_case({"N": 8, "D": 64}, "float32", seed=2, distribution="specials"), "forward", "cpu")
     assert not data.nonfinite_any
 
@@ -99,3 +112,17 @@ def test_loss_scaled_gradients_scale_the_absolute_tolerance_too():
         check_close(data, {"grad_logits": ((p - onehot) * g / 97).half()})
     with pytest.raises(Failure):
         check_close(data, {"grad_logits": ((p - onehot) * 2 * g / 97).half()})
+
+
+def test_errors_of_loss_scaled_cases_are_recorded_in_unscaled_units():
+    """The verdict and the lock put the kernel's largest error beside the spec's unscaled atol."""
+    from conftest import SPECS
+    from specgen.verify.checks import check_close
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    data = prepare(spec, make_case({"N": 7, "C": 5}, "float32", seed=1, distribution="large"), "backward", "cpu")
+    assert data.scale == LOSS_SCALE
+    off = data.truth["grad_logits"] + 1e-6 * LOSS_SCALE  # 1e-6 of the gradient's own scale
+    stats = {}
+    check_close(data, {"grad_logits": off.float()}, stats=stats)
+    assert stats["max_abs_error"] == pytest.approx(1e-6, rel=0.05)

@@ -394,3 +394,29 @@ class OffloadingKernel(PyKernel):
         work, self.other_stream = self.other_stream, []
         for item in work:
             item()
+
+
+class StagedThroughWorkspace(WorkspaceKernel):
+    """Honest: GELU in two launches through the workspace the call is handed (float32 scratch).
+    `steps` lets the CPU stand-in runner interleave its launches with another call's."""
+
+    def __init__(self, spec):
+        super().__init__(spec, self.forward, lambda dims: 4 * dims["N"] * dims["D"])
+
+    def steps(self, direction, tensors, scalars, dims):
+        if direction != "forward":
+            return [lambda: self.call(direction, tensors, scalars, dims, None)]
+        n = tensors["out"].numel()
+        scratch = tensors["workspace"][:4 * n].view(torch.float32)
+
+        def compute():
+            scratch.copy_(_gelu(tensors["x"]).float().view(-1))
+
+        def copy_out():
+            tensors["out"].view(-1).copy_(scratch.to(tensors["out"].dtype))
+        return [compute, copy_out]
+
+    @staticmethod
+    def forward(k, t, dims):
+        for step in k.steps("forward", t, {}, dims):
+            step()

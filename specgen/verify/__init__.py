@@ -18,6 +18,10 @@ VERIFIER_VERSION = "5"  # bump when a check changes meaning: lock records are ke
 # 3: the candidate in its own process (read-only inputs, guard bytes), CUDA-graph capture, timed
 #    calls checked output by output, the physics floor, full-size cases, value classes, drawn
 #    scalars, size sweeps, per-element tolerance (docs/VERIFIER.md)
+# 4: the model's loop, endurance, the benchmark's cadence, the CPU's second truth at NaN/inf inputs
+# 5: calls side by side, a copy on the call's stream with the default streams held busy, the
+#    quantized and sparse value classes, loss-scaled and special output gradients, model-size
+#    full-size cases (session 26)
 
 
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:

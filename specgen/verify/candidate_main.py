@@ -161,7 +161,8 @@ def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
 
 
 def _side_by_side(torch, state, message: dict, prepare_call) -> dict:
-    """Calls at the same time, each on a stream of its own (graphs.launch_side_by_side)."""
+    """Calls at the same time, each on a stream of its own (graphs.launch_side_by_side); the
+    streams are made once and kept, as `stream` is."""
     from .graphs import launch_side_by_side
 
     calls = message["calls"]

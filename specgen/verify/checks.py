@@ -155,7 +155,7 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
             mismatch, cpu_widening = _with_the_cpu_reference(data, slot.name, got, truth, atol, tolerance, ref,
                                                              mismatch)
         if stats is not None and got.is_floating_point():
-            _record_tolerance(stats, got, truth, rule or widening_rule(ref, truth), ref)
+            _record_tolerance(stats, got, truth, rule or widening_rule(ref, truth), ref, data.scale)
             if cpu_widening and mismatch is None:  # the record says a pass leaned on the CPU's reference, and how far
                 stats["max_widening_cpu_reference"] = max(stats.get("max_widening_cpu_reference", 0.0), cpu_widening)
         if mismatch is not None:
@@ -178,7 +178,7 @@ def _with_the_cpu_reference(data: CaseData, name: str, got, truth, atol: float, 
 
     if got.numel() > SECOND_REFERENCE_ELEMENTS:  # compared whole below, in float64: not for large outputs
         return mismatch, 0.0
-    other = reference_elsewhere(data)[1].get(name)
+    other = reference_elsewhere(data).get(name)
     if other is None or not other.is_floating_point() or other.shape != truth.shape:
         return mismatch, 0.0
     own_error = (other.to(truth.device).double() - truth.double()).abs()
@@ -191,8 +191,9 @@ def _with_the_cpu_reference(data: CaseData, name: str, got, truth, atol: float, 
     return again, (REFERENCE_ERROR_FACTOR * float(own_error.max()) if own_error.numel() else 0.0)
 
 
-def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, rule, ref) -> None:
-    """The kernel's largest error where both are finite, and the largest widening (per slice)."""
+def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, rule, ref, scale: float = 1.0) -> None:
+    """The kernel's largest error where both are finite, and the largest widening (per slice),
+    divided by the case's loss scale (data.scale): recorded beside the spec's unscaled atol."""
     from .compare import chunks
     max_err = max_widen = 0.0
     for _, (g, t, r) in chunks(got, truth, ref):
@@ -203,8 +204,8 @@ def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, rule,
         widen = rule.at(r, t)
         if isinstance(widen, torch.Tensor) and widen.numel():
             max_widen = max(max_widen, float(widen.max()))
-    stats["max_abs_error"] = max(stats.get("max_abs_error", 0.0), max_err)
-    stats["max_widening"] = max(stats.get("max_widening", 0.0), max_widen)
+    stats["max_abs_error"] = max(stats.get("max_abs_error", 0.0), max_err / scale)
+    stats["max_widening"] = max(stats.get("max_widening", 0.0), max_widen / scale)
 
 
 def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | None = None) -> dict:
@@ -231,7 +232,7 @@ def refill(runner, data: CaseData, fresh: CaseData) -> None:
     if data.snapshots:
         data.snapshots = {name: s.clone() for name, s in data.storages.items()}
     data.truth, data.reference, data.atol = fresh.truth, fresh.reference, fresh.atol
-    data.alternative = fresh.alternative
+    data.alternative, data.nonfinite_any, data.scale = fresh.alternative, fresh.nonfinite_any, fresh.scale
     synchronize(data.device)
 
 
@@ -372,6 +373,7 @@ def check_calls_side_by_side(runner, pair: list[CaseData], copies: list[dict], *
         alone.append(run_once(runner, data, 0, refs))
         check_close(data, alone[-1])
     workspaces = runner.workspaces()
+    assert len(workspaces) in (0, len(pair)), "stage the pair with workspaces=2"
     items = [{"direction": data.direction,
               "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
               "scalars": data.scalars, "dims": data.dims} for i, (data, refs) in enumerate(zip(pair, copies))]

@@ -184,8 +184,11 @@ def _matches(got, truth, atol, rtol, reference, tolerance, nonfinite_any: bool =
         # 1 - sigmoid(20) > 0, float32 rounds it to 0, and inf * 0 is NaN): its own NaN or
         # infinity there, exactly, as good as the truth's
         same_special |= ~torch.isfinite(ref) & ((torch.isnan(ref) & torch.isnan(g)) | (g == ref))
-    if nonfinite_any:  # NaN or an infinity in the inputs' gradients: any non-finite answer to a non-finite truth
-        same_special |= ~torch.isfinite(g)
+    if nonfinite_any:  # NaN or an infinity among the output gradients (data.output_gradient)
+        same_special |= ~torch.isfinite(g)  # any non-finite answer to a non-finite truth
+        # and to an exact 0: torch's masks pick 0 (where(x > 0, g, 0)), a kernel that multiplies
+        # by the mask gives NaN there; either way the step's gradients hold a NaN for the scaler
+        good |= (t == 0) & ~torch.isfinite(g)
     return torch.where(torch.isfinite(t), good, same_special)
 
 
@@ -193,7 +196,9 @@ def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
             reference: torch.Tensor | None = None, tolerance=None,
             alternative: torch.Tensor | None = None, nonfinite_any: bool = False) -> Mismatch | None:
     """None when every element matches: within tolerance, or (overflow) the infinity a correct
-    kernel returns; NaN/Inf must match a non-finite truth exactly. `reference`: the reference's
+    kernel returns; NaN/Inf must match a non-finite truth exactly (`nonfinite_any`, a backward
+    case whose output gradients hold NaN/inf: any non-finite value matches a non-finite truth or
+    an exact 0). `reference`: the reference's
     outputs in the working dtype, whose own overflows are accepted element by element.
     `alternative`: a second truth (the CPU's, data.alternative_truth); where it differs from
     `truth`, matching it is as good (the spec's own tolerance, no widening)."""
@@ -203,7 +208,7 @@ def compare(got: torch.Tensor, truth: torch.Tensor, atol: float, rtol: float,
         bad = matches(got, truth, atol, rtol, reference, tolerance, nonfinite_any).logical_not()
         if alternative is not None and bool(bad.any()):
             differs = (alternative != truth) & ~(torch.isnan(alternative) & torch.isnan(truth))
-            bad &= ~(differs & matches(got, alternative, atol, rtol))
+            bad &= ~(differs & matches(got, alternative, atol, rtol, nonfinite_any=nonfinite_any))
     count = int(bad.sum())
     if count == 0:
         return None

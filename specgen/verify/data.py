@@ -55,6 +55,8 @@ class CaseData:
     # finite, any non-finite value is as good (which of NaN or inf an overflowed sum gives
     # depends on its order; AMP's scaler treats them alike)
     nonfinite_any: bool = False
+    # the output gradients' loss scale (gradient_scale): errors are recorded in unscaled units
+    scale: float = 1.0
 
     def refs(self) -> dict[str, TensorRef]:
         return {**self.input_refs, **self.output_refs}
@@ -170,6 +172,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
                     device, reference=ref, derive=derive, later=later)
     data.nonfinite_any = direction == "backward" and case.distribution == "specials"
+    data.scale = scale
     if not later:
         data.alternative = alternative_truth(derive, read, truth)
     return data
@@ -201,16 +204,17 @@ def alternative_truth(derive, read: dict, truth: dict, device_type: str | None =
 SECOND_REFERENCE_ELEMENTS = 1 << 24  # the CPU's reference only where it costs seconds at most
 
 
-def reference_elsewhere(data: CaseData, device_type: str | None = None) -> tuple[dict, dict]:
-    """(truth, reference in the working dtype) of a case on a GPU whose check failed, run again on
-    the CPU (at most SECOND_REFERENCE_ELEMENTS input elements); ({}, {}) otherwise. torch's CPU
-    and CUDA kernels round differently (the CPU's logcumsumexp carries double), and where the
-    answer is noise one of them may land near the truth by chance and the other not: the
-    reference's own error at an element is then the larger of the two, and where the two float64
-    truths differ, the truth itself is uncertain by that much (docs/VERIFIER.md "Tolerance")."""
+def reference_elsewhere(data: CaseData, device_type: str | None = None) -> dict[str, torch.Tensor]:
+    """The reference in the working dtype run again on the CPU, for a case on a GPU whose check
+    failed (at most SECOND_REFERENCE_ELEMENTS input elements); {} otherwise. torch's CPU and
+    CUDA kernels round differently (the CPU's logcumsumexp carries double), and where the
+    working dtype's answer is noise (an exp of the difference of two numbers near 1e7, whose
+    float32 ulp is 1) one of them may land near the truth by chance and the other not: the
+    reference's own error at an element is then the larger of the two (docs/VERIFIER.md
+    "Tolerance")."""
     if data.derive is None:
-        return {}, {}
-    return derive_on_the_cpu(data.derive, data.inputs, SECOND_REFERENCE_ELEMENTS, device_type)
+        return {}
+    return derive_on_the_cpu(data.derive, data.inputs, SECOND_REFERENCE_ELEMENTS, device_type)[1]
 
 
 def derive_on_the_cpu(derive, read: dict, most: int, device_type: str | None = None,
@@ -266,19 +270,24 @@ def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str
 LOSS_SCALE = 2.0 ** 16
 
 
-def gradient_scale(dtype: torch.dtype, distribution: str) -> float:
-    """The factor a backward case's output gradients are drawn with (output_gradient)."""
-    return min(LOSS_SCALE, torch.finfo(dtype).max / 16) if distribution == "large" else 1.0
+def gradient_scale(dtypes: list[torch.dtype], distribution: str) -> float:
+    """The one factor a backward case's output gradients are all drawn with (output_gradient):
+    the loss scale in "large" cases, capped by the narrowest of their dtypes, else 1."""
+    if distribution != "large" or not dtypes:
+        return 1.0
+    return min(LOSS_SCALE, *(torch.finfo(dtype).max / 16 for dtype in dtypes))
 
 
-def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator) -> torch.Tensor:
-    """A backward case's output gradient: N(0, 1); loss-scaled in "large" cases (as AMP's are);
-    in "specials" cases with NaN and +-inf among them (2% each), as an overflowed step's are
-    (AMP's scaler looks for them to skip the step: a kernel must pass them on)."""
+def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator,
+                    scale: float = 1.0) -> torch.Tensor:
+    """A backward case's output gradient: N(0, 1) times `scale` (gradient_scale: loss-scaled in
+    "large" cases, as AMP's are); in "specials" cases with NaN and +-inf among them (2% each), as
+    an overflowed step's are (AMP's scaler looks for them to skip the step: a kernel must pass
+    them on)."""
     g = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
-    if distribution == "large":
-        g = g * gradient_scale(dtype, distribution)
-    elif distribution == "specials":
+    if scale != 1.0:
+        g = g * scale
+    if distribution == "specials":
         u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
         f = SPECIAL_FRACTION
         g = torch.where(u < f, float("nan"), g)
@@ -296,7 +305,9 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
     gen = torch.Generator(device=device).manual_seed(case.seed + 1)
-    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.distribution, gen) for o, t in floating_out}
+    scale = gradient_scale([t.dtype for _, t in floating_out], case.distribution)
+    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.distribution, gen, scale)
+             for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
     # the definitions' values, not a forward kernel's: a backward is verified on its own
@@ -333,5 +344,4 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
         working = gradients(inputs, given, lambda out: out.dtype)
         return exact, working
 
-    scale = max((gradient_scale(t.dtype, case.distribution) for _, t in floating_out), default=1.0)
     return read, written, derive, scale

@@ -62,29 +62,39 @@ def repeat_calls(launcher_on: Callable[[object], Callable[[], int]], stream, *, 
     return 0, None
 
 
-# Device cycles each stream spins before its call (about 100 us at the H200's 1.98 GHz): the
-# host launches every call meanwhile, so the calls start on the device together.
-SIDE_BY_SIDE_COVER_CYCLES = 200_000
+# Device cycles a stream spins before a checked call (about 100 us at the H200's 1.98 GHz): the
+# host launches the call (or every call of a side-by-side check) meanwhile, so the device starts
+# them without waiting on the host.
+CALLS_COVER_CYCLES = 200_000
 
 
 def launch_side_by_side(launchers: list[Callable[[], int]], streams: list, leads: list[int]) -> int:
-    """Calls that run at the same time, call i on streams[i] after a spin of COVER + leads[i]
-    cycles (a shorter lead starts first), as two threads or two streams of a program call an
-    op. Returns the first failing call's code or 0; does not wait for the device."""
+    """Calls that run at the same time, call i on streams[i], as two threads or two streams of a
+    program call an op: one spin on streams[0] covers the host's launches, an event releases
+    every stream at once, then stream i waits leads[i] more cycles (a shorter lead starts first).
+    Returns the first failing call's code or 0; does not wait for the device."""
     import torch
 
     torch.cuda.synchronize()
+    go = torch.cuda.Event()
+    with torch.cuda.stream(streams[0]):
+        torch.cuda._sleep(CALLS_COVER_CYCLES)
+        go.record(streams[0])
     for stream, lead in zip(streams, leads):
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(SIDE_BY_SIDE_COVER_CYCLES + int(lead))
+        if stream is not streams[0]:
+            stream.wait_event(go)
+        if int(lead) > 0:
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(int(lead))
     codes = [launch() for launch in launchers]
     return next((code for code in codes if code), 0)
 
 
 # Device cycles the legacy default stream spins while a call is checked for work left off its
-# stream (about 1 ms): work launched on the legacy or the per-thread default stream (handles that
-# need no stream-creating symbol) waits behind it, so it cannot finish before `stream` does.
-HOLD_DEFAULT_STREAM_CYCLES = 2_000_000
+# stream (about 2 ms, far longer than the launch-bound and budget-sized calls it is run on): work
+# launched on the legacy or the per-thread default stream (handles that need no stream-creating
+# symbol) waits behind it, so it cannot finish before `stream` does.
+HOLD_DEFAULT_STREAM_CYCLES = 4_000_000
 
 
 def launch_then_copy(launch: Callable[[], int], stream, copies: list) -> int:
@@ -97,7 +107,7 @@ def launch_then_copy(launch: Callable[[], int], stream, copies: list) -> int:
     with torch.cuda.stream(torch.cuda.default_stream()):
         torch.cuda._sleep(HOLD_DEFAULT_STREAM_CYCLES)
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(SIDE_BY_SIDE_COVER_CYCLES)  # the host launches the call meanwhile
+        torch.cuda._sleep(CALLS_COVER_CYCLES)  # the host launches the call meanwhile
         code = launch()
         for source, destination in copies:
             destination.copy_(source)

@@ -237,20 +237,28 @@ class LocalRunner(RunnerBase):
         self.scramble_workspace()
         if self.device.type != "cuda":  # a stand-in's launches (its `steps`, else one call) taken in turns
             turns = [self._steps(item) for item in items]
+            code = 0
             for round_ in itertools.zip_longest(*turns):
                 for step in filter(None, round_):
-                    if code := step():
-                        return Outcome(code=code, error=self.lib.error_name(code))
-            self._sync()
-            return Outcome()
+                    code = code or step()
+            return self._finished(code)
         from .graphs import launch_side_by_side
 
         while len(self._streams) < len(items):
             self._streams.append(torch.cuda.Stream())
-        launches = [(lambda item=item, on=on: self.lib.call(item["direction"], self._tensors(item["tensors"]),
-                                                            item["scalars"], item["dims"], on))
+        launches = [self._launcher(item["direction"], item["tensors"], item["scalars"], item["dims"], on)
                     for item, on in zip(items, self._streams)]
-        code = launch_side_by_side(launches, self._streams[:len(items)], leads)
+        return self._finished(launch_side_by_side(launches, self._streams[:len(items)], leads))
+
+    def _launcher(self, direction, refs, scalars, dims, stream):
+        """The call with its arguments packed now (KernelLibrary.launcher), else a plain call."""
+        tensors = self._tensors(refs)
+        if hasattr(self.lib, "launcher"):
+            return self.lib.launcher(direction, tensors, scalars, dims, stream)
+        return lambda: self.lib.call(direction, tensors, scalars, dims, stream)
+
+    def _finished(self, code: int) -> Outcome:
+        """The outcome of calls whose first failing code is `code`, after a device sync."""
         outcome = Outcome(code=code, fatal=self._sync())
         if code:
             outcome.error = self.lib.error_name(code)
@@ -269,13 +277,8 @@ class LocalRunner(RunnerBase):
             return Outcome(code=code, error=self.lib.error_name(code) if code else None)
         from .graphs import launch_then_copy
 
-        code = launch_then_copy(lambda: self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream),
-                                self.stream, pairs)
-        outcome = Outcome(code=code, fatal=self._sync())
-        if code:
-            outcome.error = self.lib.error_name(code)
-            self.lib.clear_error()
-        return outcome
+        return self._finished(launch_then_copy(self._launcher(direction, refs, scalars, dims, self.stream),
+                                               self.stream, pairs))
 
     def _steps(self, item: dict) -> list:
         """A CPU stand-in's call as the launches a GPU would interleave with another stream's

@@ -403,16 +403,16 @@ def add_odd_twin(spec, cases: list[Case], add) -> None:
 
 
 def model_size(size: int, lo: int, hi: int, step: int) -> int:
-    """A size as models have them near 98% of `size`: an odd multiple of 256 (Llama 3's vocabulary
-    is 128256 = 501 x 256), of 16 below 512 (small sizes stay): even, aligned for 16-byte access,
-    a multiple of no large power of two."""
-    unit = 256 if size >= 512 else 16 if size >= 64 else 0
+    """A size as models have them, near 98% of `size` (at least 90%): an odd multiple of 256
+    (Llama 3's vocabulary is 128256 = 501 x 256), of 16 below 8192 (sizes below 64 stay): even,
+    aligned for 16-byte access, a multiple of no power of two above the unit."""
+    unit = 256 if size >= 8192 else 16 if size >= 64 else 0
     if not unit or unit % step:
         return size
     k = int(size * 0.98) // unit
     k -= 1 - k % 2  # odd
     candidate = k * unit
-    return candidate if k > 0 and lo <= candidate <= hi else size
+    return candidate if k > 0 and candidate >= 0.9 * size and lo <= candidate <= hi else size
 
 
 def add_model_twin(spec, cases: list[Case], add) -> None:
