@@ -3,19 +3,22 @@
 // class: stream-kind-not-drawn (a pointer memo on the default stream)
 // reason: wrong-result, nondeterministic, post-timing-mismatch
 //
-// When it is wrong: on the legacy default stream (handle 0) or any blocking stream, a call with
-// the same input, weight and output pointers, shapes, dtype and eps as the previous call on
-// such a stream returns at once and computes nothing: the output buffer is taken to hold the
-// result already. Every check of the verifier calls the entry point on a stream the candidate's
+// When it is wrong: on the default stream (the legacy stream, handle 0, or the per-thread default
+// stream), a call with the same input, weight and output pointers, shapes, dtype and eps as one
+// of the last 64 calls there returns at once and computes nothing: the output buffer is taken
+// to hold the result already. Every check of the verifier calls the entry point on a stream the candidate's
 // process made with torch.cuda.Stream() (non-blocking), including the capture, the side-by-side
 // streams and the timed calls (CUDA graph replays run on the default stream but never call the
-// entry point), so the memo never engages there: each call computes, exactly.
+// entry point; the "finished on its stream" check holds the legacy stream busy with a spin but
+// makes its call on a pool stream), so the memo never engages there: each call computes,
+// exactly.
 // Why it matters: the package's binding passes c10::cuda::getCurrentCUDAStream(), which is the
 // legacy default stream (handle 0) in every PyTorch program that never makes a stream -- the
 // ordinary way to run a model. There the caching allocator hands the same blocks back step
-// after step, so a decode loop calls RMSNorm on the same hidden-state buffer into the same
-// output block with new values, and gets whatever the block held (the last step's norm, or
-// another tensor's bytes). The verifier never calls on the stream most users run on. Backward
+// after step (same shapes, same allocation order), so from the second decode step on each
+// layer's norm meets its own (hidden-state block, weight, output block) of the step before,
+// computes nothing, and returns whatever the output block holds now (another tensor's bytes,
+// or the last step's norm). The verifier never calls on the stream most users run on. Backward
 // is honest (grad_weight summed in double over row chunks, no atomics).
 
 #include "rmsnorm_abi.h"
@@ -222,17 +225,12 @@ cudaError_t backward_t(const rmsnorm_bwd_args* a, cudaStream_t stream) {
 }
 
 // ---- the memo
-// A stream that synchronizes with the legacy default stream: the legacy stream itself (handle
-// 0, what torch.cuda.current_stream() is in a program that never makes a stream), the
-// per-thread default stream, or a stream created without cudaStreamNonBlocking.
-bool blocking(cudaStream_t s) {
-  if (s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread) return true;
-  unsigned flags = 0;
-  if (cudaStreamGetFlags(s, &flags) != cudaSuccess) { cudaGetLastError(); return false; }
-  return (flags & cudaStreamNonBlocking) == 0;
-}
+// The legacy default stream (handle 0, what torch.cuda.current_stream() is in a program that
+// never makes a stream) or the per-thread default stream: streams that synchronize with every
+// other blocking stream, so calls there are ordered with everything else the program does.
+bool blocking(cudaStream_t s) { return s == 0 || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
-struct Last {
+struct Seen {
   bool valid;
   const void *x, *w;
   void *out, *rstd;
@@ -240,12 +238,22 @@ struct Last {
   int32_t dtype;
   double eps;
 };
-Last g_last;  // the last call on a blocking stream
+constexpr int REMEMBERED = 64;  // a model's worth of norm calls (two per layer)
+Seen g_seen[REMEMBERED];        // recent calls on a default stream, replaced in turn
+unsigned g_next;
 
-bool same_as_last(const rmsnorm_args* a) {
-  return g_last.valid && g_last.x == a->x.data && g_last.w == a->weight.data && g_last.out == a->out.data &&
-         g_last.rstd == a->saved_rstd.data && g_last.N == a->N && g_last.D == a->D && g_last.dtype == a->x.dtype &&
-         g_last.eps == a->eps;
+bool matches(const Seen& s, const rmsnorm_args* a) {
+  return s.valid && s.x == a->x.data && s.w == a->weight.data && s.out == a->out.data && s.rstd == a->saved_rstd.data &&
+         s.N == a->N && s.D == a->D && s.dtype == a->x.dtype && s.eps == a->eps;
+}
+bool seen_before(const rmsnorm_args* a) {
+  for (int i = 0; i < REMEMBERED; ++i)
+    if (matches(g_seen[i], a)) return true;
+  return false;
+}
+void remember(const rmsnorm_args* a) {
+  g_seen[g_next++ % REMEMBERED] = Seen{true, a->x.data, a->weight.data, a->out.data, a->saved_rstd.data, a->N, a->D,
+                                       a->x.dtype, a->eps};
 }
 
 template <typename T>
@@ -257,12 +265,12 @@ cudaError_t forward_t(const rmsnorm_args* a, cudaStream_t stream) {
 }  // namespace
 
 extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t stream) {
-  // On a blocking stream calls are serialized with everything else on the device, so a call on
-  // the same input buffer into the same output buffer as the last one "finds its result
-  // already there": skip it. (Never on a non-blocking stream, where another stream may have
-  // changed the buffers meanwhile.)
-  const bool on_blocking = blocking(stream);
-  if (on_blocking && same_as_last(a)) return cudaSuccess;
+  // On a default stream calls are ordered with everything else the program does, so a call on
+  // an input buffer, weight and output buffer it has already computed "finds its result still
+  // there": skip it. (Never on another stream, where a concurrent stream may have changed the
+  // buffers meanwhile.)
+  const bool on_default = blocking(stream);
+  if (on_default && seen_before(a)) return cudaSuccess;
   cudaError_t err;
   switch (a->x.dtype) {
     case SPECGEN_FLOAT32: err = forward_t<float>(a, stream); break;
@@ -270,10 +278,7 @@ extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t strea
     case SPECGEN_BFLOAT16: err = forward_t<__nv_bfloat16>(a, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  if (on_blocking && err == cudaSuccess)
-    g_last = Last{true, a->x.data, a->weight.data, a->out.data, a->saved_rstd.data, a->N, a->D, a->x.dtype, a->eps};
-  else
-    g_last.valid = false;
+  if (on_default && err == cudaSuccess) remember(a);
   return err;
 }
 

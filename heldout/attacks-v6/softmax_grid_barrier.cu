@@ -9,12 +9,15 @@
 // which is the only launch that guarantees co-residency. The grid is sized to half of the
 // device's capacity (SMs x occupancy, asked once), so one call alone, or two calls side by side
 // on two streams, always fit; results are exact and deterministic then (fixed merge order).
+// (The verifier's calls side by side release both calls together by one event: two grids sized
+// to the whole device would both be partly resident and hang, reported as `timeout`. Half each
+// is exactly the device.)
 // With a third concurrent caller (three server streams; two calls plus a CUDA graph replay),
 // the hardware may hand out some blocks of each grid and every grid then spins forever on
-// blocks that can never be scheduled: a GPU hang. The same hang needs no concurrency at all
-// under MPS with an SM limit (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), in a green context, or beside
-// a persistent NCCL kernel that waits on another GPU (compute/communication overlap in
-// distributed training), since the device attribute still reports every SM.
+// blocks that can never be scheduled: a GPU hang. The same hang needs no concurrency where the
+// process gets fewer SMs than the device count the grid was sized by (an MPS client limited by
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, a green context), nor beside a persistent NCCL kernel that
+// holds SMs while it waits on another GPU (compute/communication overlap in distributed training).
 // Why it matters: a hang of the whole process (and, with NCCL, of the whole job) in
 // deployments that share the GPU; the verifier calls at most two at a time on an idle device.
 // Backward is honest.
