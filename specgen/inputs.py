@@ -110,10 +110,7 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         u = torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
         info = torch.finfo(TORCH_DTYPES[dtype_name]) if dtype_name in TORCH_DTYPES else torch.finfo(torch.float32)
         if distribution in ("specials", "infinities"):
-            f = SPECIAL_FRACTION
-            base = torch.where(u < f, float("nan") if distribution == "specials" else base, base)
-            base = torch.where((u >= f) & (u < 2 * f), float("inf"), base)
-            return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
+            return with_specials(base, u, nan=distribution == "specials")
         if distribution == "huge":  # log-uniform magnitudes from 1e3 up to HUGE_TOP (or a tenth of the range)
             import math
 
@@ -141,6 +138,15 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
     if distribution == "uniform":
         return torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * 2 - 1
     raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+
+
+def with_specials(base: torch.Tensor, u: torch.Tensor, *, nan: bool = True) -> torch.Tensor:
+    """`base` with SPECIAL_FRACTION of its elements each NaN (unless `nan` is False), +Inf and
+    -Inf, where the uniform draws `u` fall in [0, f), [f, 2f) and [2f, 3f)."""
+    f = SPECIAL_FRACTION
+    base = torch.where(u < f, float("nan") if nan else base, base)
+    base = torch.where((u >= f) & (u < 2 * f), float("inf"), base)
+    return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
 
 
 def _with_outliers(base: torch.Tensor, gen: torch.Generator, dtype_name: str) -> torch.Tensor:

@@ -163,12 +163,10 @@ def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
 def _side_by_side(torch, state, message: dict, prepare_call) -> dict:
     """Calls at the same time, each on a stream of its own (graphs.launch_side_by_side); the
     streams are made once and kept, as `stream` is."""
-    from .graphs import launch_side_by_side
+    from .graphs import launch_side_by_side, streams_from
 
     calls = message["calls"]
-    while len(state["streams"]) < len(calls):
-        state["streams"].append(torch.cuda.Stream())
-    streams = state["streams"][:len(calls)]
+    streams = streams_from(state["streams"], len(calls))
     launches = [prepare_call(item, on) for item, on in zip(calls, streams)]
     code = launch_side_by_side(launches, streams, message.get("leads") or [0] * len(calls))
     return _after(torch, state, {"type": "done", "code": code})

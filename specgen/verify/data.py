@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..checking import run_reference_checked
-from ..inputs import SPECIAL_FRACTION, TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast
+from ..inputs import TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast, with_specials
 from ..reference import reference_failure
 from ..saved import evaluate_saved
 from .layout import Layout, TensorRef
@@ -288,11 +288,7 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
     if scale != 1.0:
         g = g * scale
     if distribution == "specials":
-        u = torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device)
-        f = SPECIAL_FRACTION
-        g = torch.where(u < f, float("nan"), g)
-        g = torch.where((u >= f) & (u < 2 * f), float("inf"), g)
-        g = torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), g)
+        g = with_specials(g, torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device))
     return g.to(dtype)
 
 

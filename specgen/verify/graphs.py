@@ -68,6 +68,15 @@ def repeat_calls(launcher_on: Callable[[object], Callable[[], int]], stream, *, 
 CALLS_COVER_CYCLES = 200_000
 
 
+def streams_from(pool: list, count: int) -> list:
+    """`count` streams of `pool`, made when first needed and kept (as a caller's streams are)."""
+    import torch
+
+    while len(pool) < count:
+        pool.append(torch.cuda.Stream())
+    return pool[:count]
+
+
 def launch_side_by_side(launchers: list[Callable[[], int]], streams: list, leads: list[int]) -> int:
     """Calls that run at the same time, call i on streams[i], as two threads or two streams of a
     program call an op: one spin on streams[0] covers the host's launches, an event releases

@@ -180,10 +180,9 @@ class LocalRunner(RunnerBase):
         self._sync()
         started = time.perf_counter()
         code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
-        outcome = Outcome(code=code, host_ms=(time.perf_counter() - started) * 1e3, fatal=self._sync())
-        if code:
-            outcome.error = self.lib.error_name(code)
-            self.lib.clear_error()
+        host_ms = (time.perf_counter() - started) * 1e3
+        outcome = self._finished(code)
+        outcome.host_ms = host_ms
         return outcome
 
     def capture(self, direction, refs, scalars, dims) -> Outcome:
@@ -242,13 +241,12 @@ class LocalRunner(RunnerBase):
                 for step in filter(None, round_):
                     code = code or step()
             return self._finished(code)
-        from .graphs import launch_side_by_side
+        from .graphs import launch_side_by_side, streams_from
 
-        while len(self._streams) < len(items):
-            self._streams.append(torch.cuda.Stream())
+        streams = streams_from(self._streams, len(items))
         launches = [self._launcher(item["direction"], item["tensors"], item["scalars"], item["dims"], on)
-                    for item, on in zip(items, self._streams)]
-        return self._finished(launch_side_by_side(launches, self._streams[:len(items)], leads))
+                    for item, on in zip(items, streams)]
+        return self._finished(launch_side_by_side(launches, streams, leads))
 
     def _launcher(self, direction, refs, scalars, dims, stream):
         """The call with its arguments packed now (KernelLibrary.launcher), else a plain call."""
@@ -273,8 +271,7 @@ class LocalRunner(RunnerBase):
             code = self.lib.call(direction, self._tensors(refs), scalars, dims, None)
             for source, destination in pairs:
                 destination.copy_(source)
-            self._sync()
-            return Outcome(code=code, error=self.lib.error_name(code) if code else None)
+            return self._finished(code)  # its sync finishes a stand-in's work "on other streams"
         from .graphs import launch_then_copy
 
         return self._finished(launch_then_copy(self._launcher(direction, refs, scalars, dims, self.stream),
