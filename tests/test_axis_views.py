@@ -29,12 +29,12 @@ NORMS = ["layernorm_module", "groupnorm_module", "instance_norm", "batchnorm_tra
 VIEWS = NORMS + ["layernorm_last2", "groupnorm_3d", "batchnorm_train_3d", "instance_norm_1d", "group_mean_view",
                  "var_dims12", "l2_norm_dims12", "l1_norm_flat", "rms_norm_dims23", "frobenius_dims",
                  "instance_norm_module", "batchnorm1d_2d", "groupnorm_literal", "layernorm_affine_module",
-                 "var_flat_view", "bn_manual", "gn_manual"]
+                 "var_flat_view", "bn_manual", "gn_manual", "groupnorm4_ncl_affine", "instance_norm_5d_affine"]
 # reductions over a trailing run of axes: the row lowering's now (folded into one column axis,
 # lower.trailing_fold; tests/test_builtin_trailing.py); the family's own lowering still tested here
 FOLDED = {"layernorm_module": 3, "layernorm_last2": 2, "l2_norm_dims12": 2, "rms_norm_dims23": 2,
           "frobenius_dims": 3, "layernorm_affine_module": 2}
-SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10, "S": 4, "D": 7}
+SHAPES = {"B": 3, "C": 6, "G": 3, "H": 4, "W": 5, "L": 10, "S": 4, "D": 7, "T": 2}
 
 
 def _spec(op):
@@ -142,9 +142,60 @@ def test_views_that_mix_axes_are_refused(tmp_path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("op", NORMS + ["groupnorm_3d", "group_mean_view", "var_dims12", "gn_manual"])
+@pytest.mark.parametrize("op", NORMS + ["groupnorm_3d", "group_mean_view", "var_dims12", "gn_manual",
+                                        "groupnorm4_ncl_affine", "instance_norm_5d_affine"])
 def test_normalization_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 
     spec = _spec(op)
     compile_source(spec, build_source(spec))
+
+
+def _c_int(expr: str, env: dict) -> int:
+    """A generated C index expression over int64 sizes, evaluated in Python (casts dropped,
+    A.<dim> from `env`, / as the non-negative integer division it is there)."""
+    import re
+
+    text = expr.replace("(int64_t)", "").replace("(size_t)", "").replace("/", "//")
+    text = re.sub(r"A\.(\w+)", lambda m: str(env[m.group(1)]), text)
+    return int(eval(text, {}, {}))  # noqa: S307 - our own generated arithmetic
+
+
+@pytest.mark.parametrize("op,dims", [("groupnorm4_ncl_affine", {"B": 3, "G": 5, "L": 7}),
+                                     ("instance_norm_5d_affine", {"B": 3, "C": 4, "T": 2, "H": 3, "W": 5})])
+def test_part_totals_visit_each_summed_element_once(op, dims):
+    """An affine norm's weight gradient is a part total (a sum over every atom but the channel's):
+    the part kernel's index math, read from the emitted C and evaluated here, visits for each
+    output element k exactly the elements (or kept elements) whose output coordinate is k."""
+    import math
+
+    from specgen.agents.builtin.families.axis_emit import AxisEmitter
+    from specgen.agents.builtin.families.axis_parts import PartWriter
+
+    spec = _spec(op)
+    program = lower_axis(spec)["backward"]
+    em = AxisEmitter(spec, program, "backward")
+    assert [(g.atoms, g.over, len(g.totals)) for g in em.part_groups] == \
+        [(tuple(em.plan()["part_totals"][0][1]), em.plan()["part_totals"][0][0], 2)]
+    assert {s.field for g in em.part_groups for s in g.stores} == {"grad_weight", "grad_bias"}
+    parts: PartWriter = em.parts
+    g = em.part_groups[0]
+    sizes = [d.resolve(dims) for d in parts.atoms]
+    space = parts.space(g)
+    kp = _c_int(parts.prod(g.atoms), dims)
+    m_total = _c_int(parts.prod(parts.summed(g)), dims)
+    rin = _c_int(parts.prod(parts.inner_run(g)), dims)
+    assert kp == dims["C"] if "C" in dims else kp == 4 * dims["G"]
+    assert kp * m_total == math.prod(sizes[a] for a in space)
+    strides = {a: math.prod(sizes[b] for b in space[space.index(a) + 1:]) for a in space}
+    for k in range(kp):
+        base = _c_int(parts.base_expr(g).replace("k", str(k)), dims)
+        seen = set()
+        for m in range(m_total):
+            qo = m // rin
+            n0 = base + _c_int(parts.outer_expr(g, str(qo)), dims) + (m - qo * rin)
+            seen.add(n0)
+        coords = lambda n: [n // strides[a] % sizes[a] for a in g.atoms]  # noqa: E731
+        want = {n for n in range(kp * m_total) if coords(n) == [k // math.prod(sizes[b] for b in g.atoms if b > a)
+                                                               % sizes[a] for a in g.atoms]}
+        assert seen == want, k

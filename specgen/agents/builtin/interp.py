@@ -25,9 +25,11 @@ def resolve_dim(dim, dims: dict[str, int]) -> int:
 
 
 def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dict[str, float],
-                dims: dict[str, int], outputs: dict[str, torch.Tensor], acc: torch.dtype = torch.float64) -> None:
+                dims: dict[str, int], outputs: dict[str, torch.Tensor], acc: torch.dtype = torch.float64,
+                family_ops: dict | None = None) -> None:
     """Write every store of `program` into `outputs` (preallocated, by ABI field); float
-    values computed in `acc` (float64, or float32 as the kernels' accumulator)."""
+    values computed in `acc` (float64, or float32 as the kernels' accumulator). `family_ops`:
+    {op: fn(node, args)} for a family's own ops (the axis family's partreduce)."""
     rows = math.prod(d.resolve(dims) for d in program.row_dims)
     memo: dict[int, torch.Tensor] = {}
 
@@ -125,6 +127,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             return interp_scan(node, args[0], rows, width, dims)
         if op == "globalreduce":
             return args[0].expand(rows, 1).sum()
+        if family_ops and op in family_ops:
+            return family_ops[op](node, args)
         raise AssertionError(f"interp: unknown op {op}")
 
     width = int(ev(program.width))
@@ -135,6 +139,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         offset = int(ev(store.offset)) if store.offset is not None else 0
         if store.kind == "global":
             out.reshape(()).copy_(value.reshape(()))
+        elif store.kind == "part":  # a family's per-parameter totals, already in the output's shape
+            out.copy_(value.reshape(out.shape))
         elif store.kind == "row":
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
         elif store.kind == "elem":

@@ -33,6 +33,7 @@ from ..ir import Node, Store
 from ..optimize import squared_deviations
 from ..prelude import PRELUDE, PRELUDE_MOMENTS, with_optional_preludes
 from ..schedule import DEFAULT_VARIANT, Variant
+from .axis_parts import PartWriter, part_groups
 from .axis_reduce import AxisProgram
 
 BLOCK = 256
@@ -181,6 +182,10 @@ class AxisEmitter(DirectionEmitter):
         self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
         self.total_stores = [s for s in program.stores if s.kind == "global" and s.value.level == "post"]
         self.totals = [n for n in self.nodes if n.op == "globalreduce"]  # sums over every kept element
+        # sums over some atoms, one per element of the others (an affine norm's weight gradient):
+        # grouped by (kept atoms, element or kept space), a kernel each after the reductions
+        self.part_groups = part_groups([n for n in self.nodes if n.op == "partreduce"],
+                                       [s for s in program.stores if s.kind == "part"])
         # workspace slots (8 bytes each per kept element): partials (value, and index for
         # arg kinds) per reduction, then each reduction's result when the elem pass reads it
         self.pslots = {}
@@ -189,6 +194,7 @@ class AxisEmitter(DirectionEmitter):
         self.npartial = sum(len(self.running_values(n)) for n in self.reduces)
         self.phases = self.phase_list()
         self.kept = self.kept_reduces()
+        self.parts = PartWriter(self)
 
     def arg_pairs(self, program: AxisProgram) -> dict[int, Node]:
         """{values node id: its arg-reduction} for torch.max/min over a dim, whose values are the
@@ -272,7 +278,7 @@ class AxisEmitter(DirectionEmitter):
         """Reductions whose results go through the workspace: those the elem pass reads, and
         every reduction of a phase before the last (later phases read them)."""
         early = {n.id for phase in self.phases[:-1] for n in phase}
-        roots = [s.value for s in self.elem_stores]
+        roots = [s.value for s in self.elem_stores] + [t.args[0] for g in self.part_groups for t in g.totals]
         want, stack = set(), list(roots)
         while stack:
             n = stack.pop()
@@ -290,7 +296,9 @@ class AxisEmitter(DirectionEmitter):
                 "kept_slots": len(self.kept), "layout": self.lay.describe(),
                 "values_from_arg": sorted(a.attrs["kind"] for a in self.aliases.values()),
                 "fused": self.fused_allowed(), "moments": len(self.pairs), "co_moments": len(self.co),
-                "elem_vec": self.elem_vec and bool(self.elem_stores)}
+                "elem_vec": self.elem_vec and bool(self.elem_stores),
+                **({"part_totals": [(g.over, g.atoms, len(g.totals)) for g in self.part_groups]}
+                   if self.part_groups else {})}
 
     def total_slot(self, t: int) -> int:
         """The workspace slot (after the kept slots) of a total's per-kept-element values."""
@@ -837,7 +845,7 @@ class AxisEmitter(DirectionEmitter):
     def fused_allowed(self) -> bool:
         """The one-kernel form (variant axisfused): reductions, a one-ended layout, no totals
         (their sum over every kept element needs a kernel after all rows)."""
-        return self.fused and bool(self.reduces) and not self.lay.ends and not self.totals
+        return self.fused and bool(self.reduces) and not self.lay.ends and not self.totals and not self.part_groups
 
     def write_fused(self, w: CWriter) -> None:
         """A block per kept element (I == 1, R not split): each phase's sweep, merge and finish in
@@ -1070,7 +1078,8 @@ class AxisEmitter(DirectionEmitter):
         with w.block():
             w.lines(self.sizes())
             w.line("const int64_t K = O * I, N = O * R * I;")
-            w.line("if (N == 0 && K == 0) return cudaSuccess;")
+            if not self.part_groups:
+                w.line("if (N == 0 && K == 0) return cudaSuccess;")
             w.line("constexpr int VEC = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;")
             aligned = " && ".join(f"sg::aligned16(A.{n.attrs['field']}.data)" for n in self.vec_loads()) or "true"
             w.line(f"const bool loads_aligned = {aligned};")
@@ -1080,9 +1089,15 @@ class AxisEmitter(DirectionEmitter):
             if self.reduces:
                 self.write_reduce_split(w, vi_ok)
             w.line("const int64_t GP = G > 1 ? G : 0;")
-            if self.has_workspace:
+            if self.part_groups:
+                w.lines(self.parts.launch_geometry(f"((size_t){self.npartial} * (size_t)GP + "
+                                                   f"{len(self.kept) + len(self.totals)}) * (size_t)K"))
+                w.line(f"if (N == 0 && K == 0 && !({self.parts.any_output()})) return cudaSuccess;")
+                w.line(f"const size_t ws_bytes = 8 * {self.parts.parts_end()};")
+            elif self.has_workspace:
                 w.line(f"const size_t ws_bytes = 8 * ((size_t){self.npartial} * (size_t)GP + "
                        f"{len(self.kept) + len(self.totals)}) * (size_t)K;")
+            if self.has_workspace:
                 w.lines(take_workspace("ws_bytes"))
                 w.line("void* ws = ws_bytes ? A.workspace : nullptr;")
             else:
@@ -1095,6 +1110,7 @@ class AxisEmitter(DirectionEmitter):
                     self.write_reduce_launches(w, vi_ok)
             if self.elem_stores or (self.global_stores and not self.reduces):
                 self.write_elem_launch(w)
+            self.parts.write_launches(w)
             w.line("return cudaGetLastError();")
         w.line()
         dispatch = self.dispatch_field()
@@ -1193,7 +1209,7 @@ class AxisEmitter(DirectionEmitter):
     @property
     def has_workspace(self) -> bool:
         """Partials of split reductions, or kept/total slots: bytes the framework's workspace holds."""
-        return self.npartial > 0 or len(self.kept) + len(self.totals) > 0
+        return self.npartial > 0 or len(self.kept) + len(self.totals) > 0 or bool(self.part_groups)
 
     def emit(self, dtypes: list[str]) -> str:
         w = CWriter()
@@ -1217,6 +1233,7 @@ class AxisEmitter(DirectionEmitter):
         if self.elem_stores or (self.global_stores and not self.reduces):
             self.write_elem(w)
             w.line()
+        self.parts.write(w)
         self.write_launch(w, dtypes)
         return w.text()
 

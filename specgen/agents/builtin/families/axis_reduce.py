@@ -307,14 +307,27 @@ class AxisLowering(Lowering):
         partial = [v for v in vals if isinstance(v, PartialSum)]
         if not partial:
             return super().elementwise(op, args, fx_node)
-        # sum(e) * v == sum(e * v) when v is constant over the block (per row or global)
+        # sum(a) +- sum(b) == sum(a +- b) over the same atoms (GroupNorm's weight gradient:
+        # sum(g * x) - sum(g) * mean, both over H*W per channel)
+        if len(partial) == 2 and len(vals) == 2 and op in ("add", "sub") and partial[0].atoms == partial[1].atoms:
+            node = self.pointwise(op, [partial[0].summand, partial[1].summand], fx_node)
+            return PartialSum(node, _shape(fx_node), partial[0].atoms)
+        # sum(e) * v == sum(e * v) when v is constant over the summed atoms: per row, global, or
+        # a value over other atoms (GroupNorm's weight per channel, constant over H*W)
         others = [v for v in vals if not isinstance(v, PartialSum)]
-        if len(partial) != 1 or op not in ("mul", "div", "neg") or (op == "div" and vals[0] is not partial[0]) \
-                or any(v.node.level not in ("const", "global", "row") for v in others):
-            raise self.refuse(fx_node, f"a {op} of a sum over part of the reduced axes")
         part = partial[0]
+        if len(partial) != 1 or op not in ("mul", "div", "neg") or (op == "div" and vals[0] is not part) \
+                or not all(self.constant_over(v, part.atoms) for v in others):
+            raise self.refuse(fx_node, f"a {op} of a sum over part of the reduced axes")
         node = self.pointwise(op, [part.summand if isinstance(v, PartialSum) else v.node for v in vals], fx_node)
         return PartialSum(node, _shape(fx_node), part.atoms)
+
+    def constant_over(self, v: Val, atoms: frozenset) -> bool:
+        """Is `v` constant along every atom in `atoms`? Per row, global, or (a broadcast value,
+        its shape spanning some atoms only) absent from all of them."""
+        if v.node.level in ("const", "global", "row"):
+            return v.node.level != "row" or not (atoms - set(self.layout.red_axes))
+        return self.shape_class(v.shape) == "part" and not (set(self.atoms_of(v.shape)) & atoms)
 
     def op_sum(self, fx_node, src, dims, **kw):
         return self.reduce("sum", self.partial_or_value(src, fx_node), list(dims), fx_node)
@@ -367,16 +380,22 @@ class AxisLowering(Lowering):
         block = frozenset(a for a in self.layout.red_axes if self.layout.shape[a] != 1)
         if isinstance(val, PartialSum):  # the rest of the block: one reduction of the summand
             rest = self.reduced_atoms(val.shape, dims)
-            if kind != "sum" or rest is None or rest & val.atoms or rest | val.atoms != block:
-                raise self.refuse(fx_node, f"a {kind} of a partial sum that is not the rest of the block")
-            return Val(Node("rowreduce", (val.summand,), level="row", attrs={"kind": "sum"}, name=fx_node.name),
-                       out_shape)
+            if kind != "sum" or rest is None or rest & val.atoms:
+                raise self.refuse(fx_node, f"a {kind} of a partial sum over atoms it already summed")
+            if rest | val.atoms == block:
+                return Val(Node("rowreduce", (val.summand,), level="row", attrs={"kind": "sum"},
+                                name=fx_node.name), out_shape)
+            # summed over other atoms than the block (GroupNorm's weight gradient: over H*W, then
+            # over the batch): a total per element of the output's atoms
+            return self.part_total(val.summand, rest | val.atoms, out_shape, fx_node)
         node = val.node
         if kind == "sum" and node.level == "elem" and node.dtype == "float" \
                 and self.shape_class(val.shape) == "elem":
             some = self.reduced_atoms(val.shape, dims)
             if some and some < block:
                 return PartialSum(node, out_shape, frozenset(some))
+            if some and some != block and self.shape_class(out_shape) == "part":
+                return self.part_total(node, some, out_shape, fx_node)
         if kind == "var":  # two sweeps: the mean, then the squared deviations from it
             if node.level != "elem" or node.dtype != "float" or not self.block_of(val.shape, dims):
                 raise self.refuse(fx_node, f"a variance over dims {list(dims)} of a value of shape {val.shape}")
@@ -395,7 +414,11 @@ class AxisLowering(Lowering):
             # a total over every kept element (the mean over rows of a per-row loss): post level
             if {d % len(val.shape) for d in dims} | {i for i, n in enumerate(val.shape) if n == 1} \
                     != set(range(len(val.shape))):
-                raise self.refuse(fx_node, f"a reduction over part of the kept dims {val.shape}")
+                # over some kept atoms (InstanceNorm's weight gradient: a per-(sample, channel) value
+                # summed over the samples): a total per element of the output's atoms
+                if kind != "sum" or node.dtype != "float":
+                    raise self.refuse(fx_node, f"a {kind} over part of the kept dims {val.shape}")
+                return self.part_total(node, self.reduced_atoms(val.shape, dims), out_shape, fx_node)
             if kind != "sum":
                 raise self.refuse(fx_node, f"a {kind} over every kept element")
             return Val(Node("globalreduce", (node,), level="post", dtype="float", attrs={"kind": "sum"},
@@ -425,6 +448,21 @@ class AxisLowering(Lowering):
         dtype = node.dtype if kind in ("max", "min") else ("float" if node.dtype == "float" else "int")
         return Val(Node("rowreduce", (node,), level="row", dtype=dtype, attrs={"kind": kind}, name=fx_node.name),
                    out_shape)
+
+    def part_total(self, summand: Node, summed: set[int] | None, out_shape, fx_node) -> Val:
+        """A sum of `summand` (per element of S, or per kept element) over the atoms `summed`,
+        one value per element of the output's atoms (every other non-1 atom): a `partreduce`,
+        evaluated after the reductions by its own kernel (axis_emit.write_part)."""
+        nonunit = {a for a, n in enumerate(self.layout.shape) if n != 1}
+        space = nonunit if summand.level == "elem" else nonunit - set(self.layout.red_axes)
+        cls = self.shape_class(out_shape) if out_shape else None
+        keep = set(self.atoms_of(out_shape)) if cls in ("part", "row") else None
+        if summed is None or keep is None or keep & summed or keep | summed != space or not summed \
+                or summand.level not in ("elem", "row"):
+            raise self.refuse(fx_node, f"a sum over dims to shape {out_shape} that is not a total over some atoms")
+        return Val(Node("partreduce", (summand,), level="post", dtype="float",
+                        attrs={"kind": "sum", "atoms": tuple(sorted(keep)), "over": summand.level},
+                        name=fx_node.name), out_shape)
 
     def width_node(self, fx_node) -> Node:
         """R: the product of the block's dims (a global int)."""
@@ -522,8 +560,11 @@ class AxisLowering(Lowering):
             return [Store(field, node, "elem")]
         if cls == "row" and node.level != "elem":
             return [Store(field, node, "row")]
-        if cls == "global" and node.level in ("const", "global", "post"):
+        if cls == "global" and node.level in ("const", "global", "post") and not _part_totals(node):
             return [Store(field, node, "global")]
+        if cls == "part" and node.level == "post" and _part_totals(node) \
+                and {t.attrs["atoms"] for t in _part_totals(node)} == {tuple(self.atoms_of(shape))}:
+            return [Store(field, node, "part")]
         raise self.refuse(fx_node, f"output {field} of shape {shape} holding a {node.level} value")
 
     def run(self) -> AxisProgram:
@@ -538,6 +579,21 @@ class AxisLowering(Lowering):
 
 def _hint(size) -> int:
     return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+def _part_totals(node: Node) -> list[Node]:
+    """The partreduce nodes a post value is computed from (through post-level arithmetic)."""
+    found, stack, seen = [], [node], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen or n.level != "post":
+            continue
+        seen.add(n.id)
+        if n.op == "partreduce":
+            found.append(n)
+            continue
+        stack.extend(n.args)
+    return found
 
 
 def _contiguous_source(src) -> bool:
@@ -559,12 +615,16 @@ def validate(program: AxisProgram) -> None:
     from .. import ir
 
     known = ir.UNARY | ir.BINARY | {"const", "scalar", "dim", "load", "iota", "where", "cast", "rowreduce",
-                                    "globalreduce"}
+                                    "globalreduce", "partreduce"}
     for n in program.nodes():
         assert n.op in known, f"axis program: op {n.op} outside the family"
         assert n.level in ("const", "global", "row", "elem", "post"), f"axis program: level {n.level} of {n!r}"
         if n.op == "globalreduce":
             assert n.args[0].level in ("row", "global", "const") and n.level == "post", f"axis program: {n!r}"
+        if n.op == "partreduce":
+            assert n.args[0].level in ("elem", "row") and n.level == "post" and n.attrs["atoms"], \
+                f"axis program: {n!r}"
+            continue
         if n.op == "rowreduce":
             assert n.args[0].level == "elem" and n.level == "row", f"axis program: {n!r}"
             assert n.attrs["kind"] in ("sum", "prod", "max", "min", "argmax", "argmin"), n
@@ -575,7 +635,11 @@ def validate(program: AxisProgram) -> None:
             assert n.attrs["kind"] in ("elem", "row", "global", "part") and not n.attrs.get("row_div"), n
             assert n.attrs["kind"] != "part" or n.level == "elem", n
     for s in program.stores:
-        assert s.kind in ("elem", "row", "global") and s.offset is None, s
+        assert s.kind in ("elem", "row", "global", "part") and s.offset is None, s
+        if s.kind == "part":
+            assert s.value.level == "post" and _part_totals(s.value), s
+        if s.kind == "global":
+            assert not _part_totals(s.value), s
         if s.kind == "row":
             assert s.value.level not in ("elem", "post"), s
         if s.kind == "global":
@@ -707,20 +771,35 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
         return t.reshape([full[a] if a in atoms else 1 for a in range(len(full))]).expand(full)
 
     parts = {field: attrs["atoms"] for field, attrs in loads.items() if attrs["kind"] == "part"}
-    ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items()}
+    # (inputs the program does not read are left out: a bias the backward never loads has no layout)
+    ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items() if k in read_as}
+    kept_atoms = [a for a in range(len(full)) if a not in lay.red_axes]
+
+    def partreduce(node, args):  # sum over every atom but the output's ones
+        x = args[0]
+        if node.attrs["over"] == "elem":
+            x = from_rows(x.expand(O * I, R), full)
+            space = list(range(len(full)))
+        else:
+            x = x.expand(O * I, 1).reshape([full[a] for a in kept_atoms])
+            space = kept_atoms
+        summed = [q for q, a in enumerate(space) if a not in node.attrs["atoms"]]
+        return x.sum(summed).reshape(-1) if summed else x.reshape(-1)
+
     outs = {}
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
         outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
-            torch.empty(O * I, dtype=v.dtype) if kind == "row" else torch.empty((), dtype=v.dtype)
-    run_program(program, ins, scalars, dims, outs, acc=acc)
+            torch.empty(O * I, dtype=v.dtype) if kind == "row" else \
+            torch.empty(v.shape, dtype=v.dtype) if kind == "part" else torch.empty((), dtype=v.dtype)
+    run_program(program, ins, scalars, dims, outs, acc=acc, family_ops={"partreduce": partreduce})
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
         if kind == "elem":
             v.copy_(from_rows(outs[k], v.shape))
         elif kind == "row":
             v.copy_(outs[k].reshape(v.shape))
-        elif kind == "global":
+        elif kind in ("global", "part"):
             v.copy_(outs[k].reshape(v.shape))
 
 
