@@ -28,9 +28,12 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # checkpoints upcast to float32 are: their low mantissa bits are zero). "quantized": normal values
 # on FP8 E4M3's grid (3 mantissa bits, |x| <= 448), as FP8 weights and activations dequantized for
 # serving are. "sparse": a ReLU's outputs (normal values with the negative half exactly 0), the
-# input of the next layer.
+# input of the next layer. "masked": attention scores under a mask: each row (along the last dim)
+# normal values with a contiguous run of -inf at its start or end (left padding, a causal or
+# sliding-window mask), shorter than the row. "int8": int8-quantized activations dequantized
+# (W8A8, QAT): each row on the grid of its absmax / 127.
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
-                 "rounded", "quantized", "sparse")
+                 "rounded", "quantized", "sparse", "masked", "int8")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
 # but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
@@ -125,6 +128,14 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         return base.to(torch.float8_e4m3fn).to(torch.float64)
     if distribution == "sparse":
         return base.clamp_min(0.0)
+    if distribution == "masked":
+        return _masked(base, gen)
+    if distribution == "int8":
+        if base.dim() == 0:
+            return base
+        # a float32 scale, as a dequantizing kernel holds it: q * scale is then exact in float64
+        scale = (base.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-30).float().double()
+        return torch.round(base / scale).clamp(-127, 127) * scale
     if distribution == "outliers":
         return _with_outliers(base, gen, dtype_name)
     if distribution == "normal":
@@ -147,6 +158,21 @@ def with_specials(base: torch.Tensor, u: torch.Tensor, *, nan: bool = True) -> t
     base = torch.where(u < f, float("nan") if nan else base, base)
     base = torch.where((u >= f) & (u < 2 * f), float("inf"), base)
     return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
+
+
+def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each row (along the last dim) with -inf over a run at its start or its end of a uniform
+    length in [0, width - 1]: the mask of a padded or causal attention row, never the whole row."""
+    if base.dim() == 0 or base.numel() == 0:
+        return base
+    width = base.shape[-1]
+    rows = base.reshape(-1, width)
+    u = torch.rand(rows.shape[0], 2, generator=gen, dtype=torch.float64, device=base.device)
+    length = (u[:, :1] * width).floor().clamp_max(width - 1)
+    index = torch.arange(width, device=base.device, dtype=torch.float64).unsqueeze(0)
+    at_end = u[:, 1:] < 0.5
+    mask = torch.where(at_end, index >= width - length, index < length)
+    return rows.masked_fill(mask, float("-inf")).view(base.shape)
 
 
 def _with_outliers(base: torch.Tensor, gen: torch.Generator, dtype_name: str) -> torch.Tensor:

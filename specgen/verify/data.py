@@ -171,7 +171,7 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
     atol = {slot.name: spec_atol * scale for slot in written}
     data = CaseData(case, direction, dict(read), {}, {}, scalars, dims, written, truth, atol, rtol, spec_atol,
                     device, reference=ref, derive=derive, later=later)
-    data.nonfinite_any = direction == "backward" and case.distribution == "specials"
+    data.nonfinite_any = direction == "backward" and case.gradient_class == "specials"
     data.scale = scale
     if not later:
         data.alternative = alternative_truth(derive, read, truth)
@@ -301,8 +301,8 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     fwd = run_reference_checked(spec, {**tensors, **scalars}, dims, case.dtype)
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
     gen = torch.Generator(device=device).manual_seed(case.seed + 1)
-    scale = gradient_scale([t.dtype for _, t in floating_out], case.distribution)
-    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.distribution, gen, scale)
+    scale = gradient_scale([t.dtype for _, t in floating_out], case.gradient_class)
+    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.gradient_class, gen, scale)
              for o, t in floating_out}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})

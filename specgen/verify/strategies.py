@@ -47,6 +47,9 @@ class Case:
     offset: int = 0  # elements, of the first input (input_offset: the others one more each)
     scalars: tuple[tuple[str, float | int | bool], ...] = ()  # drawn scalar values; absent: defaults
     overrides: tuple[tuple[str, str], ...] = ()  # (input, class) drawn instead (verify/domain.py)
+    # the output gradients' class in a backward case ("" = the inputs' class): NaN/inf gradients
+    # over finite activations are an AMP overflow step's, loss-scaled ones ("large") a scaler's
+    gradients: str = ""
 
     @property
     def dim_map(self) -> dict[str, int]:
@@ -58,7 +61,12 @@ class Case:
                 if self.offset else "")
         scalars = "".join(f", {k}={v:.4g}" if isinstance(v, float) else f", {k}={v}" for k, v in self.scalars)
         instead = f" ({', '.join(f'{k}: {v}' for k, v in self.overrides)} values)" if self.overrides else ""
-        return f"{shape} {self.dtype}, {self.distribution} values{instead}, seed {self.seed}{view}{scalars}"
+        grads = f", {self.gradients} output gradients" if self.gradients else ""
+        return f"{shape} {self.dtype}, {self.distribution} values{instead}{grads}, seed {self.seed}{view}{scalars}"
+
+    @property
+    def gradient_class(self) -> str:
+        return self.gradients or self.distribution
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -68,6 +76,8 @@ class Case:
             data["overrides"] = dict(self.overrides)
         else:
             del data["overrides"]
+        if not self.gradients:
+            del data["gradients"]
         return data
 
 
@@ -205,6 +215,17 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
                     seen.add(key)
                     cases.append(make_case(dims, dtype, seed=seed + k))
                     k += 1
+        # every value class at the widest row: a wide row's schedule (its chunks merged in a tree,
+        # a sniffed tile) is where masked rows and value grids go wrong, and the classes below
+        # meet only the mid and aligned shapes (held-out attacks-v6, session 27)
+        widest = fit_budget(sig, {s: (legal_sizes(lo, hi, step, [hi // 16 * 16])[0] if s == row_dim
+                                      else small[s][0]) for s in symbols}, spec.dims, budget, keep=row_dim)
+        for value_class in VALUE_CLASSES:
+            for dtype in spec.dtypes:
+                if value_class in domain.of(dtype):
+                    cases.append(make_case(widest, dtype, distribution=value_class, seed=seed + k,
+                                           overrides=domain.overrides(value_class, dtype)))
+                k += 1
     # Every dtype at one mid-sized aligned shape, so none is only seen at odd sizes; then every
     # value class and each scalar range's ends at that shape.
     mid = fit_budget(sig, {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [257])[0] for s in symbols},
@@ -226,6 +247,13 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
     for dtype in spec.dtypes:
         for offset in ELEMENT_OFFSETS[1:]:
             cases.append(make_case(aligned, dtype, seed=seed + k, offset=offset))
+            k += 1
+    # Normal inputs with special (NaN/inf) and loss-scaled output gradients (a backward's; a
+    # forward ignores them): whole tiles of finite activations meet non-finite gradients, which a
+    # fast path that skips "zero" gradients with a `> 0` test drops (held-out attacks-v6)
+    for gradients in GRADIENT_CLASSES:
+        for dtype in spec.dtypes:
+            cases.append(make_case(aligned, dtype, seed=seed + k, gradients=gradients))
             k += 1
     # Every value class again at the aligned shape, read from aligned pointers: the fast path
     # of a kernel (16-byte loads, whole tiles) is where a value sniff hides, and the odd mid
@@ -249,7 +277,8 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
     return cases
 
 
-VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse")
+VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse", "masked", "int8")
+GRADIENT_CLASSES = ("specials", "large")  # output gradients drawn apart from the inputs' class
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
@@ -354,7 +383,34 @@ def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> 
         add_walked_tops(spec, top, widest, limit_bytes, add)
     add_odd_twin(spec, cases, add)
     add_model_twin(spec, cases, add)
+    add_model_widths(spec, add)
     return cases
+
+
+MODEL_WIDTHS_AT_SCALE = 3  # model hidden sizes tried at a benchmark shape's scale
+
+
+def add_model_widths(spec, add) -> None:
+    """A few model hidden sizes that are not powers of two (3072, 5120, 7168: odd multiples of
+    1024 first) as the row width of the first benchmark shape, the other dims as they are, shrunk
+    to its elements if the width is larger (dtypes in turn): a schedule chosen above some size that
+    unrolls its chunks by two and drops the odd last one meets no odd chunk count at the
+    benchmark's round widths, and the small cases with these widths stay under its threshold
+    (held-out attacks-v6's add_rmsnorm, session 27)."""
+    sig = spec.signature
+    row = row_symbol(sig)
+    if row is None or not spec.benchmark:
+        return
+    lo, hi = spec.dims[row]
+    step = sig.symbol_divisors().get(row, 1)
+    shape = {s: int(spec.benchmark[0][s]) for s in sig.symbols()}
+    widths = [w for w in _MODEL_SIZES if w >= 1024 and w & (w - 1) and lo <= w <= hi and w % step == 0
+              and w != shape[row]]
+    widths.sort(key=lambda w: (not (w % 1024 == 0 and (w // 1024) % 2), w))
+    budget = case_elements(sig, shape)
+    for i, width in enumerate(widths[:MODEL_WIDTHS_AT_SCALE]):
+        dims = fit_budget(sig, {**shape, row: width}, spec.dims, budget, keep=row)
+        add(dims, spec.dtypes[i % len(spec.dtypes)])
 
 
 def add_walked_tops(spec, top: dict[str, int], widest: str, limit_bytes: int, add) -> None:
@@ -484,8 +540,9 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVER
     offset = draw(st.sampled_from(ELEMENT_OFFSETS))
     seed = draw(st.integers(0, 2**31 - 1))
     scalars = scalar_values(spec, seed) if draw(st.booleans()) else ()
+    gradients = draw(st.sampled_from(("",) + GRADIENT_CLASSES))  # "" (the inputs' class) first: shrinks to it
     return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars,
-                     overrides=domain.overrides(distribution, dtype))
+                     overrides=domain.overrides(distribution, dtype), gradients=gradients)
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
