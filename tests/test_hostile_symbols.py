@@ -33,10 +33,14 @@ REFUSED = {
     "dynamic loading": ["dlopen", "dlsym", "dlmopen", "dl_iterate_phdr", "dladdr"],
     "memory mapping": ["mmap", "mmap64", "mprotect"],
     "signals": ["signal", "sigaction", "__sysv_signal"],
+    "memory kept past a call": ["cudaMalloc", "cudaMallocManaged", "cudaMallocPitch", "cudaMalloc3D",
+                                "cudaMallocArray", "cudaMallocHost", "cudaHostAlloc", "cudaHostRegister", "cudaFree",
+                                "cudaFreeHost", "cudaFreeArray"],
 }
 ALLOWED = ["getpid", "memcpy", "__memcpy_chk", "malloc", "free", "printf", "__printf_chk", "fprintf", "fwrite",
            "puts", "exit", "__cxa_atexit", "__cxa_guard_acquire", "clock_gettime", "__stack_chk_fail", "abort",
-           "_Unwind_Resume", "__gxx_personality_v0", "cudaMalloc", "__cudaRegisterFunction", "sqrtf", "expf"]
+           "_Unwind_Resume", "__gxx_personality_v0", "cudaMallocAsync", "cudaFreeAsync", "cudaMallocFromPoolAsync",
+           "cudaHostGetDevicePointer", "__cudaRegisterFunction", "sqrtf", "expf"]
 
 
 @pytest.mark.parametrize("family, name", [(f, n) for f, names in REFUSED.items() for n in names])
@@ -164,6 +168,13 @@ FAMILIES = {
     "signals": ("#include <signal.h>", "static void on_signal(int) {}", """
   signal(SIGINT, on_signal); struct sigaction sa = {}; sink += sigaction(SIGINT, &sa, 0);""",
                 ["signal", "sigaction"]),
+    "memory kept past a call": ("", "static void* g_kept = nullptr;", """
+  void* p = nullptr; size_t pitch = 0; cudaPitchedPtr pitched;
+  sink += cudaMalloc(&g_kept, 4) + cudaMallocManaged(&p, 4) + cudaMallocPitch(&p, &pitch, 4, 4);
+  sink += cudaMalloc3D(&pitched, make_cudaExtent(4, 4, 4)) + cudaMallocHost(&p, 4) + cudaHostAlloc(&p, 4, 0);
+  sink += cudaHostRegister(p, 8, 0) + cudaFree(p) + cudaFreeHost(p);""",
+                                ["cudaMalloc", "cudaMallocManaged", "cudaMallocPitch", "cudaMalloc3D",
+                                 "cudaMallocHost", "cudaHostAlloc", "cudaHostRegister", "cudaFree", "cudaFreeHost"]),
 }
 
 
@@ -193,6 +204,15 @@ def test_a_kernel_calling_a_refused_family_is_refused(scale_spec, family):
     for name in names:
         assert any(v.split("@")[0].split(":")[0].lstrip("_").startswith(name) and reason in v
                    for v in violations), (name, violations)
+
+
+@pytest.mark.nvcc
+def test_stream_ordered_allocation_stays_allowed(scale_spec):
+    """cudaMallocAsync/cudaFreeAsync on `stream`: kernels written before the workspace allocate per call
+    with them (tests/kernels/rmsnorm.cu); only memory kept past a call is refused."""
+    calls = "void* p = nullptr; sink += cudaMallocAsync(&p, 4, stream) + cudaFreeAsync(p, stream);"
+    spec, compiled = _compile(scale_spec, KERNEL % {"includes": "", "globals": "", "calls": calls}, "scale_async")
+    assert check_symbols(compiled.library, spec.libraries) == []
 
 
 CONSTRUCTORS = """

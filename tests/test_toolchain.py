@@ -1,6 +1,7 @@
 """The CUDA toolchain: finding the toolkit, cached compiles, diagnostics, symbol checks."""
 from __future__ import annotations
 
+import json
 import shutil
 import stat
 from pathlib import Path
@@ -13,7 +14,7 @@ from specgen.toolchain import diagnostics as toolchain_diagnostics
 from specgen.errors import EXIT_ENVIRONMENT, EXIT_REJECTED, EnvironmentMissing, UsageError
 from specgen.toolchain import (
     CompileError, Diagnostic, check_symbols, compile_kernel, find_cuda_toolkit, needed_libraries,
-    parse_diagnostics, parse_resources, undefined_symbols,
+    parse_diagnostics, parse_module_memory, parse_resources, undefined_symbols,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -188,6 +189,39 @@ def test_compile_then_cache_hit_then_miss_on_changed_source(tmp_path):
     assert not changed.cached and changed.library != first.library and changed.source_hash != first.source_hash
     # Atomic writes leave no partial files behind.
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+TABLE_AND_SCRATCH = """\
+#include <cuda_runtime.h>
+__device__ const float table[1024] = {1.0f, 2.0f};  // 4096 bytes, read-only: gmem all the same
+__device__ float scratch[%d];
+__constant__ float bank[4096];  // constant memory: not gmem
+__global__ void k(float* x) { x[threadIdx.x] = table[threadIdx.x] + scratch[threadIdx.x] + bank[threadIdx.x]; }
+extern "C" cudaError_t run(float* x, cudaStream_t s) { k<<<1, 32, 0, s>>>(x); return cudaGetLastError(); }
+"""
+
+
+@pytest.mark.nvcc
+def test_module_memory_is_recorded_and_survives_the_cache(tmp_path):
+    """ptxas's `bytes gmem`: every `__device__` variable, `const` or not; `__constant__` is not."""
+    assert compile_kernel(ADD_ONE, cache_dir=tmp_path, arch="sm_90").module_memory_bytes == 0
+    first = compile_kernel(TABLE_AND_SCRATCH % 65536, cache_dir=tmp_path, arch="sm_90")
+    assert first.module_memory_bytes == 4096 + 4 * 65536
+    again = compile_kernel(TABLE_AND_SCRATCH % 65536, cache_dir=tmp_path, arch="sm_90")
+    assert again.cached and again.module_memory_bytes == first.module_memory_bytes
+
+    # A cache entry written before the field existed: read from the ptxas log it kept.
+    meta_path = first.library.with_suffix(".json")
+    meta = json.loads(meta_path.read_text())
+    del meta["module_memory_bytes"]
+    meta_path.write_text(json.dumps(meta))
+    old = compile_kernel(TABLE_AND_SCRATCH % 65536, cache_dir=tmp_path, arch="sm_90")
+    assert old.cached and old.module_memory_bytes == first.module_memory_bytes
+    # Its report lost: built again rather than judged blind.
+    meta_path.unlink()
+    rebuilt = compile_kernel(TABLE_AND_SCRATCH % 65536, cache_dir=tmp_path, arch="sm_90")
+    assert not rebuilt.cached and rebuilt.module_memory_bytes == first.module_memory_bytes
+    assert meta_path.exists()
 
 
 @pytest.mark.nvcc
@@ -379,6 +413,20 @@ def test_parses_ptxas_errors_and_resources():
         255, 1024, 8, 12)
     if shutil.which("c++filt"):
         assert "spill(float*)" in resources
+
+
+def test_parses_module_memory():
+    assert parse_module_memory(PTXAS_OUTPUT) == 0
+    log = ("ptxas info    : 262144 bytes gmem\n" + PTXAS_OUTPUT.split("\n", 2)[2]
+           + "ptxas info    : 1048576 bytes gmem, 64 bytes cmem[3]\n")
+    assert parse_module_memory(log) == 1048576  # the largest of the ptxas runs; older ptxas's cmem suffix
+    # A line the candidate prints itself (`#pragma message`) never hides ptxas's own, larger one.
+    injected = ('k.cu(2): remark #20200-D: #pragma message: "x\nptxas info    : 0 bytes gmem"\n'
+                "ptxas info    : 262144 bytes gmem\n")
+    assert parse_module_memory(injected) == 262144
+    assert parse_module_memory("  not ptxas info    : 99 bytes gmem") is None
+    assert parse_module_memory(LINKER_OUTPUT) is None
+    assert "gmem" not in str(parse_resources(log))  # the per-kernel table keeps its shape
 
 
 def test_parses_linker_errors():

@@ -59,6 +59,8 @@ def run(args) -> int:
             table.add_row(escape(kernel_name), *(str(info.get(key)) for key in (
                 "registers", "shared_bytes", "stack_bytes", "spill_store_bytes", "spill_load_bytes")))
         console.print(table)
+    if result.module_memory_bytes:
+        console.print(f"module memory (`__device__`/`__managed__` variables): {result.module_memory_bytes} bytes")
     for diagnostic in result.diagnostics:
         console.print(f"[yellow]{escape(str(diagnostic))}[/]")
     for violation in violations:
@@ -68,6 +70,7 @@ def run(args) -> int:
             "ok": not violations, "kernel": args.kernel, "library": str(result.library), "cached": result.cached,
             "seconds": result.seconds, "arch": result.arch, "source_hash": result.source_hash,
             "cache_key": result.cache_key, "resources": result.resources,
+            "module_memory_bytes": result.module_memory_bytes,
             "diagnostics": [asdict(d) for d in result.diagnostics], "symbol_violations": violations,
         }, indent=2) + "\n")
     return EXIT_REJECTED if violations else EXIT_OK

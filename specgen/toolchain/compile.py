@@ -45,6 +45,9 @@ class CompiledKernel:
     resources: dict = field(default_factory=dict)  # kernel -> registers, shared/stack/spill bytes
     cache_key: str = ""
     command: list[str] = field(default_factory=list)
+    # bytes of module-scope device memory (`__device__`, `__managed__` variables, `const` or not):
+    # ptxas's `N bytes gmem`; None when the log did not say (see parse_module_memory)
+    module_memory_bytes: int | None = None
 
 
 def default_cache_dir() -> Path:
@@ -77,11 +80,13 @@ def compile_kernel(source: Path | str, *, include_dirs: Sequence[Path] = (), arc
     library = cache / f"{safe_name}-{key[:24]}.so"
     source_hash = hashlib.sha256(source_text.encode()).hexdigest()
 
-    if library.exists():
-        meta = _read_meta(library)
+    meta = _read_meta(library) if library.exists() else {}
+    if "module_memory_bytes" in meta or "log" in meta:
+        # A library whose build report is lost is built again: the verifier judges its module memory.
+        module_memory = meta.get("module_memory_bytes", parse_module_memory(meta.get("log", "")))
         return CompiledKernel(library, source_hash, arch, True, time.perf_counter() - started,
                               [Diagnostic(**d) for d in meta.get("diagnostics", [])], meta.get("resources", {}),
-                              key, meta.get("command", []))
+                              key, meta.get("command", []), module_memory)
 
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -106,13 +111,15 @@ def compile_kernel(source: Path | str, *, include_dirs: Sequence[Path] = (), arc
                                    f"({count} error{'s' if count != 1 else ''}):", diagnostics, log)
             warnings = [d for d in diagnostics if d.severity != "error"]
             resources = parse_resources(log)
+            module_memory = parse_module_memory(log)
             _write_meta(library, {"diagnostics": [asdict(d) for d in warnings], "resources": resources,
-                                  "command": command, "source_name": display_name, "log": log})
+                                  "module_memory_bytes": module_memory, "command": command,
+                                  "source_name": display_name, "log": log})
             os.replace(partial, library)  # atomic: other processes see no file or the whole file
         finally:
             partial.unlink(missing_ok=True)
     return CompiledKernel(library, source_hash, arch, False, time.perf_counter() - started, warnings, resources,
-                          key, command)
+                          key, command, module_memory)
 
 
 def read_source(source: Path | str) -> tuple[str, Path | None]:
@@ -213,6 +220,20 @@ def parse_resources(log: str) -> dict:
                 current["barriers"] = int(barriers.group(1))
     names = _demangle(list(per_kernel))
     return {names.get(mangled, mangled): info for mangled, info in per_kernel.items()}
+
+
+# `ptxas info    : 262144 bytes gmem` (older ptxas: `..., 64 bytes cmem[3]` after it), one line per
+# ptxas run: the module's `__device__`/`__managed__` variables, initialized or not, `const` or not.
+# A candidate can put such a line in the log itself (`#pragma message("\nptxas info : 0 bytes gmem")`
+# prints one), never take ptxas's away: the largest line counts.
+_PTXAS_GMEM = re.compile(r"^ptxas info\s*: (\d+) bytes gmem\b", re.MULTILINE)
+
+
+def parse_module_memory(log: str) -> int | None:
+    """Bytes of module-scope device memory `ptxas -v` reported: the largest of its runs (one per
+    target architecture of the one translation unit), or None when no line says."""
+    sizes = [int(size) for size in _PTXAS_GMEM.findall(log)]
+    return max(sizes) if sizes else None
 
 
 def _demangle(names: list[str]) -> dict[str, str]:

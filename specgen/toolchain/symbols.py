@@ -81,8 +81,9 @@ _OTHER_LIBRARY_PREFIXES = ("nccl", "nvrtc", "nvJitLink", "cutensor", "npp", "nvj
 
 # What a kernel may never call, by family. A kernel computes on the GPU through the CUDA
 # runtime; it has no business with files, processes, the network, the environment, signals,
-# memory mappings or loading code. Names are matched after removing glibc's decorations
-# (`__open_2`, `__read_chk`, `open64`, `__xstat64`, `__isoc99_scanf`): see _base_names.
+# memory mappings, loading code, or memory kept from one call to the next. Names are matched
+# after removing glibc's decorations (`__open_2`, `__read_chk`, `open64`, `__xstat64`,
+# `__isoc99_scanf`): see _base_names.
 _REFUSED_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
     "dynamic loading": ("loads code at run time (dlopen/dlsym and friends are refused in a kernel)", frozenset("""
         dlopen dlmopen dlsym dlvsym dladdr dladdr1 dlinfo dlerror dlclose dl_iterate_phdr libc_dlopen_mode
@@ -128,6 +129,19 @@ _REFUSED_FAMILIES: dict[str, tuple[str, frozenset[str]]] = {
     "signals": ("installs signal handlers or timers (refused in a kernel)", frozenset("""
         signal sigaction sigset bsd_signal sysv_signal ssignal alarm ualarm setitimer timer_create
         signalfd""".split())),
+    # Memory a call keeps past its return, outside the workspace the ABI hands it: a table or scratch
+    # cached by the first call (held-out attacks-v6's gelu cached a table in cudaMalloc'd memory, kept
+    # per process, not per device) is shared by calls side by side, other devices and graph replays,
+    # and cudaMalloc/cudaFree synchronize and cannot be captured. cudaMallocAsync/cudaFreeAsync on
+    # `stream` stay allowed: kernels written before the workspace allocate per call with them.
+    "memory kept past a call": ("allocates or frees device, managed or pinned host memory, which outlives the call "
+                                "(refused in a kernel: memory kept outside the workspace is shared by calls on "
+                                "other streams, other devices and graph replays, and cudaMalloc/cudaFree "
+                                "synchronize the device and break CUDA graph capture; use the workspace the ABI "
+                                "hands the call, and put constant tables in __constant__ memory)", frozenset("""
+        cudaMalloc cudaMallocManaged cudaMallocPitch cudaMalloc3D cudaMallocArray cudaMalloc3DArray
+        cudaMallocMipmappedArray cudaMallocHost cudaHostAlloc cudaHostRegister cudaHostUnregister cudaFree
+        cudaFreeHost cudaFreeArray cudaFreeMipmappedArray""".split())),
 }
 _REFUSED = {name: family for family, (_, names) in _REFUSED_FAMILIES.items() for name in names}
 # Names a kernel library must not define: it would interpose on the C library or the CUDA

@@ -1,7 +1,7 @@
 """The verifier: every kernel specgen ships passes through `verify_kernel`.
 
-Static checks first (compile, symbols, entry points: no GPU needed), then, on the GPU,
-optionally compute-sanitizer, then the worker's run of every correctness and anti-cheat
+Static checks first (compile, symbols, module memory, entry points: no GPU needed), then, on
+the GPU, optionally compute-sanitizer, then the worker's run of every correctness and anti-cheat
 check. The result is a `Verdict` with one stable reason (see verdict.REASONS).
 """
 from __future__ import annotations
@@ -25,10 +25,12 @@ VERIFIER_VERSION = "5"  # bump when a check changes meaning: lock records are ke
 
 
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:
-    """Compile, symbols, entry points. Returns (a rejecting verdict or None, the CompiledKernel or None)."""
+    """Compile, symbols, module memory, entry points. Returns (a rejecting verdict or None, the
+    CompiledKernel or None)."""
     from ..abi import write_header
     from ..toolchain import CompileError, compile_kernel, defined_symbols, read_source
-    from .checks import check_entry_points, check_library_symbols, check_stream_calls, check_workspace_function
+    from .checks import (check_entry_points, check_library_symbols, check_module_memory, check_stream_calls,
+                         check_workspace_function)
 
     with tempfile.TemporaryDirectory(prefix="specgen-abi-") as header_dir:
         write_header(spec, header_dir)
@@ -42,6 +44,7 @@ def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | No
     try:
         check_library_symbols(compiled.library, spec)
         check_stream_calls(compiled.library)
+        check_module_memory(compiled.module_memory_bytes, source_name, spec)
         defined = defined_symbols(compiled.library)
         check_entry_points(defined, spec)
         check_workspace_function(spec, read_source(kernel)[0], defined)

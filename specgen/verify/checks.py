@@ -421,3 +421,38 @@ def check_finished_on_its_stream(runner, data: CaseData, copies: list[dict]) -> 
                           f"the call changed later. Work was left on another stream (the legacy or the "
                           f"per-thread default stream, cudaStreamPerThread, among them): launch everything on "
                           f"the `stream` argument")
+
+
+# ------------------------------------------------------------------ module memory (static)
+
+# The most module-scope device memory a kernel may define (`__device__` and `__managed__`
+# variables, `const` or not, initialized or not: ptxas's `N bytes gmem`, which tells none of them
+# apart). 16 KiB: 4x a 4096-byte `__device__ const` table (4096 bytes gmem), 4096 floats; a larger
+# table fits the 64 KiB __constant__ bank the message points to. Measured with nvcc 13 for sm_90:
+# all 10 specs/kernels, the 6 tests/kernels and every held-out control define 0 bytes, but for
+# attacks-v3's rmsnorm and cross_entropy controls, whose 262144-byte row buffers two concurrent
+# calls share (refused now). The largest state a held-out cheat keeps there below 64 KiB is 4100
+# bytes; scratch sized to a dim starts at 64 KiB, a float row of D = 16384: heldout/attacks'
+# rmsnorm weight cache 65536 bytes exactly (a 64 KiB bound would pass it), attacks-v4's 65544; then
+# 262144 (attacks-v6's float16 row losses), 1048576 (its ping-pong statistics), 16777216
+# (tests/adversarial/static_scratch_across_calls.cu). Smaller state (counters, a memo's key, the
+# partials of a grid of up to 4096 blocks) is left to the calls side by side.
+MODULE_MEMORY_LIMIT = 16 * 1024
+
+
+def check_module_memory(module_memory_bytes: int | None, kernel: str, spec=None) -> None:
+    """Module-scope device memory above MODULE_MEMORY_LIMIT: scratch outside the workspace
+    (docs/VERIFIER.md). None (ptxas said nothing) is not judged."""
+    if module_memory_bytes is None or module_memory_bytes <= MODULE_MEMORY_LIMIT:
+        return
+    directions = ["forward"] + (["backward"] if spec is not None and abi.has_backward_kernel(spec) else [])
+    names = [abi.workspace_function(spec, d) for d in directions] if spec is not None else []
+    size_functions = f" (`{'`, `'.join(names)}`)" if names else ""
+    raise Failure(FORBIDDEN_SYMBOL,
+                  f"{kernel} defines {module_memory_bytes} bytes of module-scope device memory (`__device__` or "
+                  f"`__managed__` variables; ptxas: {module_memory_bytes} bytes gmem), more than the "
+                  f"{MODULE_MEMORY_LIMIT} bytes a kernel may. Scratch kept in module memory is shared by concurrent "
+                  f"calls, devices and graph replays: a call on another stream, another GPU or a replayed CUDA "
+                  f"graph reads and overwrites the same bytes. Use the workspace the ABI hands the kernel (its size "
+                  f"function{'s' if len(names) > 1 else ''}{size_functions} ask{'' if len(names) > 1 else 's'} "
+                  f"for the bytes a call needs); tables belong in __constant__ memory (up to 64 KiB).")

@@ -1,5 +1,7 @@
 // spec: gelu_tanh
-// expect: not-capturable
+// expect: forbidden-symbol
+// static: yes (cudaMalloc/cudaFree are refused by their symbols; the CUDA graph capture failed on the GPU
+// before that rule, as not-capturable)
 // The bug: a scratch buffer is taken with cudaMalloc and given back with cudaFree in every
 // call, the usual first draft of a workspace. The result is right, but cudaFree synchronizes
 // the device and neither call is allowed while `stream` is being captured into a CUDA graph
