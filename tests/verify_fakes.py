@@ -420,3 +420,84 @@ class StagedThroughWorkspace(WorkspaceKernel):
     def forward(k, t, dims):
         for step in k.steps("forward", t, {}, dims):
             step()
+
+
+# ---- held-out attacks-v6's cheats on how it is called (heldout/attacks-v6/cpu_checks/emul_memo.py,
+# emul_cadence.py), as CPU stand-ins: the runner hands a stand-in the stream a GPU call of its kind
+# would get (isolation.CpuStream: `cuda_stream` 0 for the legacy default stream, 2 for
+# cudaStreamPerThread) and asks its size function before every call, as the package's binding does
+
+DEFAULT_STREAM_HANDLES = (0, 1, 2)  # the legacy default stream, cudaStreamLegacy, cudaStreamPerThread
+
+
+class MemoOnDefaultStreams(PyKernel):
+    """GELU; on a default stream (a handle in DEFAULT_STREAM_HANDLES) a call that matches one of
+    the last 64 made there (input and output pointers, shape, dtype) returns at once, leaving the
+    output as it is (rmsnorm_memo_blocking_stream). On a stream of the caller's own: exact."""
+
+    def __init__(self, spec):
+        super().__init__(spec, gelu_forward)
+        self.seen: list = []
+        self.skipped = 0
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        if direction == "forward" and getattr(stream, "cuda_stream", None) in DEFAULT_STREAM_HANDLES:
+            x, out = tensors["x"], tensors["out"]
+            key = (x.data_ptr(), out.data_ptr(), tuple(x.shape), str(x.dtype))
+            if key in self.seen:
+                self.skipped += 1
+                self.calls += 1
+                return 0
+            self.seen = (self.seen + [key])[-64:]
+        return super().call(direction, tensors, scalars, dims, stream)
+
+
+def _arguments_key(direction, tensors, scalars, dims):
+    """What a size function and the call after it see alike: the argument struct less its
+    workspace fields (pointers, shapes, dtypes, scalars, dims)."""
+    return (direction, tuple(sorted((name, t.data_ptr(), tuple(t.shape), str(t.dtype))
+                                    for name, t in tensors.items() if name != "workspace")),
+            tuple(sorted(scalars.items())), tuple(sorted(dims.items())))
+
+
+class SizeQueryCadence(WorkspaceKernel):
+    """GELU through its workspace; keeps the arguments its size function was last asked about and
+    counts the calls in a row that each come right after a question about their own arguments
+    (add_rmsnorm_size_cadence): from the `wrong_from`-th such call, the package's pattern, the
+    output is rounded through float16 (wrong in float32). A size function asked once per staged
+    case pairs with at most one call in a row."""
+
+    def __init__(self, spec, wrong_from: int = 4):
+        super().__init__(spec, self.forward, lambda dims: 4 * dims["N"] * dims["D"])
+        self.asked, self.streak, self.longest, self.wrong_from, self.cheated = None, 0, 0, wrong_from, 0
+
+    def workspace_bytes(self, direction, tensors, scalars, dims) -> int:
+        self.asked = _arguments_key(direction, tensors, scalars, dims)
+        return super().workspace_bytes(direction, tensors, scalars, dims)
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        paired = self.asked is not None and self.asked == _arguments_key(direction, tensors, scalars, dims)
+        self.asked = None
+        self.streak = self.streak + 1 if paired else 0
+        self.longest = max(self.longest, self.streak)
+        return super().call(direction, tensors, scalars, dims, stream)
+
+    @staticmethod
+    def forward(k, t, dims):
+        gelu_via_workspace(k, t, dims)
+        if k.streak >= k.wrong_from:
+            k.cheated += 1
+            t["out"].copy_(t["out"].half().to(t["out"].dtype))
+
+
+class GrowingSize(WorkspaceKernel):
+    """Honest GELU through its workspace, but its size function answers `step` bytes more each
+    time it is asked: the bytes placed when the case is staged fall short of the call's own."""
+
+    def __init__(self, spec, step: int = 256):
+        self.asks = 0
+        super().__init__(spec, gelu_via_workspace, lambda dims: 4 * dims["N"] * dims["D"] + step * self.asks)
+
+    def workspace_bytes(self, direction, tensors, scalars, dims) -> int:
+        self.asks += 1
+        return super().workspace_bytes(direction, tensors, scalars, dims)

@@ -2,6 +2,7 @@
 and how to fix it; the order inside `check_case` puts the most specific reason first."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -9,9 +10,10 @@ import torch
 from .. import abi
 from .compare import bitwise_equal, compare, differing_bits, locate, unwritten
 from .data import SECOND_REFERENCE_ELEMENTS, CaseData, reference_elsewhere
-from .runner import check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once, synchronize
+from .runner import (WORKSPACE_SHORT, check_guards, fill_outputs, fill_value, fills_of, raise_outcome, run_once,
+                     synchronize)
 from .verdict import (ENTRY_POINT_MISSING, FORBIDDEN_SYMBOL, INPUT_MUTATED, NONDETERMINISTIC, NOT_CAPTURABLE,
-                      STREAM_VIOLATION, UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
+                      STREAM_VIOLATION, STREAM_WORDS, UNWRITTEN_OUTPUT, WRONG_RESULT, Counterexample, Failure)
 
 
 # ------------------------------------------------------------------ before anything runs
@@ -208,18 +210,34 @@ def _record_tolerance(stats: dict, got: torch.Tensor, truth: torch.Tensor, rule,
     stats["max_widening"] = max(stats.get("max_widening", 0.0), max_widen / scale)
 
 
-def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | None = None) -> dict:
-    """Two runs (outputs pre-filled with two different sentinels): guards intact, inputs
-    untouched, every element written, the same bits twice, then within tolerance. The case
-    must be staged. Returns run A's outputs."""
-    out_a = run_once(runner, data, 0)
-    check_inputs_unchanged(data)
-    out_b = run_once(runner, data, 1)
-    check_inputs_unchanged(data)
-    check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
-    if deterministic:
-        check_same_bits(data, out_a, out_b)
-    check_close(data, out_a, stats=stats)
+@contextlib.contextmanager
+def called_on(stream: str):
+    """A failure of the calls in the block says the kind of stream they ran on (graphs.STREAM_KINDS):
+    in its counterexample, else (not a pool stream) at the end of its detail."""
+    try:
+        yield
+    except Failure as failure:
+        if failure.counterexample is not None:
+            failure.counterexample.stream = failure.counterexample.stream or stream
+        elif stream != "pool" and STREAM_WORDS[stream] not in failure.detail:
+            failure.detail += f"; the calls ran {STREAM_WORDS[stream]}"
+        raise
+
+
+def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | None = None,
+               stream: str = "pool") -> dict:
+    """Two runs (outputs pre-filled with two different sentinels), both on a stream of kind
+    `stream`: guards intact, inputs untouched, every element written, the same bits twice, then
+    within tolerance. The case must be staged. Returns run A's outputs."""
+    with called_on(stream):
+        out_a = run_once(runner, data, 0, stream=stream)
+        check_inputs_unchanged(data)
+        out_b = run_once(runner, data, 1, stream=stream)
+        check_inputs_unchanged(data)
+        check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
+        if deterministic:
+            check_same_bits(data, out_a, out_b)
+        check_close(data, out_a, stats=stats)
     return out_a
 
 
@@ -245,7 +263,7 @@ def check_capture(runner, data: CaseData, fresh: CaseData, *, deterministic: boo
     fill_outputs(runner, data.output_refs, 0)
     synchronize(data.device)
     outcome = runner.capture(data.direction, data.refs(), data.scalars, data.dims)
-    if outcome.fatal or outcome.timeout:
+    if outcome.fatal or outcome.timeout or outcome.code == WORKSPACE_SHORT:
         raise_outcome(runner.spec, data, outcome, what=f"capturing {entry} into a CUDA graph")
     if not outcome.ok:
         why = outcome.problem or (f"it returned {outcome.error} ({outcome.code}) while the stream was capturing"
@@ -288,42 +306,45 @@ def check_deterministic_repeats(runner, data: CaseData, first: dict, repeats: in
 
 # ------------------------------------------------------------------ the same buffers, over and over
 
-def check_repeated_calls(runner, data: CaseData, fresh: CaseData, *, calls: int = 12) -> None:
+def check_repeated_calls(runner, data: CaseData, fresh: CaseData, *, calls: int = 12, stream: str = "pool") -> None:
     """Called again and again on the same buffers, as a model with static buffers (or a CUDA
     graph) calls it, then with new values written into those same buffers: the results must
-    follow the inputs every time. Catches kernels that cache results by pointer or count calls."""
+    follow the inputs every time. Catches kernels that cache results by pointer or count calls.
+    Every call on a stream of kind `stream`."""
     from .layout import TensorRef
     from .verdict import POST_TIMING_MISMATCH
 
     poison = [TensorRef(r.arena, r.offset, (r.nbytes,), "uint8") for r in data.output_refs.values()]
     item = {"direction": data.direction, "tensors": data.refs(), "scalars": data.scalars, "dims": data.dims,
             "poison": poison}
-    outcome = runner.timed([item] * calls)
-    raise_outcome(runner.spec, data, outcome, what=f"{calls} calls in a row on the same buffers")
-    check_guards(runner, data)
-    prefix = f"after {calls} calls in a row on the same buffers, "
-    check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()}, reason=POST_TIMING_MISMATCH,
-                prefix=prefix)
-    refill(runner, data, fresh)
-    runs = [run_once(runner, data, which) for which in (0, 1)]
-    prefix = f"{prefix[:-2]} and new values written into the same input buffers, "
-    check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix,
-                      fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
-    check_close(data, runs[0], reason=POST_TIMING_MISMATCH, prefix=prefix)
+    with called_on(stream):
+        outcome = runner.timed([item] * calls, stream=stream)
+        raise_outcome(runner.spec, data, outcome, what=f"{calls} calls in a row on the same buffers")
+        check_guards(runner, data)
+        prefix = f"after {calls} calls in a row on the same buffers, "
+        check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()}, reason=POST_TIMING_MISMATCH,
+                    prefix=prefix)
+        refill(runner, data, fresh)
+        runs = [run_once(runner, data, which, stream=stream) for which in (0, 1)]
+        prefix = f"{prefix[:-2]} and new values written into the same input buffers, "
+        check_all_written(data, runs[0], runs[1], reason=POST_TIMING_MISMATCH, prefix=prefix,
+                          fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
+        check_close(data, runs[0], reason=POST_TIMING_MISMATCH, prefix=prefix)
 
 
 STALE_LOOP_CALLS = 10  # calls in a row on unchanged inputs, the output left holding its result
 STALE_LOOP_CHANGES = 3  # input elements changed afterwards: too few for a sampled fingerprint to see
 
 
-def check_stale_output_loop(runner, data: CaseData, *, rounds: int = 2, seed: int = 0) -> None:
+def check_stale_output_loop(runner, data: CaseData, *, rounds: int = 2, seed: int = 0, stream: str = "pool") -> None:
     """As a model's loop calls an op: the same input buffers, and the output buffer left holding
     the last result between calls (the caching allocator hands the same block back); then a few
     input elements change in place. The output must follow them. Catches a kernel that skips
     the work when a sample of its input looks unchanged and its output looks computed already
     (memoization by fingerprint). The case must be prepared with later=True (its truth is
     derived from the inputs as they are at each check). In the backward only the output
-    gradients change: the forward outputs it reads must stay those of its inputs."""
+    gradients change: the forward outputs it reads must stay those of its inputs. Every call on
+    a stream of kind `stream`."""
     from .verdict import POST_TIMING_MISMATCH
 
     item = {"direction": data.direction, "tensors": data.refs(), "scalars": data.scalars, "dims": data.dims,
@@ -332,23 +353,25 @@ def check_stale_output_loop(runner, data: CaseData, *, rounds: int = 2, seed: in
     changeable = {name: ref for name, ref in data.input_refs.items()
                   if runner.tensor(ref).is_floating_point() and runner.tensor(ref).numel()
                   and (data.direction == "forward" or name.startswith("grad_"))}
-    for round_ in range(rounds):
-        outcome = runner.timed([item] * STALE_LOOP_CALLS)
-        raise_outcome(runner.spec, data, outcome, what=f"{STALE_LOOP_CALLS} calls in a row on unchanged inputs")
-        changed = []
-        for name, ref in changeable.items():
-            flat = runner.tensor(ref).view(-1)
-            where = torch.randint(0, flat.numel(), (STALE_LOOP_CHANGES,), generator=gen, device=data.device)
-            flat[where] = (torch.randn(STALE_LOOP_CHANGES, generator=gen, device=data.device) * 3).to(flat.dtype)
-            changed.append(f"{name}[{', '.join(str(int(i)) for i in where.tolist())}]")
-        synchronize(data.device)
-        outcome = runner.timed([item])
-        raise_outcome(runner.spec, data, outcome, what="a call after a few input elements changed")
-        check_guards(runner, data)
-        check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()}, reason=POST_TIMING_MISMATCH,
-                    prefix=f"after {STALE_LOOP_CALLS} calls on unchanged inputs (the output left holding its "
-                           f"result, as a model's loop leaves it) and then {STALE_LOOP_CHANGES} elements of each "
-                           f"input changed in place (round {round_ + 1}: {'; '.join(changed)[:300]}), ")
+    with called_on(stream):
+        for round_ in range(rounds):
+            outcome = runner.timed([item] * STALE_LOOP_CALLS, stream=stream)
+            raise_outcome(runner.spec, data, outcome, what=f"{STALE_LOOP_CALLS} calls in a row on unchanged inputs")
+            changed = []
+            for name, ref in changeable.items():
+                flat = runner.tensor(ref).view(-1)
+                where = torch.randint(0, flat.numel(), (STALE_LOOP_CHANGES,), generator=gen, device=data.device)
+                flat[where] = (torch.randn(STALE_LOOP_CHANGES, generator=gen, device=data.device) * 3).to(flat.dtype)
+                changed.append(f"{name}[{', '.join(str(int(i)) for i in where.tolist())}]")
+            synchronize(data.device)
+            outcome = runner.timed([item], stream=stream)
+            raise_outcome(runner.spec, data, outcome, what="a call after a few input elements changed")
+            check_guards(runner, data)
+            check_close(data, {n: runner.tensor(r) for n, r in data.output_refs.items()},
+                        reason=POST_TIMING_MISMATCH,
+                        prefix=f"after {STALE_LOOP_CALLS} calls on unchanged inputs (the output left holding its "
+                               f"result, as a model's loop leaves it) and then {STALE_LOOP_CHANGES} elements of "
+                               f"each input changed in place (round {round_ + 1}: {'; '.join(changed)[:300]}), ")
 
 
 # ------------------------------------------------------------------ two calls at the same time

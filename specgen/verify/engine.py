@@ -37,6 +37,22 @@ SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape 
 # only after many calls in a process (a counter on the host or the device) meets a long run's
 # worth (a third from the host, the rest as CUDA-graph replays). The CPU stand-ins make fewer.
 ENDURANCE_CALLS, ENDURANCE_CPU_CALLS, ENDURANCE_GRAPH_CALLS = 120_000, 600, 1000
+# The stream each check's calls run on (graphs.STREAM_KINDS): the package's binding passes
+# getCurrentCUDAStream(), the legacy default stream (handle 0) in a program that never makes a
+# stream, so the smoke case, the repeated calls and every call of a model's loop run there; the
+# boundary cases and the full-size ones take the legacy stream, cudaStreamPerThread and a stream
+# of their own in turn. The capture, the calls side by side, the copy after a call, the
+# endurance run and the timed phase keep streams of their own (a capture cannot run on the
+# legacy stream). The judge synchronizes around every request, so the legacy stream's
+# synchronization with other blocking streams changes nothing.
+SMOKE_STREAM = LOOP_STREAM = "legacy"
+BOUNDARY_STREAMS = ("legacy", "pool", "per_thread")
+FULL_SIZE_STREAMS = ("pool", "legacy", "per_thread")  # the first case, repeated and captured, on a pool stream
+
+
+def boundary_stream(index: int) -> str:
+    """The stream kind of the `index`-th boundary case: legacy, pool, per-thread in turn."""
+    return BOUNDARY_STREAMS[index % len(BOUNDARY_STREAMS)]
 
 
 def cadence_sets(fitting: int) -> int:
@@ -86,7 +102,7 @@ class Session:
         return self.tolerances.setdefault(f"{direction} {case.dtype}", {"spec_atol": data.spec_atol,
                                                                          "spec_rtol": data.rtol})
 
-    def run_case(self, case: Case, direction: str) -> dict:
+    def run_case(self, case: Case, direction: str, stream: str = "pool") -> dict:
         # only for a reference that refused some class in the screen: it checks values (a CPU run per case)
         if self.domain.rejected and case.distribution != "normal" and (problem := self.refused(case)):
             self.skipped.append(f"{case.describe()}: {problem}")
@@ -96,10 +112,10 @@ class Session:
         self.cases += 1
         try:
             return check_case(self.runner, data, deterministic=self.spec.deterministic,
-                              stats=self.stats(case, direction, data))
+                              stats=self.stats(case, direction, data), stream=stream)
         except Failure as failure:
             if failure.reason == CRASH and self.runner.readonly_inputs and self.writable_runner:
-                self.explain_crash(case, direction, failure)
+                self.explain_crash(case, direction, failure, stream)
             raise
 
     def refused(self, case: Case) -> str | None:
@@ -112,7 +128,7 @@ class Session:
                            scalars=dict(case.scalars), draw_on=self.device, device="cpu")
         return refuses(self.spec, args, case.dim_map, case.dtype)
 
-    def explain_crash(self, case: Case, direction: str, crash: Failure) -> None:
+    def explain_crash(self, case: Case, direction: str, crash: Failure, stream: str = "pool") -> None:
         """The inputs are mapped read-only for the candidate: run the case again with writable
         inputs; if the crash goes away, the kernel wrote to an input."""
         self.progress(f"{direction}: the kernel crashed; again with writable inputs")
@@ -120,7 +136,7 @@ class Session:
         try:
             data = prepare(self.spec, case, direction, self.device)
             stage(runner, data, snapshots=True)
-            check_case(runner, data, deterministic=self.spec.deterministic)
+            check_case(runner, data, deterministic=self.spec.deterministic, stream=stream)
         except Failure as failure:
             if failure.reason == INPUT_MUTATED:
                 raise Failure(INPUT_MUTATED, failure.detail + " (with the inputs mapped read-only, the write "
@@ -178,7 +194,7 @@ class Session:
         spec, opts = self.spec, self.options
         t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
-        self.run_case(smoke, direction)
+        self.run_case(smoke, direction, SMOKE_STREAM)
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
@@ -186,8 +202,8 @@ class Session:
         check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
         t = self.phase("smoke+capture", t)
         boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain)
-        for case in (boundary[:4] if opts.quick else boundary):
-            self.run_case(case, direction)
+        for index, case in enumerate(boundary[:4] if opts.quick else boundary):
+            self.run_case(case, direction, boundary_stream(index))
         t = self.phase("boundary+sweep", t)
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
@@ -199,7 +215,7 @@ class Session:
         data = self.prepare(big, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         fresh = self.prepare(fresh_case(big, big.seed + 1000, self.domain), direction)
-        check_repeated_calls(self.runner, data, fresh)
+        check_repeated_calls(self.runner, data, fresh, stream=LOOP_STREAM)
         del fresh
         for number, looped in enumerate([big, *self.launch_bound_cases()]):
             self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed, "
@@ -207,7 +223,7 @@ class Session:
             loop = prepare(self.spec, dataclasses.replace(looped, seed=looped.seed + 2000), direction, self.device,
                            later=True)
             stage(self.runner, loop, snapshots=False)
-            check_stale_output_loop(self.runner, loop, seed=opts.seed + number)
+            check_stale_output_loop(self.runner, loop, seed=opts.seed + number, stream=LOOP_STREAM)
             self.cases += 2
         t = self.phase("repeated-calls", t)
         for paired in [big, *self.launch_bound_cases()]:
@@ -223,7 +239,9 @@ class Session:
             check_finished_on_its_stream(self.runner, once, copies)
             self.cases += 1
         t = self.phase("side-by-side", t)
-        self.endurance(direction, [smoke_case(spec, opts.seed + 5)] + boundary[:3] + [big])
+        self.endurance(direction, [(smoke_case(spec, opts.seed + 5), SMOKE_STREAM),
+                                   *((case, boundary_stream(i)) for i, case in enumerate(boundary[:3])),
+                                   (big, LOOP_STREAM)])
         self.phase("endurance", t)
         return False
 
@@ -241,8 +259,9 @@ class Session:
                 cases.append(case)
         return cases
 
-    def endurance(self, direction: str, again: list[Case]) -> None:
-        """The kernel called as often as a long run calls it, then the cases `again` checked anew."""
+    def endurance(self, direction: str, again: list[tuple[Case, str]]) -> None:
+        """The kernel called as often as a long run calls it, then the cases `again` checked anew
+        (each on its stream kind)."""
         default = ENDURANCE_CALLS if self.device.type == "cuda" else ENDURANCE_CPU_CALLS
         total = default if self.options.endurance is None else self.options.endurance
         if total <= 0:
@@ -262,9 +281,9 @@ class Session:
             raise Failure(NOT_CAPTURABLE, f"{what}: {graph_calls} calls could not be captured into one CUDA graph "
                                           f"({outcome.problem})")
         check_guards(self.runner, data, f"in {what}: ")
-        for case in again:
+        for case, stream in again:
             try:
-                self.run_case(case, direction)
+                self.run_case(case, direction, stream)
             except Failure as failure:
                 raise Failure(failure.reason, f"after {what} (a long run's worth): {failure.detail}",
                               failure.counterexample, fatal=failure.fatal) from None
@@ -298,7 +317,8 @@ class Session:
             stage(self.runner, data, snapshots=False)
             self.cases += 1
             out = check_case(self.runner, data, deterministic=self.spec.deterministic,
-                             stats=self.stats(case, direction, data))
+                             stats=self.stats(case, direction, data),
+                             stream=FULL_SIZE_STREAMS[index % len(FULL_SIZE_STREAMS)])
             if index == 0 and self.spec.deterministic:
                 self.progress(f"{direction}: repeated runs on {case.describe()}")
                 check_deterministic_repeats(self.runner, data, out)

@@ -68,6 +68,28 @@ def repeat_calls(launcher_on: Callable[[object], Callable[[], int]], stream, *, 
 CALLS_COVER_CYCLES = 200_000
 
 
+# The streams a call runs on (docs/VERIFIER.md "Inputs"): a stream of the caller's own (a
+# non-blocking torch.cuda.Stream(), made once and kept), the legacy default stream (handle 0:
+# what the package's binding passes, getCurrentCUDAStream(), in a program that never makes a
+# stream) and cudaStreamPerThread (handle 2). A kernel that special-cases the default streams
+# meets them.
+STREAM_KINDS = ("pool", "legacy", "per_thread")
+PER_THREAD_HANDLE = 2  # cudaStreamPerThread
+
+
+def stream_of_kind(kind: str, pool_stream):
+    """The torch stream a call of `kind` runs on; `pool_stream` is the caller's own."""
+    import torch
+
+    if kind == "pool":
+        return pool_stream
+    if kind == "legacy":
+        return torch.cuda.default_stream()  # its handle is 0
+    if kind == "per_thread":  # (an even handle: torch takes it for an external stream, as it is)
+        return torch.cuda.ExternalStream(PER_THREAD_HANDLE)
+    raise ValueError(f"unknown stream kind {kind!r} (one of {', '.join(STREAM_KINDS)})")
+
+
 def streams_from(pool: list, count: int) -> list:
     """`count` streams of `pool`, made when first needed and kept (as a caller's streams are)."""
     import torch

@@ -102,6 +102,29 @@ class RunnerBase:
 
 # ------------------------------------------------------------------ in this process
 
+class CpuStream(int):
+    """What a CPU stand-in gets as its `stream`: the handle a call of that kind gets on a GPU (an
+    int, as a cudaStream_t is a pointer: 0 for the legacy default stream, 2 for
+    cudaStreamPerThread; a pool stream's is some address, this one made up), with its `kind`
+    (graphs.STREAM_KINDS) and `cuda_stream` as a torch stream has it."""
+
+    kind: str
+
+    @classmethod
+    def of(cls, kind: str) -> "CpuStream":
+        from .graphs import PER_THREAD_HANDLE, STREAM_KINDS
+
+        if kind not in STREAM_KINDS:
+            raise ValueError(f"unknown stream kind {kind!r}")
+        stream = cls({"pool": 0x7F3A5C000010, "legacy": 0, "per_thread": PER_THREAD_HANDLE}[kind])
+        stream.kind = kind
+        return stream
+
+    @property
+    def cuda_stream(self) -> int:
+        return int(self)
+
+
 class SeparateMemory(Memory):
     """Every tensor its own allocation (no arena, no guards): what compute-sanitizer needs to
     see an overrun as an overrun (with the caching allocator off, each is its own cudaMalloc)."""
@@ -140,6 +163,54 @@ class LocalRunner(RunnerBase):
                        Memory({name: torch.empty(0, dtype=torch.uint8, device=self.device) for name in ARENAS}))
         self.stream = torch.cuda.Stream() if self.device.type == "cuda" else None
         self._streams: list = []  # side_by_side's, made when first needed
+        self._short: str | None = None  # a stand-in's last WORKSPACE_SHORT call, in words
+
+    def _stream(self, kind: str = "pool"):
+        """The stream of `kind` (graphs.STREAM_KINDS); on the CPU a CpuStream with the handle a
+        GPU call of that kind would get, so a stand-in can look at it as a kernel looks at its
+        `stream` argument."""
+        if self.device.type == "cuda":
+            from .graphs import stream_of_kind
+
+            return stream_of_kind(kind, self.stream)
+        return CpuStream.of(kind)
+
+    def _invoke(self, direction, tensors: dict, scalars, dims, stream) -> int:
+        """One call as the package's binding makes it: a compiled library asks its size function
+        itself (KernelLibrary.launcher); a stand-in's is asked here (`_as_sized`)."""
+        from .library import WORKSPACE_SHORT
+
+        given = self._as_sized(direction, tensors, scalars, dims)
+        if given is None:
+            return WORKSPACE_SHORT
+        return self.lib.call(direction, given, scalars, dims, stream)
+
+    def _as_sized(self, direction, tensors: dict, scalars, dims) -> dict | None:
+        """A stand-in's `workspace_bytes` asked right before its call, on the call's tensors
+        without the workspace (as the binding asks, its struct's workspace fields empty): the
+        tensors with the first that many bytes of the placed workspace (none for 0), or None
+        when it asks for more than was placed (WORKSPACE_SHORT). A compiled library, or a
+        stand-in without a size function: the tensors as they are."""
+        from .library import KernelLibrary, shortfall
+
+        ask = getattr(self.lib, "workspace_bytes", None)
+        if ask is None or isinstance(self.lib, KernelLibrary):
+            return tensors
+        bare = {name: t for name, t in tensors.items() if name != abi.WORKSPACE}
+        placed = tensors.get(abi.WORKSPACE)
+        have = 0 if placed is None else placed.numel()
+        asked = int(ask(direction, bare, scalars, dims))
+        if asked > have:
+            self._short = shortfall(asked, have)
+            return None
+        return {**bare, abi.WORKSPACE: placed[:asked]} if asked else bare
+
+    def _error_name(self, code: int) -> str:
+        from .library import WORKSPACE_SHORT
+
+        if code == WORKSPACE_SHORT and self._short:
+            return self._short
+        return self.lib.error_name(code)
 
     def ensure(self, needed: dict[str, int]) -> None:
         for name, nbytes in needed.items():
@@ -174,12 +245,12 @@ class LocalRunner(RunnerBase):
         return [ask(c["direction"], self._tensors(c["tensors"]), c["scalars"], c["dims"]) if ask else 0
                 for c in calls]
 
-    def call(self, direction, refs, scalars, dims) -> Outcome:
+    def call(self, direction, refs, scalars, dims, stream: str = "pool") -> Outcome:
         self.scramble_workspace()
         refs = self.with_workspace(refs)
         self._sync()
         started = time.perf_counter()
-        code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
+        code = self._invoke(direction, self._tensors(refs), scalars, dims, self._stream(stream))
         host_ms = (time.perf_counter() - started) * 1e3
         outcome = self._finished(code)
         outcome.host_ms = host_ms
@@ -196,11 +267,11 @@ class LocalRunner(RunnerBase):
         from .graphs import capture_one_call
 
         graph, code, problem = capture_one_call(
-            lambda stream: self.lib.call(direction, self._tensors(refs), scalars, dims, stream))
+            lambda stream: self._invoke(direction, self._tensors(refs), scalars, dims, stream))
         self.lib.clear_error()
         if graph is None:
             return Outcome(ok=False, code=code, problem=problem, fatal=self._sync(),
-                           error=self.lib.error_name(code) if code else None)
+                           error=self._error_name(code) if code else None)
         self._graph = graph
         return Outcome(fatal=self._sync())
 
@@ -219,17 +290,16 @@ class LocalRunner(RunnerBase):
         if self.device.type == "cuda":
             from .graphs import repeat_calls
 
-            tensors = self._tensors(refs)
             code, problem = repeat_calls(
-                lambda stream: lambda: self.lib.call(direction, tensors, scalars, dims, stream), self.stream,
+                lambda stream: self._launcher(direction, refs, scalars, dims, stream), self.stream,
                 host_calls=host_calls, graph_calls=graph_calls, replays=replays)
             self.lib.clear_error()
             return Outcome(ok=problem is None, code=code, problem=problem,
-                           error=self.lib.error_name(code) if code else None, fatal=self._sync())
+                           error=self._error_name(code) if code else None, fatal=self._sync())
         for _ in range(host_calls + graph_calls * replays):
-            code = self.lib.call(direction, self._tensors(refs), scalars, dims, self.stream)
+            code = self._invoke(direction, self._tensors(refs), scalars, dims, self._stream())
             if code:
-                return Outcome(code=code, error=self.lib.error_name(code))
+                return Outcome(code=code, error=self._error_name(code))
         return Outcome()
 
     def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
@@ -249,17 +319,18 @@ class LocalRunner(RunnerBase):
         return self._finished(launch_side_by_side(launches, streams, leads))
 
     def _launcher(self, direction, refs, scalars, dims, stream):
-        """The call with its arguments packed now (KernelLibrary.launcher), else a plain call."""
+        """The call with its arguments packed now (KernelLibrary.launcher: it asks the size
+        function at each launch), else a plain call (`_invoke`)."""
         tensors = self._tensors(refs)
         if hasattr(self.lib, "launcher"):
             return self.lib.launcher(direction, tensors, scalars, dims, stream)
-        return lambda: self.lib.call(direction, tensors, scalars, dims, stream)
+        return lambda: self._invoke(direction, tensors, scalars, dims, stream)
 
     def _finished(self, code: int) -> Outcome:
         """The outcome of calls whose first failing code is `code`, after a device sync."""
         outcome = Outcome(code=code, fatal=self._sync())
         if code:
-            outcome.error = self.lib.error_name(code)
+            outcome.error = self._error_name(code)
             self.lib.clear_error()
         return outcome
 
@@ -268,7 +339,7 @@ class LocalRunner(RunnerBase):
         refs = self.with_workspace(refs)
         pairs = [(self.memory.tensor(a), self.memory.tensor(b)) for a, b in copies]
         if self.device.type != "cuda":
-            code = self.lib.call(direction, self._tensors(refs), scalars, dims, None)
+            code = self._invoke(direction, self._tensors(refs), scalars, dims, self._stream())
             for source, destination in pairs:
                 destination.copy_(source)
             return self._finished(code)  # its sync finishes a stand-in's work "on other streams"
@@ -279,25 +350,32 @@ class LocalRunner(RunnerBase):
 
     def _steps(self, item: dict) -> list:
         """A CPU stand-in's call as the launches a GPU would interleave with another stream's
-        (`lib.steps(...)`, a list of callables), or the whole call as one step."""
-        args = (item["direction"], self._tensors(item["tensors"]), item["scalars"], item["dims"])
-        steps = getattr(self.lib, "steps", None)
-        return steps(*args) if steps else [lambda: self.lib.call(*args, None)]
+        (`lib.steps(...)`, a list of callables), or the whole call as one step; its size
+        function asked first (`_as_sized`)."""
+        from .library import WORKSPACE_SHORT
 
-    def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
+        direction, tensors, scalars, dims = (item["direction"], self._tensors(item["tensors"]), item["scalars"],
+                                             item["dims"])
+        steps = getattr(self.lib, "steps", None)
+        if not steps:
+            return [lambda: self._invoke(direction, tensors, scalars, dims, self._stream())]
+        given = self._as_sized(direction, tensors, scalars, dims)
+        return [lambda: WORKSPACE_SHORT] if given is None else steps(direction, given, scalars, dims)
+
+    def timed(self, calls: list[dict], flush_bytes: int = 0, stream: str = "pool") -> Outcome:
         times = []
         for index, item in enumerate(map(self.timed_item, calls)):
             for ref in item.get("poison", []):
                 self.memory.tensor(ref).random_(0, 256)
             self._sync()
             started = time.perf_counter()
-            code = self.lib.call(item["direction"], self._tensors(item["tensors"]), item.get("scalars", {}),
-                                 item.get("dims", {}), self.stream)
+            code = self._invoke(item["direction"], self._tensors(item["tensors"]), item.get("scalars", {}),
+                                item.get("dims", {}), self._stream(stream))
             fatal = self._sync()
             times.append((time.perf_counter() - started) * 1e3)
             if code or fatal:
                 return Outcome(code=code, fatal=fatal, failed_call=index,
-                               error=self.lib.error_name(code) if code else None)
+                               error=self._error_name(code) if code else None)
         return Outcome(times_ms=times)
 
     def close(self) -> None:
@@ -414,9 +492,11 @@ class IsolatedRunner(RunnerBase):
                                  f"workspace's size: {outcome.fatal}", fatal=True)
         return outcome.sizes
 
-    def call(self, direction, refs, scalars, dims) -> Outcome:
+    def call(self, direction, refs, scalars, dims, stream: str = "pool") -> Outcome:
+        """One call on a stream of kind `stream` (graphs.STREAM_KINDS) in the candidate's process."""
         self.scramble_workspace()
-        return self._request({"op": "call", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
+        return self._request({"op": "call", **_call_message(direction, self.with_workspace(refs), scalars, dims),
+                              "stream": stream})
 
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
@@ -443,10 +523,11 @@ class IsolatedRunner(RunnerBase):
         wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in items]
         return self._request({"op": "side_by_side", "calls": wire, "leads": list(leads)})
 
-    def timed(self, calls: list[dict], flush_bytes: int = 0) -> Outcome:
+    def timed(self, calls: list[dict], flush_bytes: int = 0, stream: str = "pool") -> Outcome:
+        """Timed calls (candidate_main._timed), all on a stream of kind `stream`."""
         wire = [{**_call_message(c["direction"], c["tensors"], c.get("scalars", {}), c.get("dims", {})),
                  "poison": [ref.to_json() for ref in c.get("poison", [])]} for c in map(self.timed_item, calls)]
-        return self._request({"op": "timed", "calls": wire, "flush_bytes": flush_bytes},
+        return self._request({"op": "timed", "calls": wire, "flush_bytes": flush_bytes, "stream": stream},
                              timeout=self.call_timeout + 5 * len(calls))
 
     def _request(self, message: dict, timeout: float | None = None) -> Outcome:

@@ -19,6 +19,16 @@ STICKY_ERRORS = {
     718: "cudaErrorInvalidPc", 719: "cudaErrorLaunchFailure",
 }
 
+# What a launch returns, instead of calling the entry point, when the size function asked
+# right before the call wants more workspace than the judge placed (no cudaError_t is negative)
+WORKSPACE_SHORT = -7001
+
+
+def shortfall(asked: int, placed: int) -> str:
+    """The words for a WORKSPACE_SHORT call (runner.raise_outcome makes them a bad-workspace)."""
+    return (f"asked for {asked} bytes of workspace right before a call, more than the {placed} bytes placed for "
+            f"it (its largest answer for the case's calls, asked when the case was staged)")
+
 
 class KernelLibrary:
     """A loaded candidate. Loaded once per process (a library cannot be unloaded safely)."""
@@ -28,6 +38,7 @@ class KernelLibrary:
         self.path = Path(path)
         self.lib = ctypes.CDLL(str(self.path))
         self._entries, self._sizes = {}, {}
+        self.short: str | None = None  # the last WORKSPACE_SHORT call's words
         for direction in abi.DIRECTIONS:
             fn = getattr(self.lib, abi.entry_point(spec, direction), None)
             if fn is not None:
@@ -48,6 +59,8 @@ class KernelLibrary:
         return self._entries[direction]
 
     def error_name(self, code: int) -> str:
+        if code == WORKSPACE_SHORT and self.short:
+            return self.short
         # dlsym through the candidate's handle finds its own libcudart
         try:
             fn = self.lib.cudaGetErrorName
@@ -81,13 +94,32 @@ class KernelLibrary:
         return self.launcher(direction, tensors, scalars, dims, stream)()
 
     def launcher(self, direction: str, tensors: dict, scalars: dict, dims: dict, stream: torch.cuda.Stream):
-        """The call with its argument struct packed now: calling it does only the C call (a
+        """The call with its argument struct packed now: calling it does only the C calls (a
         timed call must not count the host's packing as the kernel's device time). The
-        workspace, if any, is `tensors[abi.WORKSPACE]` (uint8)."""
+        workspace placed for it, if any, is `tensors[abi.WORKSPACE]` (uint8). As the package's
+        binding calls (torch_binding.cpp.j2: `attach_workspace(args, <size fn>(&args), ...)`,
+        then the entry point), each launch first asks the size function about the struct (its
+        workspace fields empty), then hands the kernel that many bytes of the placed workspace;
+        more than was placed: WORKSPACE_SHORT, and the kernel is not called."""
         args = abi.pack_args(self.spec, direction, tensors, scalars, dims)
-        abi.set_workspace(args, tensors.get(abi.WORKSPACE))
+        placed = tensors.get(abi.WORKSPACE)
         entry, address, handle = self._entries[direction], ctypes.addressof(args), ctypes.c_void_p(stream.cuda_stream)
+        size = self._sizes.get(direction)
+        if size is None:
+            abi.set_workspace(args, placed)
 
-        def launch(keep=args) -> int:  # `keep`: the struct lives as long as the launcher
+            def launch(keep=args) -> int:  # `keep`: the struct lives as long as the launcher
+                return int(entry(address, handle))
+            return launch
+        have = 0 if placed is None else placed.numel()
+        start = 0 if placed is None or not have else placed.data_ptr()
+
+        def asked_then_launch(keep=args) -> int:
+            keep.workspace, keep.workspace_bytes = None, 0  # as the binding's `args{}` has them when it asks
+            asked = int(size(address))
+            if asked > have:
+                self.short = shortfall(asked, have)
+                return WORKSPACE_SHORT
+            keep.workspace, keep.workspace_bytes = (start or None) if asked else None, asked
             return int(entry(address, handle))
-        return launch
+        return asked_then_launch

@@ -9,8 +9,8 @@ import torch
 
 from .. import abi
 from .data import CaseData
-from .library import STICKY_ERRORS, KernelLibrary  # noqa: F401 - re-exported
-from .verdict import CRASH, CUDA_ERROR, OUT_OF_BOUNDS, TIMEOUT, Failure
+from .library import STICKY_ERRORS, WORKSPACE_SHORT, KernelLibrary  # noqa: F401 - re-exported
+from .verdict import BAD_WORKSPACE, CRASH, CUDA_ERROR, OUT_OF_BOUNDS, TIMEOUT, Failure
 
 
 def load_library(spec, library) -> "KernelLibrary":
@@ -88,6 +88,12 @@ def raise_outcome(spec, data: CaseData, outcome, what: str | None = None) -> Non
                                f"loop, __syncthreads in divergent code, a spin wait on a flag)", fatal=True)
     if outcome.fatal:
         raise Failure(CRASH, f"{where}: {outcome.fatal}", fatal=True)
+    if outcome.code == WORKSPACE_SHORT:  # asked right before the call (library.KernelLibrary.launcher)
+        raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(spec, data.direction)} {outcome.error}, on "
+                                     f"{data.case.describe()}{f' ({what})' if what else ''}. The package's "
+                                     f"binding asks the size function before every call and hands the kernel what "
+                                     f"it answers: return the bytes one call needs, the same answer every time "
+                                     f"for the same arguments")
     if outcome.code:
         name = outcome.error or STICKY_ERRORS.get(outcome.code, f"cudaError {outcome.code}")
         text = f"{entry} returned {name} ({outcome.code}) on {data.case.describe()}"
@@ -107,13 +113,15 @@ def check_guards(runner, data: CaseData, what: str = "") -> None:
                                      f"partial vector")
 
 
-def run_once(runner, data: CaseData, which: int, refs: dict | None = None) -> dict[str, torch.Tensor]:
-    """Outputs pre-filled with sentinel `which`, one call, checked for a clean return and intact
-    guards; returns copies of the outputs."""
+def run_once(runner, data: CaseData, which: int, refs: dict | None = None,
+             stream: str = "pool") -> dict[str, torch.Tensor]:
+    """Outputs pre-filled with sentinel `which`, one call on a stream of kind `stream`
+    (graphs.STREAM_KINDS), checked for a clean return and intact guards; returns copies of the
+    outputs."""
     refs = refs or data.output_refs
     fill_outputs(runner, refs, which)
     synchronize(data.device)
-    outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims)
+    outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims, stream=stream)
     raise_outcome(runner.spec, data, outcome)
     check_guards(runner, data)
     return {name: runner.tensor(ref).clone() for name, ref in refs.items()}

@@ -30,6 +30,12 @@ REASONS = (PASSED, COMPILE_ERROR, FORBIDDEN_SYMBOL, ENTRY_POINT_MISSING, SANITIZ
            POST_TIMING_MISMATCH, NOT_CAPTURABLE, OUT_OF_BOUNDS, FASTER_THAN_PHYSICS, REMEMBERS_INPUTS,
            BAD_WORKSPACE)
 
+# The stream a call ran on (graphs.STREAM_KINDS), in a counterexample's words
+STREAM_WORDS = {"pool": "on a stream of its own (non-blocking, torch.cuda.Stream())",
+                "legacy": "on the legacy default stream (handle 0: what the package passes in a program that "
+                          "never makes a stream)",
+                "per_thread": "on cudaStreamPerThread (handle 2)"}
+
 
 @dataclass
 class Counterexample:
@@ -47,12 +53,14 @@ class Counterexample:
     bad_elements: int | None = None
     total_elements: int | None = None
     where: list[str] = field(default_factory=list)  # "tail: elements 96.. of 111", "first row", "NaN", ...
+    stream: str | None = None  # the kind of stream the failing calls ran on (STREAM_WORDS), where a check chose it
 
     def describe(self) -> str:
         dims = " ".join(f"{k}={v}" for k, v in self.case["dims"].items())
         parts = [f"{self.direction} {dims} {self.case['dtype']} ({self.case['distribution']} values, "
                  f"seed {self.case['seed']}" + (f", inputs offset by {self.case['offset']} element(s)"
-                                                if self.case.get("offset") else "") + ")"]
+                                                if self.case.get("offset") else "") + ")"
+                 + (f", called {STREAM_WORDS.get(self.stream, self.stream)}" if self.stream else "")]
         if self.output is not None:
             text = f"{self.tensor_role} {self.output!r}"
             if self.bad_elements is not None:
