@@ -5,11 +5,15 @@ one per row) and the backward receives. `reuse_saved_rows` rewrites the backward
 
 - a row expression structurally equal to a saved value's (RMSNorm's rsqrt(mean(x^2) + eps))
   becomes a load of the saved row: the sum of squares over the row is not swept again;
-- log-softmax recomputed as (a - max(a)) - log(sum(exp(a - max(a)))) (cross-entropy's backward)
-  becomes a - lse where a saved value is the log-sum-exp of the same `a`: no max and no sum over
-  the row, the gradient is one pass of exp(a - lse). Where lse is +inf (a row holding +inf) the
-  recomputed form is NaN over the whole row (inf - inf), as torch's log_softmax is; the rewrite
-  keeps that with lse read as NaN there (a row of -inf or NaN gives NaN either way).
+- log-softmax recomputed as (a - max(a)) - log(sum(exp(a - max(a)))) (cross-entropy's backward):
+  where the spec saves max(a) and log(sum(exp(a - max(a)))) apart, both are row expressions of
+  the first kind and the gradient is one pass of exp((a - max) - logsum), as exact as the
+  recomputed form (a - max is exact). A single saved log-sum-exp is read (a - lse) only when the
+  kernel computes in float64: in float32, |lse| near 1e7 rounds to a unit and exp(a - lse) is off
+  by a factor e (verifier version 6 met it: huge bfloat16 rows of 131072), so with a float32 lse
+  the backward recomputes. Where lse is +inf (a row holding +inf) the recomputed form is NaN over
+  the whole row (inf - inf), as torch's log_softmax is; the rewrite keeps that with lse read as
+  NaN there (a row of -inf or NaN gives NaN either way).
 
 `shared_logsumexp` rewrites the forward of such a spec: torch.logsumexp shifts by
 where(|max| == inf, 0, max), a second sum of exp over the row beside log-softmax's own; as
@@ -33,6 +37,11 @@ def holds_exactly(spec, value) -> bool:
     """Does a saved value, in its declared dtype, hold what the kernel would compute?"""
     dtype = value.type.dtype
     return dtype == "float64" or (dtype == "float32" and "float64" not in spec.dtypes)
+
+
+def lse_reads_exactly(spec, value) -> bool:
+    """Is a - lse as exact as log-softmax recomputed? Only when the kernel computes in float64."""
+    return value.type.dtype == "float64" and set(spec.dtypes) == {"float64"}
 
 
 def _row_stores(spec, forward: Program) -> dict[str, Node]:
@@ -137,7 +146,9 @@ def reuse_saved_rows(spec, forward: Program, backward: Program) -> Program:
         return backward
     canon = _Canon()
     same_value = {canon.key(value): field for field, value in stores.items()}
-    lse_of = {canon.key(a): field for field, value in stores.items() if (a := _lse_operand(value)) is not None}
+    exact_lse = {v.field for v in spec.saved_values if lse_reads_exactly(spec, v)}
+    lse_of = {canon.key(a): field for field, value in stores.items()
+              if field in exact_lse and (a := _lse_operand(value)) is not None}
     loads: dict[str, Node] = {}
 
     def load(field: str) -> Node:
@@ -163,4 +174,4 @@ def reuse_saved_rows(spec, forward: Program, backward: Program) -> Program:
     return _rebuild(backward, replace)
 
 
-__all__ = ["holds_exactly", "logsumexp_of", "reuse_saved_rows", "shared_logsumexp"]
+__all__ = ["holds_exactly", "logsumexp_of", "lse_reads_exactly", "reuse_saved_rows", "shared_logsumexp"]
