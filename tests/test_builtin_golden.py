@@ -26,6 +26,11 @@ OUT_OF_DATE: dict[str, str] = {}
 # now reads a lone lse only in float64 kernels (saved_rows.lse_reads_exactly), so the backward it
 # builds recomputes the row's max and sum; the committed kernel is to be regenerated on a GPU.
 OUT_OF_DATE["cross_entropy"] = "its backward read a float32 lse, which the generator no longer does"
+# softmax, log_softmax: the (max, sum) pair now gives NaN for a row of only -inf, as torch does
+# (one line after the pair; their outputs are NaN there either way, so only the bytes differ);
+# regenerate on a GPU with cross_entropy
+for _op in ("softmax", "log_softmax"):
+    OUT_OF_DATE[_op] = "one line after the (max, sum) pair: a row of only -inf sums to NaN"
 OUT_OF_DATE["swiglu"] = "traced under torch 2.11 on the H200: its sigmoid backward decomposes through reciprocal"
 
 

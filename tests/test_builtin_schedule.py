@@ -84,9 +84,14 @@ def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times(tmp_
     assert backward.count("sg::group_online<TPR, BLOCK>(") == 1
     assert _streamed_passes(backward) == 2  # online (max, sum, target sum), then the gradient
     assert _streamed_passes(forward) == 1  # the loss needs no second sweep
-    # with the saved lse (specs/cross_entropy.yaml): one pass, no reduction over the row
-    saved = build_source(load_spec(SPECS / "cross_entropy.yaml")).split("// ======================= backward")[1]
+    # with a saved (max, logsum) pair: one pass, no reduction over the row; a float32 lse
+    # (specs/cross_entropy.yaml) is not read (saved_rows.lse_reads_exactly): two passes as above
+    saved_specs = Path(__file__).resolve().parent / "saved_specs"
+    saved = build_source(load_spec(saved_specs / "cross_entropy_max_logsum.yaml"))
+    saved = saved.split("// ======================= backward")[1]
     assert "sg::group_online<TPR, BLOCK>(" not in saved and _streamed_passes(saved) == 1
+    lse = build_source(load_spec(SPECS / "cross_entropy.yaml")).split("// ======================= backward")[1]
+    assert _streamed_passes(lse) == 2
 
 
 def test_transcendentals_follow_the_storage_dtype():
@@ -324,11 +329,12 @@ def test_fewblock_gives_a_few_rows_row_one_block_of_two_chunks_a_thread():
 
 
 def test_the_block_form_of_few_rows_is_for_programs_with_row_reductions():
-    """A program without row reductions (swiglu, cross-entropy's backward from the saved
-    log-sum-exp) keeps the cluster of blocks, one chunk a thread, under fewblock/fewtwo; one with
+    """A program without row reductions (swiglu, cross-entropy's backward from a saved (max,
+    logsum) pair) keeps the cluster of blocks, one chunk a thread, under fewblock/fewtwo; one with
     them (cross-entropy's forward) takes a block per row."""
     fewtwo = _variant("fewtwo")
-    ce, swiglu = load_spec(SPECS / "cross_entropy.yaml"), load_spec(SPECS / "swiglu.yaml")
+    ce = load_spec(Path(__file__).resolve().parent / "saved_specs" / "cross_entropy_max_logsum.yaml")
+    swiglu = load_spec(SPECS / "swiglu.yaml")
     assert few_rows_tpr(fewtwo, 8, 512, 132) == 512  # row-free: 8 clusters of 8 blocks of 64
     assert few_rows_tpr(fewtwo, 8, 512, 132, row_free=False) == 256  # a block of 256, 2 chunks a thread
     forward, backward = build_source(ce, fewtwo).split("// ======================= backward")

@@ -173,7 +173,7 @@ ALL = ["cross_entropy_lse", "rmsnorm_rstd", "layernorm_stats", "rmsnorm_hw_rstd"
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", ALL + ["cross_entropy_max_logsum"])  # GPU-verified next session
 def test_the_kernel_compiles_against_its_header(name):
     spec = load_spec(SAVED / f"{name}.yaml")
     compiled = compile_source(spec, build_source(spec), arch="sm_90")

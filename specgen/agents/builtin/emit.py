@@ -603,6 +603,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             self.write_exact_pair(w, m, s, others, ctx, variant)
         else:
             self.write_online_pair(w, m, s, others, ctx, variant.reg_pair == "local")
+        # the pair skips elements equal to a -inf running max (empty threads, masked runs), so a
+        # row of only -inf sums to 0 where torch sums exp(-inf - -inf) = NaN: unseen through
+        # x - max (NaN there either way), seen once the sum is stored (a saved log-sum)
+        w.line(f"if ({mv} == (acc_t)(-INFINITY)) {sv} = (acc_t)NAN;  // a row of only -inf, as torch sums it")
         return [m, s] + [n for _, n, _ in others]
 
     def group(self, kind: str) -> str:
