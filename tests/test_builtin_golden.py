@@ -19,8 +19,6 @@ from specgen.spec import load_spec
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 # every other kernel of record was regenerated on the H200 in session 12 (2026-12-02)
 OUT_OF_DATE: dict[str, str] = {}
-# swiglu was regenerated on the H200 (torch 2.11) in session 11: torch 2.11 decomposes the sigmoid's
-# backward through prims.reciprocal, torch 2.14 (here) through a division, so the traces differ
 # cross_entropy: verifier version 6 rejected its backward on the H200 (session 28: bf16 N=3 C=131072,
 # huge values; exp(logits - lse) with a float32 lse is off by up to e at |lse| ~ 1e7). The generator
 # now reads a lone lse only in float64 kernels (saved_rows.lse_reads_exactly), so the backward it
@@ -31,6 +29,8 @@ OUT_OF_DATE["cross_entropy"] = "its backward read a float32 lse, which the gener
 # regenerate on a GPU with cross_entropy
 for _op in ("softmax", "log_softmax"):
     OUT_OF_DATE[_op] = "one line after the (max, sum) pair: a row of only -inf sums to NaN"
+# swiglu was regenerated on the H200 (torch 2.11) in session 11: torch 2.11 decomposes the sigmoid's
+# backward through prims.reciprocal, torch 2.14 (here) through a division, so the traces differ
 OUT_OF_DATE["swiglu"] = "traced under torch 2.11 on the H200: its sigmoid backward decomposes through reciprocal"
 
 

@@ -17,6 +17,7 @@ from specgen.spec import load_spec
 from builtin_support import without_saved
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
+SAVED = Path(__file__).resolve().parent / "saved_specs"
 
 
 @pytest.mark.parametrize("op, direction, dims, dtype, expected", [
@@ -86,8 +87,7 @@ def test_wide_cross_entropy_backward_reads_the_logits_twice_not_three_times(tmp_
     assert _streamed_passes(forward) == 1  # the loss needs no second sweep
     # with a saved (max, logsum) pair: one pass, no reduction over the row; a float32 lse
     # (specs/cross_entropy.yaml) is not read (saved_rows.lse_reads_exactly): two passes as above
-    saved_specs = Path(__file__).resolve().parent / "saved_specs"
-    saved = build_source(load_spec(saved_specs / "cross_entropy_max_logsum.yaml"))
+    saved = build_source(load_spec(SAVED / "cross_entropy_max_logsum.yaml"))
     saved = saved.split("// ======================= backward")[1]
     assert "sg::group_online<TPR, BLOCK>(" not in saved and _streamed_passes(saved) == 1
     lse = build_source(load_spec(SPECS / "cross_entropy.yaml")).split("// ======================= backward")[1]
@@ -333,7 +333,7 @@ def test_the_block_form_of_few_rows_is_for_programs_with_row_reductions():
     logsum) pair) keeps the cluster of blocks, one chunk a thread, under fewblock/fewtwo; one with
     them (cross-entropy's forward) takes a block per row."""
     fewtwo = _variant("fewtwo")
-    ce = load_spec(Path(__file__).resolve().parent / "saved_specs" / "cross_entropy_max_logsum.yaml")
+    ce = load_spec(SAVED / "cross_entropy_max_logsum.yaml")
     swiglu = load_spec(SPECS / "swiglu.yaml")
     assert few_rows_tpr(fewtwo, 8, 512, 132) == 512  # row-free: 8 clusters of 8 blocks of 64
     assert few_rows_tpr(fewtwo, 8, 512, 132, row_free=False) == 256  # a block of 256, 2 chunks a thread

@@ -139,7 +139,8 @@ def test_the_folded_rows_and_the_axis_family_read_the_saved_rstd(name):
     assert "saved_rstd" in _row_loads(programs["backward"])
 
 
-CASES = [("cross_entropy_lse", {"N": 9, "C": 37}), ("cross_entropy_max_logsum", {"N": 9, "C": 37}), ("rmsnorm_rstd", {"N": 9, "D": 37}),
+CASES = [("cross_entropy_lse", {"N": 9, "C": 37}), ("cross_entropy_max_logsum", {"N": 9, "C": 37}),
+         ("rmsnorm_rstd", {"N": 9, "D": 37}),
          ("layernorm_stats", {"N": 9, "D": 37}),
          ("rmsnorm_hw_rstd", {"B": 2, "C": 3, "H": 5, "W": 7}), ("rmsnorm_mid_rstd", {"B": 2, "C": 9, "L": 5})]
 
