@@ -19,14 +19,11 @@ from specgen.spec import load_spec
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 # every other kernel of record was regenerated on the H200 in session 12 (2026-12-02)
 OUT_OF_DATE: dict[str, str] = {}
-# cross_entropy: verifier version 6 rejected its backward on the H200 (session 28: bf16 N=3 C=131072,
-# huge values; exp(logits - lse) with a float32 lse is off by up to e at |lse| ~ 1e7). The generator
-# now reads a lone lse only in float64 kernels (saved_rows.lse_reads_exactly), so the backward it
-# builds recomputes the row's max and sum; the committed kernel is to be regenerated on a GPU.
-OUT_OF_DATE["cross_entropy"] = "its backward read a float32 lse, which the generator no longer does"
+# cross_entropy was regenerated on the H200 in session 29 (2026-12-04): its forward saves the row's
+# (max, logsum) for the backward (a float32 lse failed verifier version 6, session 28)
 # softmax, log_softmax: the (max, sum) pair now gives NaN for a row of only -inf, as torch does
 # (one line after the pair; their outputs are NaN there either way, so only the bytes differ);
-# regenerate on a GPU with cross_entropy
+# regenerate them on a GPU
 for _op in ("softmax", "log_softmax"):
     OUT_OF_DATE[_op] = "one line after the (max, sum) pair: a row of only -inf sums to NaN"
 # swiglu was regenerated on the H200 (torch 2.11) in session 11: torch 2.11 decomposes the sigmoid's

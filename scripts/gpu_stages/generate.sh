@@ -2,8 +2,8 @@
 #   specgen generate $GENERATE_SPECS $GENERATE_ARGS   (tunes, verifies, sanitizes, writes the lock)
 #   specgen bench SPEC --kernel kernels/OP.cu --json   (each spec, beside eager and torch.compile)
 # GENERATE_SPECS: spec files (default: all of specs/); GENERATE_ARGS e.g. "--tune-budget 150 --gpus all".
-# Results: $STAGE_OUT/{generate.log,generate.json,bench_<op>.{log,json}} and $STAGE_OUT/specs/
-# (the kernels and the lock to commit).
+# Results: $STAGE_OUT/{generate.log,generate.json,bench_<op>.{log,json}}, $STAGE_OUT/specs/specgen.lock
+# and $STAGE_OUT/kernels/ (the lock and kernels to commit).
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -15,9 +15,9 @@ status=0
 timeout "${GENERATE_TIMEOUT:-420}" python3 -m specgen generate $SPECS ${GENERATE_ARGS:-} \
   --json "$STAGE_OUT/generate.json" 2>&1 | tee "$STAGE_OUT/generate.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
-mkdir -p "$STAGE_OUT/specs/kernels"
+mkdir -p "$STAGE_OUT/specs" "$STAGE_OUT/kernels"  # $OUT brings back folders only so deep
 cp specs/specgen.lock "$STAGE_OUT/specs/"
-cp specs/kernels/*.cu "$STAGE_OUT/specs/kernels/" 2>/dev/null
+cp specs/kernels/*.cu "$STAGE_OUT/kernels/" 2>/dev/null
 # each spec's bench on its own GPU where there are several (one after another on one GPU)
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l); [ "$gpus" -ge 1 ] || gpus=1
 bench_one() {  # spec, gpu

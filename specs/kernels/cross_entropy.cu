@@ -10,7 +10,7 @@
 
 // Deterministic: fixed reduction trees, no atomics.
 
-// Schedule variant: few:fewtwo+medium:cl256two+split:cl256.
+// Schedule variant: cl256two.
 
 #include "cross_entropy_abi.h"
 
@@ -419,28 +419,6 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 // ---- end of helpers ----
 
 
-namespace sg {
-// Launch with the whole grid (grid.x = cl <= 8 blocks, grid.y = 1) as one cluster, its size known
-// only at run time: its blocks meet at cluster.sync() and read each other's shared memory.
-template <typename... KArgs, typename... Args>
-inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int block, int cl, cudaStream_t stream,
-                                    Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3((unsigned)block);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cl;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-}  // namespace sg
-
 // ======================= forward =======================
 
 // One row group of TPR threads per row; rows = N, columns = C. BLOCK threads per block;
@@ -569,6 +547,7 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
       }
       sg::group_online<TPR, BLOCK>(amax_1, sum_1_4, red_smem);
     }
+    if (amax_1 == (acc_t)(-INFINITY)) sum_1_4 = (acc_t)NAN;  // a row of only -inf, as torch sums it
     const acc_t log_5 = sg::log_((acc_t)(sum_1_4));
     acc_t gather_8;
     {
@@ -578,35 +557,9 @@ cross_entropy_fwd_rows(const cross_entropy_args A, float* __restrict__ partials,
       gather_8 = sub_1_6;
     }
     const acc_t neg_9 = (-gather_8);
-    const acc_t abs_17 = fabs((acc_t)(amax_1));
-    const bool eq_19 = (abs_17 == (acc_t)INFINITY);
-    const acc_t add_20 = (log_5 + amax_1);
-    const acc_t add_21 = (eq_19 ? amax_1 : add_20);
-    if (lane == 0) ((float*)A.saved_lse.data)[row] = sg::from_acc<float>(add_21);
+    if (lane == 0) ((float*)A.saved_max.data)[row] = sg::from_acc<float>(amax_1);
+    if (lane == 0) ((float*)A.saved_logsum.data)[row] = sg::from_acc<float>(log_5);
     gacc_0 += (acc_t)(neg_9);
-  }
-  if constexpr (TPR == BLOCK) {
-    if (partials == nullptr) {  // few rows, the grid one cluster (the host's fin_cluster): finalized here
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      __shared__ float fin_part[1];  // this block's partials (its row's)
-      if (threadIdx.x == 0) fin_part[0] = (float)gacc_0;
-      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-      cluster.sync();  // every block's partials are in its shared memory
-      if (cluster.block_rank() == 0 && threadIdx.x == 0) {
-        const int blocks = (int)cluster.num_blocks();
-        double tree_0[8];
-        for (int r = 0; r < 8; ++r) tree_0[r] = r < blocks ? (double)*cluster.map_shared_rank(fin_part + 0, r) : 0.0;
-        for (int w = 4; w > 0; w /= 2) for (int r = 0; r < w; ++r) tree_0[r] += tree_0[r + w];
-        const acc_t sum_3_10 = (acc_t)tree_0[0];
-        const acc_t div_16 = ((acc_t)(sum_3_10) / (acc_t)(convert_element_type_1_15));
-        *(float*)A.out.data = (float)(div_16);
-      }
-      cluster.sync();  // the first block has read every block's shared memory
-#else
-      __trap();  // the host launches it so only for code built for sm_90+ (clusters_ok)
-#endif
-      return;
-    }
   }
   if (lane == 0) partials[0 * slots + slot] = (float)gacc_0;
 }
@@ -675,10 +628,12 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   } else {
     if (chunks <= 32) { tpr = 32; items = 1; } else { tpr = 256; items = 0; }
   }
-  // few rows (decode sizes): while the rows fit in 2 waves of a block per SM, a row of 129-2048 chunks takes a whole block, 2 chunks per thread
-  const bool few = vec_ok && rows <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && 2 <= ITEMS_MAX;
-  if (few) { tpr = chunks <= 256 ? 128 : chunks <= 512 ? 256 : chunks <= 1024 ? 512 : 1024; items = 2; }
-  int block = few ? tpr : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
+  // few rows (decode sizes): while rows x 8 blocks fit in 2 waves of a block per SM,
+  // a row of 129-2048 chunks spreads over a cluster of 8 blocks, one chunk per thread
+  // (a row reduction: the cluster's rounds pay off only over 64+ elements per thread)
+  const bool few = vec_ok && rows * 8 <= 2 * (int64_t)sg::sm_count() && chunks >= 129 && chunks <= 2048 && items * VEC >= 64 && sg::clusters_ok<cross_entropy_fwd_rows<T, VEC, 256, 1, 32>>();
+  if (few) { tpr = chunks <= 256 ? 256 : chunks <= 512 ? 512 : chunks <= 1024 ? 1024 : 2048; items = 1; }
+  int block = few ? tpr / 8 : items > 0 && tpr > 4095 ? 512 : items > 0 && tpr > 256 ? 256 : tpr > 32 ? tpr : 128;  // TPR > 32: one row per block (or per cluster)
   // few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs
   if (tpr <= 32) while (block > 32 && rows * tpr < (int64_t)block * sg::sm_count()) block /= 2;
   const int rpb = tpr >= block ? 1 : block / tpr;
@@ -688,8 +643,8 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   int per_sm = 1;
 #define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block)
 #define SG_OCC_CL(V, P, I) per_sm = 1
-#define SG_OCC_FEWB(V, P, I) per_sm = sg::blocks_per_sm<cross_entropy_fwd_rows<T, V, P, I, P>>(block)
-  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_OCC_FEWB(VEC, 128, 2); else if (tpr == 256) SG_OCC_FEWB(VEC, 256, 2); else if (tpr == 512) SG_OCC_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_OCC_FEWB(VEC, 1024, 2); } }
+#define SG_OCC_FEW(V, P) per_sm = 1
+  if (few) { if (tpr == 256) SG_OCC_FEW(VEC, 256); else if (tpr == 512) SG_OCC_FEW(VEC, 512); else if (tpr == 1024) SG_OCC_FEW(VEC, 1024); else SG_OCC_FEW(VEC, 2048); }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_OCC(VEC, 8, 1); }
@@ -707,7 +662,7 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_OCC
 #undef SG_OCC_CL
-#undef SG_OCC_FEWB
+#undef SG_OCC_FEW
   int64_t per_group_blocks = (rows_per_group + rpb - 1) / rpb;
   const int64_t cap = (int64_t)sg::sm_count() * per_sm / (groups > 0 ? groups : 1);
   int64_t gx = per_group_blocks < cap ? per_group_blocks : cap;
@@ -717,19 +672,16 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   const dim3 grid((unsigned)gx, (unsigned)groups);
   const int64_t slots = gx / cl * groups * rpb; (void)slots;  // row groups: global reductions
   const int64_t cslots = gx / cl * groups; (void)cslots;  // blocks: column reductions
-  // few rows of a loss (8 at most, a block each): the grid runs as one cluster whose
-  // first block sums the partials and writes the result: no finalize launch, no workspace
-  const bool fin_cluster = few && groups == 1 && gx <= 8 && sg::clusters_ok<cross_entropy_fwd_rows<T, VEC, 128, 2, 128>>();
   // per-slot partials of the reductions over rows, summed in slot order by the finalize
-  const size_t partial_bytes = fin_cluster ? (size_t)0 : sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
+  const size_t partial_bytes = sizeof(float) * ((size_t)cslots * 0 * (size_t)W + (size_t)slots * 1);
   if (need) { *need = partial_bytes; return cudaSuccess; }
   if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
   float* partials = (float*)A.workspace;
   const cross_entropy_args args = A;
 #define SG_LAUNCH(V, P, I) cross_entropy_fwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)><<<grid, block, 0, stream>>>(args, partials, rows_per_group)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / ((P) / 8 > 256 ? (P) / 8 : 256)>(cross_entropy_fwd_rows<T, V, P, I, ((P) / 8 > 256 ? (P) / 8 : 256)>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
-#define SG_LAUNCH_FEWB(V, P, I) do { if (fin_cluster) { const cudaError_t e_ = sg::launch_cluster_n(cross_entropy_fwd_rows<T, V, P, I, P>, grid, block, (int)gx, stream, args, (float*)nullptr, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } else cross_entropy_fwd_rows<T, V, P, I, P><<<grid, block, 0, stream>>>(args, partials, rows_per_group); } while (0)
-  if (few) { if constexpr (2 <= ITEMS_MAX) { if (tpr == 128) SG_LAUNCH_FEWB(VEC, 128, 2); else if (tpr == 256) SG_LAUNCH_FEWB(VEC, 256, 2); else if (tpr == 512) SG_LAUNCH_FEWB(VEC, 512, 2); else if (tpr == 1024) SG_LAUNCH_FEWB(VEC, 1024, 2); } }
+#define SG_LAUNCH_FEW(V, P) do { const cudaError_t e_ = sg::launch_cluster<8>(cross_entropy_fwd_rows<T, V, P, 1, (P) / 8>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+  if (few) { if (tpr == 256) SG_LAUNCH_FEW(VEC, 256); else if (tpr == 512) SG_LAUNCH_FEW(VEC, 512); else if (tpr == 1024) SG_LAUNCH_FEW(VEC, 1024); else SG_LAUNCH_FEW(VEC, 2048); }
   else if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 4, 1); }
     else if (tpr == 8 && items == 1) { if constexpr (1 <= ITEMS_MAX) SG_LAUNCH(VEC, 8, 1); }
@@ -747,8 +699,8 @@ static cudaError_t cross_entropy_fwd_launch(const cross_entropy_args& A, cudaStr
   }
 #undef SG_LAUNCH
 #undef SG_LAUNCH_CL
-#undef SG_LAUNCH_FEWB
-  if (!fin_cluster) cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
+#undef SG_LAUNCH_FEW
+  cross_entropy_fwd_finalize_global<T><<<1, 256, 0, stream>>>(args, partials, slots, 0);
   return cudaGetLastError();
 }
 
@@ -801,7 +753,7 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
   const int64_t sum_2_10 = ((int64_t)1 * sum_2_9);
   const acc_t convert_element_type_1_11 = (acc_t)(sum_2_10);
   const acc_t div_1_12 = ((acc_t)(grad_out_6) / (acc_t)(convert_element_type_1_11));
-  const acc_t mul_26 = ((acc_t)-1.0 * div_1_12);
+  const acc_t mul_24 = ((acc_t)-1.0 * div_1_12);
   // Rows of this group: [blockIdx.y * rows_per_group, +rows_per_group), strided over blocks.
   for (int64_t local = bx * rpb + rg; local < rows_per_group; local += nbx * rpb) {
     const int64_t row = (int64_t)blockIdx.y * rows_per_group + local;
@@ -820,13 +772,12 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
       }
     }
     const int64_t target_1 = (int64_t)(((const int64_t*)A.target.data)[row]);
-    const acc_t saved_lse_15 = (acc_t)sg::to_acc(((const float*)A.saved_lse.data)[row]);
-    const bool eq_17 = (saved_lse_15 == (acc_t)INFINITY);
-    const acc_t saved_lse_nan_at_inf_19 = (eq_17 ? (acc_t)NAN : saved_lse_15);
-    const bool ge_22 = (target_1 >= (int64_t)0);
-    const bool lt_24 = (target_1 < ((int64_t)(A.C)));
-    const bool and_25 = (ge_22 && lt_24);
-    const acc_t sum_4_28 = (and_25 ? mul_26 : (acc_t)0.0);
+    const acc_t saved_max_15 = (acc_t)sg::to_acc(((const float*)A.saved_max.data)[row]);
+    const acc_t saved_logsum_17 = (acc_t)sg::to_acc(((const float*)A.saved_logsum.data)[row]);
+    const bool ge_20 = (target_1 >= (int64_t)0);
+    const bool lt_22 = (target_1 < ((int64_t)(A.C)));
+    const bool and_23 = (ge_20 && lt_22);
+    const acc_t sum_4_26 = (and_23 ? mul_24 : (acc_t)0.0);
     // final pass: outputs
       if constexpr (ITEMS > 0) {
       #pragma unroll
@@ -840,11 +791,12 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
           const bool scatter_2 = (j == target_1);
           const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
           const acc_t mul_2_13 = (scatter_5 * div_1_12);
-          const acc_t sub_1_20 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - saved_lse_nan_at_inf_19);
-          const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
-          const acc_t mul_3_29 = (exp_1_21 * sum_4_28);
-          const acc_t sub_2_30 = (mul_2_13 - mul_3_29);
-          st_0[v] = (acc_t)(sub_2_30);
+          const acc_t sub_16 = ((acc_t)sg::to_acc(r_p_logits_0[k].v[v]) - saved_max_15);
+          const acc_t sub_1_18 = (sub_16 - saved_logsum_17);
+          const acc_t exp_1_19 = sg::exp_<T>((acc_t)(sub_1_18));
+          const acc_t mul_3_27 = (exp_1_19 * sum_4_26);
+          const acc_t sub_2_28 = (mul_2_13 - mul_3_27);
+          st_0[v] = (acc_t)(sub_2_28);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }
@@ -870,11 +822,12 @@ cross_entropy_bwd_rows(const cross_entropy_bwd_args A, float* __restrict__ parti
           const bool scatter_2 = (j == target_1);
           const acc_t scatter_5 = (scatter_2 ? (acc_t)-1.0 : (int64_t)0);
           const acc_t mul_2_13 = (scatter_5 * div_1_12);
-          const acc_t sub_1_20 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - saved_lse_nan_at_inf_19);
-          const acc_t exp_1_21 = sg::exp_<T>((acc_t)(sub_1_20));
-          const acc_t mul_3_29 = (exp_1_21 * sum_4_28);
-          const acc_t sub_2_30 = (mul_2_13 - mul_3_29);
-          st_0[v] = (acc_t)(sub_2_30);
+          const acc_t sub_16 = ((acc_t)sg::to_acc(l_p_logits_0[u].v[v]) - saved_max_15);
+          const acc_t sub_1_18 = (sub_16 - saved_logsum_17);
+          const acc_t exp_1_19 = sg::exp_<T>((acc_t)(sub_1_18));
+          const acc_t mul_3_27 = (exp_1_19 * sum_4_26);
+          const acc_t sub_2_28 = (mul_2_13 - mul_3_27);
+          st_0[v] = (acc_t)(sub_2_28);
         }
         sg::store_vec<VEC>(o_0 + c * VEC, st_0);
         }

@@ -43,7 +43,8 @@ typedef struct cross_entropy_args {
   /* outputs: every element must be written */
   specgen_tensor out;                /* Tensor[] float32  (float32) */
   /* saved intermediates: written like outputs, every element; the backward reads them */
-  specgen_tensor saved_lse;          /* Tensor[N] float32  (float32) */
+  specgen_tensor saved_max;          /* Tensor[N] float32  (float32) */
+  specgen_tensor saved_logsum;       /* Tensor[N] float32  (float32) */
   /* scratch for this call only (the size function's bytes or more; NULL, 0 without one); any contents on entry */
   void* workspace;                   /* device memory, 256-byte aligned */
   int64_t workspace_bytes;
@@ -59,7 +60,8 @@ typedef struct cross_entropy_bwd_args {
   /* the forward outputs (for the backward pass), read only */
   specgen_tensor out;                /* Tensor[] float32  (float32) */
   /* the forward's saved intermediates (as the spec defines them), read only */
-  specgen_tensor saved_lse;          /* Tensor[N] float32  (float32) */
+  specgen_tensor saved_max;          /* Tensor[N] float32  (float32) */
+  specgen_tensor saved_logsum;       /* Tensor[N] float32  (float32) */
   /* gradients of the floating outputs, read only */
   specgen_tensor grad_out;           /* Tensor[] float32  (float32) */
   /* gradients of the floating inputs: written by the kernel, every element */
