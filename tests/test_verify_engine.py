@@ -110,3 +110,20 @@ def test_a_nan_from_the_reference_is_not_an_unwritten_output(gelu):
     assert not unwritten(nan, written_nan, torch.tensor(float("nan")), torch.tensor(-3.140625)).any()
     still_fill = torch.tensor([float("nan"), 1.0]), torch.tensor([-3.140625, 1.0])
     assert unwritten(*still_fill, torch.tensor(float("nan")), torch.tensor(-3.140625)).tolist() == [True, False]
+
+
+def test_an_offset_that_wraps_past_2_31_elements_fails_on_the_case_past_the_mark(gelu, monkeypatch):
+    """The past-2^31 case (strategies.past_int32_case) is the one case whose largest tensor holds
+    more elements than an int32 offset counts; here the mark is lowered so the CPU reaches it."""
+    import math
+
+    from specgen.verify import strategies
+
+    mark = 1 << 14  # above every other case of SMALL's budget (2^13 elements over all tensors)
+    monkeypatch.setattr(strategies, "INT32_ELEMENTS", mark)
+    wrapped = verdict_of(gelu, fakes.wraps_offsets_at(mark))
+    assert wrapped.reason == "wrong-result", wrapped.summary()
+    assert math.prod(wrapped.counterexample.case["dims"].values()) > mark
+    assert verdict_of(gelu, fakes.gelu_forward).passed
+    monkeypatch.setattr(strategies, "past_int32_case", lambda *args, **kw: None)
+    assert verdict_of(gelu, fakes.wraps_offsets_at(mark)).passed  # no other case reaches the mark

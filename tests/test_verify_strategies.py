@@ -138,3 +138,18 @@ def test_a_case_shrunk_to_the_gpu_memory_keeps_its_row_width(monkeypatch):
     shrunk = session.fit_memory(make_case({"N": 15616, "C": 128256}, "float32"), "forward")
     assert shrunk.dim_map["C"] == 128256 and shrunk.dim_map["N"] < 15616
     assert session.shrunk and "128256" in session.shrunk[0]
+
+
+def test_the_past_int32_case_holds_just_over_2_31_elements_at_the_widest_row():
+    import math
+
+    from conftest import SPECS
+    from specgen.verify.strategies import past_int32_case
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")  # N up to 65536, C up to 131072
+    case = past_int32_case(spec, seed=3)
+    logits = case.dim_map["N"] * case.dim_map["C"]
+    assert case.dim_map["C"] == 131072 and 2**31 < logits <= 2**31 + 131072
+    assert case.dtype in ("float16", "bfloat16")  # the fewest bytes past the mark
+    assert past_int32_case(load_spec(SPECS / "rmsnorm.yaml")) is None  # its ranges stop below the mark
+    assert past_int32_case(spec, limit=math.prod(spec.dims[s][1] for s in ("N", "C"))) is None  # the ranges stop there

@@ -128,6 +128,17 @@ def narrow_rows(k, t, dims):
     t["out"].copy_(y)
 
 
+def wraps_offsets_at(mark: int):
+    """GELU through an element offset that wraps at `mark` (an `int` offset wraps at 2^31): each
+    element past the mark reads the element `mark` before it, so only a tensor larger than
+    that goes wrong."""
+    def forward(k, t, dims):
+        flat = t["x"].reshape(-1)
+        index = torch.arange(flat.numel(), device=flat.device) % mark
+        t["out"].copy_(_gelu(flat[index]).view_as(t["out"]))
+    return forward
+
+
 def bad_config(k, t, dims):
     return 9
 

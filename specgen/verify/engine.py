@@ -33,6 +33,7 @@ TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on 
 # defaults), so a kernel that counts calls or watches the clock meets the benchmark here
 BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
+CPU_PAST_INT32_ELEMENTS = 1 << 20  # the CPU stand-ins run the past-2^31 case only below this (tests lower the mark)
 # Calls of one small case in a row before the small checks run again: a kernel that misbehaves
 # only after many calls in a process (a counter on the host or the device) meets a long run's
 # worth (a third from the host, the rest as CUDA-graph replays). The CPU stand-ins make fewer.
@@ -328,6 +329,7 @@ class Session:
                 check_capture(self.runner, data, fresh, deterministic=self.spec.deterministic)
                 del fresh
             del data, out
+        self.past_int32(direction, on_gpu)
         started = self.phase("full-size", started)
         flush = _flush_bytes() if on_gpu else 0
         for number, (shape, dtype) in enumerate(timed_pairs(self.spec.benchmark, self.spec.dtypes)):
@@ -367,6 +369,34 @@ class Session:
         """The timed phase's `index`-th input set: the base's classes and every other set another
         class, as the screen draws it (fresh_case)."""
         return fresh_case(base, seed, self.domain) if index % 2 else dataclasses.replace(base, seed=seed)
+
+    def past_int32(self, direction: str, on_gpu: bool) -> None:
+        """The case whose largest tensor holds just over 2^31 elements (past_int32_case), run whole
+        or not at all (shrunk it would not reach the mark): where the GPU cannot hold it with its
+        float64 truth, the verdict's `scaled to GPU memory` line says it was not run."""
+        from .memory import available_bytes, elements_that_fit
+        from .strategies import case_elements, past_int32_case
+
+        case = past_int32_case(self.spec, self.options.seed + 700)
+        if case is None:
+            return
+        elements = case_elements(self.spec.signature, case.dim_map, direction)
+        if not on_gpu:  # the CPU stand-ins reach it only where a test lowers the mark
+            if elements > CPU_PAST_INT32_ELEMENTS:
+                return
+        else:
+            fit = elements_that_fit(self.per_element(direction, case.dtype), available_bytes(self.device))
+            if elements > fit:
+                self.shrunk.append(f"{direction} past 2^31 elements {case.describe()}: not run ({elements} elements, "
+                                   f"{fit} fit the GPU memory free now)")
+                return
+        self.progress(f"{direction}: past 2^31 elements, {case.describe()}")
+        data = self.prepare(case, direction)
+        stage(self.runner, data, snapshots=False)
+        self.cases += 1
+        check_case(self.runner, data, deterministic=self.spec.deterministic,
+                   stats=self.stats(case, direction, data), stream=FULL_SIZE_STREAMS[0])
+        del data
 
     def per_element(self, direction: str, dtype: str) -> float:
         """Device bytes one case element costs in this spec, direction and dtype (memory.py),

@@ -489,6 +489,65 @@ def add_model_twin(spec, cases: list[Case], add) -> None:
             add(dims, case.dtype)
 
 
+INT32_ELEMENTS = 1 << 31  # an int32 element offset wraps at this many elements
+
+
+def past_int32_case(spec, seed: int = 0, limit: int | None = None) -> Case | None:
+    """A case whose largest tensor holds just over `limit` elements, where the spec's ranges allow
+    one (else None): an int32 offset (row * C + col in `int`) wraps there and reads or writes
+    another row, which no full-size case reaches (they stop at FULL_SIZE_BYTES and shrink to fit
+    their float64 truth; held-out attacks-v6's cross_entropy_int32_offsets passed version 6). The
+    row's width and the dims of the largest tensor stay as large as they can, other dims shrink
+    to small sizes; the narrowest dtype (the fewest bytes past the mark)."""
+    from ..inputs import TORCH_DTYPES
+
+    import torch
+
+    limit = INT32_ELEMENTS if limit is None else limit
+    sig = spec.signature
+    steps = sig.symbol_divisors()
+    symbols = sig.symbols()
+    dims = {s: spec.dims[s][1] for s in symbols}
+    tensors = [p.type for p in sig.inputs] + [o.type for o in sig.outputs]
+    biggest = max(tensors, key=lambda t: math.prod(t.shape(dims)))
+
+    def elements(d: dict[str, int]) -> int:
+        return math.prod(biggest.shape(d))
+
+    if elements(dims) <= limit:
+        return None
+    in_biggest = {d.symbol for d in biggest.dims if d.symbol}
+    for s in symbols:  # a dim the largest tensor does not have costs memory and reaches nothing
+        if s not in in_biggest:
+            dims[s] = legal_sizes(*spec.dims[s], steps.get(s, 1), [min(dims[s], 64)])[0]
+    row = row_symbol(sig)
+    # halve the largest dims (the row's last) while the tensor stays past the mark
+    for _ in range(200):
+        changed = False
+        for s in sorted(in_biggest, key=lambda s: (s == row, -dims[s])):
+            half = legal_sizes(spec.dims[s][0], dims[s], steps.get(s, 1), [dims[s] // 2])[0]
+            if half < dims[s] and elements({**dims, s: half}) > limit:
+                dims[s] = half
+                changed = True
+                break
+        if not changed:
+            break
+    # then the largest non-row dim down to the smallest legal size that stays past the mark
+    outer = [s for s in in_biggest if s != row] or [row]
+    s = max(outer, key=lambda s: dims[s])
+    step = steps.get(s, 1)
+    lo, hi = -(-spec.dims[s][0] // step), dims[s] // step  # in units of step
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if elements({**dims, s: mid * step}) > limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    dims[s] = hi * step
+    narrowest = min(spec.dtypes, key=lambda d: torch.empty((), dtype=TORCH_DTYPES[d]).element_size())
+    return make_case(dims, narrowest, seed=seed)
+
+
 def smoke_case(spec, seed: int = 0) -> Case:
     """A small first case: a few rows of an odd width, aligned, normal values."""
     sig = spec.signature
@@ -546,5 +605,5 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVER
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
-           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "large_case", "legal_sizes", "make_case",
+           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "past_int32_case",
            "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]
