@@ -907,6 +907,8 @@ def main(argv=None) -> int:
             problem, rows = not_reached(path, args)
             problem["lowered"] = lowering.get(path.stem)
         else:
+            # a problem that runs past the call's end leaves this line alone to name it
+            print(f"[level1] spec {path.stem}: started ({time.time() - started:.0f} s total)", flush=True)
             try:
                 problem, rows = run_spec(path, args, deadline, env)
             except Exception as error:  # noqa: BLE001 - never an abort

@@ -69,3 +69,36 @@ def test_a_timed_run_that_does_not_fit_retries_on_fewer_sets_then_names_the_shap
     with pytest.raises(EnvironmentMissing, match=r"specs/elu.yaml: the benchmark shape .*N=4096 D=393216"):
         Session.within_memory(session, base, "forward", 8, lambda n: run(n, fits=0))
     assert tried[-1] == MIN_TIMED_SETS
+
+
+def test_the_past_2_31_case_is_tried_past_the_plan_and_an_out_of_memory_is_not_a_verdict(monkeypatch):
+    """cross_entropy's backward past 2^31 elements planned at 1.8x what the plan allowed on the H200
+    (session 29): the case is tried up to PAST_INT32_ALLOWANCE times the plan; running out of
+    memory there is named in the verdict as not run, beyond the allowance it is not tried."""
+    import torch
+
+    from specgen.verify import engine, strategies
+
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    monkeypatch.setattr(strategies, "INT32_ELEMENTS", 1 << 12)
+    session = Session(spec, None, Options(), lambda text: None, device="cpu")
+    case = strategies.past_int32_case(spec, 1)
+    elements = case_elements(spec.signature, case.dim_map)
+    available = 10**10
+    per_element = memory.elements_that_fit(1.0, available) / elements  # the plan fits this many times the case
+    monkeypatch.setattr(memory, "available_bytes", lambda device: available)
+    prepared = []
+
+    def out_of_memory(case, direction):
+        prepared.append(case)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+
+    monkeypatch.setattr(session, "prepare", out_of_memory)
+    monkeypatch.setattr(session, "per_element", lambda direction, dtype: per_element * 1.8)  # 1/1.8 of it planned
+    session.past_int32("forward", on_gpu=True)
+    assert len(prepared) == 1 and prepared[0].dim_map == case.dim_map  # tried whole, not shrunk
+    assert session.shrunk == [f"forward past 2^31 elements {prepared[0].describe()}: not run (out of memory "
+                              "(CUDA out of memory. Tried to allocate 17.00 GiB))"]
+    monkeypatch.setattr(session, "per_element", lambda direction, dtype: per_element * engine.PAST_INT32_ALLOWANCE * 1.1)
+    session.past_int32("forward", on_gpu=True)
+    assert len(prepared) == 1 and "planned to fit" in session.shrunk[-1]  # beyond the allowance: not tried
