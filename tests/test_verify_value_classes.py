@@ -126,3 +126,27 @@ def test_errors_of_loss_scaled_cases_are_recorded_in_unscaled_units():
     stats = {}
     check_close(data, {"grad_logits": off.float()}, stats=stats)
     assert stats["max_abs_error"] == pytest.approx(1e-6, rel=0.05)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_a_lean_case_has_a_float32_truth_for_16_bit_inputs_and_no_reference_of_its_own(direction):
+    """The case past 2^31 elements is prepared lean (its truth in float32 for float16/bfloat16, the
+    truth standing for the working-dtype reference): an honest answer passes, a wrong row fails."""
+    from specgen.verify.checks import check_close
+    from specgen.verify.verdict import Failure
+
+    from conftest import SPECS
+
+    spec = load_spec(SPECS / "softmax.yaml")
+    data = prepare(spec, make_case({"N": 6, "D": 300}, "bfloat16", seed=5), direction, "cpu", lean=True)
+    name = data.outputs[0].name
+    assert data.truth[name].dtype == torch.float32 and data.reference[name] is data.truth[name]
+    honest = {slot.name: data.truth[slot.name].to(slot.dtype) for slot in data.outputs}
+    check_close(data, honest)
+    wrong = dict(honest)
+    wrong[name] = honest[name].clone()
+    wrong[name][-1] = honest[name][0]  # the last row is another row's: an offset that wrapped
+    with pytest.raises(Failure):
+        check_close(data, wrong)
+    wide = prepare(spec, make_case({"N": 6, "D": 300}, "float32", seed=5), direction, "cpu", lean=True)
+    assert wide.truth[name].dtype == torch.float64  # a float32 case keeps its float64 truth

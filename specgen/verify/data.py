@@ -139,11 +139,13 @@ def _tolerance(spec, dtype: str) -> tuple[float, float]:
     return t.atol, t.rtol
 
 
-def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = False) -> CaseData:
+def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = False, lean: bool = False) -> CaseData:
     """One case made concrete. `later`: the float64 truth and the working-dtype reference are
     computed only when an output is checked (derive_truth), from the staged inputs: the timed
     phase holds six input sets of a benchmark shape at once, and at 6 GB per tensor their truths
-    would not fit beside them."""
+    would not fit beside them. `lean` (the case past 2^31 elements, there to catch a wrong row, not
+    a rounding): the truth in float32 for 16-bit inputs and no working-dtype reference (its
+    tolerance is the spec's, unwidened), so the case fits the GPU beside its truth."""
     sig = spec.signature
     dims = case.dim_map
     device = torch.device(device)
@@ -162,9 +164,10 @@ def prepare(spec, case: Case, direction: str, device="cuda", *, later: bool = Fa
         written = [OutputSlot(o.name, shape, tdtype) for o, (shape, tdtype)
                    in zip(sig.outputs, expected_outputs(sig, dims, case.dtype))]
         written += saved_slots(spec, dims, case.dtype)
-        derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [o.name for o in sig.outputs])
+        derive = _forward_truth(spec, list(tensors), scalars, dims, case.dtype, [o.name for o in sig.outputs],
+                                lean=lean)
     else:
-        read, written, derive, scale = _backward(spec, case, tensors, scalars, dims, device)
+        read, written, derive, scale = _backward(spec, case, tensors, scalars, dims, device, lean=lean)
     truth, ref = ({}, {}) if later else derive(read)
     # a backward is linear in its output gradients: loss-scaled ones scale the truth and every
     # honest error alike, so the spec's absolute tolerance scales with them (relative ones hold)
@@ -252,9 +255,29 @@ def saved_slots(spec, dims: dict, dtype: str) -> list[OutputSlot]:
             for v in spec.saved_values]
 
 
-def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str, outputs: list[str]):
+def truth_dtype(dtype: str, lean: bool) -> str:
+    """The dtype the truth is computed in: float64, or float32 for a lean case of 16-bit inputs
+    (its rounding, 6e-8 relative, is far below any 16-bit tolerance)."""
+    return "float32" if lean and dtype in ("float16", "bfloat16") else "float64"
+
+
+def cast_floating(args: dict[str, object], dtype: str) -> dict[str, object]:
+    if dtype == "float64":
+        return upcast(args)
+    return {k: v.to(TORCH_DTYPES[dtype]) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+            for k, v in args.items()}
+
+
+def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str, outputs: list[str],
+                   lean: bool = False):
     def derive(inputs: dict) -> tuple[dict, dict]:
         tensors = {name: inputs[name] for name in names}  # by name: the staged views, not the drawn copies
+        if lean:  # the truth alone, standing for the reference too (no widening)
+            exact_dtype = truth_dtype(dtype, lean)
+            args = cast_floating({**tensors, **scalars}, exact_dtype)
+            truth = {**dict(zip(outputs, run_reference_checked(spec, args, dims, exact_dtype))),
+                     **evaluate_saved(spec, args, exact_dtype)}
+            return truth, truth
         working = run_reference_checked(spec, {**tensors, **scalars}, dims, dtype)
         exact = run_reference_checked(spec, upcast({**tensors, **scalars}), dims, "float64")
         # saved values: their definitions, in float64 for the truth (as the outputs' truth) and in the
@@ -292,7 +315,7 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
     return g.to(dtype)
 
 
-def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device):
+def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device, lean: bool = False):
     """Backward: the kernel reads the inputs, the forward outputs and the output gradients and
     writes the input gradients; the truth is the reference's autograd in float64. Returns what
     the kernel reads, what it writes, derive(read) -> (truth, reference) and the output
@@ -336,7 +359,11 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     def derive(staged: dict) -> tuple[dict, dict]:
         inputs = {name: staged[name] for name in names}
         given = {name: staged[name] for name in grad_names}
-        exact = gradients(upcast(inputs), given, lambda out: torch.float64 if out.is_floating_point() else out.dtype)
+        exact_dtype = truth_dtype(case.dtype, lean)
+        wide = TORCH_DTYPES[exact_dtype]
+        exact = gradients(cast_floating(inputs, exact_dtype), given, lambda out: wide if out.is_floating_point() else out.dtype)
+        if lean:  # the truth stands for the reference (no widening): see prepare
+            return exact, exact
         working = gradients(inputs, given, lambda out: out.dtype)
         return exact, working
 

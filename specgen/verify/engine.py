@@ -96,9 +96,9 @@ class Session:
         self.domain = reference_domain(spec)
         self.skipped: list[str] = []  # cases whose values the reference refused (the screen missed them)
 
-    def prepare(self, case: Case, direction: str) -> CaseData:
+    def prepare(self, case: Case, direction: str, lean: bool = False) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
-        return prepare(self.spec, case, direction, self.device)
+        return prepare(self.spec, case, direction, self.device, lean=lean)
 
     def stats(self, case: Case, direction: str, data: CaseData) -> dict:
         return self.tolerances.setdefault(f"{direction} {case.dtype}", {"spec_atol": data.spec_atol,
@@ -374,9 +374,11 @@ class Session:
 
     def past_int32(self, direction: str, on_gpu: bool) -> None:
         """The case whose largest tensor holds just over 2^31 elements (past_int32_case), run whole
-        or not at all (shrunk it would not reach the mark). The memory plan's cost per element is
-        conservative (CHECK_OVERHEAD, the arena's headroom) and cross_entropy's backward there
-        planned at 1.8x what it allowed on the H200 (session 29): this case is tried up to
+        or not at all (shrunk it would not reach the mark), prepared lean (a float32 truth for
+        16-bit inputs, no working-dtype reference: it is there to catch a wrong row, not a
+        rounding). The memory plan's cost per element is conservative (CHECK_OVERHEAD, the
+        arena's headroom) and cross_entropy's backward there, prepared in full, planned at 1.8x
+        what it allowed on the H200 (session 29): this case is tried up to
         PAST_INT32_ALLOWANCE times the plan, and running out of memory while preparing or
         checking it is a `not run` in the verdict's `scaled to GPU memory` line, never a verdict
         on the kernel."""
@@ -395,18 +397,18 @@ class Session:
             if elements > CPU_PAST_INT32_ELEMENTS:
                 return
         else:
-            fit = elements_that_fit(self.per_element(direction, case.dtype), available_bytes(self.device))
+            fit = elements_that_fit(self.per_element(direction, case.dtype, lean=True), available_bytes(self.device))
             if elements > fit * PAST_INT32_ALLOWANCE:
                 self.not_run(where, f"{elements} elements, {fit} planned to fit the GPU memory free now")
                 return
         self.progress(f"{direction}: past 2^31 elements, {case.describe()}")
         data = None
         try:
-            data = self.prepare(case, direction)
+            data = self.prepare(case, direction, lean=True)  # a float32 truth, no working-dtype reference
             stage(self.runner, data, snapshots=False)
             self.cases += 1
-            check_case(self.runner, data, deterministic=self.spec.deterministic,
-                       stats=self.stats(case, direction, data), stream=FULL_SIZE_STREAMS[0])
+            check_case(self.runner, data, deterministic=self.spec.deterministic, stats={},
+                       stream=FULL_SIZE_STREAMS[0])
         except (torch.OutOfMemoryError, ArenaError) as error:
             del data
             data = None
@@ -419,18 +421,19 @@ class Session:
         self.progress(f"{where}: not run, {why}")
         self.shrunk.append(f"{where}: not run ({why})")
 
-    def per_element(self, direction: str, dtype: str) -> float:
+    def per_element(self, direction: str, dtype: str, lean: bool = False) -> float:
         """Device bytes one case element costs in this spec, direction and dtype (memory.py),
-        measured once on a probe case."""
+        measured once on a probe case (prepared `lean` or not: data.prepare)."""
         from .memory import PROBE_ELEMENTS, bytes_per_element
         from .strategies import case_elements
 
-        key = (direction, dtype)
+        key = (direction, dtype, lean)
         if key not in self._per_element:
             sig = self.spec.signature
             top = {s: self.spec.dims[s][1] for s in sig.symbols()}
             probe = make_case(fit_budget(sig, top, self.spec.dims, PROBE_ELEMENTS), dtype, seed=self.options.seed + 77)
-            self._per_element[key] = bytes_per_element(lambda: prepare(self.spec, probe, direction, self.device),
+            self._per_element[key] = bytes_per_element(lambda: prepare(self.spec, probe, direction, self.device,
+                                                                       lean=lean),
                                                        case_elements(sig, probe.dim_map, direction), self.device)
         return self._per_element[key]
 
