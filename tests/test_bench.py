@@ -18,8 +18,8 @@ def test_bytes_moved_count_every_input_and_output_once():
     # x (N*D) + weight (D) in, out (N*D) written; bf16 = 2 bytes; the saved float32 rstd (N) written
     assert moved_bytes(rms, {"N": 4, "D": 8}, "bfloat16") == (32 + 8 + 32) * 2 + 4 * 4
     ce = load_spec(SPECS / "cross_entropy.yaml")
-    # logits N*C in the working dtype, target N int64, a float32 0-d loss, the saved float32 lse (N)
-    assert moved_bytes(ce, {"N": 3, "C": 10}, "float16") == 30 * 2 + 3 * 8 + 4 + 3 * 4
+    # logits N*C in the working dtype, target N int64, a float32 0-d loss, the saved float32 max and logsum (N each)
+    assert moved_bytes(ce, {"N": 3, "C": 10}, "float16") == 30 * 2 + 3 * 8 + 4 + 2 * 3 * 4
     swiglu = load_spec(SPECS / "swiglu.yaml")
     assert moved_bytes(swiglu, {"N": 2, "H": 5}, "float32") == (2 * 10 + 2 * 5) * 4
 
@@ -91,8 +91,9 @@ def test_backward_bytes_are_inputs_and_output_grads_read_plus_input_grads_writte
     # x, weight, grad_out and the saved rstd read; grad_x, grad_weight written
     assert moved_bytes(rms, {"N": 4, "D": 8}, "float32", "backward") == (32 + 8 + 4 + 32 + 32 + 8) * 4
     ce = load_spec(SPECS / "cross_entropy.yaml")
-    # logits, int64 target, the saved lse, the float32 0-d loss's gradient in; grad_logits out (no grad for target)
-    assert moved_bytes(ce, {"N": 3, "C": 10}, "float16", "backward") == 30 * 2 + 3 * 8 + 3 * 4 + 4 + 30 * 2
+    # logits, int64 target, the saved max and logsum, the float32 0-d loss's gradient in; grad_logits out
+    # (no grad for target)
+    assert moved_bytes(ce, {"N": 3, "C": 10}, "float16", "backward") == 30 * 2 + 3 * 8 + 2 * 3 * 4 + 4 + 30 * 2
 
 
 def test_backward_bytes_leave_out_an_input_no_gradient_depends_on():
