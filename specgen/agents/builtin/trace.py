@@ -25,6 +25,7 @@ from ..base import AgentRefused
 from .families.scan import trace_decompositions
 from .modules import modules_as_constants
 from .scalar_constants import differing_constants, forms_of
+from .welford import WelfordMeans
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
 TRACE_SIZES = (5, 7, 11, 13, 17, 19, 23)
@@ -163,7 +164,8 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked
     floating = [n for n, p in zip(names, sig.inputs) if p.type.differentiable]  # what the backward differentiates
 
     def forward(*tensors):
-        result = fn(**dict(zip(names, tensors)), **scalars)
+        with WelfordMeans():  # the user's var_mean/std_mean as torch answers them (welford.py)
+            result = fn(**dict(zip(names, tensors)), **scalars)
         return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
     if direction == "forward":
