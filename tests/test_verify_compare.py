@@ -199,3 +199,21 @@ def test_the_h200_swiglu_counterexample_passes_for_a_float32_math_kernel():
     check_close(data, {"out": out})
     with pytest.raises(Failure):
         check_close(data, {"out": (out.float() * 1.01).to(torch.float16)})
+
+
+def test_the_error_norm_ratio_tells_an_all_zero_row_from_an_honest_rounding():
+    """Measured, not a check yet (checks.error_norm_ratio): a bfloat16 softmax row of 4096
+    near-equal logits has every probability below the spec's atol, so an all-zero row passes
+    element by element (held-out attacks-v5); its error norm is hundreds of times the
+    reference's, an honest rounding's about the reference's."""
+    from specgen.verify.checks import error_norm_ratio
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 4096, dtype=torch.float64, generator=gen) * 0.01
+    truth = torch.softmax(logits, dim=-1)
+    reference = torch.softmax(logits.to(torch.bfloat16), dim=-1)  # torch in the working dtype
+    honest = truth.to(torch.bfloat16)  # the float64 answer rounded once
+    assert float(truth.max()) < 8e-3  # below bfloat16's default atol: zeros pass element by element
+    assert error_norm_ratio(honest, truth, reference) < 2.0
+    assert error_norm_ratio(torch.zeros_like(honest), truth, reference) > 50.0
+    assert error_norm_ratio(honest, torch.zeros_like(truth), torch.zeros_like(truth)) is None  # nothing to scale by

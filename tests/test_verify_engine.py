@@ -127,3 +127,12 @@ def test_an_offset_that_wraps_past_2_31_elements_fails_on_the_case_past_the_mark
     assert verdict_of(gelu, fakes.gelu_forward).passed
     monkeypatch.setattr(strategies, "past_int32_case", lambda *args, **kw: None)
     assert verdict_of(gelu, fakes.wraps_offsets_at(mark)).passed  # no other case reaches the mark
+
+
+def test_the_verdict_records_the_error_norm_against_the_references(gelu):
+    """Measured on every checked output (checks.error_norm_ratio), shown beside the tolerance: an
+    honest kernel's stays near the reference's; the bound it is to become is set on the GPU."""
+    verdict = verdict_of(gelu, fakes.gelu_forward)
+    ratios = [t["max_error_norm_ratio"] for t in verdict.tolerances.values()]
+    assert len(ratios) == 2 * len(gelu.dtypes) and all(0.0 < r < 1.5 for r in ratios), ratios
+    assert "its error norm up to" in verdict.summary()

@@ -144,4 +144,7 @@ def tolerance_text(t: dict) -> str:
                  f"{t['max_widening_cpu_reference']:.3g})")
     if t.get("max_abs_error") is not None:
         text += f"; largest error of the kernel {t['max_abs_error']:.3g}"
+    if t.get("max_error_norm_ratio") is not None:  # measured, not a check (checks.error_norm_ratio)
+        text += (f"; its error norm up to {t['max_error_norm_ratio']:.3g}x the reference's "
+                 f"(+ the dtype's rounding)")
     return text
