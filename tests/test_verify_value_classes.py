@@ -149,4 +149,5 @@ def test_a_lean_case_has_a_float32_truth_for_16_bit_inputs_and_no_reference_of_i
     with pytest.raises(Failure):
         check_close(data, wrong)
     wide = prepare(spec, make_case({"N": 6, "D": 300}, "float32", seed=5), direction, "cpu", lean=True)
-    assert wide.truth[name].dtype == torch.float64  # a float32 case keeps its float64 truth
+    # a float32 case is prepared in full: its float64 truth and its own reference for the widening
+    assert wide.truth[name].dtype == torch.float64 and wide.reference[name] is not wide.truth[name]
