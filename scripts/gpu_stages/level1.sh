@@ -10,7 +10,8 @@
 #   (decode | large | all, default all), LEVEL1_ONLY (spec names, comma-separated), LEVEL1_SHARD (K/N:
 #   every N-th spec from the K-th, to split the suite over several calls; merge with --merge),
 #   LEVEL1_SKIP_REACHED (JSON files of earlier calls, space-separated: their reached problems left out),
-#   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_ARGS (more benchmarks/level1_bench.py flags),
+#   LEVEL1_SPEC_BUDGET_S (timing per spec, default 150), LEVEL1_TUNE_BUDGET_S (the tuner's seconds per
+#   spec, default specgen generate's), LEVEL1_ARGS (more benchmarks/level1_bench.py flags),
 #   LEVEL1_HELDOUT_DIR (the held-out folder, default heldout/problems; heldout/problems-v2 and
 #   heldout/problems-v3 are the second and third sets).
 set -uo pipefail
@@ -26,6 +27,9 @@ started=$(date +%s)
 export GIT_COMMIT="${GIT_COMMIT:-$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)}"
 common=(--sizes "${LEVEL1_SIZES:-all}" --spec-budget-s "${LEVEL1_SPEC_BUDGET_S:-150}")
 [ -n "${LEVEL1_ONLY:-}" ] && common+=(--only "$LEVEL1_ONLY")
+# the tuner's seconds per problem (default: `specgen generate`'s, 240 s, which the timing budget
+# does not bound: session 29 reached one problem in 900 s without it)
+[ -n "${LEVEL1_TUNE_BUDGET_S:-}" ] && common+=(--tune-budget "$LEVEL1_TUNE_BUDGET_S")
 [ -n "${LEVEL1_SHARD:-}" ] && common+=(--shard "$LEVEL1_SHARD")
 # shellcheck disable=SC2206
 [ -n "${LEVEL1_SKIP_REACHED:-}" ] && common+=(--skip-reached ${LEVEL1_SKIP_REACHED})
