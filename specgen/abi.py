@@ -269,6 +269,18 @@ def ctypes_struct(spec, direction: str = "forward") -> type:
     return _struct_cache[key]
 
 
+def canonical_strides(sizes) -> list[int]:
+    """The strides the ABI hands a kernel: a contiguous tensor's, from its sizes alone. torch calls
+    a tensor contiguous whatever the stride of a size-1 dim (`hidden[:, -1, :]` of a [1, T, D]
+    batch keeps stride T * D there); a kernel that sized a row by sizes[0] * strides[0] would
+    read T rows (held-out attacks-v7, session 30)."""
+    strides, step = [0] * len(sizes), 1
+    for axis in reversed(range(len(sizes))):
+        strides[axis] = step
+        step *= max(int(sizes[axis]), 1)
+    return strides
+
+
 def tensor_arg(tensor) -> SpecgenTensor:
     """A specgen_tensor describing a torch tensor (no copy: the tensor must stay alive)."""
     from .inputs import DTYPE_NAMES
@@ -277,9 +289,9 @@ def tensor_arg(tensor) -> SpecgenTensor:
         raise ValueError(f"tensors of more than {MAX_DIMS} dims are not supported by ABI {ABI_VERSION}")
     arg = SpecgenTensor()
     arg.data = tensor.data_ptr() or None
-    for axis in range(tensor.dim()):
+    for axis, stride in enumerate(canonical_strides(tensor.shape)):
         arg.sizes[axis] = tensor.size(axis)
-        arg.strides[axis] = tensor.stride(axis)
+        arg.strides[axis] = stride
     arg.ndim = tensor.dim()
     arg.dtype = DTYPE_CODES[DTYPE_NAMES[tensor.dtype]]
     return arg

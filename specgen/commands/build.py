@@ -59,6 +59,8 @@ def register(subparsers) -> None:
     p.add_argument("--arch-list", default=None, metavar="LIST",
                    help=f"CUDA architectures of the wheel (default: those its kernels were verified on, the "
                         f"newest also as PTX for newer GPUs; \"{DEFAULT_ARCH_LIST}\" when none is verified)")
+    p.add_argument("--allow-unverified-archs", action="store_true",
+                   help="build --arch-list entries no kernel was verified on (their code paths never ran)")
     p.add_argument("--hub-layout", default=None, metavar="DIR",
                    help="also write DIR/build/<variant>/ + metadata.json for the `kernels` package")
     p.add_argument("--keep-tree", default=None, metavar="DIR",
@@ -409,10 +411,12 @@ def _package(results: list[OpResult], args, console: Console):
     from ..package import build_wheel, emit_package, package_model, write_hub_layout
     from ..package.portability import portability_warning
 
-    from ..package.model import default_arch_list
+    from ..package.model import check_archs_verified, default_arch_list
 
-    arch_list = args.arch_list or default_arch_list(r.provenance.get("verified_on") for r in results
-                                                    if r.kernel is not None)
+    verified_on = [r.provenance.get("verified_on") for r in results if r.kernel is not None]
+    if args.arch_list:
+        check_archs_verified(args.arch_list, verified_on, getattr(args, "allow_unverified_archs", False))
+    arch_list = args.arch_list or default_arch_list(verified_on)
     pkg = package_model(args.name, [r.spec for r in results], {r.spec.name: r.kernel for r in results},
                         version=args.package_version, arch_list=arch_list,
                         provenance={r.spec.name: r.provenance for r in results})

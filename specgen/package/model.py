@@ -536,6 +536,35 @@ def parse_arch_list(text: str) -> list[tuple[str, bool]]:
     return archs
 
 
+def verified_archs(verified_on) -> set[str]:
+    """The architectures ("90", "90a") the verification records name ("sm_90 (NVIDIA H200)")."""
+    found = set()
+    for text in verified_on:
+        match = re.match(r"sm_(\d+[a-z]?)\b", text or "")
+        if match:
+            found.add(match[1])
+    return found
+
+
+def check_archs_verified(arch_list: str, verified_on, allowed: bool) -> None:
+    """Refuse an --arch-list entry no packaged kernel was verified on: its code for that
+    architecture (a `__CUDA_ARCH__ < 900` path, say) never ran in the verifier (held-out attacks-v7,
+    session 30: a swiglu whose pre-Hopper path drops the last N % 4 rows passed the H200). PTX of a
+    verified architecture is what newer GPUs run, so newer GPUs need no entry of their own."""
+    verified_on = [v for v in verified_on if v]
+    found = verified_archs(verified_on)
+    if allowed or not verified_on:
+        return
+    unverified = [f"{num[:-1]}.{num[-1]}" for num, _ in parse_arch_list(arch_list)
+                  if num not in found and num.rstrip("abcdefghijklmnopqrstuvwxyz") not in found]
+    if unverified:
+        have = ", ".join(sorted(f"sm_{a}" for a in found)) or "none"
+        raise UsageError(f"--arch-list: {', '.join(unverified)} is not an architecture the kernels were verified on "
+                         f"({have}): their code for it never ran in the verifier. Verify on such a GPU "
+                         f"(`specgen verify --locked --record` there), drop it (the newest verified architecture's "
+                         f"PTX serves newer GPUs), or pass --allow-unverified-archs to build it anyway")
+
+
 def default_arch_list(verified_on) -> str:
     """The CUDA targets of a wheel when --arch-list is not given: every architecture a packaged
     kernel was verified on ("sm_90 (NVIDIA H200)" -> 9.0), the newest also as PTX so newer
