@@ -5,6 +5,7 @@ them agree on what a valid input is.
 """
 from __future__ import annotations
 
+import math
 import random
 from typing import Iterable
 
@@ -30,10 +31,13 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # serving are. "sparse": a ReLU's outputs (normal values with the negative half exactly 0), the
 # input of the next layer. "masked": attention scores under a mask: each row (along the last dim)
 # normal values with a contiguous run of -inf at its start or end (left padding, a causal or
-# sliding-window mask), shorter than the row. "int8": int8-quantized activations dequantized
-# (W8A8, QAT): each row on the grid of its absmax / 127.
+# sliding-window mask), shorter than the row; some rows -inf at both ends (left padding and a
+# causal mask together) and some -inf throughout (a padded query row: torch's softmax gives NaN
+# there). "int8": int8-quantized activations dequantized (W8A8, QAT): each row on the grid of its
+# absmax / 127. "repeated": near-duplicate rows (the rows of a padded batch, a causal mask's
+# consecutive rows): each row the one before it with 1-3 elements drawn anew, away from its ends.
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
-                 "rounded", "quantized", "sparse", "masked", "int8")
+                 "rounded", "quantized", "sparse", "masked", "int8", "repeated")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
 # but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
@@ -130,6 +134,8 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         return base.clamp_min(0.0)
     if distribution == "masked":
         return _masked(base, gen)
+    if distribution == "repeated":
+        return _repeated(base, gen, dtype_name)
     if distribution == "int8":
         if base.dim() == 0:
             return base
@@ -160,19 +166,121 @@ def with_specials(base: torch.Tensor, u: torch.Tensor, *, nan: bool = True) -> t
     return torch.where((u >= 2 * f) & (u < 3 * f), float("-inf"), base)
 
 
+# "masked": the share of rows -inf throughout, and of rows -inf at both ends (at least one of
+# each where the tensor has the rows and the row the width for it: MASKED_WHOLE_FROM, MASKED_BOTH_FROM)
+MASKED_WHOLE_SHARE = 1 / 8
+MASKED_BOTH_SHARE = 1 / 8
+MASKED_WHOLE_FROM = (2, 2)  # (rows, width): a lone row all -inf would leave nothing finite to check
+# ... and only in this share of masked tensors: a loss reduced to a mean is NaN wherever a whole row
+# is, so the rest keep checking partly masked rows through such a loss
+MASKED_WHOLE_DRAWS = 0.5
+MASKED_BOTH_FROM = (3, 3)  # a run at each end and a finite element between; a row or more of one run left
+
+
 def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Each row (along the last dim) with -inf over a run at its start or its end of a uniform
-    length in [0, width - 1]: the mask of a padded or causal attention row, never the whole row."""
+    length in [0, width - 1] (the mask of a padded or causal attention row), except for a share
+    of rows -inf throughout (MASKED_WHOLE_SHARE: a padded query row, whose softmax is NaN; in half
+    the tensors, MASKED_WHOLE_DRAWS) and a
+    share with a run at each end, at least one finite element left between (MASKED_BOTH_SHARE:
+    left padding and a causal mask together; of 2 to width - 1 elements in all, split between the
+    ends at random). Which rows are which comes from the generator; where none of a kind was drawn
+    the row with the lowest draw becomes one (a whole row from 2 rows of 2 elements, a row masked
+    at both ends from 3 rows of 3), and never is every row -inf throughout."""
     if base.dim() == 0 or base.numel() == 0:
         return base
     width = base.shape[-1]
     rows = base.reshape(-1, width)
-    u = torch.rand(rows.shape[0], 2, generator=gen, dtype=torch.float64, device=base.device)
-    length = (u[:, :1] * width).floor().clamp_max(width - 1)
+    n = rows.shape[0]
+    u = torch.rand(n, 3, generator=gen, dtype=torch.float64, device=base.device)
     index = torch.arange(width, device=base.device, dtype=torch.float64).unsqueeze(0)
-    at_end = u[:, 1:] < 0.5
+    # one run at the start or the end, shorter than the row
+    length = (u[:, :1] * width).floor().clamp_max(width - 1)
+    at_end = u[:, 1:2] < 0.5
     mask = torch.where(at_end, index >= width - length, index < length)
+    kind = u[:, 2]
+    whole = torch.zeros(n, dtype=torch.bool, device=base.device)
+    with_whole = float(torch.rand(1, generator=gen, dtype=torch.float64, device=base.device)) < MASKED_WHOLE_DRAWS
+    if with_whole and n >= MASKED_WHOLE_FROM[0] and width >= MASKED_WHOLE_FROM[1]:
+        whole = kind < MASKED_WHOLE_SHARE
+        if not bool(whole.any()):
+            whole[int(kind.argmin())] = True
+        if bool(whole.all()):  # some row left with finite values
+            whole[int(kind.argmax())] = False
+    if n >= MASKED_BOTH_FROM[0] and width >= MASKED_BOTH_FROM[1]:
+        both = ~whole & (kind >= MASKED_WHOLE_SHARE) & (kind < MASKED_WHOLE_SHARE + MASKED_BOTH_SHARE)
+        if not bool(both.any()):
+            both[int(torch.where(whole, float("inf"), kind).argmin())] = True
+        # 2 to width - 1 elements masked in all, 1 or more at each end
+        total = 2 + (u[:, :1] * (width - 2)).floor().clamp_max(width - 3)
+        left = 1 + (u[:, 1:2] * (total - 1)).floor().clamp_max(total - 2)
+        ends = (index < left) | (index >= width - (total - left))
+        mask = torch.where(both.unsqueeze(1), ends, mask)
+    mask = mask | whole.unsqueeze(1)
     return rows.masked_fill(mask, float("-inf")).view(base.shape)
+
+
+REPEATED_CHANGES = 3  # "repeated": at most this many elements of a row drawn anew (at least one)
+REPEATED_KEEP_ENDS = 16  # ... never within this many of either end of a row wider than REPEATED_WIDE
+REPEATED_WIDE = 40
+
+
+def _repeated(base: torch.Tensor, gen: torch.Generator, dtype_name: str) -> torch.Tensor:
+    """Near-duplicate rows (along the last dim): the first row as drawn, each later row the one
+    before it with 1 to REPEATED_CHANGES elements (the count uniform, at distinct places) given the
+    new normal values `base` holds there, none within REPEATED_KEEP_ENDS of either end of a row
+    wider than REPEATED_WIDE (anywhere in a narrower one). A new value equal to the one it replaces
+    in the working dtype is moved by 1, so each row differs from the one before it in as many
+    elements as were drawn; every odd row then holds, in the middle of the row, a value 1 + log(width)
+    above the tensor's largest (its new max, outweighing the rest of its row). A kernel that keys a cache of a row's statistics on a few of its
+    elements (its ends) meets rows that share them with the row before and differ within.
+    Works in place on `base`; besides it, one int64 index per element at a time (full-size cases
+    draw this class on the GPU)."""
+    if base.dim() == 0 or base.numel() == 0 or base.numel() == base.shape[-1]:
+        return base  # one row (or none): nothing to repeat
+    width = base.shape[-1]
+    rows = base.reshape(-1, width)
+    n, device = rows.shape[0], base.device
+    lo, hi = (REPEATED_KEEP_ENDS, width - REPEATED_KEEP_ENDS) if width > REPEATED_WIDE else (0, width)
+    span = hi - lo
+    most = min(REPEATED_CHANGES, span)
+    u = torch.rand(n - 1, 1 + most, generator=gen, dtype=torch.float64, device=device)  # rows 1..n-1
+    count = 1 + (u[:, 0] * most).floor().clamp_max(most - 1).long()
+    # distinct places: the j-th of [0, span - j), stepped past the row's earlier places in ascending order
+    places: list[torch.Tensor] = []
+    for j in range(most):
+        p = (u[:, 1 + j] * (span - j)).floor().clamp_max(span - j - 1).long()
+        if places:
+            for q in torch.stack(places, 1).sort(1).values.unbind(1):
+                p = p + (p >= q).long()
+        places.append(p)
+    drawn = torch.arange(most, device=device).unsqueeze(0) < count.unsqueeze(1)
+    r = torch.arange(1, n, device=device).unsqueeze(1).expand(-1, most)[drawn]
+    c = (lo + torch.stack(places, 1))[drawn]
+    del u, count, places, drawn
+    # the changes column by column, in row order: each replaces the previous one in its column (or row 0's)
+    order = (c * n + r).argsort()
+    r, c = r[order], c[order]
+    prev = torch.zeros_like(r)
+    prev[1:] = torch.where(c[1:] == c[:-1], r[:-1], 0)
+    working = TORCH_DTYPES.get(dtype_name, torch.float64)
+    working = working if working.is_floating_point else torch.float64
+    for _ in range(4):
+        same = rows[r, c].to(working) == rows[prev, c].to(working)
+        if not bool(same.any()):
+            break
+        rows[r[same], c[same]] += 1.0
+    # each element's source row (the last change in its column up to its row), as a running sum
+    source = torch.zeros(n, width, dtype=torch.long, device=device)
+    source[r, c] = r - prev
+    source = source.cumsum_(0)
+    rows = rows.gather(0, source)
+    # every other row holds one element above all the others by 1 + log(width) (a token a mask lets
+    # through): its exponential outweighs the rest of the row, so a row's max and sum differ from its
+    # neighbour's by a clear margin in every dtype and at any width, where a few new normal values
+    # move a wide row's sum below a 16-bit tolerance
+    rows[1::2, lo + span // 2] = float(rows.abs().max()) + 1.0 + math.log(width)
+    return rows.view(base.shape)
 
 
 def _with_outliers(base: torch.Tensor, gen: torch.Generator, dtype_name: str) -> torch.Tensor:

@@ -52,9 +52,13 @@ def recording(kernel):
 
 # ------------------------------------------------------------------ the stream a call runs on
 
-def test_calls_run_on_the_legacy_stream_per_thread_and_a_stream_of_their_own(gelu):
+def test_calls_run_on_the_legacy_stream_per_thread_and_a_stream_of_their_own(gelu, monkeypatch):
     """An honest kernel passes; a good share of its calls (smoke, a third of the boundary cases,
-    the repeated calls and the model's loop) get handle 0, some cudaStreamPerThread."""
+    the repeated calls and the model's loop) get handle 0, some cudaStreamPerThread. (Without the
+    calls from two threads: their 1200 calls on streams of their own would swamp the count.)"""
+    from specgen.verify import engine
+
+    monkeypatch.setattr(engine, "check_calls_from_threads", lambda *a, **k: None)
     kernel = recording(fakes.correct(gelu))
     verdict = run_verification(gelu, kernel, Options(examples=4, budget=1 << 13, seed=1, endurance=0), device="cpu")
     assert verdict.passed, verdict.summary()
@@ -139,18 +143,26 @@ def test_a_kernel_that_counts_calls_right_after_a_size_query_is_rejected(gelu):
     kernel = fakes.SizeQueryCadence(gelu)
     verdict = run_verification(gelu, kernel, SMALL, device="cpu")
     assert not verdict.passed, verdict.summary()
-    assert verdict.reason in ("wrong-result", "post-timing-mismatch"), verdict.summary()
+    # (nondeterministic since version 8: the first calls come before the smoke case's two runs and
+    # bring the 4th paired call into them)
+    assert verdict.reason in ("wrong-result", "post-timing-mismatch", "nondeterministic"), verdict.summary()
     assert kernel.longest >= 4 and kernel.cheated >= 1
 
 
 def test_the_cadence_passed_while_the_size_function_was_asked_once_per_case(gelu, monkeypatch):
     """What the per-call question adds: asked only when a case is staged, no call in a row pairs
     with more than one question, and the cheat never engages."""
+    from specgen.verify import engine
+
     monkeypatch.setattr(LocalRunner, "_as_sized", lambda self, direction, tensors, scalars, dims: tensors)
+    # (the calls from two threads ask the size function in their own driver: not this path)
+    monkeypatch.setattr(engine, "check_calls_from_threads", lambda *a, **k: None)
     kernel = fakes.SizeQueryCadence(gelu)
     verdict = run_verification(gelu, kernel, SMALL, device="cpu")
     assert verdict.passed, verdict.summary()
-    assert kernel.longest <= 1 and kernel.cheated == 0
+    # at most 2 in a row (the first calls' second call, then the smoke case's first: each staged
+    # right before), far from the 4 the cheat needs
+    assert kernel.longest <= 2 and kernel.cheated == 0
 
 
 def test_an_honest_kernel_gets_its_answer_as_workspace_bytes_on_every_call(gelu):

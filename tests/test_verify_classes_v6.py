@@ -121,7 +121,10 @@ def test_masked_and_int8_values_look_like_what_they_stand_for(softmax):
     assert {"masked", "int8"} <= set(VALUE_CLASSES)
     x = make_inputs(softmax.signature, {"N": 256, "D": 64}, "float32", seed=3, distribution="masked")["x"]
     masked = torch.isneginf(x)
-    assert not bool(masked.all(-1).any())  # never a whole row
+    # since verifier version 8 some rows are -inf throughout or at both ends (tests/test_value_classes_v8.py);
+    # the others as version 6 drew them
+    masked = masked[~masked.all(-1) & ~(masked[:, 0] & masked[:, -1])]
+    assert masked.shape[0] > 128
     runs = masked.sum(-1)
     at_start = masked[:, 0]
     # one contiguous run, at the start or at the end of the row

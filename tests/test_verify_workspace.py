@@ -39,9 +39,13 @@ def test_believable_sizes_pass_and_absurd_ones_are_named():
     assert problem and "negative number or garbage" in problem
 
 
-def test_a_kernel_using_its_workspace_honestly_passes_and_gets_fresh_random_bytes(gelu):
+def test_a_kernel_using_its_workspace_honestly_passes_and_gets_fresh_random_bytes(gelu, monkeypatch):
+    from specgen.verify import engine
+
     kernel = fakes.WorkspaceKernel(gelu, fakes.gelu_via_workspace, output_bytes)
-    # (without the endurance run: its calls in a row, as from a captured graph, are not refilled)
+    # (without the endurance run and the calls from two threads: their calls in a row, as from a
+    # captured graph, are not refilled; tests/test_verify_threaded.py checks those)
+    monkeypatch.setattr(engine, "check_calls_from_threads", lambda *a, **k: None)
     verdict = run_verification(gelu, kernel, Options(examples=4, budget=1 << 13, seed=1, endurance=0), device="cpu")
     assert verdict.passed, verdict.summary()
     forward = [seen[1:] for seen in kernel.seen if seen[0] == "forward"]
@@ -63,7 +67,9 @@ def test_state_kept_in_the_workspace_between_calls_is_rejected(gelu):
     holds random bytes on entry (tests/adversarial/workspace_counter_kept.cu on the GPU)."""
     kernel = fakes.WorkspaceKernel(gelu, fakes.counter_kept_in_workspace, lambda dims: 8)
     verdict = verdict_of(gelu, kernel)
-    assert verdict.reason == "nondeterministic", verdict.summary()  # run A right, run B skipped rows
+    # its first call zeroes the counter: the smoke case's run A right, run B skipping rows; since
+    # version 8 that first call is the first calls' check, so both smoke runs skip them
+    assert verdict.reason in ("nondeterministic", "unwritten-output"), verdict.summary()
 
 
 def test_a_write_past_the_workspace_is_out_of_bounds(gelu):

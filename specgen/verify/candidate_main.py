@@ -98,6 +98,8 @@ def serve(fd: int) -> int:
                 reply = _timed(torch, state, message, prepare_call, on_stream, tensors)
             elif op == "side_by_side":
                 reply = _side_by_side(torch, state, message, prepare_call)
+            elif op == "threads":
+                reply = _threads(torch, state, message, prepare_call, tensors)
             elif op == "then_copy":
                 from .graphs import launch_then_copy
 
@@ -173,6 +175,33 @@ def _side_by_side(torch, state, message: dict, prepare_call) -> dict:
     launches = [prepare_call(item, on) for item, on in zip(calls, streams)]
     code = launch_side_by_side(launches, streams, message.get("leads") or [0] * len(calls))
     return _after(torch, state, {"type": "done", "code": code})
+
+
+def _threads(torch, state, message: dict, prepare_call, tensors) -> dict:
+    """Calls from host threads at the same time: thread i, on a stream of its own (made once and
+    kept, as side_by_side's), makes `repeat` calls in turn through its list of calls (each its own
+    outputs); from native threads when the judge sends the driver it compiled
+    (graphs.call_from_native_threads), else from Python threads (graphs.call_from_threads). The
+    failing call's thread is `failed_call`."""
+    from .graphs import call_from_native_threads, call_from_threads, streams_from
+
+    threads, repeat = message["threads"], int(message["repeat"])
+    streams = streams_from(state["streams"], len(threads))
+    native = message.get("driver")
+    if native:
+        resolved = [[{**item, "tensors": tensors(item["tensors"]), "scalars": item.get("scalars", {}),
+                      "dims": item.get("dims", {})} for item in calls] for calls in threads]
+        try:
+            code, failed = call_from_native_threads(native, state["lib"], resolved, repeat, streams)
+        except OSError:  # the driver would not load here: Python threads
+            native = None
+    if not native:
+        launchers = [[prepare_call(item, on) for item in calls] for calls, on in zip(threads, streams)]
+        code, failed = call_from_threads(launchers, repeat, streams)
+    reply = {"type": "done", "code": code}
+    if failed is not None:
+        reply["failed_call"] = failed
+    return _after(torch, state, reply)
 
 
 # Device cycles the stream spins before each timed call's start event (about 40 us at the

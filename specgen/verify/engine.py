@@ -18,12 +18,16 @@ from hypothesis import seed as hypothesis_seed
 
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import (check_calls_side_by_side, check_capture, check_case, check_deterministic_repeats,
-                     check_finished_on_its_stream, check_repeated_calls, check_stale_output_loop)
+from .checks import (check_after_a_larger_call, check_calls_side_by_side, check_capture, check_case,
+                     check_deterministic_repeats, check_finished_on_its_stream, check_first_calls,
+                     check_repeated_calls, check_stale_output_loop, run_first_calls)
+from .chained import check_backward_on_own_saved
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
-from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, fit_budget, fresh_case,
-                         full_size_cases, large_case, make_case, row_symbol, smoke_case)
+from .threaded import check_calls_from_threads, thread_pairs
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, classes_at_scale,
+                         fewer_rows_case, fit_budget, fresh_case, full_size_cases, large_case, make_case, row_symbol,
+                         smoke_case)
 from .runner import check_guards, raise_outcome
 from .verdict import CRASH, INPUT_MUTATED, NOT_CAPTURABLE, PASSED, Failure, Verdict
 
@@ -191,17 +195,27 @@ class Session:
             yield
 
     def small_cases(self, direction: str) -> bool:
-        """Smoke, capture, boundary, sweep, Hypothesis, repeated calls, calls side by side; True for a quick run
-        (the sanitizer's), which ends here."""
+        """First calls, smoke, capture, boundary, sweep, Hypothesis, repeated calls, calls side by side, calls
+        from two host threads; True for a quick run (the sanitizer's), which ends here."""
         spec, opts = self.spec, self.options
         t = time.perf_counter()
         smoke = smoke_case(spec, opts.seed)
+        if not opts.quick:  # the direction's first calls in this process: one on a busy stream, one racing it
+            self.progress(f"{direction}: the first calls, on a busy stream and on another")
+            pair = [self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 5000 + i), direction) for i in (0, 1)]
+            copies = stage(self.runner, pair, snapshots=False, output_copies=2, workspaces=2)
+            first = run_first_calls(self.runner, pair, copies)
+            self.cases += 2
         self.run_case(smoke, direction, SMOKE_STREAM)
+        if not opts.quick:
+            check_first_calls(pair, first)
+            del pair, first
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
         fresh = self.prepare(fresh_case(smoke, smoke.seed + 1, self.domain), direction)
-        check_capture(self.runner, data, fresh, deterministic=spec.deterministic)
+        later = tuple(self.prepare(fresh_case(smoke, smoke.seed + k, self.domain), direction) for k in (2, 3))
+        check_capture(self.runner, data, fresh, deterministic=spec.deterministic, later=later)
         t = self.phase("smoke+capture", t)
         boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain)
         for index, case in enumerate(boundary[:4] if opts.quick else boundary):
@@ -210,6 +224,11 @@ class Session:
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
             return True
+        if direction == "backward" and spec.saved_values:  # on what its own forward wrote (verify/chained.py)
+            self.cases += check_backward_on_own_saved(spec, self.runner, self.device, seed=opts.seed + 6000,
+                                                      budget=opts.budget, progress=self.progress,
+                                                      stats=lambda case, data: self.stats(case, "backward", data))
+            t = self.phase("own-saved", t)
         self.hypothesis(direction)
         t = self.phase("hypothesis", t)
         big = large_case(spec, opts.budget, opts.seed + 7)
@@ -219,6 +238,12 @@ class Session:
         fresh = self.prepare(fresh_case(big, big.seed + 1000, self.domain), direction)
         check_repeated_calls(self.runner, data, fresh, stream=LOOP_STREAM)
         del fresh
+        if (fewer := fewer_rows_case(spec, big)) is not None:  # the workspace as the last call on `big` left it
+            self.progress(f"{direction}: fewer rows right after, on the same workspace, {fewer.describe()}")
+            smaller = self.prepare(fewer, direction)
+            stage(self.runner, smaller, snapshots=False)
+            check_after_a_larger_call(self.runner, smaller, stream=LOOP_STREAM)
+            self.cases += 1
         for number, looped in enumerate([big, *self.launch_bound_cases()]):
             self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed, "
                           f"{looped.describe()}")
@@ -241,6 +266,13 @@ class Session:
             check_finished_on_its_stream(self.runner, once, copies)
             self.cases += 1
         t = self.phase("side-by-side", t)
+        for first, second in thread_pairs(big, self.launch_bound_cases()):
+            self.progress(f"{direction}: calls from two host threads at the same time, {first.describe()} and "
+                          f"{second.describe()}")
+            threaded = [prepare(self.spec, case, direction, self.device) for case in (first, second)]
+            check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic)
+            self.cases += 2
+        t = self.phase("threads", t)
         self.endurance(direction, [(smoke_case(spec, opts.seed + 5), SMOKE_STREAM),
                                    *((case, boundary_stream(i)) for i, case in enumerate(boundary[:3])),
                                    (big, LOOP_STREAM)])
@@ -310,6 +342,11 @@ class Session:
         started = time.perf_counter()
         on_gpu = self.device.type == "cuda"
         cases = full_size_cases(self.spec, self.options.seed + 500)
+        # value classes at the first benchmark shape; not for a reference that refused some class in
+        # the screen (each of its cases is screened on the CPU first: too slow at full size, and a
+        # refusal on the GPU is a device-side assert in the judge)
+        if cases and not self.domain.rejected:
+            cases += classes_at_scale(self.spec, cases[0], self.domain, self.options.seed + 600)
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
             cases = [self.scaled(case) for case in cases]
         for index, case in enumerate(cases):

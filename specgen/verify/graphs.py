@@ -1,9 +1,10 @@
-"""One call captured into a CUDA graph, one call repeated as a long run repeats it, and calls
-launched to run at the same time on streams of their own: shared by the candidate's process and
-the in-process runner (CPU stand-ins aside). No checking code here: the candidate's process
-imports it."""
+"""One call captured into a CUDA graph, one call repeated as a long run repeats it, calls
+launched to run at the same time on streams of their own, and calls from host threads of their
+own: shared by the candidate's process and the in-process runner (CPU stand-ins use only the
+threads'). No checking code here: the candidate's process imports it."""
 from __future__ import annotations
 
+import ctypes
 from typing import Callable
 
 
@@ -143,3 +144,109 @@ def launch_then_copy(launch: Callable[[], int], stream, copies: list) -> int:
         for source, destination in copies:
             destination.copy_(source)
     return code
+
+
+def call_from_threads(launchers: list[list[Callable[[], int]]], repeat: int, streams: list | None = None
+                      ) -> tuple[int, int | None]:
+    """Calls from host threads at the same time, as a multi-threaded server or nn.DataParallel
+    makes them: thread i makes `repeat` calls in a row through launchers[i] (in turn, one call
+    each), all threads released together by a barrier, then (on a GPU) waits for streams[i].
+    ctypes lets go of the GIL inside the library, so the threads' calls run through the kernel's
+    host code at the same time. Returns (the first failing code, its thread) or (0, None); an
+    exception in a thread (a CUDA error at its stream's synchronize) is raised here."""
+    import threading
+
+    gate = threading.Barrier(len(launchers))
+    codes: list[int] = [0] * len(launchers)
+    errors: list[BaseException | None] = [None] * len(launchers)
+
+    def run(index: int) -> None:
+        try:
+            if streams is not None:
+                import torch
+
+                torch.cuda.set_device(streams[index].device)  # a new thread's current device is device 0
+            mine = launchers[index]
+            gate.wait()
+            for number in range(repeat):
+                code = mine[number % len(mine)]()
+                if code:
+                    codes[index] = code
+                    break
+            if streams is not None:
+                streams[index].synchronize()
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+            errors[index] = error
+            gate.abort()
+
+    if streams is not None:
+        import torch
+
+        torch.cuda.synchronize()
+    threads = [threading.Thread(target=run, args=(index,), daemon=True) for index in range(len(launchers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    raised = [e for e in errors if e is not None]
+    if raised:
+        raise next((e for e in raised if not isinstance(e, threading.BrokenBarrierError)), raised[0])
+    failed = next((index for index, code in enumerate(codes) if code), None)
+    return (0, None) if failed is None else (codes[failed], failed)
+
+
+class _NativeJob(ctypes.Structure):
+    """What one native thread calls (threaded.DRIVER_SOURCE's `Job`, field for field)."""
+
+    _fields_ = [("entry", ctypes.c_void_p), ("size", ctypes.c_void_p), ("args", ctypes.c_void_p),
+                ("count", ctypes.c_int64), ("stream", ctypes.c_void_p), ("repeat", ctypes.c_int64),
+                ("workspace_at", ctypes.c_int64), ("bytes_at", ctypes.c_int64), ("placed", ctypes.c_void_p),
+                ("have", ctypes.c_uint64), ("code", ctypes.c_int32), ("failed_call", ctypes.c_int32),
+                ("asked", ctypes.c_uint64)]
+
+
+def call_from_native_threads(driver: str, lib, threads: list[list[dict]], repeat: int, streams: list
+                             ) -> tuple[int, int | None]:
+    """call_from_threads from native threads (threaded.DRIVER_SOURCE, compiled by the judge: `driver` is
+    its library): thread i makes `repeat` calls of threads[i] in turn (call dicts: direction, tensors
+    with the thread's workspace, scalars, dims) on streams[i], with no GIL between its calls. Each
+    call asks the size function first, as KernelLibrary.launcher does. Returns (the first failing
+    code, its thread) or (0, None); does not wait for the device. (Streams that are no torch
+    streams, a CPU stand-in runner's handles, are passed as they are, for host-only test libraries.)"""
+    from .. import abi
+    from .library import WORKSPACE_SHORT, shortfall
+
+    native = ctypes.CDLL(driver)
+    native.specgen_call_from_threads.restype = ctypes.c_int
+    native.specgen_call_from_threads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    keep, jobs = [], (_NativeJob * len(threads))()
+    for job, calls, stream in zip(jobs, threads, streams):
+        structs = []
+        for call in calls:
+            args = abi.pack_args(lib.spec, call["direction"], call["tensors"], call["scalars"], call["dims"])
+            abi.set_workspace(args, call["tensors"].get(abi.WORKSPACE))
+            structs.append(args)
+        direction, placed = calls[0]["direction"], calls[0]["tensors"].get(abi.WORKSPACE)
+        addresses = (ctypes.c_void_p * len(structs))(*[ctypes.addressof(s) for s in structs])
+        keep += [structs, addresses]
+        size = getattr(lib.lib, abi.workspace_function(lib.spec, direction), None)
+        kind = type(structs[0])
+        job.entry = ctypes.cast(lib.entry(direction), ctypes.c_void_p).value
+        job.size = None if size is None else ctypes.cast(size, ctypes.c_void_p).value
+        job.args, job.count = ctypes.addressof(addresses), len(structs)
+        job.stream, job.repeat = stream.cuda_stream or None, repeat
+        job.workspace_at, job.bytes_at = kind.workspace.offset, kind.workspace_bytes.offset
+        job.placed = placed.data_ptr() if placed is not None and placed.numel() else None
+        job.have = 0 if placed is None else placed.numel()
+    import torch
+
+    if any(isinstance(stream, torch.cuda.Stream) for stream in streams):
+        torch.cuda.synchronize()
+    if native.specgen_call_from_threads(ctypes.addressof(jobs), len(threads)) != 0:
+        raise RuntimeError("the threads driver could not start its threads")
+    failed = next((index for index, job in enumerate(jobs) if job.code), None)
+    if failed is None:
+        return 0, None
+    if jobs[failed].code == WORKSPACE_SHORT:
+        lib.short = shortfall(jobs[failed].asked, jobs[failed].have)
+    return jobs[failed].code, failed

@@ -87,6 +87,14 @@ class RunnerBase:
         item is a call (direction, tensors with its own workspace, scalars, dims)."""
         raise NotImplementedError
 
+    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+        """Calls from host threads at the same time: items[i] is thread i's call (as side_by_side's
+        items) or a list of calls it makes in turn (each its own outputs); each thread makes
+        `repeat` calls on a stream of its own. `driver`: threaded.DRIVER_SOURCE compiled (the calls of a
+        compiled library then come from native threads, graphs.call_from_native_threads), else
+        Python threads (graphs.call_from_threads). `failed_call`: the thread whose call failed."""
+        raise NotImplementedError
+
     def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
         """One call, then on its stream a copy of each (source, destination) pair (uint8 refs) with
         the default streams held busy (graphs.launch_then_copy)."""
@@ -245,8 +253,9 @@ class LocalRunner(RunnerBase):
         return [ask(c["direction"], self._tensors(c["tensors"]), c["scalars"], c["dims"]) if ask else 0
                 for c in calls]
 
-    def call(self, direction, refs, scalars, dims, stream: str = "pool") -> Outcome:
-        self.scramble_workspace()
+    def call(self, direction, refs, scalars, dims, stream: str = "pool", keep_workspace: bool = False) -> Outcome:
+        if not keep_workspace:
+            self.scramble_workspace()
         refs = self.with_workspace(refs)
         self._sync()
         started = time.perf_counter()
@@ -275,10 +284,11 @@ class LocalRunner(RunnerBase):
         self._graph = graph
         return Outcome(fatal=self._sync())
 
-    def replay(self) -> Outcome:
+    def replay(self, keep_workspace: bool = False) -> Outcome:
         if self.device.type != "cuda":
-            return self.call(*self._graph)
-        self.scramble_workspace()
+            return self.call(*self._graph, keep_workspace=keep_workspace)
+        if not keep_workspace:
+            self.scramble_workspace()
         self._sync()
         self._graph.replay()
         return Outcome(fatal=self._sync())
@@ -317,6 +327,27 @@ class LocalRunner(RunnerBase):
         launches = [self._launcher(item["direction"], item["tensors"], item["scalars"], item["dims"], on)
                     for item, on in zip(items, streams)]
         return self._finished(launch_side_by_side(launches, streams, leads))
+
+    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+        """A stand-in's calls in real Python threads (GIL permitting); a compiled library's from
+        native threads when `driver` is given."""
+        from .graphs import call_from_native_threads, call_from_threads, streams_from
+        from .library import KernelLibrary
+
+        self.scramble_workspace()
+        lists = per_thread(items)
+        on_gpu = self.device.type == "cuda"
+        streams = streams_from(self._streams, len(lists)) if on_gpu else [self._stream()] * len(lists)
+        if driver and isinstance(self.lib, KernelLibrary):
+            resolved = [[{**c, "tensors": self._tensors(c["tensors"])} for c in calls] for calls in lists]
+            code, failed = call_from_native_threads(driver, self.lib, resolved, repeat, streams)
+        else:
+            launchers = [[self._launcher(c["direction"], c["tensors"], c["scalars"], c["dims"], on) for c in calls]
+                         for calls, on in zip(lists, streams)]
+            code, failed = call_from_threads(launchers, repeat, streams if on_gpu else None)
+        outcome = self._finished(code)
+        outcome.failed_call = failed
+        return outcome
 
     def _launcher(self, direction, refs, scalars, dims, stream):
         """The call with its arguments packed now (KernelLibrary.launcher: it asks the size
@@ -492,9 +523,12 @@ class IsolatedRunner(RunnerBase):
                                  f"workspace's size: {outcome.fatal}", fatal=True)
         return outcome.sizes
 
-    def call(self, direction, refs, scalars, dims, stream: str = "pool") -> Outcome:
-        """One call on a stream of kind `stream` (graphs.STREAM_KINDS) in the candidate's process."""
-        self.scramble_workspace()
+    def call(self, direction, refs, scalars, dims, stream: str = "pool", keep_workspace: bool = False) -> Outcome:
+        """One call on a stream of kind `stream` (graphs.STREAM_KINDS) in the candidate's process;
+        `keep_workspace`: the workspace as the last call left it (a caching allocator's block handed
+        back), else random bytes."""
+        if not keep_workspace:
+            self.scramble_workspace()
         return self._request({"op": "call", **_call_message(direction, self.with_workspace(refs), scalars, dims),
                               "stream": stream})
 
@@ -502,8 +536,9 @@ class IsolatedRunner(RunnerBase):
         self.scramble_workspace()
         return self._request({"op": "capture", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
 
-    def replay(self) -> Outcome:
-        self.scramble_workspace()
+    def replay(self, keep_workspace: bool = False) -> Outcome:
+        if not keep_workspace:  # kept: as a package's graph memory keeps the last replay's bytes
+            self.scramble_workspace()
         return self._request({"op": "replay"})
 
     def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
@@ -522,6 +557,13 @@ class IsolatedRunner(RunnerBase):
         self.scramble_workspace()
         wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in items]
         return self._request({"op": "side_by_side", "calls": wire, "leads": list(leads)})
+
+    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+        self.scramble_workspace()
+        lists = per_thread(items)
+        wire = [[_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in calls] for calls in lists]
+        return self._request({"op": "threads", "threads": wire, "repeat": int(repeat), "driver": driver},
+                             timeout=self.call_timeout + repeat * len(lists) * 1e-4)
 
     def timed(self, calls: list[dict], flush_bytes: int = 0, stream: str = "pool") -> Outcome:
         """Timed calls (candidate_main._timed), all on a stream of kind `stream`."""
@@ -633,6 +675,11 @@ def _child_env() -> dict[str, str]:
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def per_thread(items: list) -> list[list[dict]]:
+    """`threads`' items as lists of calls: a lone call is a list of one."""
+    return [[item] if isinstance(item, dict) else list(item) for item in items]
 
 
 def _call_message(direction: str, refs: dict[str, TensorRef], scalars: dict, dims: dict) -> dict:

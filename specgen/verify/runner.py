@@ -114,14 +114,15 @@ def check_guards(runner, data: CaseData, what: str = "") -> None:
 
 
 def run_once(runner, data: CaseData, which: int, refs: dict | None = None,
-             stream: str = "pool") -> dict[str, torch.Tensor]:
+             stream: str = "pool", keep_workspace: bool = False) -> dict[str, torch.Tensor]:
     """Outputs pre-filled with sentinel `which`, one call on a stream of kind `stream`
     (graphs.STREAM_KINDS), checked for a clean return and intact guards; returns copies of the
-    outputs."""
+    outputs. `keep_workspace`: the workspace as the last call left it, not scrambled."""
     refs = refs or data.output_refs
     fill_outputs(runner, refs, which)
     synchronize(data.device)
-    outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims, stream=stream)
+    outcome = runner.call(data.direction, {**data.input_refs, **refs}, data.scalars, data.dims, stream=stream,
+                          **({"keep_workspace": True} if keep_workspace else {}))
     raise_outcome(runner.spec, data, outcome)
     check_guards(runner, data)
     return {name: runner.tensor(ref).clone() for name, ref in refs.items()}

@@ -277,7 +277,8 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
     return cases
 
 
-VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse", "masked", "int8")
+VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse", "masked", "int8",
+                 "repeated")
 GRADIENT_CLASSES = ("specials", "large")  # output gradients drawn apart from the inputs' class
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
@@ -546,6 +547,41 @@ def past_int32_case(spec, seed: int = 0, limit: int | None = None) -> Case | Non
     dims[s] = hi * step
     narrowest = min(spec.dtypes, key=lambda d: torch.empty((), dtype=TORCH_DTYPES[d]).element_size())
     return make_case(dims, narrowest, seed=seed)
+
+
+def fewer_rows_case(spec, case: Case) -> Case | None:
+    """`case` with every dim but the row's (the first input's last) cut to about a third, within
+    its range: the next call of a shrinking batch or a chunked loss's last chunk. None when no dim
+    can shrink."""
+    sig = spec.signature
+    keep, steps = row_symbol(sig), sig.symbol_divisors()
+    dims = dict(case.dim_map)
+    for symbol, size in dims.items():
+        if symbol != keep:
+            lo, _ = spec.dims[symbol]
+            dims[symbol] = legal_sizes(lo, size, steps.get(symbol, 1), [max(size // 3, 1)])[0]
+    if dims == case.dim_map:
+        return None
+    return replace(case, dims=tuple(dims.items()), seed=case.seed + 1)
+
+
+# Classes drawn again at the first benchmark shape (full size): a kernel whose schedule above some
+# size (a persistent grid, rows seeded from the block's previous row) mishandles NaN, infinities,
+# huge or masked rows meets those values only at small sizes otherwise (held-out attacks-v7,
+# session 30: a warm start wrong only past 2^22 elements and 1024 rows).
+CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated")
+
+
+def classes_at_scale(spec, first: Case, domain: Domain, seed: int) -> list[Case]:
+    """`first` (the first benchmark shape) again in each class of CLASSES_AT_SCALE the screen draws
+    in its dtype, the spec's dtypes in turn."""
+    cases = []
+    for number, cls in enumerate(c for c in CLASSES_AT_SCALE if c in VALUE_CLASSES):
+        dtype = spec.dtypes[number % len(spec.dtypes)]
+        if cls in domain.of(dtype):
+            cases.append(replace(first, dtype=dtype, distribution=cls, seed=seed + number,
+                                 overrides=domain.overrides(cls, dtype)))
+    return cases
 
 
 def smoke_case(spec, seed: int = 0) -> Case:

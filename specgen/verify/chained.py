@@ -1,0 +1,190 @@
+"""The backward on the saved values the candidate's own forward wrote (verifier version 8).
+
+Every other backward case reads the definitions' saved values (computed by the judge from the
+spec: docs/ARCHITECTURE.md "Saved intermediates") and the reference's outputs, so the backward
+is verified on its own, never on what its own forward hands it. A training step runs them
+chained: the package's Autograd kernel keeps the tensors `<op>_fwd_saved` read and wrote and
+hands exactly those (the same buffers) to `<op>_backward`. A forward that stamps a mark into bits
+its definition leaves zero (the low mantissa bits of a 16-bit row max upcast to float32: one
+float32 ulp, far within tolerance) lets its backward tell the two apart and take another path
+only in a training step: a held-out red-team cross-entropy ignored `grad_out` there (wrong
+whenever it is not 1: loss scaling, accumulation) and passed version 7 on the GPU.
+
+Here, per case (chained_cases), as a training step: the forward runs on the case's inputs and is
+checked as any forward case (check_case); the backward then reads the same input buffers, the
+forward's outputs and saved values *where the forward wrote them* (the same addresses, as
+autograd hands them on: a backward that keys on its forward's last pointers meets them too), and
+new output gradients, and is checked as any backward case (check_case: two fills, every element
+written, its inputs untouched, the same bits, check_close against the float64 truth with the
+normal per-element tolerance).
+
+No widening: the truth is the reference's autograd, which reads no saved value and no forward
+output, and an honest forward's saved values are the definitions' rounded to the same declared
+dtype (cross-entropy's max exactly, its logsum a float32 sum in another order than torch's: a few
+float32 ulps of a number in [0, log C] on the normal inputs drawn here, which move exp(a - max -
+logsum) by 1e-6 relative at most, where the backward's tolerance is 1e-5 in float32 and 1e-3 or
+more in 16 bits, times the loss scale); its outputs are the reference's up to the forward's own
+rounding (add_rmsnorm's residual_out, the sum of two values rounded once, bit for bit).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..inputs import TORCH_DTYPES
+from .checks import check_case
+from .data import CaseData, prepare, workspace_problem
+from .layout import Layout, TensorRef
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, fit_budget, input_offset, legal_sizes, make_case,
+                         smoke_case)
+from .verdict import BAD_WORKSPACE, Failure
+
+# the failure's detail starts so: the case is an ordinary backward case, but it read what the
+# kernel's own forward wrote
+OWN_SAVED_PREFIX = "on the saved values its own forward wrote (as a training step runs it): "
+FORWARD_PREFIX = "its forward, run to hand its saved values to the backward (as a training step runs it): "
+# the output gradients: loss-scaled (AMP's scaler: data.gradient_scale), then N(0, 1) (the
+# inputs' class, normal): never 1, where a backward that ignores them looks right
+CHAINED_GRADIENTS = ("large", "")
+CHAINED_STREAM = "pool"  # a stream of its own (graphs.STREAM_KINDS), both calls
+
+
+def chained_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) -> list[Case]:
+    """The smoke case's shape and the boundary cases' aligned shape (every dim a multiple of 16 where
+    the ranges allow, as strategies.boundary_cases makes it), in every dtype of the spec, with
+    normal inputs and each class of CHAINED_GRADIENTS: a few cheap cases."""
+    sig = spec.signature
+    steps = sig.symbol_divisors()
+    smoke = smoke_case(spec, seed).dim_map
+    aligned = fit_budget(sig, {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [256, 64, 16])[0]
+                               for s in sig.symbols()}, spec.dims, budget)
+    shapes = [smoke] + ([aligned] if aligned != smoke else [])
+    cases, k = [], 0
+    for dims in shapes:
+        for dtype in spec.dtypes:
+            for gradients in CHAINED_GRADIENTS:
+                cases.append(make_case(dims, dtype, seed=seed + k, gradients=gradients))
+                k += 1
+    return cases
+
+
+def check_backward_on_own_saved(spec, runner, device, *, seed: int = 0, budget: int = DEFAULT_BUDGET_ELEMENTS,
+                                progress: Callable[[str], None] = lambda text: None,
+                                stats: Callable[[Case, CaseData], dict] | None = None,
+                                outputs: bool = True) -> int:
+    """The backward run on what the candidate's own forward wrote, at chained_cases; raises the
+    Failure of the first case that fails (`wrong-result` and the rest, the detail prefixed
+    OWN_SAVED_PREFIX, or FORWARD_PREFIX where the forward itself fails). Returns the cases
+    checked (two per case: the forward and the backward). Nothing runs (0) for a spec without
+    saved values or without a backward kernel. `stats(case, data)`: the tolerance record the
+    backward's errors go to (Session.stats), or None. `outputs`: the backward reads the forward's
+    outputs as it wrote them too (else the reference's, as every other backward case)."""
+    if not spec.saved_values or spec.backward != "kernel":
+        return 0
+    checked = 0
+    for case in chained_cases(spec, budget, seed):
+        progress(f"backward: on the saved values its own forward wrote, {case.describe()}")
+        chained_case(spec, runner, case, device, stats=stats, outputs=outputs)
+        checked += 2
+    return checked
+
+
+def handed_on(spec, outputs: bool = True) -> list[str]:
+    """The forward's fields the backward reads where the forward wrote them: the saved values, and
+    the forward's outputs (`outputs`)."""
+    names = [o.name for o in spec.signature.outputs] if outputs else []
+    return names + [value.field for value in spec.saved_values]
+
+
+def chained_case(spec, runner, case: Case, device, *, stats: Callable[[Case, CaseData], dict] | None = None,
+                 outputs: bool = True) -> None:
+    """One case: the forward checked, then the backward on what it wrote, checked."""
+    forward = prepare(spec, case, "forward", device)
+    backward = prepare(spec, case, "backward", device)
+    handed = [name for name in handed_on(spec, outputs) if name in backward.inputs]
+    stage_chained(runner, forward, backward, handed)
+    try:
+        check_case(runner, forward, deterministic=spec.deterministic, stream=CHAINED_STREAM)
+    except Failure as failure:
+        raise Failure(failure.reason, FORWARD_PREFIX + failure.detail, failure.counterexample,
+                      fatal=failure.fatal) from None
+    # what the backward must leave as it found it: its handed-on inputs (in the outputs arena,
+    # writable to the candidate) always, the rest where the runner maps inputs writable
+    backward.snapshots = {name: storage.clone() for name, storage in backward.storages.items()
+                          if name in handed or not runner.readonly_inputs}
+    try:
+        check_case(runner, backward, deterministic=spec.deterministic,
+                   stats=stats(case, backward) if stats else None, stream=CHAINED_STREAM)
+    except Failure as failure:
+        raise Failure(failure.reason, OWN_SAVED_PREFIX + failure.detail, failure.counterexample,
+                      fatal=failure.fatal) from None
+
+
+def stage_chained(runner, forward: CaseData, backward: CaseData, handed: list[str]) -> None:
+    """Lay a forward case and the backward case of the same inputs out in one layout (data.stage
+    lays out one direction at a time): the backward's inputs are the forward's input buffers, its
+    `handed` fields (saved values, forward outputs) the forward's output buffers, the rest (the
+    output gradients) and its outputs placed anew; guard bytes around all of them, and one
+    workspace, the larger of what the two calls ask. Backward snapshots are left to the caller
+    (the handed-on buffers change when the forward runs)."""
+    mismatched = [name for name, value in forward.inputs.items() if not _same(value, backward.inputs.get(name))]
+    if mismatched:  # both directions draw a case's inputs alike (inputs.make_inputs from its seed)
+        raise RuntimeError(f"the forward and the backward of {forward.case.describe()} drew different inputs: "
+                           f"{mismatched}")
+    layout = Layout()
+    forward.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(forward.case.offset, i))
+                          for i, (name, t) in enumerate(forward.inputs.items())}
+    forward.output_refs = {slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in forward.outputs}
+    shared = {**forward.input_refs, **{name: forward.output_refs[name] for name in handed}}
+    refs = {}
+    for index, (name, tensor) in enumerate(backward.inputs.items()):
+        ref = shared.get(name)
+        if ref is None:
+            ref = layout.place("inputs", tuple(tensor.shape), tensor.dtype, input_offset(backward.case.offset, index))
+        elif ref.shape != tuple(tensor.shape) or TORCH_DTYPES[ref.dtype] != tensor.dtype:
+            raise RuntimeError(f"{name}: the forward's {ref.shape} {ref.dtype}, the backward reads "
+                               f"{tuple(tensor.shape)} {tensor.dtype}")
+        refs[name] = ref
+    backward.input_refs = refs
+    backward.output_refs = {slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in backward.outputs}
+    runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
+    runner.memory.layout = layout
+    _place_workspace(runner, [forward, backward], layout)
+    runner.memory.arm_guards()
+    for data in (forward, backward):
+        for name, ref in data.input_refs.items():
+            if data is forward or name not in shared:
+                runner.tensor(ref).copy_(data.inputs[name])
+        data.inputs = {name: runner.tensor(ref) for name, ref in data.input_refs.items()}
+        data.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
+                         for name, ref in data.input_refs.items()}
+        data.snapshots = {}
+    if not runner.readonly_inputs:
+        forward.snapshots = {name: t.clone() for name, t in forward.storages.items()}
+
+
+def _place_workspace(runner, sets: list[CaseData], layout: Layout) -> None:
+    """data.place_workspace for calls of two directions: each call's size function asked on its
+    own tensors, the largest answer placed once (the two calls run one after the other)."""
+    calls = [{"direction": data.direction, "tensors": {**data.input_refs, **data.output_refs},
+              "scalars": data.scalars, "dims": data.dims} for data in sets]
+    ask = getattr(runner, "workspace_sizes", None)
+    sizes = ask(calls) if ask else []
+    for data, call, size in zip(sets, calls, sizes):
+        problem = workspace_problem([size], sum(ref.nbytes for ref in call["tensors"].values()))
+        if problem:
+            from .. import abi
+
+            raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(runner.spec, data.direction)} {problem} on "
+                                         f"{data.case.describe()}. Return the bytes one call needs (0 for none)")
+    if max(sizes, default=0):
+        layout.workspace = layout.place("workspace", (max(sizes),), torch.uint8)
+        runner.ensure({"workspace": layout.needed("workspace")})
+
+
+def _same(a, b) -> bool:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a == b
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (
+        a.is_floating_point() and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())))
