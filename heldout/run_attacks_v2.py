@@ -96,9 +96,11 @@ def verify_child(kernel: Path, spec_path: Path, sanitize: bool) -> dict:
                 "seconds": round(time.perf_counter() - started, 1)}
     ce = verdict.counterexample
     timed = {k: v for k, v in (verdict.timings or {}).items() if k.startswith("timed_us")}
+    # the aggregate error measure per direction/dtype (measured, not enforced: docs/VERIFIER.md)
+    norms = {key: t.get("max_error_norm_ratio") for key, t in (verdict.tolerances or {}).items()}
     return {"reason": verdict.reason, "detail": (verdict.detail or "")[:2000],
             "counterexample": ce.describe() if ce is not None else None, "cases": verdict.cases,
-            "timed_us": timed, "seconds": round(time.perf_counter() - started, 1)}
+            "timed_us": timed, "error_norm_ratios": norms, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def _child_env() -> dict:
