@@ -373,10 +373,7 @@ def run_first_calls(runner, pair: list[CaseData], copies: list[dict]) -> list[di
     device). `pair` is staged with output_copies=2 and workspaces=2. Returns copies of both calls'
     outputs, judged by `check_first_calls` once the smoke case has passed (a kernel broken everywhere
     is named by the smoke case's own checks, unwritten outputs and the like)."""
-    workspaces = runner.workspaces()
-    items = [{"direction": data.direction,
-              "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
-              "scalars": data.scalars, "dims": data.dims} for i, (data, refs) in enumerate(zip(pair, copies))]
+    items = calls_of_their_own(runner, pair, copies)
     for which, refs in enumerate(copies):
         fill_outputs(runner, refs, which)
     synchronize(pair[0].device)
@@ -482,6 +479,16 @@ SIDE_BY_SIDE_HINT = ("with a second call of the same shape on other values runni
                      "once and kept, is shared by both calls), ")
 
 
+def calls_of_their_own(runner, pair: list[CaseData], copies: list[dict]) -> list[dict]:
+    """The calls of `pair` (staged with output_copies=2, workspaces=2), call i with copies[i] and
+    the i-th workspace: calls made at the same time never share outputs or workspace."""
+    workspaces = runner.workspaces()
+    assert len(workspaces) in (0, len(pair)), "stage the pair with workspaces=2"
+    return [{"direction": data.direction,
+             "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
+             "scalars": data.scalars, "dims": data.dims} for i, (data, refs) in enumerate(zip(pair, copies))]
+
+
 def check_calls_side_by_side(runner, pair: list[CaseData], copies: list[dict], *, deterministic: bool) -> None:
     """Two calls of one shape on different values at the same time, each on its own stream with
     its own outputs and workspace: each must give its own inputs' results (and, for a
@@ -492,11 +499,7 @@ def check_calls_side_by_side(runner, pair: list[CaseData], copies: list[dict], *
         data.output_refs = refs
         alone.append(run_once(runner, data, 0, refs))
         check_close(data, alone[-1])
-    workspaces = runner.workspaces()
-    assert len(workspaces) in (0, len(pair)), "stage the pair with workspaces=2"
-    items = [{"direction": data.direction,
-              "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
-              "scalars": data.scalars, "dims": data.dims} for i, (data, refs) in enumerate(zip(pair, copies))]
+    items = calls_of_their_own(runner, pair, copies)
     for leads in SIDE_BY_SIDE_LEADS:
         for refs in copies:
             fill_outputs(runner, refs, 1)
