@@ -19,7 +19,8 @@ import pytest
 from specgen.spec import load_spec
 
 HELDOUT = Path(__file__).resolve().parents[1] / "heldout"
-SUITES = ["attacks", "attacks-v2", "attacks-v3", "attacks-v4", "attacks-v5", "attacks-v6", "attacks-v7"]
+SUITES = ["attacks", "attacks-v2", "attacks-v3", "attacks-v4", "attacks-v5", "attacks-v6", "attacks-v7",
+          "attacks-v8"]
 
 
 def _specs_used(folder: Path) -> set[str]:
