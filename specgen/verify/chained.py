@@ -34,11 +34,11 @@ import torch
 
 from ..inputs import TORCH_DTYPES
 from .checks import check_case
-from .data import CaseData, prepare, workspace_problem
-from .layout import Layout, TensorRef
+from .data import CaseData, asked_workspace, bind_inputs, place_inputs, place_workspaces, prepare
+from .layout import Layout
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, fit_budget, input_offset, legal_sizes, make_case,
                          smoke_case)
-from .verdict import BAD_WORKSPACE, Failure
+from .verdict import Failure
 
 # the failure's detail starts so: the case is an ordinary backward case, but it read what the
 # kernel's own forward wrote
@@ -133,8 +133,7 @@ def stage_chained(runner, forward: CaseData, backward: CaseData, handed: list[st
         raise RuntimeError(f"the forward and the backward of {forward.case.describe()} drew different inputs: "
                            f"{mismatched}")
     layout = Layout()
-    forward.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(forward.case.offset, i))
-                          for i, (name, t) in enumerate(forward.inputs.items())}
+    place_inputs(layout, forward)
     forward.output_refs = {slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in forward.outputs}
     shared = {**forward.input_refs, **{name: forward.output_refs[name] for name in handed}}
     refs = {}
@@ -150,37 +149,17 @@ def stage_chained(runner, forward: CaseData, backward: CaseData, handed: list[st
     backward.output_refs = {slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in backward.outputs}
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
-    _place_workspace(runner, [forward, backward], layout)
+    # each call's size function asked on its own tensors, the largest answer placed once (the two
+    # calls run one after the other)
+    calls = [{"direction": data.direction, "tensors": {**data.input_refs, **data.output_refs},
+              "scalars": data.scalars, "dims": data.dims} for data in (forward, backward)]
+    place_workspaces(runner, layout, asked_workspace(runner, calls, [forward, backward]))
     runner.memory.arm_guards()
-    for data in (forward, backward):
-        for name, ref in data.input_refs.items():
-            if data is forward or name not in shared:
-                runner.tensor(ref).copy_(data.inputs[name])
-        data.inputs = {name: runner.tensor(ref) for name, ref in data.input_refs.items()}
-        data.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
-                         for name, ref in data.input_refs.items()}
-        data.snapshots = {}
+    bind_inputs(runner, forward)
+    bind_inputs(runner, backward, skip=shared)
+    forward.snapshots, backward.snapshots = {}, {}
     if not runner.readonly_inputs:
         forward.snapshots = {name: t.clone() for name, t in forward.storages.items()}
-
-
-def _place_workspace(runner, sets: list[CaseData], layout: Layout) -> None:
-    """data.place_workspace for calls of two directions: each call's size function asked on its
-    own tensors, the largest answer placed once (the two calls run one after the other)."""
-    calls = [{"direction": data.direction, "tensors": {**data.input_refs, **data.output_refs},
-              "scalars": data.scalars, "dims": data.dims} for data in sets]
-    ask = getattr(runner, "workspace_sizes", None)
-    sizes = ask(calls) if ask else []
-    for data, call, size in zip(sets, calls, sizes):
-        problem = workspace_problem([size], sum(ref.nbytes for ref in call["tensors"].values()))
-        if problem:
-            from .. import abi
-
-            raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(runner.spec, data.direction)} {problem} on "
-                                         f"{data.case.describe()}. Return the bytes one call needs (0 for none)")
-    if max(sizes, default=0):
-        layout.workspace = layout.place("workspace", (max(sizes),), torch.uint8)
-        runner.ensure({"workspace": layout.needed("workspace")})
 
 
 def _same(a, b) -> bool:

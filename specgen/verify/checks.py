@@ -309,13 +309,8 @@ def check_capture(runner, data: CaseData, fresh: CaseData, *, deterministic: boo
     refill(runner, data, fresh)
     replayed, fills = [], {}
     for which in (0, 1):
-        fill_outputs(runner, data.output_refs, which)
+        replayed.append(replay_once(runner, data, which))
         fills[which] = fills_of(runner, which)
-        synchronize(data.device)
-        outcome = runner.replay()
-        raise_outcome(runner.spec, data, outcome, what=f"replaying the CUDA graph of {entry}")
-        check_guards(runner, data, "replaying its CUDA graph: ")
-        replayed.append({name: runner.tensor(ref).clone() for name, ref in data.output_refs.items()})
     prefix = "replayed from a CUDA graph on new input values, "
     try:
         check_all_written(data, replayed[0], replayed[1], prefix=prefix, fills=fills)
@@ -336,16 +331,23 @@ def check_replays_keeping_workspace(runner, data: CaseData, later: tuple[CaseDat
     scrambled in between: a kernel whose workspace state is meant for one replay (a "last block
     done" counter tagged by an epoch frozen at capture, held-out attacks-v7, session 30) finds the
     previous replay's bytes there. Each replay's outputs are checked against its own truth."""
-    entry = abi.entry_point(runner.spec, data.direction)
     for number, values in enumerate(later):
         refill(runner, data, values)
-        fill_outputs(runner, data.output_refs, number % 2)
-        synchronize(data.device)
-        outcome = runner.replay(keep_workspace=True)
-        raise_outcome(runner.spec, data, outcome, what=f"replaying the CUDA graph of {entry} again")
-        check_guards(runner, data, "replaying its CUDA graph again: ")
-        check_close(data, {name: runner.tensor(ref).clone() for name, ref in data.output_refs.items()},
-                    prefix=KEPT_REPLAY_HINT)
+        check_close(data, replay_once(runner, data, number % 2, keep_workspace=True), prefix=KEPT_REPLAY_HINT)
+
+
+def replay_once(runner, data: CaseData, which: int, keep_workspace: bool = False) -> dict[str, torch.Tensor]:
+    """The captured graph replayed once, its outputs pre-filled with sentinel `which`, checked for a
+    clean return and intact guards; returns copies of the outputs (`keep_workspace`: the workspace
+    as the last replay left it)."""
+    entry = abi.entry_point(runner.spec, data.direction)
+    again = " again" if keep_workspace else ""
+    fill_outputs(runner, data.output_refs, which)
+    synchronize(data.device)
+    outcome = runner.replay(keep_workspace=True) if keep_workspace else runner.replay()
+    raise_outcome(runner.spec, data, outcome, what=f"replaying the CUDA graph of {entry}{again}")
+    check_guards(runner, data, f"replaying its CUDA graph{again}: ")
+    return {name: runner.tensor(ref).clone() for name, ref in data.output_refs.items()}
 
 
 AFTER_LARGER_HINT = ("right after a call on more rows, its workspace as that call left it (a caching allocator hands "

@@ -72,8 +72,7 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
     sets = data if isinstance(data, list) else [data]
     layout = Layout()
     for item in sets:
-        item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(item.case.offset, i))
-                           for i, (name, t) in enumerate(item.inputs.items())}
+        place_inputs(layout, item)
     copies = [{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in sets[0].outputs}
               for _ in range(output_copies)]
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
@@ -81,14 +80,27 @@ def stage(runner, data: CaseData | list[CaseData], *, snapshots: bool = True,
     place_workspace(runner, sets, copies, layout, workspaces)
     runner.memory.arm_guards()
     for item in sets:
-        for name, ref in item.input_refs.items():
-            runner.tensor(ref).copy_(item.inputs[name])
+        bind_inputs(runner, item)
         item.output_refs = copies[0]
-        item.inputs = {name: runner.tensor(ref) for name, ref in item.input_refs.items()}
-        item.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
-                         for name, ref in item.input_refs.items()}
         item.snapshots = {name: t.clone() for name, t in item.storages.items()} if snapshots else {}
     return copies
+
+
+def place_inputs(layout: Layout, item: CaseData) -> None:
+    """`item`'s inputs placed in the inputs arena, each at its offset view (as the case says)."""
+    item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(item.case.offset, i))
+                       for i, (name, t) in enumerate(item.inputs.items())}
+
+
+def bind_inputs(runner, item: CaseData, skip=()) -> None:
+    """`item`'s input values copied to their places (but those in `skip`, which hold what an earlier
+    call wrote there), then its `inputs` and `storages` views of the arena."""
+    for name, ref in item.input_refs.items():
+        if name not in skip:
+            runner.tensor(ref).copy_(item.inputs[name])
+    item.inputs = {name: runner.tensor(ref) for name, ref in item.input_refs.items()}
+    item.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
+                     for name, ref in item.input_refs.items()}
 
 
 WORKSPACE_FLOOR = 64 << 20  # bytes of workspace believable for any call
@@ -117,20 +129,37 @@ def place_workspace(runner, sets: list[CaseData], copies: list[dict[str, TensorR
     for over the case's calls (it sees their addresses), in the workspace arena, guarded like an
     output (and `count - 1` spares of that size, for calls at the same time). Asked once the
     inputs and outputs are mapped where they will stay."""
-    calls = [{"direction": item.direction, "tensors": {**item.input_refs, **refs}, "scalars": item.scalars,
-              "dims": item.dims} for item in sets for refs in copies]
+    place_workspaces(runner, layout, asked_workspace(runner, *staged_calls(sets, copies)), count)
+
+
+def staged_calls(sets: list[CaseData], copies: list[dict[str, TensorRef]]) -> tuple[list[dict], list[CaseData]]:
+    """Every call a staging makes possible (each input set with each output copy), and the case of each."""
+    pairs = [(item, refs) for item in sets for refs in copies]
+    return ([{"direction": item.direction, "tensors": {**item.input_refs, **refs}, "scalars": item.scalars,
+              "dims": item.dims} for item, refs in pairs], [item for item, _ in pairs])
+
+
+def asked_workspace(runner, calls: list[dict], named: list[CaseData]) -> int:
+    """The most the kernel's size function asks over `calls` (one request), each answer held to its
+    own call's tensor bytes (workspace_problem): a bad-workspace verdict names named[i]'s case."""
     ask = getattr(runner, "workspace_sizes", None)
     sizes = ask(calls) if ask else []
-    tensor_bytes = sum(ref.nbytes for ref in calls[0]["tensors"].values())
-    if problem := workspace_problem(sizes, tensor_bytes):
-        from .. import abi
-        from .verdict import BAD_WORKSPACE, Failure
+    for size, call, item in zip(sizes, calls, named):
+        if problem := workspace_problem([size], sum(ref.nbytes for ref in call["tensors"].values())):
+            from .. import abi
+            from .verdict import BAD_WORKSPACE, Failure
 
-        raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(runner.spec, sets[0].direction)} {problem} on "
-                                     f"{sets[0].case.describe()}. Return the bytes one call needs (0 for none)")
-    if max(sizes, default=0):
-        layout.workspace = layout.place("workspace", (max(sizes),), torch.uint8)
-        layout.spare_workspaces = [layout.place("workspace", (max(sizes),), torch.uint8) for _ in range(count - 1)]
+            raise Failure(BAD_WORKSPACE, f"{abi.workspace_function(runner.spec, item.direction)} {problem} on "
+                                         f"{item.case.describe()}. Return the bytes one call needs (0 for none)")
+    return max(sizes, default=0)
+
+
+def place_workspaces(runner, layout: Layout, nbytes: int, count: int = 1) -> None:
+    """`count` workspaces of `nbytes` in the workspace arena (the first the layout's own, the rest its
+    spares, for calls at the same time); none for 0."""
+    if nbytes:
+        layout.workspace = layout.place("workspace", (nbytes,), torch.uint8)
+        layout.spare_workspaces = [layout.place("workspace", (nbytes,), torch.uint8) for _ in range(count - 1)]
         runner.ensure({"workspace": layout.needed("workspace")})
 
 

@@ -32,10 +32,10 @@ import torch
 
 from .. import abi
 from .checks import check_close, check_same_bits
-from .data import CaseData, place_workspace
+from .data import CaseData, asked_workspace, bind_inputs, place_inputs, place_workspaces, staged_calls
 from .layout import Layout, TensorRef
 from .runner import check_guards, fill_outputs, raise_outcome, run_once, synchronize
-from .strategies import Case, input_offset
+from .strategies import Case
 
 THREAD_CALLS = 200  # calls each thread makes in a row (about 1 ms of host time on a GPU)
 RECORD_BYTES = 64 << 20  # output bytes per thread kept call by call (the large case's calls share sets in turn)
@@ -164,8 +164,7 @@ def stage_apart(runner, cases: list[CaseData], repeat: int = THREAD_CALLS) -> li
     output sets; a case's `output_refs` is its first."""
     layout = Layout()
     for item in cases:
-        item.input_refs = {name: layout.place("inputs", tuple(t.shape), t.dtype, input_offset(item.case.offset, i))
-                           for i, (name, t) in enumerate(item.inputs.items())}
+        place_inputs(layout, item)
     sets = []
     for item in cases:
         one = sum(_nbytes(slot.shape, slot.dtype) for slot in item.outputs)
@@ -174,23 +173,14 @@ def stage_apart(runner, cases: list[CaseData], repeat: int = THREAD_CALLS) -> li
                      for _ in range(count)])
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout
-    asked = []
-    for item, mine in zip(cases, sets):  # the size function asked about every call of each case
-        alone = Layout()
-        place_workspace(runner, [item], mine, alone)
-        asked.append(0 if alone.workspace is None else alone.workspace.nbytes)
-    if max(asked):
-        layout.workspace = layout.place("workspace", (max(asked),), torch.uint8)
-        layout.spare_workspaces = [layout.place("workspace", (max(asked),), torch.uint8) for _ in cases[1:]]
-        runner.ensure({"workspace": layout.needed("workspace")})
+    # the size function asked about every call of each case (one request per case), the most placed
+    # once per case
+    asked = [asked_workspace(runner, *staged_calls([item], mine)) for item, mine in zip(cases, sets)]
+    place_workspaces(runner, layout, max(asked), len(cases))
     runner.memory.arm_guards()
     for item, mine in zip(cases, sets):
-        for name, ref in item.input_refs.items():
-            runner.tensor(ref).copy_(item.inputs[name])
+        bind_inputs(runner, item)
         item.output_refs = mine[0]
-        item.inputs = {name: runner.tensor(ref) for name, ref in item.input_refs.items()}
-        item.storages = {name: runner.tensor(TensorRef(ref.arena, ref.offset, (ref.nbytes,), "uint8"))
-                         for name, ref in item.input_refs.items()}
         item.snapshots = {}
     return sets
 
