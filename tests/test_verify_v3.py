@@ -513,6 +513,33 @@ def test_the_candidate_environment_has_no_credentials(monkeypatch):
     assert "OPENAI_API_KEY" not in env and "HF_TOKEN" not in env and "PATH" in env
 
 
+def test_the_candidates_main_process_loads_its_modules_eagerly(monkeypatch):
+    """The first calls' race needs eager loading (isolation.EAGER_MODULES_WHY): the main runner and
+    the spare started ahead of it load eagerly, even when the user's environment asks for lazy."""
+    from specgen.verify import isolation
+
+    monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    assert isolation._child_env(True)["CUDA_MODULE_LOADING"] == "EAGER"
+    assert isolation._child_env(False)["CUDA_MODULE_LOADING"] == "LAZY"
+    made = []
+
+    class Recorder:
+        def __init__(self, spec, **options):
+            made.append(options)
+            self.process = type("P", (), {"poll": staticmethod(lambda: None)})()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(isolation, "IsolatedRunner", Recorder)
+    monkeypatch.setattr(isolation, "_spare", None)
+    monkeypatch.setattr(isolation, "keep_spare", True)
+    isolation.started_runner("spec")
+    isolation.started_runner("spec", readonly_inputs=False)
+    assert [m["eager_modules"] for m in made] == [True, True, False]  # main, its spare, the writable one
+    monkeypatch.setattr(isolation, "_spare", None)
+
+
 def test_messages_and_descriptors_cross_the_channel():
     import os
     import socket

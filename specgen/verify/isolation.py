@@ -426,7 +426,7 @@ class IsolatedRunner(RunnerBase):
     """A candidate's own process. `readonly_inputs=False` only to tell an input write from a crash."""
 
     def __init__(self, spec, *, readonly_inputs: bool = True, startup_timeout: float = STARTUP_TIMEOUT_S,
-                 call_timeout: float = CALL_TIMEOUT_S):
+                 call_timeout: float = CALL_TIMEOUT_S, eager_modules: bool = False):
         from .channel import Channel
 
         self.spec = spec
@@ -441,7 +441,8 @@ class IsolatedRunner(RunnerBase):
         self.log_path = Path(log.name)
         self.process = subprocess.Popen([sys.executable, "-m", "specgen.verify.candidate_main", str(theirs.fileno())],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        pass_fds=(theirs.fileno(),), env=_child_env(), cwd=self._scratch.name,
+                                        pass_fds=(theirs.fileno(),), env=_child_env(eager_modules),
+                                        cwd=self._scratch.name,
                                         start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         theirs.close()
@@ -670,8 +671,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(eager_modules: bool = False) -> dict[str, str]:
     env = scrubbed_environment()
+    if eager_modules:  # see EAGER_MODULES_WHY
+        env["CUDA_MODULE_LOADING"] = "EAGER"
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
     return env
@@ -696,20 +699,32 @@ _spare: IsolatedRunner | None = None
 keep_spare = False  # the verifier's worker sets it: it verifies one candidate after another
 
 
+# Why the candidate's main process loads every CUDA module at start (CUDA_MODULE_LOADING=EAGER):
+# under lazy loading (CUDA's default since 12.2) a kernel is loaded at its first launch, and that
+# load waits for the device, so the first calls' race (checks.run_first_calls) never happens: a
+# table the first call builds on its own busy stream is always there for the second. Measured on
+# the H200 (session 31): held-out attacks-v7's lazy-table log_softmax passed the first calls under
+# lazy loading and was caught by them under eager loading. The cost: about 5 s more to start the
+# process (torch's own modules load too) and about 2.8 GB more host memory.
+EAGER_MODULES_WHY = "the first calls' race is real only when no kernel load synchronizes the device"
+
+
 def started_runner(spec, *, readonly_inputs: bool = True) -> IsolatedRunner:
-    """A candidate's process for `spec`. Starting one (Python, torch, a CUDA context) takes about
-    4 s, so a long-lived worker keeps one spare process started ahead, which has loaded nothing:
-    each candidate still gets a process of its own that no other kernel ever ran in."""
+    """A candidate's process for `spec`. Starting one (Python, torch, a CUDA context, every CUDA
+    module loaded eagerly: EAGER_MODULES_WHY) takes about 10 s, so a long-lived worker keeps one
+    spare process started ahead, which has loaded nothing: each candidate still gets a process of
+    its own that no other kernel ever ran in. The writable runner (an input write told from a
+    crash) loads lazily: no first calls run there."""
     global _spare
     runner, _spare = _spare, None
     if runner is not None and (not readonly_inputs or runner.process.poll() is not None):
         runner.close()
         runner = None
     if runner is None:
-        runner = IsolatedRunner(spec, readonly_inputs=readonly_inputs)
+        runner = IsolatedRunner(spec, readonly_inputs=readonly_inputs, eager_modules=readonly_inputs)
     runner.spec = spec
     if keep_spare and readonly_inputs:
-        _spare = IsolatedRunner(None)
+        _spare = IsolatedRunner(None, eager_modules=True)
     return runner
 
 
