@@ -36,8 +36,15 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # there). "int8": int8-quantized activations dequantized (W8A8, QAT): each row on the grid of its
 # absmax / 127. "repeated": near-duplicate rows (the rows of a padded batch, a causal mask's
 # consecutive rows): each row the one before it with 1-3 elements drawn anew, away from its ends.
+# "mask-min": "masked" with the dtype's most negative finite value in place of -inf (Hugging Face's
+# eager attention adds torch.finfo(dtype).min: a fully masked row is then uniform, not NaN).
+# "identity": parameters at their initial values and tables at their identity rows: each floating
+# input of lower rank than the largest (a weight, a bias, a cos/sin table) holds one constant, 1 or
+# 0 by its place in the signature and the seed (identity_constant), whole if it has one dim, else in
+# its first row and every fourth row after it (position 0 of a rotary table is cos 1, sin 0); the
+# other inputs normal values.
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
-                 "rounded", "quantized", "sparse", "masked", "int8", "repeated")
+                 "rounded", "quantized", "sparse", "masked", "int8", "repeated", "mask-min", "identity")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
 # but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
@@ -134,6 +141,11 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         return base.clamp_min(0.0)
     if distribution == "masked":
         return _masked(base, gen)
+    if distribution == "mask-min":
+        info = torch.finfo(TORCH_DTYPES[dtype_name]) if dtype_name in TORCH_DTYPES else torch.finfo(torch.float32)
+        return _masked(base, gen, fill=float(info.min))
+    if distribution == "identity":  # the constants are set by make_inputs, which knows the signature
+        return base
     if distribution == "repeated":
         return _repeated(base, gen, dtype_name)
     if distribution == "int8":
@@ -175,9 +187,13 @@ MASKED_WHOLE_FROM = (2, 2)  # (rows, width): a lone row all -inf would leave not
 # is, so the rest keep checking partly masked rows through such a loss
 MASKED_WHOLE_DRAWS = 0.5
 MASKED_BOTH_FROM = (3, 3)  # a run at each end and a finite element between; a row or more of one run left
+# rows with a run inside, finite elements on both sides (constrained decoding's allowed ids around a
+# banned range, a sliding window's middle): a share of the rows, at least one from 2 rows of 4
+MASKED_INSIDE_SHARE = 1 / 4
+MASKED_INSIDE_FROM = (2, 4)
 
 
-def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def _masked(base: torch.Tensor, gen: torch.Generator, fill: float = float("-inf")) -> torch.Tensor:
     """Each row (along the last dim) with -inf over a run at its start or its end of a uniform
     length in [0, width - 1] (the mask of a padded or causal attention row), except for a share
     of rows -inf throughout (MASKED_WHOLE_SHARE: a padded query row, whose softmax is NaN; in half
@@ -186,7 +202,10 @@ def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     left padding and a causal mask together; of 2 to width - 1 elements in all, split between the
     ends at random). Which rows are which comes from the generator; where none of a kind was drawn
     the row with the lowest draw becomes one (a whole row from 2 rows of 2 elements, a row masked
-    at both ends from 3 rows of 3), and never is every row -inf throughout."""
+    at both ends from 3 rows of 3), and never is every row -inf throughout. A share of the other
+    rows (MASKED_INSIDE_SHARE) has its run inside instead, of a uniform length in [1, width - 2],
+    finite elements on both sides (a banned id range in constrained decoding). `fill`: the mask
+    value (-inf, or the dtype's most negative finite value for "mask-min")."""
     if base.dim() == 0 or base.numel() == 0:
         return base
     width = base.shape[-1]
@@ -200,7 +219,9 @@ def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     mask = torch.where(at_end, index >= width - length, index < length)
     kind = u[:, 2]
     whole = torch.zeros(n, dtype=torch.bool, device=base.device)
-    with_whole = float(torch.rand(1, generator=gen, dtype=torch.float64, device=base.device)) < MASKED_WHOLE_DRAWS
+    # a finite mask keeps a whole row finite (uniform under a softmax): whole rows in every such draw
+    share = MASKED_WHOLE_DRAWS if math.isinf(fill) else 1.0
+    with_whole = float(torch.rand(1, generator=gen, dtype=torch.float64, device=base.device)) < share
     if with_whole and n >= MASKED_WHOLE_FROM[0] and width >= MASKED_WHOLE_FROM[1]:
         whole = kind < MASKED_WHOLE_SHARE
         if not bool(whole.any()):
@@ -216,8 +237,21 @@ def _masked(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         left = 1 + (u[:, 1:2] * (total - 1)).floor().clamp_max(total - 2)
         ends = (index < left) | (index >= width - (total - left))
         mask = torch.where(both.unsqueeze(1), ends, mask)
+    else:
+        both = torch.zeros_like(whole)
+    if n >= MASKED_INSIDE_FROM[0] and width >= MASKED_INSIDE_FROM[1]:
+        free = ~whole & ~both
+        share = (kind >= 1 - MASKED_INSIDE_SHARE) & free
+        if not bool(share.any()) and bool(free.any()):
+            share[int(torch.where(free, kind, float("-inf")).argmax())] = True
+        # a run of 1 to width - 2 elements starting at 1 to width - 1 - length: finite on both sides
+        v = torch.rand(n, 2, generator=gen, dtype=torch.float64, device=base.device)
+        length = 1 + (v[:, :1] * (width - 2)).floor().clamp_max(width - 3)
+        start = 1 + (v[:, 1:] * (width - 1 - length)).floor().clamp_max(width - 2 - length)
+        inside = (index >= start) & (index < start + length)
+        mask = torch.where(share.unsqueeze(1), inside, mask)
     mask = mask | whole.unsqueeze(1)
-    return rows.masked_fill(mask, float("-inf")).view(base.shape)
+    return rows.masked_fill(mask, fill).view(base.shape)
 
 
 REPEATED_CHANGES = 3  # "repeated": at most this many elements of a row drawn anew (at least one)
@@ -315,6 +349,32 @@ def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribu
     return tensor.to(device=device, dtype=TORCH_DTYPES[name])
 
 
+IDENTITY_ROWS_EVERY = 4  # "identity": a table's first row and every fourth after it hold the constant
+
+
+def identity_inputs(sig: Signature) -> list[str]:
+    """The inputs the "identity" class sets to constants: floating tensors of lower rank than the
+    signature's largest input (weights, biases, tables), in signature order."""
+    floating = [p for p in sig.inputs if p.is_tensor and p.type.is_floating]
+    top = max((len(p.type.dims) for p in floating), default=0)
+    return [p.name for p in floating if len(p.type.dims) < top]
+
+
+def identity_constant(index: int, seed: int) -> float:
+    """The constant the `index`-th of identity_inputs holds in the case drawn with `seed`: bit
+    `index` of the seed, so seeds 0 .. 2^k - 1 give every combination of ones and zeros (a weight
+    of ones beside a bias of zeros, a cos row of ones beside a sin row of zeros)."""
+    return float((seed >> index) & 1)
+
+
+def _with_identity(tensor: torch.Tensor, constant: float) -> torch.Tensor:
+    if tensor.dim() <= 1:
+        return torch.full_like(tensor, constant)
+    tensor = tensor.clone()
+    tensor[::IDENTITY_ROWS_EVERY] = constant
+    return tensor
+
+
 def make_inputs(sig: Signature, dims: dict[str, int], dtype: str, *, seed: int = 0, distribution: str = "normal",
                 device: str | torch.device = "cpu", scalars: dict | None = None,
                 draw_on: str | torch.device = "cpu", overrides: dict | None = None) -> dict[str, object]:
@@ -325,10 +385,13 @@ def make_inputs(sig: Signature, dims: dict[str, int], dtype: str, *, seed: int =
     class on that input: verify/domain.py)."""
     gen = torch.Generator(device=draw_on).manual_seed(seed)
     args: dict[str, object] = {}
+    constants = identity_inputs(sig)
     for param in sig.params:
         if param.is_tensor:
-            args[param.name] = make_tensor(param.type, dims, dtype, gen=gen, device=device,
-                                           distribution=(overrides or {}).get(param.name, distribution))
+            drawn = (overrides or {}).get(param.name, distribution)
+            args[param.name] = make_tensor(param.type, dims, dtype, gen=gen, device=device, distribution=drawn)
+            if drawn == "identity" and param.name in constants:
+                args[param.name] = _with_identity(args[param.name], identity_constant(constants.index(param.name), seed))
         else:
             args[param.name] = (scalars or {}).get(param.name, default_scalar(param))
     return args

@@ -45,7 +45,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _row_kinds(x: torch.Tensor):
     """Per row: all -inf, -inf at both ends with a finite middle; and that every row's finite
-    elements are one contiguous run (the -inf a prefix and/or a suffix)."""
+    elements are one contiguous run (the -inf a prefix and/or a suffix), or, since version 10, its
+    -inf one run inside with finite ends (tests/test_verify_v10_classes.py)."""
     masked = torch.isneginf(_rows(x))
     whole = masked.all(-1)
     both = masked[:, 0] & masked[:, -1] & ~whole
@@ -53,7 +54,10 @@ def _row_kinds(x: torch.Tensor):
     index = torch.arange(masked.shape[-1])
     first = torch.where(finite, index, masked.shape[-1]).amin(-1)
     last = torch.where(finite, index, -1).amax(-1)
-    contiguous = (finite.sum(-1) == (last - first + 1).clamp_min(0)) | whole
+    run_first = torch.where(masked, index, masked.shape[-1]).amin(-1)
+    run_last = torch.where(masked, index, -1).amax(-1)
+    inside = finite[:, 0] & finite[:, -1] & (masked.sum(-1) == (run_last - run_first + 1)) & masked.any(-1)
+    contiguous = (finite.sum(-1) == (last - first + 1).clamp_min(0)) | whole | inside
     return whole, both, contiguous
 
 
@@ -72,7 +76,7 @@ def test_masked_rows_are_whole_or_masked_at_one_or_both_ends():
     for row in rows[both]:
         finite = torch.isfinite(row)
         assert bool(finite.any()) and not bool(finite[0]) and not bool(finite[-1])
-    one_end = ~whole & ~both
+    one_end = ~whole & ~both & (torch.isneginf(rows[:, 0]) | torch.isneginf(rows[:, -1]))
     assert bool(torch.isneginf(rows[one_end][:, 0]).any()) and bool(torch.isneginf(rows[one_end][:, -1]).any())
     # no NaN or +inf: only the mask's -inf among normal values
     assert not bool(x.isnan().any()) and not bool((x == float("inf")).any())

@@ -160,9 +160,9 @@ def test_the_cadence_passed_while_the_size_function_was_asked_once_per_case(gelu
     kernel = fakes.SizeQueryCadence(gelu)
     verdict = run_verification(gelu, kernel, SMALL, device="cpu")
     assert verdict.passed, verdict.summary()
-    # at most 2 in a row (the first calls' second call, then the smoke case's first: each staged
-    # right before), far from the 4 the cheat needs
-    assert kernel.longest <= 2 and kernel.cheated == 0
+    # at most 3 in a row (the call on fewer rows, the call on more rows right after it, then the
+    # model's loop's first call: each staged right before), short of the 4 the cheat needs
+    assert kernel.longest <= 3 and kernel.cheated == 0
 
 
 def test_an_honest_kernel_gets_its_answer_as_workspace_bytes_on_every_call(gelu):

@@ -118,7 +118,7 @@ def test_classes_at_scale_take_the_first_benchmark_shape_in_each_class(gelu):
     from specgen.verify.strategies import EVERY_CLASS
 
     first = full_size_cases(gelu, seed=5)[0]
-    cases = classes_at_scale(gelu, first, EVERY_CLASS, seed=9)
+    cases = classes_at_scale(gelu, [first], EVERY_CLASS, seed=9)
     assert {c.distribution for c in cases} >= {"specials", "huge", "masked"}
     assert all(c.dim_map == first.dim_map for c in cases)
     assert len({c.dtype for c in cases}) == min(len(cases), len(gelu.dtypes))

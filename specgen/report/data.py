@@ -68,9 +68,14 @@ def verification_data(record) -> dict | None:
     if not v:
         return None
     tolerances = v.get("tolerance") or v.get("tolerances") or {}
+    # a verdict recorded by `specgen verify --record` names its directions and dtypes only in its
+    # tolerances' keys ("forward float32"), in the order it checked them
+    keyed = [key.split(" ", 1) for key in tolerances if isinstance(key, str) and " " in key]
     return {"passed": bool(v.get("passed")), "gpu_arch": record.gpu_arch, "verifier_version": record.verifier_version,
-            "cases": v.get("cases", v.get("examples")), "dtypes": v.get("dtypes") or [],
-            "directions": v.get("directions") or [], "variant": v.get("variant"),
+            "cases": v.get("cases", v.get("examples")),
+            "dtypes": v.get("dtypes") or list(dict.fromkeys(dtype for _, dtype in keyed)),
+            "directions": v.get("directions") or list(dict.fromkeys(direction for direction, _ in keyed)),
+            "variant": v.get("variant"),
             "sanitized": v.get("sanitized"),  # None: the record predates the field
             "created": record.created or None,
             "tolerance": [{"key": key, "atol": t.get("spec_atol"), "rtol": t.get("spec_rtol"),

@@ -7,9 +7,15 @@ the judge checks) and through what this process reports (return codes, the graph
 outcome, event timings: see docs/VERIFIER.md for what that leaves open).
 
 Run as `python -m specgen.verify.candidate_main SOCKET_FD`; messages: specgen.verify.channel.
+
+It also reports one thing about itself: its calling threads' floating-point environment (the
+last section), read before and after every request's calls, so the judge can reject host code
+that leaves it changed (host-state-changed).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import socket
 import sys
 import time
@@ -57,6 +63,7 @@ def serve(fd: int) -> int:
             return 0
         message, fds = received
         op = message["op"]
+        fp_before, fp_saved = fp_state(), fp_save()  # this thread's floating-point environment (fp_report)
         try:
             if op == "arenas":
                 for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
@@ -113,6 +120,8 @@ def serve(fd: int) -> int:
             oom = "out of memory" in str(error).lower()
             reply = {"type": "fatal" if "cuda" in str(error).lower() and not oom else "error",
                      "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
+        if (changed := fp_report(fp_before, fp_saved)) is not None:  # the calls this thread made left it changed
+            reply["host_fp"] = [changed, *reply.get("host_fp", [])]
         channel.send(reply)
         if reply["type"] == "fatal":
             return 0  # the CUDA context is unusable: this process is done
@@ -193,14 +202,19 @@ def _threads(torch, state, message: dict, prepare_call, tensors) -> dict:
                       "dims": item.get("dims", {})} for item in calls] for calls in threads]
         try:
             code, failed = call_from_native_threads(native, state["lib"], resolved, repeat, streams)
+            reports = native_fp_reports(native, len(threads))  # each pthread's environment around its calls
         except OSError:  # the driver would not load here: Python threads
             native = None
     if not native:
-        launchers = [[prepare_call(item, on) for item in calls] for calls, on in zip(threads, streams)]
+        launchers, watches = watch_threads([[prepare_call(item, on) for item in calls]
+                                            for calls, on in zip(threads, streams)])
         code, failed = call_from_threads(launchers, repeat, streams)
+        reports = [watch.report(index + 1) for index, watch in enumerate(watches) if watch.change]
     reply = {"type": "done", "code": code}
     if failed is not None:
         reply["failed_call"] = failed
+    if reports:
+        reply["host_fp"] = reports
     return _after(torch, state, reply)
 
 
@@ -246,6 +260,270 @@ def _timed(torch, state, message: dict, prepare_call, stream, tensors) -> dict:
         reply["times_ms"] = [s.elapsed_time(e) for s, e in events]
         reply["walls_ms"] = walls
     return reply
+
+
+# ------------------------------------------------------------------ the host's floating-point environment
+# (verifier version 10) A kernel's entry points run in the caller's thread: host code that sets
+# flush-to-zero and denormals-are-zero (MXCSR FTZ/DAZ on x86-64, FPCR.FZ on aarch64), a rounding
+# mode or an exception trap and leaves it set changes the caller's own CPU float math from then on
+# (NumPy, PyTorch's CPU ops, a CPU optimizer; threads started later inherit it), the crtfastmath
+# bug of -ffast-math shared libraries. The GPU's outputs stay exact, so no output shows it (held-out
+# attacks-v8's gelu_tanh). This process reads the environment of each thread that calls the kernel
+# before and after its calls and reports a change; the judge rejects (host-state-changed). Read
+# through glibc's fegetenv (the calling thread's own registers: MXCSR and the x87 control word on
+# x86-64, FPCR on aarch64); elsewhere float arithmetic tells DAZ, FTZ and the rounding mode.
+
+FENV_BYTES = 64  # room for a fenv_t (32 bytes in glibc on x86-64, 8 on aarch64)
+MXCSR_CONTROL = 0xFFC0  # MXCSR without its sticky exception flags (bits 0-5), which any float math sets
+X87_CONTROL = 0x1F3F  # the x87 control word's exception masks, precision and rounding control
+FPCR_CONTROL = 0xFFFFFFFF  # FPCR (its status flags are FPSR's)
+
+_TINY, _MIN_NORMAL, _ONE, _TWO = 5e-324, 2.2250738585072014e-308, 1.0, 2.0
+_NUDGE = 0.75 * 2.0 ** -52  # three quarters of 1.0's ulp: 1 + _NUDGE rounds up to nearest and up, to 1 otherwise
+
+
+@functools.lru_cache(maxsize=1)
+def _libm():
+    """(libm, layout) where glibc's fegetenv and fesetenv are there and fenv_t's layout is known
+    (x86_64, aarch64); (None, None) elsewhere (fp_state then probes with float arithmetic)."""
+    import platform
+
+    layout = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
+        platform.machine().lower())
+    if layout is None:
+        return None, None
+    try:
+        libm = ctypes.CDLL("libm.so.6")
+        for name in ("fegetenv", "fesetenv"):
+            getattr(libm, name).argtypes, getattr(libm, name).restype = [ctypes.c_void_p], ctypes.c_int
+    except (OSError, AttributeError):
+        return None, None
+    return libm, layout
+
+
+def _probe() -> str:
+    """DAZ, FTZ and the rounding mode of this thread, told by float arithmetic on module globals
+    (never folded at compile time): a subnormal times one is zero under DAZ, the smallest normal
+    halved is zero under FTZ, and 1 + 3/4 ulp and -1 - 3/4 ulp round apart by mode."""
+    daz = _TINY * _ONE == 0.0
+    ftz = _MIN_NORMAL / _TWO == 0.0
+    rounding = {(True, True): "nearest", (True, False): "up", (False, True): "down", (False, False): "zero"}[
+        (_ONE + _NUDGE != _ONE, -_ONE - _NUDGE != -_ONE)]
+    return " ".join([*(["DAZ"] if daz else []), *(["FTZ"] if ftz else []), rounding])
+
+
+def fp_state() -> dict:
+    """The calling thread's floating-point environment, as comparable JSON: {"mxcsr", "x87"} on
+    x86-64, {"fpcr"} on aarch64 (control bits only), else {"probe": "DAZ FTZ nearest"}."""
+    libm, layout = _libm()
+    if libm is not None:
+        env = (ctypes.c_uint8 * FENV_BYTES)()
+        if libm.fegetenv(env) == 0:
+            raw = bytes(env)
+            if layout == "x86_64":
+                return {"mxcsr": int.from_bytes(raw[28:32], "little") & MXCSR_CONTROL,
+                        "x87": int.from_bytes(raw[0:2], "little") & X87_CONTROL}
+            return {"fpcr": int.from_bytes(raw[0:4], "little") & FPCR_CONTROL}
+    return {"probe": _probe()}
+
+
+def fp_save():
+    """The calling thread's whole floating-point environment (fegetenv), for fp_restore; None
+    where it cannot be saved."""
+    libm, _ = _libm()
+    if libm is None:
+        return None
+    env = (ctypes.c_uint8 * FENV_BYTES)()
+    return env if libm.fegetenv(env) == 0 else None
+
+
+def fp_restore(saved) -> None:
+    """Put back what fp_save saved, in the calling thread (fesetenv: MXCSR whole, DAZ and FTZ
+    included, and the x87 environment; FPCR on aarch64)."""
+    libm, _ = _libm()
+    if libm is not None and saved is not None:
+        libm.fesetenv(saved)
+
+
+def fp_report(before: dict, saved) -> dict | None:
+    """After a request's calls from this thread: None when its floating-point environment is
+    still `before`; else the change ({"thread": 0, "before", "after"}: 0 is the thread the
+    requests come in on), and the environment put back as `saved` (fp_save) had it."""
+    after = fp_state()
+    if after == before:
+        return None
+    fp_restore(saved)
+    return {"thread": 0, "before": before, "after": after}
+
+
+class ThreadFpWatch:
+    """One Python thread's floating-point environment around its calls: read at its first call
+    (a new thread starts with its creator's) and after each call; the first change is kept."""
+
+    def __init__(self):
+        self.before: dict | None = None
+        self.calls = 0
+        self.change: dict | None = None  # {"call": index, "before", "after"}
+
+    def wrap(self, launch):
+        def watched() -> int:
+            if self.before is None:
+                self.before = fp_state()
+            try:
+                return launch()
+            finally:
+                if self.change is None and (after := fp_state()) != self.before:
+                    self.change = {"call": self.calls, "before": self.before, "after": after}
+                self.calls += 1
+        return watched
+
+    def report(self, thread: int) -> dict:
+        return {"thread": thread, **self.change}
+
+
+def watch_threads(launchers: list[list]) -> tuple[list[list], list[ThreadFpWatch]]:
+    """graphs.call_from_threads' launchers, each thread's wrapped in a ThreadFpWatch of its own."""
+    watches = [ThreadFpWatch() for _ in launchers]
+    return [[watch.wrap(launch) for launch in mine] for watch, mine in zip(watches, launchers)], watches
+
+
+def native_fp_reports(driver: str, count: int) -> list[dict]:
+    """The changes the threads driver (threaded.DRIVER_SOURCE) saw in its last run's pthreads: each
+    thread's environment read after the barrier and after each call (MXCSR and the x87 control
+    word, or FPCR), as fp_state has them; [] where the driver cannot read it (another CPU)."""
+    native = ctypes.CDLL(driver)
+    query = getattr(native, "specgen_thread_fp_env", None)
+    if query is None:
+        return []
+    query.restype, query.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]
+    reports, seen = [], (ctypes.c_int64 * 3)()
+    for index in range(count):
+        kind = query(index, seen)
+        if kind == 0:
+            return []
+        before, after, call = seen
+        if call >= 0:
+            reports.append({"thread": index + 1, "call": call, "before": _native_state(kind, before),
+                            "after": _native_state(kind, after)})
+    return reports
+
+
+def _native_state(kind: int, value: int) -> dict:
+    value &= (1 << 64) - 1
+    if kind == 1:  # x86-64: MXCSR in the low half, the x87 control word above
+        return {"mxcsr": value & MXCSR_CONTROL, "x87": (value >> 32) & X87_CONTROL}
+    return {"fpcr": value & FPCR_CONTROL}
+
+
+_ROUNDING_X86 = ("to nearest", "down (toward -inf)", "up (toward +inf)", "toward zero")  # RC 00, 01, 10, 11
+_ROUNDING_ARM = ("to nearest", "up (toward +inf)", "down (toward -inf)", "toward zero")  # RMode 00, 01, 10, 11
+_ROUNDING_PROBE = {"nearest": "to nearest", "up": "up (toward +inf)", "down": "down (toward -inf)",
+                   "zero": "toward zero"}
+CALLER = "the caller's CPU float math would "
+_TRAPS_X86 = ("invalid operation", "denormal operand", "divide-by-zero", "overflow", "underflow", "inexact")
+_TRAPS_ARM = ((8, "invalid operation"), (9, "divide-by-zero"), (10, "overflow"), (11, "underflow"), (12, "inexact"),
+              (15, "input denormal"))
+_PRECISION_X87 = {0: "single", 2: "double", 3: "extended"}
+FLUSH_WORDS = "the caller's CPU float math would flush subnormals"
+
+
+def fp_change_words(before: dict, after: dict) -> tuple[list[str], list[str], bool]:
+    """What changed between two fp_state()s, in words: (the changes, their effects on the
+    caller's float math, whether every change is a bit set)."""
+    changes: list[str] = []
+    effects: list[str] = []
+    only_set = True
+
+    def flags(register: str, named: list[tuple[int, str]], b: int, a: int, effect_set: str, effect_clear: str):
+        nonlocal only_set
+        on = [name for bit, name in named if a >> bit & 1 and not b >> bit & 1]
+        off = [name for bit, name in named if b >> bit & 1 and not a >> bit & 1]
+        if on:
+            changes.append(f"{register} {' and '.join(on)} set".strip())
+            effects.append(effect_set)
+        if off:
+            only_set = False
+            changes.append(f"{register} {' and '.join(off)} cleared".strip())
+            effects.append(effect_clear)
+
+    def rounding(register: str, names, b: int, a: int):
+        nonlocal only_set
+        if a != b:
+            only_set = False
+            changes.append(f"{register} rounding mode changed from round {names[b]} to round {names[a]}")
+            effects.append(f"the caller's CPU float math would round {names[a]}")
+
+    def traps(register: str, named, b_enabled: set, a_enabled: set):
+        nonlocal only_set
+        if a_enabled - b_enabled:
+            only_set = False
+            shown = ", ".join(n for _, n in named if n in a_enabled - b_enabled)
+            changes.append(f"{register} exception traps enabled ({shown})")
+            effects.append(f"the caller's CPU float math would raise SIGFPE on {shown}")
+        if b_enabled - a_enabled:
+            only_set = False
+            changes.append(f"{register} exception traps disabled "
+                           f"({', '.join(n for _, n in named if n in b_enabled - a_enabled)})")
+            effects.append("the caller's CPU float math would no longer trap as it was set up to")
+
+    unflush = "the caller's CPU float math would no longer flush subnormals as it was set up to"
+    if "mxcsr" in before and "mxcsr" in after:
+        b, a = before["mxcsr"], after["mxcsr"]
+        flags("MXCSR", [(15, "FTZ"), (6, "DAZ")], b, a, FLUSH_WORDS, unflush)
+        rounding("MXCSR", _ROUNDING_X86, b >> 13 & 3, a >> 13 & 3)
+        named = list(enumerate(_TRAPS_X86, 7))
+        traps("MXCSR", named, {n for bit, n in named if not b >> bit & 1}, {n for bit, n in named if not a >> bit & 1})
+        b, a = before["x87"], after["x87"]
+        if (b >> 8 & 3) != (a >> 8 & 3):
+            only_set = False
+            changes.append(f"x87 precision changed from {_PRECISION_X87.get(b >> 8 & 3, 'reserved')} to "
+                           f"{_PRECISION_X87.get(a >> 8 & 3, 'reserved')}")
+            effects.append("the caller's long double math would round to another precision")
+        rounding("x87", _ROUNDING_X86, b >> 10 & 3, a >> 10 & 3)
+        named = list(enumerate(_TRAPS_X86))
+        traps("x87", named, {n for bit, n in named if not b >> bit & 1}, {n for bit, n in named if not a >> bit & 1})
+    elif "fpcr" in before and "fpcr" in after:
+        b, a = before["fpcr"], after["fpcr"]
+        flags("FPCR", [(24, "FZ"), (19, "FZ16"), (0, "FIZ")], b, a, FLUSH_WORDS, unflush)
+        flags("FPCR", [(25, "DN")], b, a, "the caller's CPU float math would return the default NaN for every NaN",
+              "the caller's CPU float math would no longer return the default NaN as it was set up to")
+        rounding("FPCR", _ROUNDING_ARM, b >> 22 & 3, a >> 22 & 3)
+        traps("FPCR", _TRAPS_ARM, {n for bit, n in _TRAPS_ARM if b >> bit & 1},
+              {n for bit, n in _TRAPS_ARM if a >> bit & 1})
+    elif "probe" in before and "probe" in after:
+        b, a = before["probe"].split(), after["probe"].split()
+        flags("", [(1, "FTZ"), (0, "DAZ")], ("FTZ" in b) << 1 | ("DAZ" in b), ("FTZ" in a) << 1 | ("DAZ" in a),
+              FLUSH_WORDS, unflush)
+        if b[-1] != a[-1]:
+            only_set = False
+            changes.append(f"the rounding mode changed from round {_ROUNDING_PROBE[b[-1]]} to round "
+                           f"{_ROUNDING_PROBE[a[-1]]}")
+            effects.append(f"the caller's CPU float math would round {_ROUNDING_PROBE[a[-1]]}")
+    if not changes:  # bits without a name (reserved, or a layout not known here)
+        only_set = False
+        changes.append("the floating-point control register changed")
+        effects.append("the caller's CPU float math would run under another environment")
+    return changes, effects, only_set
+
+
+def fp_change_detail(before: dict, after: dict, by: str) -> str:
+    """The words of a host-state-changed verdict: what changed `by` whom, what it does to the
+    caller, and the registers before and after."""
+    changes, effects, only_set = fp_change_words(before, after)
+    effects = list(dict.fromkeys(effects))
+    mine = [e[len(CALLER):] for e in effects if e.startswith(CALLER)]  # one subject for the caller's float math
+    rest = [e for e in effects if not e.startswith(CALLER)]
+    effect = "; ".join(([CALLER + (", ".join(mine[:-1]) + " and " + mine[-1] if len(mine) > 1 else mine[0])]
+                        if mine else []) + rest)
+    words = {"mxcsr": "MXCSR", "x87": "x87 control word", "fpcr": "FPCR", "probe": "told by float arithmetic:"}
+    registers = ", ".join(f"{words.get(name, name)} {value if name == 'probe' else hex(value)} before, "
+                          f"{after.get(name) if name == 'probe' else hex(after.get(name, 0))} after"
+                          for name, value in before.items() if after.get(name) != value)
+    return (f"{' and '.join(changes)} by {by}, left {'set' if only_set else 'so'}: {effect}; restore the "
+            f"floating-point environment before returning ({registers}, in the thread that made the call: "
+            f"an entry point runs in the caller's thread, whose NumPy, PyTorch CPU ops and CPU optimizers, and "
+            f"the threads it starts later, would inherit it, as -ffast-math host code built with crtfastmath "
+            f"does; a call may change it only while it runs)")
 
 
 if __name__ == "__main__":

@@ -1,30 +1,55 @@
-"""The backward on the saved values the candidate's own forward wrote (verifier version 8).
+"""The backward on what the candidate's own forward wrote: its outputs and saved values, in the
+very buffers it wrote them to, as a training step runs the two (verifier version 8 for specs with
+`saved:`; from version 10 every spec with a backward kernel: the attacks-v8 log_softmax below).
 
-Every other backward case reads the definitions' saved values (computed by the judge from the
-spec: docs/ARCHITECTURE.md "Saved intermediates") and the reference's outputs, so the backward
+Every other backward case reads the reference's forward outputs and the definitions' saved values
+(computed by the judge from the spec: docs/ARCHITECTURE.md "Saved intermediates"), so the backward
 is verified on its own, never on what its own forward hands it. A training step runs them
-chained: the package's Autograd kernel keeps the tensors `<op>_fwd_saved` read and wrote and
-hands exactly those (the same buffers) to `<op>_backward`. A forward that stamps a mark into bits
-its definition leaves zero (the low mantissa bits of a 16-bit row max upcast to float32: one
-float32 ulp, far within tolerance) lets its backward tell the two apart and take another path
-only in a training step: a held-out red-team cross-entropy ignored `grad_out` there (wrong
-whenever it is not 1: loss scaling, accumulation) and passed version 7 on the GPU.
+chained: the package's Autograd kernel keeps what `<op>_forward` wrote and hands exactly those
+tensors (the same buffers) to `<op>_backward`, whose ABI struct takes every forward output
+(`fwd_output` fields) and every saved value (`saved_input`): abi.fields, handed_on here. A forward
+that stamps a mark into bits the tolerance leaves free lets its backward tell the two apart and
+take another path only in a training step. Two held-out red-team kernels did, on the GPU:
+- attacks-v7's cross-entropy set the low mantissa bits of saved_max (zero in a 16-bit row max
+  upcast to float32: one float32 ulp) and its backward ignored `grad_out` when it saw them (wrong
+  whenever it is not 1: loss scaling, accumulation); it passed version 7 (session 30);
+- attacks-v8's log_softmax, a spec without `saved:`, set the lowest bit of its first 256 outputs
+  to a pseudo-random pattern (within 1 ulp, so the forward passes) and its backward, seeing the
+  pattern in the `out` it is handed, summed the row's largest grad_out entry instead of the row;
+  it passed version 9 (session 31), when this check ran only for specs with `saved:`.
 
-Here, per case (chained_cases), as a training step: the forward runs on the case's inputs and is
-checked as any forward case (check_case); the backward then reads the same input buffers, the
-forward's outputs and saved values *where the forward wrote them* (the same addresses, as
-autograd hands them on: a backward that keys on its forward's last pointers meets them too), and
-new output gradients, and is checked as any backward case (check_case: two fills, every element
-written, its inputs untouched, the same bits, check_close against the float64 truth with the
-normal per-element tolerance).
+Here, for every spec with a backward kernel, per case (chained_cases), as a training step: the
+forward runs on the case's inputs and is checked as any forward case (check_case); the backward
+then reads the same input buffers, the forward's outputs and saved values *where the forward wrote
+them* (the same addresses, as autograd hands them on: a backward that keys on its forward's last
+pointers meets them too), and new output gradients, loss-scaled and N(0, 1) (never 1), and is
+checked as any backward case (check_case: two fills, every element written, its inputs untouched,
+the same bits, check_close against the float64 truth with the normal per-element tolerance).
 
-No widening: the truth is the reference's autograd, which reads no saved value and no forward
-output, and an honest forward's saved values are the definitions' rounded to the same declared
-dtype (cross-entropy's max exactly, its logsum a float32 sum in another order than torch's: a few
-float32 ulps of a number in [0, log C] on the normal inputs drawn here, which move exp(a - max -
-logsum) by 1e-6 relative at most, where the backward's tolerance is 1e-5 in float32 and 1e-3 or
-more in 16 bits, times the loss scale); its outputs are the reference's up to the forward's own
-rounding (add_rmsnorm's residual_out, the sum of two values rounded once, bit for bit).
+No widening. The truth reads nothing the kernel wrote: it is the reference's autograd in float64
+on the case's inputs and output gradients (data._backward's derive reads only those), which reads
+no saved value and no forward output. What an honest backward reads here differs from what it
+reads in the other backward cases by rounding only, which its tolerance already pays for:
+- saved values: the definitions' rounded to the same declared dtype (cross-entropy's max exactly,
+  its logsum a float32 sum in another order than torch's: a few float32 ulps of a number in
+  [0, log C] on the normal inputs drawn here, which move exp(a - max - logsum) by 1e-6 relative at
+  most, where the backward's tolerance is 1e-5 in float32 and 1e-3 or more in 16 bits, times the
+  loss scale);
+- forward outputs: an honest one is within the working dtype's rounding of the exact value, as
+  the reference's is: a 16-bit output computed in float32 and rounded once is within half an ulp
+  (plus float32's error), and torch's are no closer (its CPU 16-bit log_softmax is up to an ulp
+  off); float32 ones are a few ulps off either way, the reference's too (softmax: 3 ulps on the
+  cases here); add_rmsnorm's residual_out, the sum of two values rounded once, is the
+  reference's bit for bit. The backward's tolerance already covers that much error in the
+  outputs it reads: its widening (compare.widening_rule) is twice the error of the reference's
+  autograd run in the working dtype at each element, with a floor sized by its largest, and that
+  autograd reads the reference's own rounded outputs (log_softmax's grad - exp(out) * sum(grad):
+  half a bfloat16 ulp of an out in [-8, -4) moves exp(out) by 1.6% relative, in the reference's
+  gradient as in the kernel's; softmax's out * (grad - sum(grad * out)) alike). The honest CPU
+  stand-ins pass (tests/test_verify_own_forward_outputs.py, whose outputs are not the
+  reference's bits, and heldout/attacks-v8/cpu_checks/emul.py). A forward that errs by much more
+  than its rounding yet within its own tolerance can fail here: its gradient in a training step
+  is that wrong too.
 """
 from __future__ import annotations
 
@@ -32,6 +57,7 @@ from typing import Callable
 
 import torch
 
+from .. import abi
 from ..inputs import TORCH_DTYPES
 from .checks import check_case
 from .data import CaseData, asked_workspace, bind_inputs, place_inputs, place_workspaces, prepare
@@ -42,8 +68,12 @@ from .verdict import Failure
 
 # the failure's detail starts so: the case is an ordinary backward case, but it read what the
 # kernel's own forward wrote
-OWN_SAVED_PREFIX = "on the saved values its own forward wrote (as a training step runs it): "
-FORWARD_PREFIX = "its forward, run to hand its saved values to the backward (as a training step runs it): "
+OWN_FORWARD_PREFIX = ("the backward on its own forward's values (the outputs and saved values it wrote, in the "
+                      "buffers it wrote them to, as a training step runs the two): ")
+FORWARD_PREFIX = ("its forward, run to hand its outputs and saved values to the backward (as a training step "
+                  "runs it): ")
+# the roles of the backward's ABI fields that its forward wrote (abi.fields)
+FORWARD_OUTPUT_ROLE, SAVED_ROLE = "fwd_output", "saved_input"
 # the output gradients: loss-scaled (AMP's scaler: data.gradient_scale), then N(0, 1) (the
 # inputs' class, normal): never 1, where a backward that ignores them looks right
 CHAINED_GRADIENTS = ("large", "")
@@ -69,32 +99,43 @@ def chained_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0) ->
     return cases
 
 
-def check_backward_on_own_saved(spec, runner, device, *, seed: int = 0, budget: int = DEFAULT_BUDGET_ELEMENTS,
-                                progress: Callable[[str], None] = lambda text: None,
-                                stats: Callable[[Case, CaseData], dict] | None = None,
-                                outputs: bool = True) -> int:
-    """The backward run on what the candidate's own forward wrote, at chained_cases; raises the
-    Failure of the first case that fails (`wrong-result` and the rest, the detail prefixed
-    OWN_SAVED_PREFIX, or FORWARD_PREFIX where the forward itself fails). Returns the cases
-    checked (two per case: the forward and the backward). Nothing runs (0) for a spec without
-    saved values or without a backward kernel. `stats(case, data)`: the tolerance record the
-    backward's errors go to (Session.stats), or None. `outputs`: the backward reads the forward's
-    outputs as it wrote them too (else the reference's, as every other backward case)."""
-    if not spec.saved_values or spec.backward != "kernel":
+def handed_on(spec, outputs: bool = True) -> list[str]:
+    """The forward's fields the backward kernel is handed where the forward wrote them, in ABI order:
+    the forward's outputs (`outputs`; every one, whatever the backward needs of them) and the saved
+    values. Empty for a spec without a backward kernel."""
+    if not abi.has_backward_kernel(spec):
+        return []
+    roles = (FORWARD_OUTPUT_ROLE, SAVED_ROLE) if outputs else (SAVED_ROLE,)
+    return [field.name for field in abi.fields(spec, "backward") if field.role in roles]
+
+
+def check_backward_on_own_forward(spec, runner, device, *, seed: int = 0, budget: int = DEFAULT_BUDGET_ELEMENTS,
+                                  progress: Callable[[str], None] = lambda text: None,
+                                  stats: Callable[[Case, CaseData], dict] | None = None,
+                                  outputs: bool = True) -> int:
+    """The backward run on what the candidate's own forward wrote (handed_on), at chained_cases;
+    raises the Failure of the first case that fails (`wrong-result` and the rest, the detail
+    prefixed OWN_FORWARD_PREFIX, or FORWARD_PREFIX where the forward itself fails). Returns the
+    cases checked (two per case: the forward and the backward). Nothing runs (0) for a spec
+    without a backward kernel. `stats(case, data)`: the tolerance record the backward's errors go
+    to (Session.stats), or None. `outputs`: the backward reads the forward's outputs as it wrote
+    them too (else the reference's, as every other backward case: then nothing runs for a spec
+    without saved values)."""
+    handed = handed_on(spec, outputs)
+    if not handed:
         return 0
     checked = 0
     for case in chained_cases(spec, budget, seed):
-        progress(f"backward: on the saved values its own forward wrote, {case.describe()}")
+        progress(f"backward: on what its own forward wrote ({', '.join(handed)}), {case.describe()}")
         chained_case(spec, runner, case, device, stats=stats, outputs=outputs)
         checked += 2
     return checked
 
 
-def handed_on(spec, outputs: bool = True) -> list[str]:
-    """The forward's fields the backward reads where the forward wrote them: the saved values, and
-    the forward's outputs (`outputs`)."""
-    names = [o.name for o in spec.signature.outputs] if outputs else []
-    return names + [value.field for value in spec.saved_values]
+# The names of version 8, when only specs with `saved:` ran here: engine.py imports and calls
+# check_backward_on_own_saved, tests/test_verify_chained.py imports both (remove once they follow).
+check_backward_on_own_saved = check_backward_on_own_forward
+OWN_SAVED_PREFIX = OWN_FORWARD_PREFIX
 
 
 def chained_case(spec, runner, case: Case, device, *, stats: Callable[[Case, CaseData], dict] | None = None,
@@ -117,7 +158,7 @@ def chained_case(spec, runner, case: Case, device, *, stats: Callable[[Case, Cas
         check_case(runner, backward, deterministic=spec.deterministic,
                    stats=stats(case, backward) if stats else None, stream=CHAINED_STREAM)
     except Failure as failure:
-        raise Failure(failure.reason, OWN_SAVED_PREFIX + failure.detail, failure.counterexample,
+        raise Failure(failure.reason, OWN_FORWARD_PREFIX + failure.detail, failure.counterexample,
                       fatal=failure.fatal) from None
 
 

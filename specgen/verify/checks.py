@@ -354,12 +354,19 @@ AFTER_LARGER_HINT = ("right after a call on more rows, its workspace as that cal
                      "the same block back to a shrinking batch or a chunked loss's last chunk), ")
 
 
-def check_after_a_larger_call(runner, smaller: CaseData, stream: str = "pool") -> None:
+AFTER_SMALLER_HINT = ("right after a call on fewer rows, its workspace as that call left it (a caching allocator "
+                      "hands the same block to the next, larger batch), ")
+
+
+def check_after_a_larger_call(runner, smaller: CaseData, stream: str = "pool",
+                              hint: str = AFTER_LARGER_HINT) -> None:
     """`smaller` (staged after a call on a larger case, whose workspace sat at the same address) called
     with the workspace as that call left it: partial sums or tags of the larger call must not count
-    (held-out attacks-v7's chunked cross-entropy, session 30: every other call starts on random bytes)."""
+    (held-out attacks-v7's chunked cross-entropy, session 30: every other call starts on random bytes).
+    The same for a larger case right after a smaller one (`hint` AFTER_SMALLER_HINT): a "clean" mark
+    the smaller call left covers only its own rows (held-out attacks-v8's cross-entropy, session 31)."""
     out = run_once(runner, smaller, 0, stream=stream, keep_workspace=True)
-    check_close(smaller, out, prefix=AFTER_LARGER_HINT)
+    check_close(smaller, out, prefix=hint)
 
 
 FIRST_CALLS_LEADS = (2_000_000, 0)  # device cycles: the first call's stream busy ~1 ms, the second's not

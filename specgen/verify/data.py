@@ -333,17 +333,31 @@ def gradient_scale(dtypes: list[torch.dtype], distribution: str) -> float:
     return min(LOSS_SCALE, *(torch.finfo(dtype).max / 16 for dtype in dtypes))
 
 
+ZERO_ROWS_EVERY = 3  # "zero-rows" output gradients: rows 1, 4, 7, ... zero in every output's
+
+
 def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator,
-                    scale: float = 1.0) -> torch.Tensor:
-    """A backward case's output gradient: N(0, 1) times `scale` (gradient_scale: loss-scaled in
-    "large" cases, as AMP's are); in "specials" cases with NaN and +-inf among them (2% each), as
-    an overflowed step's are (AMP's scaler looks for them to skip the step: a kernel must pass
-    them on)."""
+                    scale: float = 1.0, index: int = 0) -> torch.Tensor:
+    """A backward case's output gradient (of the `index`-th floating output): N(0, 1) times `scale`
+    (gradient_scale: loss-scaled in "large" cases, as AMP's are); in "specials" cases with NaN and
+    +-inf among them (2% each), as an overflowed step's are (AMP's scaler looks for them to skip the
+    step: a kernel must pass them on). "ones": exactly 1 everywhere, what `loss.backward()` hands a
+    scalar loss without a scaler (every plain training step: a kernel may not special-case it).
+    "zero-rows": whole rows (along the last dim) exactly zero, the same rows in every output's
+    gradient (padded positions, loss-masked prompt tokens), and in the second output's gradient one
+    more row in three (an output the loss does not use): a kernel must still write those rows."""
+    if distribution == "ones":
+        return torch.ones(shape, dtype=dtype, device=gen.device)
     g = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
     if scale != 1.0:
         g = g * scale
     if distribution == "specials":
         g = with_specials(g, torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device))
+    if distribution == "zero-rows" and g.dim() >= 1 and g.numel():
+        rows = g.view(-1, g.shape[-1]) if g.dim() > 1 else g.view(-1, 1)  # a per-row output: its elements
+        rows[1::ZERO_ROWS_EVERY] = 0.0
+        if index == 1:
+            rows[2::ZERO_ROWS_EVERY] = 0.0
     return g.to(dtype)
 
 
@@ -357,8 +371,8 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
     floating_out = [(o, t) for o, t in zip(sig.outputs, fwd) if o.type.is_floating]
     gen = torch.Generator(device=device).manual_seed(case.seed + 1)
     scale = gradient_scale([t.dtype for _, t in floating_out], case.gradient_class)
-    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.gradient_class, gen, scale)
-             for o, t in floating_out}
+    grads = {f"grad_{o.name}": output_gradient(t.shape, t.dtype, case.gradient_class, gen, scale, index)
+             for index, (o, t) in enumerate(floating_out)}
     read = dict(tensors)
     read.update({o.name: t for o, t in zip(sig.outputs, fwd)})
     # the definitions' values, not a forward kernel's: a backward is verified on its own

@@ -13,8 +13,10 @@ missed and the reference still refuses on the CPU is skipped (engine.Session.run
 """
 from __future__ import annotations
 
+import torch
+
 from ..errors import SpecError
-from ..inputs import DISTRIBUTIONS, FALLBACKS, make_inputs, upcast
+from ..inputs import DISTRIBUTIONS, FALLBACKS, identity_inputs, make_inputs, upcast
 
 SCREEN_SIZES = (37, 2, 1)  # every dim near each: a few rows of an odd width, then the smallest rows
 SCREEN_SEEDS = (4242, 4243, 4244)  # outliers' signs and places differ from draw to draw
@@ -27,10 +29,14 @@ class Domain:
 
     def __init__(self, classes: dict[str, tuple[str, ...]] | None = None,
                  rejected: dict[tuple[str, str], str] | None = None,
-                 instead: dict[tuple[str, str], tuple[tuple[str, str], ...]] | None = None):
+                 instead: dict[tuple[str, str], tuple[tuple[str, str], ...]] | None = None,
+                 overflows: dict[tuple[str, str], str] | None = None):
         self.classes = classes or {}  # dtype -> classes drawn
         self.rejected = rejected or {}  # (class, dtype) -> the reference's error with the class on every input
         self.instead = instead or {}  # (class, dtype) -> ((input, class drawn there instead), ...)
+        # (class, dtype) -> how the reference overflows there (OVERFLOW_SCREENED classes): not drawn,
+        # named in no verdict (an honest reference's limit, not a refusal)
+        self.overflows = overflows or {}
 
     def of(self, dtype: str) -> tuple[str, ...]:
         return self.classes.get(dtype, DISTRIBUTIONS)
@@ -80,14 +86,21 @@ def _screen(spec) -> Domain:
         dims = {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [size])[0] for s in sig.symbols()}
         if dims not in shapes:
             shapes.append(dims)
-    classes, rejected, instead = {}, {}, {}
+    classes, rejected, instead, overflows = {}, {}, {}, {}
     for dtype in spec.dtypes:
         # the (shape, seed) pairs where normal values pass: only there is a refusal about values
         where = [(dims, seed) for dims in shapes for seed in SCREEN_SEEDS
                  if refuses(spec, make_inputs(sig, dims, dtype, seed=seed), dims, dtype) is None]
         drawn = []
         for cls in DISTRIBUTIONS:
+            if cls == "identity" and not identity_inputs(sig):
+                continue  # no weight or table to hold a constant: the class would be normal values
             problem = None if cls == "normal" else _refusal(spec, where, dtype, cls)
+            if problem is None and cls in OVERFLOW_SCREENED:
+                problem = _overflow(spec, where, dtype, cls)
+                if problem is not None:  # not drawn at all: a reference that overflows is no truth
+                    overflows[(cls, dtype)] = problem
+                    continue
             if problem is None:
                 drawn.append(cls)
                 continue
@@ -97,7 +110,7 @@ def _screen(spec) -> Domain:
                 drawn.append(cls)
                 instead[(cls, dtype)] = swaps
         classes[dtype] = tuple(drawn)
-    return Domain(classes, rejected, instead)
+    return Domain(classes, rejected, instead, overflows)
 
 
 def _per_input(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> tuple[tuple[str, str], ...] | None:
@@ -117,6 +130,52 @@ def _per_input(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> tup
         return None  # nothing of the class is left
     swaps = tuple(swaps)
     return swaps if _refusal(spec, where, dtype, cls, dict(swaps)) is None else None
+
+
+# Classes drawn only where the reference computes them in the working dtype without overflowing:
+# "mask-min" puts the dtype's most negative finite value in rows, which a softmax takes in its stride
+# but whose square or sum overflows in a norm's or a mean's float32 (the truth, in float64, does not)
+OVERFLOW_SCREENED = ("mask-min",)
+
+
+def _overflow(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> str | None:
+    """How the reference overflows on `cls` in the working dtype (an output NaN or infinite where its
+    float64 result is finite) at some screened (shape, seed), or None."""
+    from ..checking import run_reference_checked
+
+    for dims, seed in where:
+        args = make_inputs(spec.signature, dims, dtype, seed=seed, distribution=cls)
+        try:
+            low = run_reference_checked(spec, args, dims, dtype)
+            wide = run_reference_checked(spec, upcast(args), dims, "float64")
+        except SpecError as error:
+            return str(error).splitlines()[0]
+        pairs = list(zip(_as_list(low), _as_list(wide)))
+        if spec.backward == "kernel":
+            pairs += zip(_gradients(spec, args), _gradients(spec, upcast(args)))
+        for got, truth in pairs:
+            if isinstance(got, torch.Tensor) and got.is_floating_point():
+                bad = ~torch.isfinite(got.double()) & torch.isfinite(truth.double())
+                if bool(bad.any()):
+                    return f"the reference overflows in {dtype} on {cls} values (non-finite where float64 is finite)"
+    return None
+
+
+def _gradients(spec, args: dict) -> list:
+    """The reference's input gradients under output gradients of ones (None where unused)."""
+    sig = spec.signature
+    wrt = [p.name for p in sig.inputs if p.type.differentiable and isinstance(args.get(p.name), torch.Tensor)]
+    leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+    with torch.enable_grad():
+        outs = [o for o in _as_list(spec.reference_fn()(**leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outs:
+            return []
+        return list(torch.autograd.grad(outs, [leaves[k] for k in wrt], grad_outputs=[torch.ones_like(o) for o in outs],
+                                        allow_unused=True))
+
+
+def _as_list(result) -> list:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def refuses(spec, args: dict, dims: dict, dtype: str) -> str | None:

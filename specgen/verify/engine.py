@@ -18,15 +18,15 @@ from hypothesis import seed as hypothesis_seed
 
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import (check_after_a_larger_call, check_calls_side_by_side, check_capture, check_case,
+from .checks import (AFTER_SMALLER_HINT, check_after_a_larger_call, check_calls_side_by_side, check_capture, check_case,
                      check_deterministic_repeats, check_finished_on_its_stream, check_first_calls,
                      check_repeated_calls, check_stale_output_loop, run_first_calls)
 from .chained import check_backward_on_own_saved
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
-from .threaded import check_calls_from_threads, thread_pairs
+from .threaded import check_calls_from_threads, thread_calls
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, classes_at_scale,
-                         fewer_rows_case, fit_budget, fresh_case, full_size_cases, large_case, make_case, row_symbol,
+                         fewer_rows_case, fit_budget, more_rows_case, fresh_case, full_size_cases, large_case, make_case, row_symbol,
                          smoke_case)
 from .runner import check_guards, raise_outcome
 from .verdict import CRASH, INPUT_MUTATED, NOT_CAPTURABLE, PASSED, Failure, Verdict
@@ -224,7 +224,7 @@ class Session:
         if opts.quick:
             self.run_case(self.sanitizer_case(), direction)
             return True
-        if direction == "backward" and spec.saved_values:  # on what its own forward wrote (verify/chained.py)
+        if direction == "backward":  # on the outputs and saved values its own forward wrote (verify/chained.py)
             self.cases += check_backward_on_own_saved(spec, self.runner, self.device, seed=opts.seed + 6000,
                                                       budget=opts.budget, progress=self.progress,
                                                       stats=lambda case, data: self.stats(case, "backward", data))
@@ -243,6 +243,14 @@ class Session:
             smaller = self.prepare(fewer, direction)
             stage(self.runner, smaller, snapshots=False)
             check_after_a_larger_call(self.runner, smaller, stream=LOOP_STREAM)
+            del smaller
+            self.cases += 1
+        if (more := more_rows_case(spec, big)) is not None:  # on the workspace the call on fewer rows left
+            self.progress(f"{direction}: more rows right after fewer, on the same workspace, {more.describe()}")
+            larger = self.prepare(dataclasses.replace(more, seed=big.seed + 3000), direction)
+            stage(self.runner, larger, snapshots=False)
+            check_after_a_larger_call(self.runner, larger, stream=LOOP_STREAM, hint=AFTER_SMALLER_HINT)
+            del larger
             self.cases += 1
         for number, looped in enumerate([big, *self.launch_bound_cases()]):
             self.progress(f"{direction}: a model's loop (output kept between calls), then a few inputs changed, "
@@ -266,10 +274,11 @@ class Session:
             check_finished_on_its_stream(self.runner, once, copies)
             self.cases += 1
         t = self.phase("side-by-side", t)
-        for first, second in thread_pairs(big, self.launch_bound_cases()):
-            self.progress(f"{direction}: calls from two host threads at the same time, {first.describe()} and "
-                          f"{second.describe()}")
-            threaded = [prepare(self.spec, case, direction, self.device) for case in (first, second)]
+        for pair in thread_calls(big, self.launch_bound_cases(), direction,  # (a forward beside a backward too)
+                                 forward_too="forward" in (opts.directions or ("forward",))):
+            self.progress(f"{direction}: calls from two host threads at the same time, "
+                          + " and ".join(f"{way} {case.describe()}" for case, way in pair))
+            threaded = [prepare(self.spec, case, way, self.device) for case, way in pair]
             check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic)
             self.cases += 2
         t = self.phase("threads", t)
@@ -346,7 +355,7 @@ class Session:
         # the screen (each of its cases is screened on the CPU first: too slow at full size, and a
         # refusal on the GPU is a device-side assert in the judge)
         if cases and not self.domain.rejected:
-            cases += classes_at_scale(self.spec, cases[0], self.domain, self.options.seed + 600)
+            cases += classes_at_scale(self.spec, cases[:len(self.spec.benchmark)], self.domain, self.options.seed + 600)
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
             cases = [self.scaled(case) for case in cases]
         for index, case in enumerate(cases):

@@ -11,6 +11,7 @@ accesses to ordinary allocations.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -159,6 +160,58 @@ class SeparateMemory(Memory):
         return []
 
 
+def host_fp_failure(spec, op: str, direction: str | None, report: dict, threads: int = 0):
+    """The host-state-changed Failure for a calling thread's floating-point environment left changed
+    (candidate_main.fp_report, ThreadFpWatch, native_fp_reports): `op` the request (or the runner's
+    method), `direction` that of the calls of the thread, `threads` how many called at once."""
+    from .candidate_main import fp_change_detail
+    from .verdict import HOST_STATE_CHANGED, Failure
+
+    entry = abi.entry_point(spec, direction) if spec is not None and direction else None
+    if op == "load":
+        by = "loading the kernel library (its load-time code)"
+    elif op in ("workspace", "workspace_sizes"):
+        by = f"a call of {abi.workspace_function(spec, direction) if entry else 'the size function'}"
+    elif report.get("thread"):
+        by = (f"a call of {entry or 'the kernel'} from a host thread of its own (thread {report['thread']} of the "
+              f"calls from {threads} host threads at the same time, its call {report['call'] + 1})")
+    else:
+        by = f"a call of {entry}" if entry else "a call"
+    return Failure(HOST_STATE_CHANGED, "the calling host thread's floating-point environment changed: "
+                   + fp_change_detail(report["before"], report["after"], by))
+
+
+def _direction_of(args: tuple) -> str | None:
+    """The direction of a runner method's calls: its first argument, or its first call's."""
+    first = args[0] if args else None
+    if isinstance(first, str):
+        return first
+    if isinstance(first, list) and first:
+        item = first[0][0] if isinstance(first[0], list) and first[0] else first[0]
+        return item.get("direction") if isinstance(item, dict) else None
+    return None
+
+
+def fp_watched(method):
+    """A LocalRunner request with the calling thread's floating-point environment read around it
+    (candidate_main.fp_report, as the candidate's process reads its own): a change is put back, and
+    is a host-state-changed Failure; put back too when the request raises."""
+    @functools.wraps(method)
+    def watched(self, *args, **kw):
+        from .candidate_main import fp_report, fp_save, fp_state
+
+        before, saved = fp_state(), fp_save()
+        try:
+            result = method(self, *args, **kw)
+        except BaseException:
+            fp_report(before, saved)
+            raise
+        if (report := fp_report(before, saved)) is not None:
+            raise host_fp_failure(self.spec, method.__name__, _direction_of(args), report)
+        return result
+    return watched
+
+
 class LocalRunner(RunnerBase):
     def __init__(self, spec, library, device: str = "cuda", *, separate: bool = False):
         from .library import KernelLibrary
@@ -223,8 +276,12 @@ class LocalRunner(RunnerBase):
     def ensure(self, needed: dict[str, int]) -> None:
         for name, nbytes in needed.items():
             if self.memory.capacity(name) < nbytes:  # (never for SeparateMemory)
-                self.memory.arenas[name] = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
-                                                       dtype=torch.uint8, device=self.device)
+                old = self.memory.arenas.get(name)
+                grown = torch.empty(max(nbytes, MIN_ARENA if self.device.type == "cuda" else 0),
+                                    dtype=torch.uint8, device=self.device)
+                if name == "workspace" and isinstance(old, torch.Tensor) and old.numel():
+                    grown[:old.numel()].copy_(old)  # KEPT_ON_GROWTH
+                self.memory.arenas[name] = grown
 
     def shrink(self) -> None:
         """Give back arenas grown for full-size cases (the next case grows them again)."""
@@ -247,12 +304,14 @@ class LocalRunner(RunnerBase):
             return str(error).strip().splitlines()[0]
         return None
 
+    @fp_watched
     def workspace_sizes(self, calls: list[dict]) -> list[int]:
         """What the kernel's size function asks for each call (a stand-in without one: 0)."""
         ask = getattr(self.lib, "workspace_bytes", None)
         return [ask(c["direction"], self._tensors(c["tensors"]), c["scalars"], c["dims"]) if ask else 0
                 for c in calls]
 
+    @fp_watched
     def call(self, direction, refs, scalars, dims, stream: str = "pool", keep_workspace: bool = False) -> Outcome:
         if not keep_workspace:
             self.scramble_workspace()
@@ -265,6 +324,7 @@ class LocalRunner(RunnerBase):
         outcome.host_ms = host_ms
         return outcome
 
+    @fp_watched
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
         refs = self.with_workspace(refs)
@@ -284,6 +344,7 @@ class LocalRunner(RunnerBase):
         self._graph = graph
         return Outcome(fatal=self._sync())
 
+    @fp_watched
     def replay(self, keep_workspace: bool = False) -> Outcome:
         if self.device.type != "cuda":
             return self.call(*self._graph, keep_workspace=keep_workspace)
@@ -293,6 +354,7 @@ class LocalRunner(RunnerBase):
         self._graph.replay()
         return Outcome(fatal=self._sync())
 
+    @fp_watched
     def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
         """The same call host_calls + graph_calls * replays times (a stand-in has no graph: all
         from the host)."""
@@ -312,6 +374,7 @@ class LocalRunner(RunnerBase):
                 return Outcome(code=code, error=self._error_name(code))
         return Outcome()
 
+    @fp_watched
     def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
         self.scramble_workspace()
         if self.device.type != "cuda":  # a stand-in's launches (its `steps`, else one call) taken in turns
@@ -328,9 +391,11 @@ class LocalRunner(RunnerBase):
                     for item, on in zip(items, streams)]
         return self._finished(launch_side_by_side(launches, streams, leads))
 
+    @fp_watched
     def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
         """A stand-in's calls in real Python threads (GIL permitting); a compiled library's from
         native threads when `driver` is given."""
+        from .candidate_main import native_fp_reports, watch_threads
         from .graphs import call_from_native_threads, call_from_threads, streams_from
         from .library import KernelLibrary
 
@@ -341,10 +406,16 @@ class LocalRunner(RunnerBase):
         if driver and isinstance(self.lib, KernelLibrary):
             resolved = [[{**c, "tensors": self._tensors(c["tensors"])} for c in calls] for calls in lists]
             code, failed = call_from_native_threads(driver, self.lib, resolved, repeat, streams)
+            reports = native_fp_reports(driver, len(lists))  # each thread's floating-point environment
         else:
-            launchers = [[self._launcher(c["direction"], c["tensors"], c["scalars"], c["dims"], on) for c in calls]
-                         for calls, on in zip(lists, streams)]
+            launchers, watches = watch_threads(
+                [[self._launcher(c["direction"], c["tensors"], c["scalars"], c["dims"], on) for c in calls]
+                 for calls, on in zip(lists, streams)])
             code, failed = call_from_threads(launchers, repeat, streams if on_gpu else None)
+            reports = [watch.report(index + 1) for index, watch in enumerate(watches) if watch.change]
+        if reports:
+            raise host_fp_failure(self.spec, "threads", lists[reports[0]["thread"] - 1][0]["direction"], reports[0],
+                                  threads=len(lists))
         outcome = self._finished(code)
         outcome.failed_call = failed
         return outcome
@@ -365,6 +436,7 @@ class LocalRunner(RunnerBase):
             self.lib.clear_error()
         return outcome
 
+    @fp_watched
     def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
         self.scramble_workspace()
         refs = self.with_workspace(refs)
@@ -393,6 +465,7 @@ class LocalRunner(RunnerBase):
         given = self._as_sized(direction, tensors, scalars, dims)
         return [lambda: WORKSPACE_SHORT] if given is None else steps(direction, given, scalars, dims)
 
+    @fp_watched
     def timed(self, calls: list[dict], flush_bytes: int = 0, stream: str = "pool") -> Outcome:
         times = []
         for index, item in enumerate(map(self.timed_item, calls)):
@@ -500,13 +573,23 @@ class IsolatedRunner(RunnerBase):
             self._arenas[name] = arena
             self.memory.arenas[name] = arena.tensor()
             if old is not None:
+                if name == "workspace":  # KEPT_ON_GROWTH
+                    keep = min(old.nbytes, arena.nbytes)
+                    self.memory.arenas[name][:keep].copy_(old.tensor()[:keep])
+                    torch.cuda.synchronize()
                 old.close()
 
     # -- requests
     def load(self, library: str | Path) -> Outcome:
+        from .verdict import Failure
+
         self.wait_ready()
-        outcome = self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
-                                 "library": str(Path(library).resolve())})
+        try:
+            outcome = self._request({"op": "load", "spec": str(Path(self.spec.path).resolve()),
+                                     "library": str(Path(library).resolve())})
+        except Failure:  # its load-time code left the floating-point environment changed: no runner
+            self.close()
+            raise
         self._sized = None if outcome.sized is None else set(outcome.sized)
         return outcome
 
@@ -592,6 +675,10 @@ class IsolatedRunner(RunnerBase):
         if reply.get("type") == "error":
             raise RuntimeError(f"the candidate's process failed a {message['op']} request: "
                                f"{reply.get('message')}\n{reply.get('trace', '')}")
+        if reply.get("host_fp"):  # a calling thread's floating-point environment left changed
+            report = reply["host_fp"][0]
+            raise host_fp_failure(self.spec, message["op"], _message_direction(message, report.get("thread", 0)),
+                                  report, threads=len(message.get("threads", [])))
         return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
                        ok=reply.get("ok", True), problem=reply.get("problem"),
                        times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
@@ -685,6 +772,15 @@ def per_thread(items: list) -> list[list[dict]]:
     return [[item] if isinstance(item, dict) else list(item) for item in items]
 
 
+def _message_direction(message: dict, thread: int = 0) -> str | None:
+    """The direction of a request's calls (of thread `thread`'s for `threads`, 1 the first)."""
+    if message.get("threads"):
+        return message["threads"][max(thread, 1) - 1][0]["direction"]
+    if "direction" in message:
+        return message["direction"]
+    return message["calls"][0]["direction"] if message.get("calls") else None
+
+
 def _call_message(direction: str, refs: dict[str, TensorRef], scalars: dict, dims: dict) -> dict:
     return {"direction": direction, "tensors": {name: ref.to_json() for name, ref in refs.items()},
             "scalars": scalars, "dims": dims}
@@ -707,6 +803,11 @@ keep_spare = False  # the verifier's worker sets it: it verifies one candidate a
 # lazy loading and was caught by them under eager loading. The cost: about 5 s more to start the
 # process (torch's own modules load too) and about 2.8 GB more host memory.
 EAGER_MODULES_WHY = "the first calls' race is real only when no kernel load synchronizes the device"
+
+
+# KEPT_ON_GROWTH: the workspace arena keeps its bytes when it grows, so a call on a larger case right
+# after a smaller one meets the workspace the smaller call left (checks.check_after_a_larger_call
+# with AFTER_SMALLER_HINT); everywhere else the workspace is scrambled before a call anyway.
 
 
 def started_runner(spec, *, readonly_inputs: bool = True) -> IsolatedRunner:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 
 from hypothesis import strategies as st
 
+from ..inputs import identity_inputs
 from .domain import Domain
 
 # Elements over all tensors of one case (inputs + outputs, forward and backward alike): small
@@ -264,6 +265,17 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
                 cases.append(make_case(aligned, dtype, distribution=value_class, seed=seed + k,
                                        overrides=domain.overrides(value_class, dtype)))
             k += 1
+    # "identity" once per combination of ones and zeros over its constants (inputs.identity_constant:
+    # the seed's low bits): a weight of ones beside a bias of zeros, a cos row of ones beside a sin
+    # row of zeros (held-out attacks-v8: a LayerNorm backward and a rotary forward that skip the
+    # identity, session 31); the value classes above draw one combination each
+    count = len(identity_inputs(sig))
+    for pattern in range(min(2 ** count, IDENTITY_PATTERNS_MAX) if count else 0):
+        dtype = spec.dtypes[pattern % len(spec.dtypes)]
+        if "identity" in domain.of(dtype):
+            cases.append(make_case(mid, dtype, distribution="identity", seed=((seed + k) << 4) + pattern,
+                                   overrides=domain.overrides("identity", dtype)))
+        k += 1
     for end in (0, 1):
         values = scalar_ends(spec, end)
         if values:
@@ -278,8 +290,11 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
 
 
 VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse", "masked", "int8",
-                 "repeated")
-GRADIENT_CLASSES = ("specials", "large")  # output gradients drawn apart from the inputs' class
+                 "repeated", "mask-min", "identity")
+# output gradients drawn apart from the inputs' class (data.output_gradient): NaN/inf, loss-scaled,
+# exactly one (a plain loss.backward()), whole rows of zeros (padded or loss-masked positions)
+GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows")
+IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
@@ -385,10 +400,47 @@ def full_size_cases(spec, seed: int = 0, limit_bytes: int = FULL_SIZE_BYTES) -> 
     add_odd_twin(spec, cases, add)
     add_model_twin(spec, cases, add)
     add_model_widths(spec, add)
+    add_narrow_widths(spec, add)
     return cases
 
 
 MODEL_WIDTHS_AT_SCALE = 3  # model hidden sizes tried at a benchmark shape's scale
+# narrow rows at a benchmark shape's scale: QK-norm's head dim, small models' hidden sizes
+NARROW_WIDTHS = (128, 896, 2048)
+
+
+def add_narrow_widths(spec, add) -> None:
+    """Narrow rows (NARROW_WIDTHS below the first benchmark shape's width, within the range) at that
+    shape's elements, the other dims grown to keep them (within their ranges), dtypes in turn: a
+    schedule for narrow rows taken only in large calls (several rows per warp, held-out attacks-v8's
+    rmsnorm: each row normalized by its pair's statistics from 2^22 elements, session 31) meets
+    narrow rows only in small cases otherwise."""
+    sig = spec.signature
+    row = row_symbol(sig)
+    if row is None or not spec.benchmark:
+        return
+    lo, hi = spec.dims[row]
+    steps = sig.symbol_divisors()
+    shape = {s: int(spec.benchmark[0][s]) for s in sig.symbols()}
+    budget = case_elements(sig, shape)
+    widths = legal_sizes(lo, hi, steps.get(row, 1), [w for w in NARROW_WIDTHS if w < shape[row]])
+    for i, width in enumerate(w for w in widths if w < shape[row]):
+        dims = grown_to(sig, {**shape, row: width}, spec.dims, budget, keep=row)
+        add(dims, spec.dtypes[i % len(spec.dtypes)])
+
+
+def grown_to(sig, dims: dict[str, int], ranges: dict[str, tuple[int, int]], budget: int, keep: str) -> dict[str, int]:
+    """`dims` with the dims other than `keep` grown, largest first and each within its range, until
+    the case's elements reach about `budget` (never past it)."""
+    dims = dict(dims)
+    steps = sig.symbol_divisors()
+    for symbol in sorted((s for s in dims if s != keep), key=lambda s: -dims[s]):
+        factor = budget / max(case_elements(sig, dims), 1)
+        if factor <= 1:
+            break
+        lo, hi = ranges[symbol]
+        dims[symbol] = legal_sizes(lo, hi, steps.get(symbol, 1), [int(dims[symbol] * factor)])[0]
+    return fit_budget(sig, dims, ranges, budget, keep=keep)
 
 
 def add_model_widths(spec, add) -> None:
@@ -553,13 +605,23 @@ def fewer_rows_case(spec, case: Case) -> Case | None:
     """`case` with every dim but the row's (the first input's last) cut to about a third, within
     its range: the next call of a shrinking batch or a chunked loss's last chunk. None when no dim
     can shrink."""
+    return _rows_scaled(spec, case, lambda size: max(size // 3, 1))
+
+
+def more_rows_case(spec, case: Case) -> Case | None:
+    """`case` with every dim but the row's doubled, within its range: the next, larger batch (or
+    length bucket) after a call on fewer rows. None when no dim can grow."""
+    return _rows_scaled(spec, case, lambda size: size * 2)
+
+
+def _rows_scaled(spec, case: Case, scaled) -> Case | None:
     sig = spec.signature
     keep, steps = row_symbol(sig), sig.symbol_divisors()
     dims = dict(case.dim_map)
     for symbol, size in dims.items():
         if symbol != keep:
-            lo, _ = spec.dims[symbol]
-            dims[symbol] = legal_sizes(lo, size, steps.get(symbol, 1), [max(size // 3, 1)])[0]
+            lo, hi = spec.dims[symbol]
+            dims[symbol] = legal_sizes(lo, hi, steps.get(symbol, 1), [scaled(size)])[0]
     if dims == case.dim_map:
         return None
     return replace(case, dims=tuple(dims.items()), seed=case.seed + 1)
@@ -569,17 +631,31 @@ def fewer_rows_case(spec, case: Case) -> Case | None:
 # size (a persistent grid, rows seeded from the block's previous row) mishandles NaN, infinities,
 # huge or masked rows meets those values only at small sizes otherwise (held-out attacks-v7,
 # session 30: a warm start wrong only past 2^22 elements and 1024 rows).
-CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated")
+CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated", "mask-min")
+# ... and one class at each other benchmark shape, in turn: a schedule taken only at wide rows and
+# many of them (held-out attacks-v8's softmax: a one-pass schedule from 1024 rows of 65536, NaN on
+# rows with a masked run inside, session 31) meets masked rows nowhere else
+CLASSES_AT_OTHER_SHAPES = ("masked", "mask-min", "specials", "repeated", "huge")
 
 
-def classes_at_scale(spec, first: Case, domain: Domain, seed: int) -> list[Case]:
-    """`first` (the first benchmark shape) again in each class of CLASSES_AT_SCALE the screen draws
-    in its dtype, the spec's dtypes in turn."""
+def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int) -> list[Case]:
+    """The first of `shapes` (the benchmark shapes' full-size cases) again in each class of
+    CLASSES_AT_SCALE the screen draws in its dtype, the spec's dtypes in turn; each other shape
+    again in one class of CLASSES_AT_OTHER_SHAPES, in turn (in the first dtype that draws it)."""
+    shapes = [shapes] if isinstance(shapes, Case) else shapes  # (the first shape alone, as version 8 took it)
+    if not shapes:
+        return []
     cases = []
     for number, cls in enumerate(c for c in CLASSES_AT_SCALE if c in VALUE_CLASSES):
         dtype = spec.dtypes[number % len(spec.dtypes)]
         if cls in domain.of(dtype):
-            cases.append(replace(first, dtype=dtype, distribution=cls, seed=seed + number,
+            cases.append(replace(shapes[0], dtype=dtype, distribution=cls, seed=seed + number,
+                                 overrides=domain.overrides(cls, dtype)))
+    for number, shape in enumerate(shapes[1:]):
+        cls = CLASSES_AT_OTHER_SHAPES[number % len(CLASSES_AT_OTHER_SHAPES)]
+        dtype = next((d for d in spec.dtypes if cls in domain.of(d)), None)
+        if dtype is not None:
+            cases.append(replace(shape, dtype=dtype, distribution=cls, seed=seed + 100 + number,
                                  overrides=domain.overrides(cls, dtype)))
     return cases
 

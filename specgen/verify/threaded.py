@@ -22,6 +22,21 @@ many as `RECORD_BYTES` holds, then in turn), pre-filled with random bytes, and e
 checked against its thread's truth. With one set per thread (only the last call seen), native
 threads caught 2 of 30 runs. A plan torn between two shapes writes past an output (the guard
 bytes) or reads past an input (a fault in the candidate's process).
+
+A forward beside a backward (verifier version 10): for a spec with a backward kernel, the backward's
+checks also run pairs where one thread calls the forward and the other the backward, each on its
+own inputs, outputs and workspace and checked against its own truth (`direction_pairs`). Entry
+points that share host state between the directions (held-out attacks-v8's swiglu: each stores
+"the kernel to launch" in one `static` a shared launcher reads, so a forward beside a backward
+launches the other direction's kernel) pass every pair of one direction. A training process calls
+both at once: a pipeline-parallel schedule runs one micro-batch's forward beside another's
+backward from stage threads, and a trainer thread's backward runs beside a serving or rollout
+thread's forward.
+
+The threads' floating-point environment (verifier version 10): every thread reads its own before
+its first call and after each call (the native driver MXCSR and the x87 control word, or FPCR;
+Python threads through candidate_main.fp_state) and a change is reported (host-state-changed), as
+the candidate's main thread's is after every request (candidate_main.fp_report).
 """
 from __future__ import annotations
 
@@ -36,16 +51,25 @@ from .data import CaseData, asked_workspace, bind_inputs, place_inputs, place_wo
 from .layout import Layout, TensorRef
 from .runner import check_guards, fill_outputs, raise_outcome, run_once, synchronize
 from .strategies import Case
+from .verdict import Failure
 
 THREAD_CALLS = 200  # calls each thread makes in a row (about 1 ms of host time on a GPU)
 RECORD_BYTES = 64 << 20  # output bytes per thread kept call by call (the large case's calls share sets in turn)
 SEED_OFFSET = 5000  # the pairs' values: other draws than every other check's
+DIRECTIONS_SEED_OFFSET = 5100  # the forward-beside-backward pairs' values
+FORWARD_BESIDE_BACKWARD = True  # the pairs of a forward and a backward (a switch for the tests)
 
 THREADS_HINT = ("called from two host threads at the same time ({call}, {other} called from the other thread "
                 "meanwhile, as a multi-threaded server or nn.DataParallel calls an op: both threads run the kernel's "
                 "host code at once, so state kept in host memory between calls, e.g. a launch plan with the "
                 "pointers in a `static` struct, is shared by both and one call launches with the other's "
                 "arguments. Keep everything a call needs on the stack of the call), ")
+DIRECTIONS_HINT = ("called from two host threads at the same time, a forward beside a backward ({call}, while "
+                   "{other} meanwhile, as a pipeline-parallel schedule runs one micro-batch's forward beside "
+                   "another's backward from two stage threads, or a trainer thread's backward runs beside a serving "
+                   "thread's forward: both entry points' host code runs at once, so host state the two directions "
+                   "share, e.g. which kernel a shared launcher starts kept in a `static`, is set by one and read by "
+                   "the other. Keep everything a call needs on the stack of the call), ")
 
 
 # The native threads (graphs.call_from_native_threads): loaded by the candidate's process next to
@@ -84,11 +108,52 @@ struct Job {
 static std::atomic<int> g_arrived;
 static std::atomic<int> g_expected;
 
+// The calling thread's floating-point environment, control bits only (candidate_main.fp_state):
+// kind 1, x86-64: MXCSR without its sticky flags, the x87 control word above it; kind 2, aarch64:
+// FPCR; kind 0: not read here.
+#if defined(__x86_64__)
+static const int kFpKind = 1;
+static inline uint64_t fp_env() {
+  uint32_t csr = 0;
+  uint16_t cw = 0;
+  __asm__ __volatile__("stmxcsr %0" : "=m"(csr));
+  __asm__ __volatile__("fnstcw %0" : "=m"(cw));
+  return (static_cast<uint64_t>(cw & 0x1F3Fu) << 32) | (csr & 0xFFC0u);
+}
+#elif defined(__aarch64__)
+static const int kFpKind = 2;
+static inline uint64_t fp_env() {
+  uint64_t fpcr = 0;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+  return fpcr & 0xFFFFFFFFu;
+}
+#else
+static const int kFpKind = 0;
+static inline uint64_t fp_env() { return 0; }
+#endif
+
+// Per thread of the last run: its environment before its first call, after the first call that
+// left it changed, and that call's index (-1: none did).
+static Job* g_jobs = nullptr;
+static int64_t g_fp_before[64], g_fp_after[64], g_fp_call[64];
+
+static inline void watch_fp(int64_t me, int64_t k) {
+  if (g_fp_call[me] < 0) {
+    const uint64_t now = fp_env();
+    if (now != static_cast<uint64_t>(g_fp_before[me])) {
+      g_fp_after[me] = static_cast<int64_t>(now);
+      g_fp_call[me] = k;
+    }
+  }
+}
+
 static void* run(void* raw) {
   Job* job = static_cast<Job*>(raw);
+  const int64_t me = job - g_jobs;
   g_arrived.fetch_add(1);
   while (g_arrived.load() < g_expected) {
   }
+  g_fp_before[me] = g_fp_after[me] = static_cast<int64_t>(fp_env());
   for (int64_t k = 0; k < job->repeat; ++k) {
     char* args = static_cast<char*>(job->args[k % job->count]);
     if (job->size) {
@@ -96,6 +161,7 @@ static void* run(void* raw) {
       *reinterpret_cast<uint64_t*>(args + job->bytes_at) = 0;
       uint64_t asked = job->size(args);
       if (asked > job->have) {
+        watch_fp(me, k);
         job->code = -7001;  // library.WORKSPACE_SHORT
         job->failed_call = static_cast<int32_t>(k);
         job->asked = asked;
@@ -105,6 +171,7 @@ static void* run(void* raw) {
       *reinterpret_cast<uint64_t*>(args + job->bytes_at) = asked;
     }
     int code = job->entry(args, job->stream);
+    watch_fp(me, k);
     if (code) {
       job->code = code;
       job->failed_call = static_cast<int32_t>(k);
@@ -114,9 +181,21 @@ static void* run(void* raw) {
   return nullptr;
 }
 
+// What thread `index` of the last run saw (candidate_main.native_fp_reports): out[0] its
+// environment before its calls, out[1] after the call out[2] (-1: unchanged). Returns kFpKind.
+extern "C" int specgen_thread_fp_env(int index, int64_t* out) {
+  if (index < 0 || index >= 64) return 0;
+  out[0] = g_fp_before[index];
+  out[1] = g_fp_after[index];
+  out[2] = g_fp_call[index];
+  return kFpKind;
+}
+
 extern "C" int specgen_call_from_threads(Job* jobs, int count) {
   if (count < 1 || count > 64) return -1;
   pthread_t threads[64];
+  g_jobs = jobs;
+  for (int i = 0; i < count; ++i) g_fp_call[i] = -1;
   g_arrived.store(0);
   g_expected.store(count);
   int started = 0;
@@ -155,6 +234,30 @@ def thread_pairs(big: Case, launch_bound: list[Case]) -> list[tuple[Case, Case]]
     pairs.append((small, small))
     return [(dataclasses.replace(a, seed=a.seed + SEED_OFFSET), dataclasses.replace(b, seed=b.seed + SEED_OFFSET + 1))
             for a, b in pairs]
+
+
+def direction_pairs(big: Case, launch_bound: list[Case]) -> list[tuple[tuple[Case, str], tuple[Case, str]]]:
+    """The pairs of a forward and a backward called from two threads at the same time: the forward
+    on the large case beside the backward on the first launch-bound one, the backward on the large
+    case (in the first thread) beside the forward on the first launch-bound one, and both on that
+    one shape on values of their own."""
+    small = launch_bound[0]
+    pairs = [((big, "forward"), (small, "backward")), ((big, "backward"), (small, "forward")),
+             ((small, "forward"), (small, "backward"))]
+    return [((dataclasses.replace(a, seed=a.seed + DIRECTIONS_SEED_OFFSET + 2 * k), one),
+             (dataclasses.replace(b, seed=b.seed + DIRECTIONS_SEED_OFFSET + 2 * k + 1), other))
+            for k, ((a, one), (b, other)) in enumerate(pairs)]
+
+
+def thread_calls(big: Case, launch_bound: list[Case], direction: str, forward_too: bool = True
+                 ) -> list[tuple[tuple[Case, str], tuple[Case, str]]]:
+    """What two threads call at the same time in `direction`'s checks, as ((case, direction),
+    (case, direction)) pairs: thread_pairs in `direction`, then, in the backward's checks (the
+    forward's were run before) with `forward_too` (the forward verified too), direction_pairs."""
+    pairs = [((a, direction), (b, direction)) for a, b in thread_pairs(big, launch_bound)]
+    if direction == "backward" and forward_too and FORWARD_BESIDE_BACKWARD:
+        pairs += direction_pairs(big, launch_bound)
+    return pairs
 
 
 def stage_apart(runner, cases: list[CaseData], repeat: int = THREAD_CALLS) -> list[list[dict[str, TensorRef]]]:
@@ -196,7 +299,8 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
                              repeat: int = THREAD_CALLS, driver: str | None = None) -> None:
     """Each case called alone (its results, and its bits), then every case from a host thread of
     its own, `repeat` calls each, all at once: every call's outputs must be its own inputs'
-    results (and, for a deterministic spec, the bits it gives alone). Stages the cases itself
+    results (and, for a deterministic spec, the bits it gives alone). The cases may be of either
+    direction (direction_pairs: a forward beside a backward). Stages the cases itself
     (stage_apart). The threads are native (`driver`, by default native_driver() on a GPU) or,
     without one, Python's."""
     sets = stage_apart(runner, cases, repeat)
@@ -213,13 +317,27 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
         for refs in mine:
             fill_outputs(runner, refs, 1)
     synchronize(cases[0].device)
-    both = " and ".join(data.case.describe() for data in cases)
+    mixed = len({data.direction for data in cases}) > 1
+    if mixed:  # the threads named: which thread called which direction on which case
+        both = "; ".join(f"thread {i + 1}: the {data.direction} on {data.case.describe()}"
+                         for i, data in enumerate(cases))
+        what = f"calls from {len(cases)} host threads at the same time, a forward beside a backward ({both})"
+    else:
+        both = " and ".join(data.case.describe() for data in cases)
+        what = f"calls from {len(cases)} host threads at the same time ({both})"
     if driver is None and cases[0].device.type == "cuda":
         driver = native_driver()
     outcome = runner.threads(items, repeat, driver)
     failed = cases[outcome.failed_call or 0]
-    raise_outcome(runner.spec, failed, outcome, what=f"calls from {len(cases)} host threads at the same time ({both})")
-    check_guards(runner, failed, f"with calls from {len(cases)} host threads at the same time ({both}): ")
+    try:
+        raise_outcome(runner.spec, failed, outcome, what=what)
+    except Failure as failure:
+        if what in failure.detail:
+            raise
+        thread = f", thread {(outcome.failed_call or 0) + 1}'s call" if outcome.failed_call is not None else ""
+        raise Failure(failure.reason, f"{what}{thread}: {failure.detail}", failure.counterexample,
+                      fatal=failure.fatal) from None
+    check_guards(runner, failed, f"with {what}: ")
     for index, (data, mine, solo) in enumerate(zip(cases, sets, alone)):
         others = " and ".join(d.case.describe() for j, d in enumerate(cases) if j != index)
         for number, refs in enumerate(mine):
@@ -228,7 +346,13 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
                 continue
             together = {name: t.clone() for name, t in together.items()}
             last = number + len(mine) * ((repeat - 1 - number) // len(mine))  # the call that wrote this set last
-            prefix = THREADS_HINT.format(call=f"call {last + 1} of {repeat} this thread made", other=others)
+            if mixed:
+                prefix = DIRECTIONS_HINT.format(
+                    call=f"thread {index + 1} calling the {data.direction}, its call {last + 1} of {repeat}",
+                    other=" and ".join(f"thread {j + 1} called the {d.direction} on {d.case.describe()}"
+                                       for j, d in enumerate(cases) if j != index))
+            else:
+                prefix = THREADS_HINT.format(call=f"call {last + 1} of {repeat} this thread made", other=others)
             check_close(data, together, prefix=prefix)
             if deterministic:
                 check_same_bits(data, solo, together, what=f"a call alone and the same call {prefix[:-2]}")

@@ -24,11 +24,14 @@ OUT_OF_BOUNDS = "out-of-bounds"  # guard bytes around a tensor changed
 FASTER_THAN_PHYSICS = "faster-than-physics"  # a timing below the memory / arithmetic floor
 REMEMBERS_INPUTS = "remembers-inputs"  # calls on inputs seen before run faster than on new ones
 BAD_WORKSPACE = "bad-workspace"  # the size function asks for an unbelievable number of bytes
+# a call (or the library's load) left the calling host thread's floating-point environment changed
+# (MXCSR FTZ/DAZ, rounding, traps; FPCR on aarch64): candidate_main.fp_report, verifier version 10
+HOST_STATE_CHANGED = "host-state-changed"
 
 REASONS = (PASSED, COMPILE_ERROR, FORBIDDEN_SYMBOL, ENTRY_POINT_MISSING, SANITIZER, CUDA_ERROR, CRASH, TIMEOUT,
            INPUT_MUTATED, UNWRITTEN_OUTPUT, NONDETERMINISTIC, WRONG_RESULT, STREAM_VIOLATION,
            POST_TIMING_MISMATCH, NOT_CAPTURABLE, OUT_OF_BOUNDS, FASTER_THAN_PHYSICS, REMEMBERS_INPUTS,
-           BAD_WORKSPACE)
+           BAD_WORKSPACE, HOST_STATE_CHANGED)
 
 # The stream a call ran on (graphs.STREAM_KINDS), in a counterexample's words
 STREAM_WORDS = {"pool": "on a stream of its own (non-blocking, torch.cuda.Stream())",
