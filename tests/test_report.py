@@ -44,7 +44,9 @@ def test_every_op_with_its_timings_speedups_and_verification(report):
     assert "N=16384, D=8192" in section  # dims in the signature's order
     cases = record.verification.get("cases", record.verification.get("examples"))  # "examples" in older records
     assert f"{cases} cases" in section and "dtypes float32, float16, bfloat16" in section
-    assert "forward bfloat16" in section and "compute-sanitizer: not recorded" in section
+    sanitized = record.verification.get("sanitized")
+    said = "not recorded" if sanitized is None else "memcheck and racecheck clean" if sanitized else "not run"
+    assert "forward bfloat16" in section and f"compute-sanitizer: {said}" in section
     assert "Roofline" in report and "copy roofline" in report
     assert "No kernel: CUDA runs the reference" in report  # linear_bias_relu
 
@@ -139,8 +141,9 @@ def test_history_follows_the_lock_across_commits(tmp_path, capsys):
     lock = json.loads((SPECS / "specgen.lock").read_text())
     lock["ops"] = {"softmax": lock["ops"]["softmax"]}
     slower = json.loads(json.dumps(lock))
-    for row in slower["ops"]["softmax"]["records"][0]["benchmark"]["rows"]:
-        row["speedup_vs_compile"] /= 2
+    for record in slower["ops"]["softmax"]["records"]:  # every record: the report shows the best one
+        for row in (record.get("benchmark") or {}).get("rows", []):
+            row["speedup_vs_compile"] /= 2
     _git(tmp_path / "repo", "init", "-q")
     for version, message in ((slower, "first kernels"), (lock, "faster kernels")):
         (specs / "specgen.lock").write_text(json.dumps(version, indent=2))

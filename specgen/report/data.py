@@ -63,6 +63,9 @@ def summarize_rows(rows: list[dict]) -> dict:
     return summary
 
 
+_ORDER = {"forward": 0, "backward": 1, "float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
+
+
 def verification_data(record) -> dict | None:
     v = record.verification if record is not None else None
     if not v:
@@ -71,6 +74,7 @@ def verification_data(record) -> dict | None:
     # a verdict recorded by `specgen verify --record` names its directions and dtypes only in its
     # tolerances' keys ("forward float32"), in the order it checked them
     keyed = [key.split(" ", 1) for key in tolerances if isinstance(key, str) and " " in key]
+    keyed.sort(key=lambda pair: (_ORDER.get(pair[0], 9), _ORDER.get(pair[1], 9)))  # the lock sorts its keys
     return {"passed": bool(v.get("passed")), "gpu_arch": record.gpu_arch, "verifier_version": record.verifier_version,
             "cases": v.get("cases", v.get("examples")),
             "dtypes": v.get("dtypes") or list(dict.fromkeys(dtype for _, dtype in keyed)),
