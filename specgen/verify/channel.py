@@ -3,6 +3,7 @@ socket, with file descriptors (the arenas' handles) passed alongside when needed
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import time
@@ -25,6 +26,10 @@ class Channel:
             socket.send_fds(self.sock, [frame], list(fds))
         else:
             self.sock.sendall(frame)
+
+    def readable(self, timeout: float) -> bool:
+        """Whether a message has (begun to) come within `timeout` seconds, reading nothing."""
+        return bool(self._buffer) or bool(select.select([self.sock], [], [], max(timeout, 0.0))[0])
 
     def receive(self, timeout: float | None = None) -> tuple[dict, list[int]] | None:
         """The next message and the fds that came with it; None on timeout."""

@@ -611,6 +611,8 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
 
     def isolated_runner(readonly: bool = True):
         runner = started_runner(spec, readonly_inputs=readonly)
+        runner.wait_ready(heartbeat=lambda seconds: progress(f"starting the kernel's own process ({seconds:.0f} s; "
+                                                             "none of its code runs before it is ready)"))
         outcome = runner.load(library)
         if outcome.fatal:
             runner.close()
