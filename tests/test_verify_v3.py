@@ -514,7 +514,7 @@ def test_the_candidate_environment_has_no_credentials(monkeypatch):
 
 
 def test_the_candidates_main_process_loads_its_modules_eagerly(monkeypatch):
-    """The first calls' race needs eager loading (isolation.EAGER_MODULES_WHY): the main runner and
+    """The first calls' race needs eager loading (isolation.py says why, above started_runner): the main runner and
     the spare started ahead of it load eagerly, even when the user's environment asks for lazy."""
     from specgen.verify import isolation
 

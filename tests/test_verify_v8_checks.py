@@ -93,7 +93,7 @@ def test_a_tag_trusted_in_the_workspace_fails_after_a_larger_call(gelu, monkeypa
 
 def test_without_the_kept_workspace_checks_the_tag_passes(gelu, monkeypatch):
     monkeypatch.setattr(checks, "check_replays_keeping_workspace", lambda *a, **k: None)
-    monkeypatch.setattr(engine, "check_after_a_larger_call", lambda *a, **k: None)
+    monkeypatch.setattr(engine, "check_on_the_workspace_left", lambda *a, **k: None)
     # (each thread's 200 calls in a row keep their workspace too, as the endurance run's do)
     monkeypatch.setattr(engine, "check_calls_from_threads", lambda *a, **k: None)
     kernel = fakes.WorkspaceKernel(gelu, tag_skips, lambda dims: 64)

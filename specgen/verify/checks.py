@@ -358,8 +358,8 @@ AFTER_SMALLER_HINT = ("right after a call on fewer rows, its workspace as that c
                       "hands the same block to the next, larger batch), ")
 
 
-def check_after_a_larger_call(runner, smaller: CaseData, stream: str = "pool",
-                              hint: str = AFTER_LARGER_HINT) -> None:
+def check_on_the_workspace_left(runner, smaller: CaseData, stream: str = "pool",
+                                hint: str = AFTER_LARGER_HINT) -> None:
     """`smaller` (staged after a call on a larger case, whose workspace sat at the same address) called
     with the workspace as that call left it: partial sums or tags of the larger call must not count
     (held-out attacks-v7's chunked cross-entropy, session 30: every other call starts on random bytes).

@@ -361,6 +361,21 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
     return g.to(dtype)
 
 
+def reference_gradients(spec, values: dict, wrt: list[str], output_gradient) -> list:
+    """The reference's gradients of the inputs named in `wrt` at `values` (inputs and scalars),
+    each floating output that needs a gradient given `output_gradient(output_param, output)`;
+    None where an input is unused (the domain screen and the backward's truth both ask this)."""
+    leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in values.items()}
+    with torch.enable_grad():
+        outs = as_tuple(spec.reference_fn()(**leaves))
+        pairs = [(out, output_gradient(o, out)) for o, out in zip(spec.signature.outputs, outs)
+                 if o.type.is_floating and isinstance(out, torch.Tensor) and out.requires_grad]
+        if not pairs:
+            return [None] * len(wrt)
+        return list(torch.autograd.grad([p[0] for p in pairs], [leaves[k] for k in wrt],
+                                        grad_outputs=[p[1] for p in pairs], allow_unused=True))
+
+
 def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device, lean: bool = False):
     """Backward: the kernel reads the inputs, the forward outputs and the output gradients and
     writes the input gradients; the truth is the reference's autograd in float64. Returns what
@@ -384,20 +399,12 @@ def _backward(spec, case: Case, tensors: dict, scalars: dict, dims: dict, device
                for p in sig.inputs if p.type.differentiable]
 
     def gradients(inputs: dict, grads: dict, grad_dtype) -> dict[str, torch.Tensor]:
-        leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in inputs.items()}
         try:
-            with torch.enable_grad():
-                outs = as_tuple(spec.reference_fn()(**leaves, **scalars))
-                pairs = [(out, grads[f"grad_{o.name}"].to(grad_dtype(out)))
-                         for o, out in zip(sig.outputs, outs) if o.type.is_floating and out.requires_grad]
-                if not pairs:
-                    got = [None] * len(wrt)
-                else:
-                    got = torch.autograd.grad([p[0] for p in pairs], [leaves[k] for k in wrt],
-                                              grad_outputs=[p[1] for p in pairs], allow_unused=True)
+            got = reference_gradients(spec, {**inputs, **scalars}, wrt,
+                                      lambda o, out: grads[f"grad_{o.name}"].to(grad_dtype(out)))
         except Exception as error:  # the user's reference
             raise reference_failure(spec, error, "while differentiating the reference (backward: kernel)") from None
-        return {f"grad_{k}": (g if g is not None else torch.zeros_like(leaves[k])).detach()
+        return {f"grad_{k}": (g if g is not None else torch.zeros_like(inputs[k])).detach()
                 for k, g in zip(wrt, got)}
 
     grad_names = list(grads)

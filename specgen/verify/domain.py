@@ -163,15 +163,10 @@ def _overflow(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> str 
 
 def _gradients(spec, args: dict) -> list:
     """The reference's input gradients under output gradients of ones (None where unused)."""
-    sig = spec.signature
-    wrt = [p.name for p in sig.inputs if p.type.differentiable and isinstance(args.get(p.name), torch.Tensor)]
-    leaves = {k: (v.detach().clone().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
-    with torch.enable_grad():
-        outs = [o for o in _as_list(spec.reference_fn()(**leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not outs:
-            return []
-        return list(torch.autograd.grad(outs, [leaves[k] for k in wrt], grad_outputs=[torch.ones_like(o) for o in outs],
-                                        allow_unused=True))
+    from .data import reference_gradients
+
+    wrt = [p.name for p in spec.signature.inputs if p.type.differentiable and isinstance(args.get(p.name), torch.Tensor)]
+    return reference_gradients(spec, args, wrt, lambda o, out: torch.ones_like(out))
 
 
 def _as_list(result) -> list:

@@ -18,7 +18,7 @@ from hypothesis import seed as hypothesis_seed
 
 from ..reference import reference_failure
 from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the boundary cases
-from .checks import (AFTER_SMALLER_HINT, check_after_a_larger_call, check_calls_side_by_side, check_capture, check_case,
+from .checks import (AFTER_SMALLER_HINT, check_on_the_workspace_left, check_calls_side_by_side, check_capture, check_case,
                      check_deterministic_repeats, check_finished_on_its_stream, check_first_calls,
                      check_repeated_calls, check_stale_output_loop, run_first_calls)
 from .chained import check_backward_on_own_saved
@@ -242,14 +242,14 @@ class Session:
             self.progress(f"{direction}: fewer rows right after, on the same workspace, {fewer.describe()}")
             smaller = self.prepare(fewer, direction)
             stage(self.runner, smaller, snapshots=False)
-            check_after_a_larger_call(self.runner, smaller, stream=LOOP_STREAM)
+            check_on_the_workspace_left(self.runner, smaller, stream=LOOP_STREAM)
             del smaller
             self.cases += 1
         if (more := more_rows_case(spec, big)) is not None:  # on the workspace the call on fewer rows left
             self.progress(f"{direction}: more rows right after fewer, on the same workspace, {more.describe()}")
             larger = self.prepare(dataclasses.replace(more, seed=big.seed + 3000), direction)
             stage(self.runner, larger, snapshots=False)
-            check_after_a_larger_call(self.runner, larger, stream=LOOP_STREAM, hint=AFTER_SMALLER_HINT)
+            check_on_the_workspace_left(self.runner, larger, stream=LOOP_STREAM, hint=AFTER_SMALLER_HINT)
             del larger
             self.cases += 1
         for number, looped in enumerate([big, *self.launch_bound_cases()]):

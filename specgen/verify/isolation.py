@@ -773,7 +773,7 @@ def _die_with_parent() -> None:
 
 def _child_env(eager_modules: bool = False) -> dict[str, str]:
     env = scrubbed_environment()
-    if eager_modules:  # see EAGER_MODULES_WHY
+    if eager_modules:  # see "Why the candidate's main process loads every CUDA module" below
         env["CUDA_MODULE_LOADING"] = "EAGER"
     repo_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
@@ -815,17 +815,16 @@ keep_spare = False  # the verifier's worker sets it: it verifies one candidate a
 # the H200 (session 31): held-out attacks-v7's lazy-table log_softmax passed the first calls under
 # lazy loading and was caught by them under eager loading. The cost: about 5 s more to start the
 # process (torch's own modules load too) and about 2.8 GB more host memory.
-EAGER_MODULES_WHY = "the first calls' race is real only when no kernel load synchronizes the device"
 
 
 # KEPT_ON_GROWTH: the workspace arena keeps its bytes when it grows, so a call on a larger case right
-# after a smaller one meets the workspace the smaller call left (checks.check_after_a_larger_call
+# after a smaller one meets the workspace the smaller call left (checks.check_on_the_workspace_left
 # with AFTER_SMALLER_HINT); everywhere else the workspace is scrambled before a call anyway.
 
 
 def started_runner(spec, *, readonly_inputs: bool = True) -> IsolatedRunner:
     """A candidate's process for `spec`. Starting one (Python, torch, a CUDA context, every CUDA
-    module loaded eagerly: EAGER_MODULES_WHY) takes about 10 s, so a long-lived worker keeps one
+    module loaded eagerly, as the comment above says why) takes about 10 s, so a long-lived worker keeps one
     spare process started ahead, which has loaded nothing: each candidate still gets a process of
     its own that no other kernel ever ran in. The writable runner (an input write told from a
     crash) loads lazily: no first calls run there."""
