@@ -288,3 +288,21 @@ def test_every_fresh_draw_of_the_capture_repeated_and_timed_checks_keeps_the_scr
     assert len(uniform) >= 4  # the smoke capture, the repeated calls, the full-size capture, timed sets
     assert any(c.distribution == "tiny" and c.scalars for c in prepared)  # the scalars' low end
     assert all(c.overrides == domain.overrides(c.distribution, c.dtype) for c in prepared)
+
+
+def test_the_screen_reports_each_class_it_screens(tmp_path):
+    """The screen runs the reference on the CPU before the kernel's first case; on a busy H200 it
+    took over a minute with no progress message, and the worker called that a hung kernel."""
+    from specgen.verify import domain as domain_module
+
+    spec = bce_spec(tmp_path)
+    domain_module._DOMAINS.pop(spec.hash(), None)  # screened afresh, not from an earlier test's cache
+    heard = []
+    screened = reference_domain(spec, heard.append)
+    classes = set(screened.of("float32")) | {cls for cls, _ in screened.rejected}
+    assert len(heard) >= len(classes) >= 2
+    assert all(any(f" {cls} values" in text for text in heard) for cls in classes)
+    assert all("float32" in text for text in heard)
+    cached = []
+    reference_domain(spec, cached.append)
+    assert cached == []  # once per process: the cache answers

@@ -63,18 +63,21 @@ class Domain:
 _DOMAINS: dict = {}  # spec hash -> Domain: the tuner verifies many variants of one spec
 
 
-def reference_domain(spec) -> Domain:
+def reference_domain(spec, progress=lambda text: None) -> Domain:
     """The classes the reference accepts in each dtype: a class is refused in a dtype when the
     reference raises on it at some screened shape and seed while it takes normal values there.
     No class is refused in a dtype where normal values fail too (the verifier's first case then
-    reports the reference's error as it always has)."""
+    reports the reference's error as it always has). `progress` hears each (dtype, class) screened:
+    the screen runs the reference on the CPU, forward and backward, before the kernel's first case,
+    and on a busy machine it took over a minute (the worker's watch for progress must not call
+    that a hung kernel)."""
     key = spec.hash()
     if key not in _DOMAINS:
-        _DOMAINS[key] = _screen(spec)
+        _DOMAINS[key] = _screen(spec, progress)
     return _DOMAINS[key]
 
 
-def _screen(spec) -> Domain:
+def _screen(spec, progress=lambda text: None) -> Domain:
     from .strategies import legal_sizes  # strategies takes a Domain: imported here, not at the top
 
     sig = spec.signature
@@ -95,6 +98,7 @@ def _screen(spec) -> Domain:
         for cls in DISTRIBUTIONS:
             if cls == "identity" and not identity_inputs(sig):
                 continue  # no weight or table to hold a constant: the class would be normal values
+            progress(f"screening the reference on {cls} values in {dtype} (on the CPU, before any kernel call)")
             problem = None if cls == "normal" else _refusal(spec, where, dtype, cls)
             if problem is None and cls in OVERFLOW_SCREENED:
                 problem = _overflow(spec, where, dtype, cls)

@@ -97,7 +97,7 @@ class Session:
         self._per_element: dict[tuple[str, str], float] = {}  # device bytes per case element (memory.py)
         self.shrunk: list[str] = []  # full-size work scaled to the GPU memory free at the time
         # value classes outside the reference's domain in a dtype (it raises on them): not drawn there
-        self.domain = reference_domain(spec)
+        self.domain = reference_domain(spec, progress)
         self.skipped: list[str] = []  # cases whose values the reference refused (the screen missed them)
 
     def prepare(self, case: Case, direction: str, lean: bool = False) -> CaseData:
