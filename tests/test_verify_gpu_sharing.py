@@ -170,3 +170,44 @@ def test_work_left_on_another_stream_shows_as_device_time_beyond_the_streams():
     forked = off_stream_work([0.01, 0.012, 0.011], [0.25, 0.26, 0.24])  # the work ran elsewhere
     assert forked and "another stream" in forked
     assert off_stream_work([0.2], []) is None  # a runner that does not report walls
+
+
+def test_the_total_limit_names_itself_and_the_idle_watch_names_itself(monkeypatch):
+    """Two limits, two messages: a verification stopped by its total limit says that limit (it
+    said the 60 s idle limit "in total" before), a silent one says the idle watch."""
+    from specgen.verify import worker as worker_module
+
+    def scripted(messages_every: float):
+        clock = [0.0]
+
+        class Scripted(worker_module.VerifyWorker):
+            def start(self):
+                class Stdin:
+                    def write(self, data):
+                        pass
+
+                    def flush(self):
+                        pass
+
+                self.process = type("P", (), {"stdin": Stdin()})()
+
+            def kill(self):
+                pass
+
+            def close(self):
+                pass
+
+            def _next_message(self, timeout):
+                if timeout < messages_every:
+                    clock[0] += timeout
+                    return None
+                clock[0] += messages_every
+                return {"type": "progress", "text": "forward: a case"}
+
+        monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+        return Scripted()
+
+    busy = scripted(10.0).verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=100)
+    assert busy.reason == "timeout" and "more than 100 s in total" in busy.detail
+    silent = scripted(1000.0).verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=100)
+    assert silent.reason == "timeout" and "more than 30 s without progress" in silent.detail
