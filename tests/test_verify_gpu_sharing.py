@@ -94,6 +94,31 @@ def test_a_waiting_holder_gets_heartbeats(tmp_path, monkeypatch):
     assert len(beats) >= 3 and beats == sorted(beats) and beats[-1] > 0.5
 
 
+def scripted_worker(next_message):
+    """A VerifyWorker whose process is a stand-in and whose messages come from `next_message(timeout)`
+    (None: nothing came within the timeout)."""
+    from specgen.verify import worker as worker_module
+
+    class Scripted(worker_module.VerifyWorker):
+        def start(self):
+            class Stdin:
+                def write(self, data):
+                    pass
+
+                def flush(self):
+                    pass
+
+            self.process = type("P", (), {"stdin": Stdin(), "poll": lambda self: 0})()
+
+        def kill(self):
+            pass
+
+        def _next_message(self, timeout):
+            return next_message(timeout)
+
+    return Scripted()
+
+
 def test_the_worker_does_not_count_waiting_for_the_gpu_against_the_kernel(monkeypatch):
     """Scripted worker messages: 90 s of waiting (heartbeats) in a 60 s total budget still ends
     in the verdict, not a timeout."""
@@ -106,26 +131,15 @@ def test_the_worker_does_not_count_waiting_for_the_gpu_against_the_kernel(monkey
     script += [{"type": "progress", "text": "forward: timed calls"},
                {"type": "verdict", "verdict": {"reason": "passed", "detail": "ok"}}]
 
-    class Scripted(worker_module.VerifyWorker):
-        def start(self):
-            class Stdin:
-                def write(self, data):
-                    pass
-
-                def flush(self):
-                    pass
-
-            self.process = type("P", (), {"stdin": Stdin()})()
-
-        def _next_message(self, timeout):  # each message comes 10 s after the last
-            if timeout < 10.0:
-                clock[0] += timeout
-                return None
-            clock[0] += 10.0
-            return script.pop(0) if script else None
+    def next_message(timeout):  # each message comes 10 s after the last
+        if timeout < 10.0:
+            clock[0] += timeout
+            return None
+        clock[0] += 10.0
+        return script.pop(0) if script else None
 
     monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
-    verdict = Scripted().verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=60)
+    verdict = scripted_worker(next_message).verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=60)
     assert verdict.reason == "passed"
 
 
@@ -180,32 +194,15 @@ def test_the_total_limit_names_itself_and_the_idle_watch_names_itself(monkeypatc
     def scripted(messages_every: float):
         clock = [0.0]
 
-        class Scripted(worker_module.VerifyWorker):
-            def start(self):
-                class Stdin:
-                    def write(self, data):
-                        pass
-
-                    def flush(self):
-                        pass
-
-                self.process = type("P", (), {"stdin": Stdin()})()
-
-            def kill(self):
-                pass
-
-            def close(self):
-                pass
-
-            def _next_message(self, timeout):
-                if timeout < messages_every:
-                    clock[0] += timeout
-                    return None
-                clock[0] += messages_every
-                return {"type": "progress", "text": "forward: a case"}
+        def next_message(timeout):
+            if timeout < messages_every:
+                clock[0] += timeout
+                return None
+            clock[0] += messages_every
+            return {"type": "progress", "text": "forward: a case"}
 
         monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
-        return Scripted()
+        return scripted_worker(next_message)
 
     busy = scripted(10.0).verify("spec.yaml", "lib.so", {}, idle_timeout=30, total_timeout=100)
     assert busy.reason == "timeout" and "more than 100 s in total" in busy.detail
