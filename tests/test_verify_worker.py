@@ -63,3 +63,14 @@ def test_without_a_gpu_the_worker_says_so(monkeypatch):
     with pytest.raises(EnvironmentMissing, match="no CUDA GPU"):
         worker.start()
     assert not worker.alive()
+
+
+def test_the_judge_runs_with_passive_openmp_threads_unless_the_user_says(monkeypatch):
+    """Side by side, spinning OpenMP threads starve each other's processes (6 judges' class
+    screens on 2 cores: 40 s each spinning, 5 s passive); a user's own OMP_WAIT_POLICY is kept."""
+    from specgen.verify.worker import judge_environment
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert judge_environment()["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert judge_environment()["OMP_WAIT_POLICY"] == "ACTIVE"
