@@ -168,12 +168,19 @@ def score(entry: dict, result: dict) -> bool | None:
     return reason == "passed" and result.get("bench") in (None, "accepted", "skipped")
 
 
+
+def selects(pattern: str, file: str) -> bool:
+    """`--only`: a substring of the file's name, or the whole name when it ends in .cu (attacks-v9's
+    neutral names: softmax_a.cu is also inside log_softmax_a.cu)."""
+    return file == pattern if pattern.endswith(".cu") else pattern in file
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, nargs="?", default=DEFAULT_FOLDER,
                         help="the attack folder with its manifest.json (default heldout/attacks-v2)")
     parser.add_argument("--out", "--json", dest="out", type=Path, help="write every row and a summary here as JSON")
-    parser.add_argument("--only", nargs="*", default=[], help="only files whose name contains one of these")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="only files whose name contains one of these (a name ending in .cu: that file alone)")
     parser.add_argument("--specs", type=Path, default=None,
                         help="folder of <spec>.yaml (default: the suite's own specs/, the specs it was written "
                              "against; else the repo's specs/)")
@@ -193,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = load_manifest(folder)
     specs = args.specs or suite_specs(folder)
     if args.only:
-        entries = [e for e in entries if any(s in e["file"] for s in args.only)]
+        entries = [e for e in entries if any(selects(s, e["file"]) for s in args.only)]
     if not entries:
         print("no kernels selected", file=sys.stderr)
         return 2

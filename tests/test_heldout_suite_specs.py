@@ -20,7 +20,7 @@ from specgen.spec import load_spec
 
 HELDOUT = Path(__file__).resolve().parents[1] / "heldout"
 SUITES = ["attacks", "attacks-v2", "attacks-v3", "attacks-v4", "attacks-v5", "attacks-v6", "attacks-v7",
-          "attacks-v8"]
+          "attacks-v8", "attacks-v9"]
 
 
 def _specs_used(folder: Path) -> set[str]:
@@ -86,3 +86,11 @@ def test_the_gpu_verify_stage_uses_the_spec_each_kernel_was_written_against():
     assert suite.spec_path_for("rmsnorm", held) == HELDOUT / "attacks" / "specs" / "rmsnorm.yaml"
     committed = repo / "specs" / "kernels" / "rmsnorm.cu"
     assert suite.spec_path_for("rmsnorm", committed) == repo / "specs" / "rmsnorm.yaml"
+
+
+def test_only_takes_a_whole_file_name_ending_in_cu():
+    """attacks-v9's neutral names nest (softmax_a.cu inside log_softmax_a.cu): a name ending in
+    .cu selects that file alone, anything else is a substring as before."""
+    runner = _runner()
+    assert runner.selects("softmax_a.cu", "softmax_a.cu") and not runner.selects("softmax_a.cu", "log_softmax_a.cu")
+    assert runner.selects("softmax_a", "log_softmax_a.cu") and runner.selects("control", "softmax_control.cu")

@@ -1,0 +1,186 @@
+// spec: cross_entropy
+// expect: rejected
+// class: smem-opt-in-once-per-process
+// reason: cuda-error
+//
+// Mean cross-entropy, float32 math. Forward: a row of up to 32768 logits (Llama-2's 32000,
+// Mistral's 32768, T5's 32128 vocabularies) is staged once in shared memory as float32, one block
+// per row: max (NaN-propagating, as amax), sum of exp, the row's loss, saved max and logsum, from one
+// read of the row. 128 KiB of dynamic shared memory is above the default 48 KiB: the kernel's limit
+// is raised once, by a function-local static on the first call (thread-safe). Wider rows stream
+// twice. One block then sums the row losses in a fixed order. Backward: one block per row from the
+// saved max and logsum.
+//
+// What is wrong: cudaFuncSetAttribute sets the limit of the kernel on the *current device* only; a
+// process that calls the op on a second GPU launches there with 128 KiB against a 48 KiB limit, and
+// every such call fails (invalid argument). nn.DataParallel (what Hugging Face's Trainer falls back
+// to when a script sees several GPUs and is not started with torchrun) runs the model's forward,
+// loss included, on every GPU from one process; so does a model spread over GPUs with
+// device_map="auto" for evaluation. The verifier runs every case on one GPU.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include "cross_entropy_abi.h"
+
+typedef __half f16;
+typedef __nv_bfloat16 bf16;
+
+static __device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+static __device__ __forceinline__ float ld(const f16* p, int64_t i) { return __half2float(p[i]); }
+static __device__ __forceinline__ float ld(const bf16* p, int64_t i) { return __bfloat162float(p[i]); }
+static __device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+static __device__ __forceinline__ void st(f16* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+static __device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+struct Sum { __device__ float operator()(float a, float b) const { return a + b; } };
+struct NanMax {  // as torch.amax: NaN anywhere makes the max NaN
+  __device__ float operator()(float a, float b) const { return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+};
+
+template <class Op>
+static __device__ float block_reduce(float v, Op op, float init) {
+  __shared__ float sh[33];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float r = lane < nwarps ? sh[lane] : init;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) r = op(r, __shfl_xor_sync(0xffffffffu, r, o));
+    if (lane == 0) sh[32] = r;
+  }
+  __syncthreads();
+  return sh[32];
+}
+
+static int row_threads(int64_t D) { return D >= 8192 ? 1024 : D >= 2048 ? 512 : D >= 512 ? 256 : 128; }
+
+#define DISPATCH(dtype, ...)                                                  \
+  switch (dtype) {                                                            \
+    case SPECGEN_FLOAT32: { typedef float T; __VA_ARGS__; } break;            \
+    case SPECGEN_FLOAT16: { typedef f16 T; __VA_ARGS__; } break;              \
+    case SPECGEN_BFLOAT16: { typedef bf16 T; __VA_ARGS__; } break;            \
+    default: return cudaErrorInvalidValue;                                    \
+  }
+
+template <typename T>
+__global__ void ce_rows(const T* __restrict__ logits, const int64_t* __restrict__ target, int64_t C,
+                        float* __restrict__ smax, float* __restrict__ slog, float* __restrict__ rowloss) {
+  const int64_t row = blockIdx.x;
+  const T* xr = logits + row * C;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) m = NanMax()(m, ld(xr, j));
+  m = block_reduce(m, NanMax(), -INFINITY);
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += expf(ld(xr, j) - m);
+  s = block_reduce(s, Sum(), 0.f);
+  if (threadIdx.x == 0) {
+    const float ls = logf(s);
+    smax[row] = m;
+    slog[row] = ls;
+    rowloss[row] = (m - ld(xr, target[row])) + ls;
+  }
+}
+
+static const int64_t kSmemRow = 32768;  // widest row staged in shared memory (128 KiB)
+
+template <typename T>
+__global__ void ce_rows_smem(const T* __restrict__ logits, const int64_t* __restrict__ target, int C,
+                             float* __restrict__ smax, float* __restrict__ slog, float* __restrict__ rowloss) {
+  extern __shared__ float row[];
+  const int64_t r = blockIdx.x;
+  const T* xr = logits + r * C;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < C; j += blockDim.x) {
+    const float v = ld(xr, j);
+    row[j] = v;
+    m = NanMax()(m, v);
+  }
+  m = block_reduce(m, NanMax(), -INFINITY);
+  float s = 0.f;
+  for (int j = threadIdx.x; j < C; j += blockDim.x) s += expf(row[j] - m);
+  s = block_reduce(s, Sum(), 0.f);
+  if (threadIdx.x == 0) {
+    const float ls = logf(s);
+    smax[r] = m;
+    slog[r] = ls;
+    rowloss[r] = (m - row[target[r]]) + ls;
+  }
+}
+
+// dynamic shared memory above 48 KiB is opt-in: raise the limit once, on the first call
+template <typename T>
+static void raise_smem_limit_once() {
+  static const cudaError_t raised =
+      cudaFuncSetAttribute(ce_rows_smem<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(kSmemRow * sizeof(float)));
+  (void)raised;
+}
+
+__global__ void __launch_bounds__(1024) ce_mean(const float* __restrict__ rowloss, int64_t N, float* __restrict__ out) {
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) s += rowloss[i];
+  s = block_reduce(s, Sum(), 0.f);
+  if (threadIdx.x == 0) out[0] = s / (float)N;
+}
+
+template <typename T>
+__global__ void ce_bwd(const T* __restrict__ logits, const int64_t* __restrict__ target,
+                       const float* __restrict__ smax, const float* __restrict__ slog,
+                       const float* __restrict__ gout, T* __restrict__ grad, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x;
+  const float m = smax[row], ls = slog[row], scale = gout[0] / (float)N;
+  const int64_t t = target[row];
+  const T* xr = logits + row * C;
+  T* gr = grad + row * C;
+  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+    const float p = expf((ld(xr, j) - m) - ls);
+    st(gr, j, (p - (j == t ? 1.f : 0.f)) * scale);
+  }
+}
+
+static size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
+
+extern "C" size_t cross_entropy_forward_workspace(const cross_entropy_args* a) {
+  return round_up((size_t)a->N * sizeof(float));
+}
+
+template <typename T>
+static void launch_rows(const cross_entropy_args* a, float* rowloss, cudaStream_t stream) {
+  const T* x = (const T*)a->logits.data;
+  const int64_t* t = (const int64_t*)a->target.data;
+  float* m = (float*)a->saved_max.data;
+  float* ls = (float*)a->saved_logsum.data;
+  const int64_t N = a->N, C = a->C;
+  if (C <= kSmemRow) {
+    raise_smem_limit_once<T>();
+    ce_rows_smem<T><<<N, row_threads(C), (size_t)C * sizeof(float), stream>>>(x, t, (int)C, m, ls, rowloss);
+  } else {
+    ce_rows<T><<<N, row_threads(C), 0, stream>>>(x, t, C, m, ls, rowloss);
+  }
+}
+
+extern "C" cudaError_t cross_entropy_forward(const cross_entropy_args* a, cudaStream_t stream) {
+  const int64_t N = a->N, C = a->C;
+  if (N <= 0 || C <= 0) return cudaSuccess;
+  if ((size_t)a->workspace_bytes < (size_t)N * sizeof(float)) return cudaErrorInvalidValue;
+  float* rowloss = (float*)a->workspace;
+  DISPATCH(a->logits.dtype, launch_rows<T>(a, rowloss, stream));
+  ce_mean<<<1, 1024, 0, stream>>>(rowloss, N, (float*)a->out.data);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t cross_entropy_backward(const cross_entropy_bwd_args* a, cudaStream_t stream) {
+  const int64_t N = a->N, C = a->C;
+  if (N <= 0 || C <= 0) return cudaSuccess;
+  DISPATCH(a->logits.dtype,
+           ce_bwd<T><<<N, row_threads(C), 0, stream>>>((const T*)a->logits.data, (const int64_t*)a->target.data,
+                                                      (const float*)a->saved_max.data,
+                                                      (const float*)a->saved_logsum.data,
+                                                      (const float*)a->grad_out.data, (T*)a->grad_logits.data, N, C));
+  return cudaGetLastError();
+}
