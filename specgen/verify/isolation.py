@@ -530,8 +530,8 @@ class IsolatedRunner(RunnerBase):
         """Until the process says it is ready. `heartbeat(seconds)` every STARTUP_HEARTBEAT_S
         meanwhile: the start (Python, torch, a CUDA context, every module loaded eagerly) runs none
         of the candidate's code, so a start slowed by a busy machine must not look like a hung kernel
-        to the worker's watch for progress (measured: 13 verifications started side by side on the
-        H200 took over 60 s to start)."""
+        to the worker's watch for progress (on the H200, 7 of 13 verifications started side by side
+        sent no progress for 60 s before their first case, session 32)."""
         if self._ready:
             return
         started = time.monotonic()
