@@ -63,7 +63,8 @@ def serve(fd: int) -> int:
             return 0
         message, fds = received
         op = message["op"]
-        fp_before, fp_saved = fp_state(), fp_save()  # this thread's floating-point environment (fp_report)
+        fp_saved = fp_save()  # this thread's floating-point environment (fp_report)
+        fp_before = fp_state(fp_saved)
         try:
             if op == "arenas":
                 for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
@@ -312,13 +313,14 @@ def _probe() -> str:
     return " ".join([*(["DAZ"] if daz else []), *(["FTZ"] if ftz else []), rounding])
 
 
-def fp_state() -> dict:
+def fp_state(saved=None) -> dict:
     """The calling thread's floating-point environment, as comparable JSON: {"mxcsr", "x87"} on
-    x86-64, {"fpcr"} on aarch64 (control bits only), else {"probe": "DAZ FTZ nearest"}."""
+    x86-64, {"fpcr"} on aarch64 (control bits only), else {"probe": "DAZ FTZ nearest"}. `saved`: an
+    environment fp_save just took in this thread, read instead of taking another."""
     libm, layout = _libm()
     if libm is not None:
-        env = (ctypes.c_uint8 * FENV_BYTES)()
-        if libm.fegetenv(env) == 0:
+        env = saved if saved is not None else fp_save()
+        if env is not None:
             raw = bytes(env)
             if layout == "x86_64":
                 return {"mxcsr": int.from_bytes(raw[28:32], "little") & MXCSR_CONTROL,

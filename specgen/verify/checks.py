@@ -139,29 +139,23 @@ def check_close(data: CaseData, outputs: dict, *, reason: str = WRONG_RESULT, pr
 
 
 def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, stats: dict | None) -> None:
-    from .compare import CHUNK_ELEMENTS, element_tolerance, widening_rule
+    from .compare import widening_rule
 
     for slot in data.outputs:
         atol = data.atol[slot.name]
         got, truth, ref = outputs[slot.name], data.truth[slot.name], data.reference.get(slot.name)
         tolerance, rule = data.tolerance.get(slot.name), None  # kept: a tensor (small outputs) or the rule
         if tolerance is None and got.is_floating_point():
-            rule = tolerance = widening_rule(ref, truth)  # computed once: the check and the statistics share it
-            if got.numel() <= CHUNK_ELEMENTS:  # large ones apply the rule a slice at a time
-                tolerance = element_tolerance(got.dtype, truth, atol, data.rtol, ref, widen=rule)
+            rule, tolerance = _widened(data, got, truth, atol, ref)
             if data.keep_tolerance:
                 data.tolerance[slot.name] = tolerance
-        mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance,
-                           alternative=data.alternative.get(slot.name), nonfinite_any=data.nonfinite_any)
+        mismatch = _compared(data, slot.name, got, truth, atol, ref, tolerance)
         if mismatch is not None and got.is_floating_point() and data.lean:
             data.reference = working_reference_for_lean(data)  # the widening a lean case went without
             data.lean = False  # once: the working-dtype reference now stands where the truth stood
             ref = data.reference.get(slot.name)
-            rule = tolerance = widening_rule(ref, truth)
-            if got.numel() <= CHUNK_ELEMENTS:
-                tolerance = element_tolerance(got.dtype, truth, atol, data.rtol, ref, widen=rule)
-            mismatch = compare(got, truth, atol, data.rtol, reference=ref, tolerance=tolerance,
-                               alternative=data.alternative.get(slot.name), nonfinite_any=data.nonfinite_any)
+            rule, tolerance = _widened(data, got, truth, atol, ref)
+            mismatch = _compared(data, slot.name, got, truth, atol, ref, tolerance)
         cpu_widening = 0.0
         if mismatch is not None and got.is_floating_point():
             mismatch, cpu_widening = _with_the_cpu_reference(data, slot.name, got, truth, atol, tolerance, ref,
@@ -175,6 +169,23 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
                                   f"float64) beyond the tolerance: atol={atol:.3g} + rtol={data.rtol:.3g} x |truth| "
                                   f"(+ the working dtype's own rounding and the reference's own error at that "
                                   f"element)", counterexample(data, slot.name, mismatch))
+
+
+def _widened(data: CaseData, got, truth, atol: float, reference):
+    """(rule, tolerance) of an output: the widening rule the reference's own error gives, computed
+    once for the check and the statistics; a small output gets each element's tolerance, a large
+    one applies the rule a slice at a time."""
+    from .compare import CHUNK_ELEMENTS, element_tolerance, widening_rule
+
+    rule = widening_rule(reference, truth)
+    if got.numel() > CHUNK_ELEMENTS:
+        return rule, rule
+    return rule, element_tolerance(got.dtype, truth, atol, data.rtol, reference, widen=rule)
+
+
+def _compared(data: CaseData, name: str, got, truth, atol: float, reference, tolerance):
+    return compare(got, truth, atol, data.rtol, reference=reference, tolerance=tolerance,
+                   alternative=data.alternative.get(name), nonfinite_any=data.nonfinite_any)
 
 
 def _with_the_cpu_reference(data: CaseData, name: str, got, truth, atol: float, tolerance, ref, mismatch):

@@ -320,26 +320,21 @@ def cast_floating(args: dict[str, object], dtype: str) -> dict[str, object]:
 
 def _forward_truth(spec, names: list[str], scalars: dict, dims: dict, dtype: str, outputs: list[str],
                    lean: bool = False):
+    def evaluated(args: dict, in_dtype: str) -> dict:  # the reference's outputs and the saved values' definitions
+        return {**dict(zip(outputs, run_reference_checked(spec, args, dims, in_dtype))),
+                **evaluate_saved(spec, args, in_dtype)}
+
     def derive(inputs: dict, working_only: bool = False) -> tuple[dict, dict]:
-        tensors = {name: inputs[name] for name in names}  # by name: the staged views, not the drawn copies
+        # by name: the staged views, not the drawn copies
+        args = {**{name: inputs[name] for name in names}, **scalars}
         if working_only:  # a lean case's reference, asked for when its check failed
-            args = {**tensors, **scalars}
-            working = {**dict(zip(outputs, run_reference_checked(spec, args, dims, dtype))),
-                       **evaluate_saved(spec, args, dtype)}
-            return {}, working
+            return {}, evaluated(args, dtype)
         if lean:  # the truth alone, standing for the reference too (no widening)
             exact_dtype = truth_dtype(dtype, lean)
-            args = cast_floating({**tensors, **scalars}, exact_dtype)
-            truth = {**dict(zip(outputs, run_reference_checked(spec, args, dims, exact_dtype))),
-                     **evaluate_saved(spec, args, exact_dtype)}
+            truth = evaluated(cast_floating(args, exact_dtype), exact_dtype)
             return truth, truth
-        working = run_reference_checked(spec, {**tensors, **scalars}, dims, dtype)
-        exact = run_reference_checked(spec, upcast({**tensors, **scalars}), dims, "float64")
-        # saved values: their definitions, in float64 for the truth (as the outputs' truth) and in the
-        # working dtype for the widening
-        exact_saved = evaluate_saved(spec, upcast({**tensors, **scalars}), "float64")
-        working_saved = evaluate_saved(spec, {**tensors, **scalars}, dtype)
-        return {**dict(zip(outputs, exact)), **exact_saved}, {**dict(zip(outputs, working)), **working_saved}
+        reference = evaluated(args, dtype)  # the widening, then the truth in float64
+        return evaluated(upcast(args), "float64"), reference
     return derive
 
 

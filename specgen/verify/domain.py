@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecError
-from ..inputs import DISTRIBUTIONS, FALLBACKS, identity_inputs, make_inputs, upcast
+from ..inputs import DISTRIBUTIONS, FALLBACKS, as_tuple, identity_inputs, make_inputs, upcast
 
 SCREEN_SIZES = (37, 2, 1)  # every dim near each: a few rows of an odd width, then the smallest rows
 SCREEN_SEEDS = (4242, 4243, 4244)  # outliers' signs and places differ from draw to draw
@@ -154,7 +154,7 @@ def _overflow(spec, where: list[tuple[dict, int]], dtype: str, cls: str) -> str 
             wide = run_reference_checked(spec, upcast(args), dims, "float64")
         except SpecError as error:
             return str(error).splitlines()[0]
-        pairs = list(zip(_as_list(low), _as_list(wide)))
+        pairs = list(zip(as_tuple(low), as_tuple(wide)))
         if spec.backward == "kernel":
             pairs += zip(_gradients(spec, args), _gradients(spec, upcast(args)))
         for got, truth in pairs:
@@ -171,10 +171,6 @@ def _gradients(spec, args: dict) -> list:
 
     wrt = [p.name for p in spec.signature.inputs if p.type.differentiable and isinstance(args.get(p.name), torch.Tensor)]
     return reference_gradients(spec, args, wrt, lambda o, out: torch.ones_like(out))
-
-
-def _as_list(result) -> list:
-    return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 def refuses(spec, args: dict, dims: dict, dtype: str) -> str | None:

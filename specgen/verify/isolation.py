@@ -202,7 +202,8 @@ def fp_watched(method):
     def watched(self, *args, **kw):
         from .candidate_main import fp_report, fp_save, fp_state
 
-        before, saved = fp_state(), fp_save()
+        saved = fp_save()
+        before = fp_state(saved)
         try:
             result = method(self, *args, **kw)
         except BaseException:
