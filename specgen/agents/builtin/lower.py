@@ -441,6 +441,11 @@ class Lowering:
                 return Val(const(0.0), out_shape)
             return Val(node, out_shape)
         last = len(shape) - 1
+        if kind == "sum" and node.level == "elem" and last in dims and len(dims) > 1 \
+                and self.is_row_shape(shape[:-1]):
+            # a sum over the columns and some rows: the row sums first, then over the rows
+            per_row = self.reduce(kind, val, [last], fx_node)
+            return self.reduce(kind, per_row, [d for d in dims if d != last], fx_node)
         if node.level in ("const", "global") and kind in ("sum",):
             count = self.count(shape, dims, fx_node)
             return Val(self.pointwise("mul", [node, count], fx_node), out_shape)
