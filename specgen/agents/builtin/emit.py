@@ -17,6 +17,7 @@ from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
 from .cwriter import UNIT, CWriter
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
+from .emit_pretotal import PretotalEmitter
 from .ir import Node, Program, Store, reciprocal_is_normal
 from .ops import OPS
 from .optimize import mark_fused_pairs
@@ -81,8 +82,8 @@ def div_per_row(x: str, d: str, guarded: bool = True) -> str:
             f"? (acc_t)({x}) * {r} : (acc_t)({x}) / (acc_t)({d}))")
 
 
-class DirectionEmitter(HostEmitter, FinalizeEmitter):
-    """One direction of a spec: its row kernel here, the finalize and host code in the mixins."""
+class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
+    """One direction of a spec: its row kernel here, the finalize, host and prologue code in the mixins."""
 
     def __init__(self, spec, program: Program, direction: str, variant: Variant = DEFAULT_VARIANT):
         self.spec = spec
@@ -150,6 +151,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
             return dim_expr(a["dim"])
         if op == "iota":
             return "j"
+        if op == "pretotal":
+            return self.pretotal_expr(node)
         if op == "load" and a["kind"] == "global":
             return f"(acc_t)sg::to_acc(*(const {self.ctype_of(a['field'])}*)A.{a['field']}.data)"
         if op == "load" and a["kind"] == "row":
@@ -199,7 +202,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
     def closure(self, roots: list[Node], level: str) -> list[Node]:
         """Nodes of `level` needed by `roots`, in topo order. Reductions are boundaries:
         their results are values of the enclosing scope, not recomputed."""
-        boundary = ("rowreduce", "gather", "colreduce", "globalreduce")
+        boundary = ("rowreduce", "gather", "colreduce", "globalreduce", "pretotal")
         want: set[int] = set()
         stack = list(roots)
         while stack:
@@ -467,6 +470,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter):
         if variant.moments and self.has_moments():
             w.line("__shared__ acc_t moments_smem[99];  // (count, sum, squared deviations) per warp")
         w.line("(void)red_smem; (void)partials;")
+        w.lines(self.pretotal_view())
         w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
         w.line("// CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
         w.line("constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;")
@@ -768,6 +772,7 @@ def emit_source(spec, programs: dict[str, Program], variant: Variant = DEFAULT_V
         parts.append(PRELUDE_MOMENTS)
     for direction, em in emitters.items():
         parts.append(f"// ======================= {direction} =======================")
+        parts.append(em.emit_pretotals())
         parts.append(em.emit_row_kernel())
         parts.append(em.emit_finalize())
         parts.append(em.emit_host(list(spec.dtypes)))

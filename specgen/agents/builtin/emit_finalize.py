@@ -37,6 +37,7 @@ class FinalizeEmitter:
         with w.block():
             w.line("using acc_t = typename sg::Acc<T>::type;")
             w.line("__shared__ double tree[256];")
+            w.lines(self.pretotal_view())
             w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
             ctx = Ctx()
             for i, g in enumerate(self.globalreduces):
@@ -77,6 +78,7 @@ class FinalizeEmitter:
         kernel's tail, `partials == nullptr`; schedule.few_finalized_in_cluster): the block form, and
         reductions over all rows only (no column reductions)."""
         return (variant.few_fin == "cluster" and bool(self.globalreduces) and not self.colreduces
+                and not self.pretotal_nodes()
                 and self.few_allowed(variant) and self.few_block_form(variant))
 
     def write_cluster_finalize(self, w: CWriter, ctx: Ctx) -> None:
@@ -140,6 +142,7 @@ class FinalizeEmitter:
             w.line("using acc_t = typename sg::Acc<T>::type;")
             w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
             w.line("const int64_t per_group = cslots / groups;")
+            w.lines(self.pretotal_view())
             with w.block("for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < groups * W; "
                          "idx += (int64_t)gridDim.x * blockDim.x)"):
                 w.line("const int64_t g = idx / W, j = idx % W;")
@@ -164,6 +167,7 @@ class FinalizeEmitter:
             w.line("using acc_t = typename sg::Acc<T>::type;")
             w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
             w.line("const int64_t per_group = cslots / groups;")
+            w.lines(self.pretotal_view())
             w.line(f"__shared__ double fin[{len(self.colreduces)}][8][32];")
             w.line("const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);")
             w.line("const int64_t j = (int64_t)blockIdx.x * 32 + lane;")

@@ -178,7 +178,7 @@ class HostEmitter:
         """The launcher `<kname>_launch<T>`, the extern "C" entry point, and the size function
         when the launch needs a workspace."""
         w = CWriter()
-        has_workspace = bool(self.colreduces or self.globalreduces)
+        has_workspace = bool(self.colreduces or self.globalreduces or self.pretotal_nodes())
         w.line("template <typename T>")
         w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
                f"cudaStream_t stream{launch_need_param(has_workspace)})")
@@ -366,7 +366,15 @@ class HostEmitter:
             w.line(f"// few rows of a loss ({FEW_FIN_ROWS} at most, a block each): the grid runs as one cluster whose")
             w.line("// first block sums the partials and writes the result: no finalize launch, no workspace")
             w.line(f"const bool fin_cluster = few && groups == 1 && gx <= {FEW_FIN_ROWS} && sg::clusters_ok<{first}>();")
-        if ncol or nglob:
+        npre = len(self.pretotal_nodes())
+        if npre:  # never with fin_cluster (finalizes_in_cluster): the kernels find sg_pre before partials
+            w.line("// the prologue's sums over all rows (doubles), then the reductions' per-slot partials")
+            w.line(f"const size_t partial_bytes = sizeof(double) * {npre} + sizeof(float) * ((size_t)cslots * "
+                   f"{ncol} * (size_t)W + (size_t)slots * {nglob});")
+            w.lines(take_workspace("partial_bytes"))
+            w.line("double* pre = (double*)A.workspace;")
+            w.line(f"float* partials = (float*)(pre + {npre});")
+        elif ncol or nglob:
             w.line("// per-slot partials of the reductions over rows, summed in slot order by the finalize")
             none = "fin_cluster ? (size_t)0 : " if fin_cluster else ""
             w.line(f"const size_t partial_bytes = {none}sizeof(float) * ((size_t)cslots * {ncol} * (size_t)W "
@@ -410,6 +418,7 @@ class HostEmitter:
                                         "} while (0)")
         elif self.few_pair_own(variant):  # few-row blocks: their own instantiation (their own (max, sum) form)
             macros["SG_LAUNCH_FEWB"] = f"(V, P, I) {kernel}<<<grid, block, 0, stream>>>(args, partials, rows_per_group)"
+        self.write_pretotal_launch(w)
         self.write_with_macros(w, "SG_LAUNCH", macros)
         if ncol and any(s.kind == "col" for s in self.p.stores):
             w.line(self.finalize_cols_launch())

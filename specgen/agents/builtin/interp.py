@@ -127,6 +127,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             return interp_scan(node, args[0], rows, width, dims)
         if op == "globalreduce":
             return args[0].expand(rows, 1).sum()
+        if op == "pretotal":  # the prologue kernel sums in double, read back in the math type
+            return args[0].expand(rows, 1).double().sum().to(acc if node.dtype == "float" else torch.float64)
         if family_ops and op in family_ops:
             return family_ops[op](node, args)
         raise AssertionError(f"interp: unknown op {op}")

@@ -13,7 +13,9 @@ col: a [W] parameter broadcast over rows, row: one element per row, global: a 0-
 row (sum, max, min over the columns); `gather` picks an elem expression at a per-row
 column; `colreduce` sums elem values over the rows of a group (weight grads: one group of
 all rows; rope's cos grad: groups of H rows) and `globalreduce` sums row values over all
-rows; both feed `post` values only, evaluated by a finalize kernel.
+rows; both feed `post` values only, evaluated by a finalize kernel. A `pretotal` is a
+`globalreduce` of row values known before the row pass (row loads only: a mask's count), one
+global value that per-element outputs may read (pretotal.py; a prologue kernel sums it).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..base import AgentRefused
-from . import ir, scalar_constants
+from . import ir, pretotal, scalar_constants
 from .ir import Node, Program, Store, const, is_const, level_of
 from .families import broadcast, scan
 from .modules import Uninit, constant_value, lower_copy
@@ -113,6 +113,7 @@ class Lowering:
         self.width: int | None = None
         self.group_div: list | None = None
         self.env: dict = {}
+        self.pretotals: dict[int, Node] = {}  # sums over rows hoisted before the row pass (pretotal.py)
 
     # ---------------------------------------------------------------- errors
     def refuse(self, fx_node, what: str) -> AgentRefused:
@@ -441,9 +442,9 @@ class Lowering:
                 return Val(const(0.0), out_shape)
             return Val(node, out_shape)
         last = len(shape) - 1
-        if kind == "sum" and node.level == "elem" and last in dims and len(dims) > 1 \
+        if kind == "sum" and node.level == "elem" and dims == list(range(len(shape))) and len(dims) > 1 \
                 and self.is_row_shape(shape[:-1]):
-            # a sum over the columns and some rows: the row sums first, then over the rows
+            # a sum over every axis at once: the row sums first, then their sum over the rows
             per_row = self.reduce(kind, val, [last], fx_node)
             return self.reduce(kind, per_row, [d for d in dims if d != last], fx_node)
         if node.level in ("const", "global") and kind in ("sum",):
@@ -845,7 +846,7 @@ class Lowering:
             return [Store(field, node, "global")]
         shape = self.fold_shape(tuple(d.resolve(self.t.dims) for d in ttype.dims), fx_node)
         if self.is_row_shape(shape):
-            node = pieces[0][1].node
+            node = self.before_the_rows(pieces[0][1].node, field, fx_node)
             if node.level == "elem":
                 raise self.refuse(fx_node, f"output {field} is per row but its value is per element")
             return [Store(field, node, "row")]
@@ -864,8 +865,7 @@ class Lowering:
                 self.set_width(piece_width, fx_node)
             off = None if offset is None or is_const(offset, 0) else offset
             if div is None:
-                if node.level == "post":
-                    raise self.refuse(fx_node, f"output {field} mixes a reduction over rows into per-row values")
+                node = self.before_the_rows(node, field, fx_node)
                 stores.append(Store(field, node, "elem", off))
             else:
                 if node.level != "post" and node.level != "const":
@@ -876,6 +876,18 @@ class Lowering:
                     self.group_div = div
                 stores.append(Store(field, node, "col", off))
         return stores
+
+
+    def before_the_rows(self, node: Node, field: str, fx_node) -> Node:
+        """A per-row or per-element output's value with its sums over rows computed before the
+        row pass (pretotal.py), or a refusal when one of them needs the row pass itself."""
+        if node.level != "post":
+            return node
+        try:
+            return pretotal.hoist(node, self.pretotals)
+        except pretotal.NotBeforehand as why:
+            raise self.refuse(fx_node, f"output {field} mixes a reduction over rows into per-row values "
+                                       f"(the sum reads {why}, known only after the row pass)") from None
 
 
 def _contiguous_strides(shape):

@@ -3,15 +3,16 @@ a pass that breaks one is a generator bug, stopped here with the pass and the no
 any C is written for it. The rules are ir.py's docstring made executable."""
 from __future__ import annotations
 
+from . import pretotal
 from .ir import LEVEL_RANK, LEVELS, REDUCE_KINDS, Node, Program, level_of
 from .ops import OPS
 
 LEAVES = {"load", "scalar", "dim", "stride", "const", "iota"}
 ARITY = {**{name: op.arity for name, op in OPS.items()}, "scan": 1, "gather": 2, "rowreduce": 1, "colreduce": 1,
-         "globalreduce": 1}
+         "globalreduce": 1, "pretotal": 1}
 # reductions and the gather: (the level of their first argument, their own level)
 CHANGES_LEVEL = {"rowreduce": ("elem", "row"), "gather": ("elem", "row"), "colreduce": ("elem", "post"),
-                 "globalreduce": ("row", "post")}
+                 "globalreduce": ("row", "post"), "pretotal": ("row", "global")}
 STORE_LIMIT = {"elem": "elem", "row": "row", "col": "post", "global": "post"}  # the highest level a store takes
 DTYPES = {"float", "int", "bool"}
 
@@ -46,6 +47,8 @@ def validate(program: Program, after: str) -> Program:
                 fail(f"{node.op} goes from {source} values to a {own} value", node)
             if node.op == "gather" and LEVEL_RANK[node.args[1].level] > LEVEL_RANK["row"]:
                 fail("a gather's column index is one value per row", node)
+            if node.op == "pretotal" and pretotal.knowable_beforehand(node.args[0]) is not None:
+                fail("a sum over rows computed before the row pass reads the row pass", node)
             if node.op == "rowreduce" and node.attrs.get("kind") not in REDUCE_KINDS:
                 fail(f"rowreduce kind {node.attrs.get('kind')!r}", node)
         elif node.level != level_of(*node.args):

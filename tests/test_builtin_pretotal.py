@@ -1,0 +1,186 @@
+"""Sums over all rows that per-element values need, computed before the row pass (pretotal.py):
+the NLL loss with ignore_index (every LM's loss with padding) and a masked mean divide each
+element's gradient by the count of kept rows. The row lowering hoists that count into a
+`pretotal` (one value for the launch, summed by a one-block prologue kernel); a sum that reads
+the row pass itself stays refused by the row lowering, with its reason."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from builtin_support import check_backward, check_forward, own_spec
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.generator import lower_spec
+from specgen.agents.builtin.interp import run_program
+from specgen.agents.builtin.ir import Node, Program, Store, const
+from specgen.agents.builtin.lower import lower
+from specgen.agents.builtin.trace import trace
+from specgen.agents.builtin.validate import IRError, validate
+from specgen.inputs import make_inputs
+from specgen.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent
+NLL = REPO / "benchmarks" / "level1" / "specs" / "nll_log_softmax_ignore_pad_loss.yaml"
+CASES = {
+    "nll": [{"N": 7, "C": 11}, {"N": 1, "C": 3}, {"N": 5, "C": 1}, {"N": 33, "C": 17}],
+    "masked_token_mean": [{"B": 2, "T": 3, "H": 5}, {"B": 1, "T": 1, "H": 1}, {"B": 3, "T": 4, "H": 9}],
+}
+
+
+def _spec(name):
+    return load_spec(NLL) if name == "nll" else own_spec(name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_backward_reads_one_pretotal_of_row_values(name):
+    program = lower_spec(_spec(name))["backward"]
+    nodes = program.nodes()
+    totals = [n for n in nodes if n.op == "pretotal"]
+    assert len(totals) == 1
+    (total,) = totals
+    assert total.level == "global" and total.args[0].level == "row"
+    assert not any(n.level == "post" for n in nodes)  # nothing is left for a finalize
+    assert [s.kind for s in program.stores] == ["elem"] * len(program.stores)
+
+
+@pytest.mark.parametrize("name, dims", [(n, d) for n, ds in CASES.items() for d in ds])
+def test_forward_and_backward_match_the_reference_in_float64(name, dims):
+    spec = _spec(name)
+    for seed in range(3):
+        check_forward(spec, dims, seed=seed)
+        check_backward(spec, dims, seed=seed)
+
+
+def _nll_backward(targets: torch.Tensor, logits: torch.Tensor, grad: float):
+    spec = load_spec(NLL)
+    leaf = logits.clone().requires_grad_()
+    loss = spec.reference_fn()(leaf, targets)
+    (want,) = torch.autograd.grad(loss, [leaf], torch.tensor(grad, dtype=loss.dtype))
+    outs = {"grad_logits": torch.full(logits.shape, float("nan"), dtype=torch.float64)}
+    tensors = {"logits": logits, "target": targets, "out": loss.detach(),
+               "grad_out": torch.tensor(grad, dtype=torch.float64)}
+    dims = {"N": logits.shape[0], "C": logits.shape[1]}
+    run_program(lower_spec(spec)["backward"], tensors, {}, dims, outs)
+    return loss, outs["grad_logits"], want
+
+
+def test_rows_all_ignored_give_zero_gradients_and_a_nan_loss():
+    """No kept row: the count is 0, the loss NaN (torch's), and every ignored row's gradient 0
+    (not 0 * inf): the division by the count sits behind the row's keep test."""
+    logits = torch.randn(6, 5, dtype=torch.float64)
+    loss, got, want = _nll_backward(torch.full((6,), -1, dtype=torch.int64), logits, 1.5)
+    assert torch.isnan(loss)
+    assert torch.equal(got, torch.zeros_like(got)) and torch.equal(want, torch.zeros_like(want))
+
+
+def test_one_kept_row_among_padding_takes_the_whole_gradient():
+    logits = torch.randn(4, 7, dtype=torch.float64)
+    targets = torch.tensor([-1, 3, -1, -1])
+    _, got, want = _nll_backward(targets, logits, 2.0)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert got[[0, 2, 3]].abs().max() == 0 and got[1].abs().max() > 0
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 2e-5), ("bfloat16", 2e-2)])
+def test_the_masked_mean_backward_in_the_specs_dtypes(dtype, tol):
+    spec = own_spec("masked_token_mean")
+    dims = {"B": 3, "T": 5, "H": 33}
+    args = make_inputs(spec.signature, dims, dtype, seed=9)
+    leaves = {k: v.clone().requires_grad_() if v.is_floating_point() else v for k, v in args.items()}
+    loss = spec.reference_fn()(**leaves)
+    want = torch.autograd.grad(loss, [leaves["x"], leaves["y"]], torch.tensor(0.75))
+    outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in ("x", "y")}
+    tensors = dict(args) | {"out": loss.detach(), "grad_out": torch.tensor(0.75)}
+    run_program(lower_spec(spec)["backward"], tensors, {}, dims, outs, acc=torch.float32)
+    for n, w in zip(("x", "y"), want):
+        torch.testing.assert_close(outs[f"grad_{n}"], w.double(), rtol=tol, atol=tol)
+
+
+def test_a_sum_over_rows_that_reads_the_row_pass_is_refused_by_the_row_lowering():
+    """x / x.sum(): the total is of the rows' own sums (a reduction over each row's columns),
+    known only after the row pass. The row lowering refuses it with that reason (the axis
+    family takes this op in two phases: generator.lower_spec falls back to it)."""
+    spec = own_spec("share_of_total")
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(spec, "forward"))
+    message = str(info.value)
+    assert "share_of_total.yaml:" in message and "known only after the row pass" in message
+    assert "rowreduce" in message
+
+
+def test_validation_rejects_a_pretotal_of_values_of_the_row_pass():
+    x = Node("load", level="elem", attrs={"field": "x", "kind": "row_mapped", "row_div": []}, name="x")
+    row_sum = Node("rowreduce", (x,), level="row", attrs={"kind": "sum"})
+    total = Node("pretotal", (row_sum,), level="global", attrs={"kind": "sum"})
+    program = Program("p", "forward", [], const(1), 1, [Store("out", Node("mul", (x, total), level="elem"), "elem")])
+    with pytest.raises(IRError, match="reads the row pass"):
+        validate(program, "a test")
+
+
+def test_the_launcher_runs_the_prologue_first_and_its_workspace_holds_the_sums():
+    from specgen.agents.builtin.emit import DirectionEmitter
+
+    spec = load_spec(NLL)
+    em = DirectionEmitter(spec, lower_spec(spec)["backward"], "backward")
+    host = em.emit_host(list(spec.dtypes))
+    prologue = host.index(f"{em.kname}_pretotals<T><<<1, 1024")
+    assert prologue < host.index("#define SG_LAUNCH(")  # the row kernel reads what the prologue wrote
+    assert "sizeof(double) * 1 + " in host and "float* partials = (float*)(pre + 1);" in host
+    assert not em.finalizes_in_cluster(em.variant) and "fin_cluster" not in host
+    assert "reinterpret_cast<const double*>(partials) - 1" in em.emit_row_kernel()
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_sources_compile(name):
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = _spec(name)
+    compile_source(spec, build_source(spec), arch="sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_kernels_verify_on_the_gpu(name):
+    from specgen.verify import verify_kernel
+
+    spec = _spec(name)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_nll_backward_is_bit_reproducible_and_matches_on_the_gpu():
+    from specgen import abi
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(NLL)
+    compiled = compile_source(spec, build_source(spec))
+    lib = ctypes.CDLL(str(compiled.library))
+    fn = getattr(lib, abi.entry_point(spec, "backward"))
+    size = getattr(lib, abi.workspace_function(spec, "backward"))
+    size.restype = ctypes.c_size_t
+    dims = {"N": 4099, "C": 1031}
+    args = make_inputs(spec.signature, dims, "float32", seed=0, device="cuda")
+    args["target"][::3] = -100
+    leaf = args["logits"].clone().requires_grad_()
+    loss = spec.reference_fn()(leaf, args["target"])
+    (want,) = torch.autograd.grad(loss, [leaf])
+    results = []
+    for _ in range(3):
+        got = torch.full_like(args["logits"], float("nan"))
+        struct = abi.pack_args(spec, "backward", {**args, "out": loss.detach(), "grad_out": torch.ones_like(loss),
+                                                  "grad_logits": got}, {}, dims)
+        workspace = torch.full((size(ctypes.byref(struct)),), 255, dtype=torch.uint8, device="cuda")
+        abi.set_workspace(struct, workspace)
+        assert fn(ctypes.byref(struct), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)) == 0
+        torch.cuda.synchronize()
+        results.append(got)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+    torch.testing.assert_close(results[0], want, rtol=1e-4, atol=1e-6)
