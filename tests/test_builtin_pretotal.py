@@ -28,6 +28,8 @@ NLL = REPO / "benchmarks" / "level1" / "specs" / "nll_log_softmax_ignore_pad_los
 CASES = {
     "nll": [{"N": 7, "C": 11}, {"N": 1, "C": 3}, {"N": 5, "C": 1}, {"N": 33, "C": 17}],
     "masked_token_mean": [{"B": 2, "T": 3, "H": 5}, {"B": 1, "T": 1, "H": 1}, {"B": 3, "T": 4, "H": 9}],
+    "ce_smooth_ignore": [{"N": 7, "C": 11}, {"N": 1, "C": 3}, {"N": 5, "C": 1}],
+    "weighted_row_mse": [{"N": 7, "D": 11}, {"N": 1, "D": 1}, {"N": 4, "D": 65}],
 }
 
 
@@ -101,15 +103,14 @@ def test_the_masked_mean_backward_in_the_specs_dtypes(dtype, tol):
 
 
 def test_a_sum_over_rows_that_reads_the_row_pass_is_refused_by_the_row_lowering():
-    """x / x.sum(): the total is of the rows' own sums (a reduction over each row's columns),
-    known only after the row pass. The row lowering refuses it with that reason (the axis
-    family takes this op in two phases: generator.lower_spec falls back to it)."""
-    spec = own_spec("share_of_total")
+    """x / logsumexp(x, -1).sum(): the total is of the rows' own reductions, known only after the
+    row pass. The row lowering refuses it with that reason."""
+    spec = own_spec("over_total_lse")
     with pytest.raises(AgentRefused) as info:
         lower(trace(spec, "forward"))
     message = str(info.value)
-    assert "share_of_total.yaml:" in message and "known only after the row pass" in message
-    assert "rowreduce" in message
+    assert "over_total_lse.yaml:" in message and "known only after the row pass" in message
+    assert "a sum over rows of a rowreduce value" in message
 
 
 def test_validation_rejects_a_pretotal_of_values_of_the_row_pass():
@@ -184,3 +185,22 @@ def test_the_nll_backward_is_bit_reproducible_and_matches_on_the_gpu():
         results.append(got)
     assert all(torch.equal(results[0], r) for r in results[1:])
     torch.testing.assert_close(results[0], want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_sum_over_rows_per_column_inside_row_values_is_refused_with_its_reason(tmp_path):
+    """(x * w).sum(2) + w.sum(1), w [C, H]: w.sum(1) is a sum over the rows of each column here,
+    not known before the row pass: refused, and the message says which sum."""
+    path = tmp_path / "colsum.yaml"
+    path.write_text(
+        "name: colsum\n"
+        "description: a row value plus a sum of a parameter\n"
+        'signature: "colsum(x: Tensor[B, C, H], w: Tensor[C, H]) -> Tensor[B, C]"\n'
+        "dtypes: [float32]\n"
+        "dims: {B: [1, 8], C: [1, 64], H: [1, 64]}\n"
+        "reference: |\n"
+        "  def reference(x, w):\n"
+        "      return (x * w).sum(2) + w.sum(1)\n")
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(load_spec(path), "forward"))
+    assert "colsum.yaml:7" in str(info.value)
+    assert "a sum over rows per column, known only after the row pass" in str(info.value)

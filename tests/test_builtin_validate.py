@@ -108,25 +108,35 @@ def test_the_fused_patterns_are_matched_by_a_pass_and_read_by_the_emitter():
     assert not any("online_max" in n.attrs or "moments_of" in n.attrs for n in reductions("rmsnorm"))
 
 
-def test_a_program_that_fails_its_invariants_is_a_refusal_not_a_crash(tmp_path):
-    """(x * w).sum(2) + w.sum(1), w [C, H]: the row lowering built a row store from a total
-    over rows; the user gets the spec's refusal with the reason, never a kernel (session 21 review)."""
+def test_a_program_that_fails_its_invariants_is_a_refusal_not_a_crash(tmp_path, monkeypatch):
+    """A lowering bug that builds an elem store from a total over rows (what session 21's review
+    found): the user gets the spec's refusal with the reason, never a kernel."""
     import pytest
 
     from specgen.agents.base import AgentRefused
-    from specgen.agents.builtin.generator import build_source
+    from specgen.agents.builtin import generator
+    from specgen.agents.builtin.ir import Node, Program, Store, const
     from specgen.spec import load_spec
+
+    def broken_lowering(traced):
+        x = Node("load", level="elem", attrs={"field": "x", "kind": "elem", "row_div": []}, name="x")
+        total = Node("globalreduce", (Node("rowreduce", (x,), level="row", attrs={"kind": "sum"}),), level="post",
+                     attrs={"kind": "sum"})
+        return Program(traced.spec.name, traced.direction, [], const(1), 1,
+                       [Store("out", Node("mul", (x, total), level="post"), "elem")])
 
     path = tmp_path / "irerr.yaml"
     path.write_text(
         "name: irerr\n"
-        "description: a row value plus a sum of a parameter\n"
-        'signature: "irerr(x: Tensor[B, C, H], w: Tensor[C, H]) -> Tensor[B, C]"\n'
+        "description: a row value times a total\n"
+        'signature: "irerr(x: Tensor[B, H]) -> Tensor[B, H]"\n'
         "dtypes: [float32]\n"
-        "dims: {B: [1, 8], C: [1, 64], H: [1, 64]}\n"
+        "dims: {B: [1, 8], H: [1, 64]}\n"
         "reference: |\n"
-        "  def reference(x, w):\n"
-        "      return (x * w).sum(2) + w.sum(1)\n")
+        "  def reference(x):\n"
+        "      return x * 2\n")
+    monkeypatch.setattr(generator, "lower", broken_lowering)
+    monkeypatch.setattr(generator, "lower_family", lambda spec, refusal: (_ for _ in ()).throw(refusal))
     with pytest.raises(AgentRefused) as info:
-        build_source(load_spec(path))
+        generator.build_source(load_spec(path))
     assert "irerr.yaml" in str(info.value) and "internal check" in str(info.value)

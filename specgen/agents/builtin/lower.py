@@ -168,10 +168,49 @@ class Lowering:
                 return []  # a tensor spanning part of the run ([W] of [B, H, W])
         return fold
 
-    def fold_shape(self, shape, fx_node=None) -> tuple[int, ...]:
-        """An example shape in the folded space: the trailing run of folded axes (or k size-1
-        axes after a keepdim reduction) becomes one axis."""
+    def merged_rows(self, shape) -> int:
+        """How many leading row dims the first axis of `shape` merges (a view such as
+        logits.view(-1, V) of [B, T, V]: 2), or 1 when it merges none. Only a prefix of the row
+        dims, and only a size that is no signature dim's (trace.py's example sizes are distinct)."""
+        if len(self.rows) < 2 or not shape or shape[0] in self.size_dims:
+            return 1
+        for j in range(len(self.rows), 1, -1):
+            if math.prod(self.rows[:j]) == shape[0]:
+                return j
+        return 1
+
+    def unmerged(self, shape) -> tuple[int, ...]:
         shape = tuple(shape)
+        k = self.merged_rows(shape)
+        return self.rows[:k] + shape[1:] if k > 1 else shape
+
+    def canonical_axes(self, dims, raw_shape, fx_node) -> list[int]:
+        """Axes of a value of raw shape `raw_shape` in the lowering's space: a merged first axis
+        is its row dims again, then the folded trailing run is one axis (fold_axes)."""
+        r = len(raw_shape)
+        k = self.merged_rows(raw_shape)
+        dims = sorted({int(d) % r for d in dims}) if r else [int(d) for d in dims]
+        if k > 1:
+            dims = sorted({a for d in dims for a in (range(k) if d == 0 else (d + k - 1,))})
+        return self.fold_axes(dims, self.unmerged(raw_shape), fx_node)
+
+    def is_last_axis(self, dim: int, src, shape) -> bool:
+        """Is `dim` the last axis of `src` (an fx value: in its raw shape; else of `shape`)."""
+        raw = _shape(src) if isinstance(src, torch.fx.Node) and hasattr(src.meta.get("val"), "shape") else shape
+        return bool(raw) and dim % len(raw) == len(raw) - 1
+
+    def unmergeable(self, fx_node, what: str) -> None:
+        shapes = [_shape(a) for a in fx_node.all_input_nodes if hasattr(a.meta.get("val"), "shape")]
+        if hasattr(fx_node.meta.get("val"), "shape"):
+            shapes.append(_shape(fx_node))
+        if any(self.merged_rows(shape) > 1 for shape in shapes):
+            raise self.refuse(fx_node, f"{what} of rows merged by a view")
+
+    def fold_shape(self, shape, fx_node=None) -> tuple[int, ...]:
+        """An example shape in the folded space: a first axis that merges row dims is those dims
+        (merged_rows); the trailing run of folded axes (or k size-1 axes after a keepdim
+        reduction) becomes one axis."""
+        shape = self.unmerged(shape)
         if not self.fold_sizes:
             return shape
         k = len(self.fold_sizes)
@@ -213,11 +252,20 @@ class Lowering:
         return out
 
     def bdims(self, fx_node) -> list[int]:
-        """broadcast_in_dim's dims in the folded space."""
+        """broadcast_in_dim's dims in the folded space (and a merged first axis unmerged)."""
         bdims = list(fx_node.args[2])
+        src = fx_node.args[0]
+        raw = _shape(fx_node)
+        k_in = self.merged_rows(_shape(src)) if isinstance(src, torch.fx.Node) else 1
+        k_out = self.merged_rows(raw)
+        if k_in > 1 or k_out > 1:
+            if k_in > 1 and (not bdims or bdims[0] != 0 or k_out != k_in):
+                raise self.refuse(fx_node, "a broadcast that moves rows merged by a view")
+            mapped = list(range(k_in)) if k_in > 1 else []
+            mapped += [d + k_out - 1 if d > 0 else d for d in bdims[1 if k_in > 1 else 0:]]
+            bdims, raw = mapped, self.unmerged(raw)
         if not self.fold_sizes:
             return bdims
-        raw = _shape(fx_node)
         if not self.folds(raw):
             return bdims
         start = len(raw) - len(self.fold_sizes)
@@ -229,6 +277,7 @@ class Lowering:
         return out
 
     def unfoldable(self, fx_node, what: str) -> None:
+        self.unmergeable(fx_node, what)
         if self.fold_sizes:
             raise self.refuse(fx_node, f"{what} in a program that folds the trailing axes "
                                        f"{[str(d) for d in self.fold_dims]} into one row")
@@ -249,7 +298,22 @@ class Lowering:
             return Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{size}")
         if size in (0, 1):
             return const(size)
+        run = self.row_dims_run(size)
+        if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]): their product
+            node = None
+            for d in run:
+                dn = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
+                node = dn if node is None else Node("mul", (node, dn), level="global", dtype="int", name="rows_merged")
+            return node
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
+
+    def row_dims_run(self, size: int) -> list | None:
+        """The consecutive row dims whose example sizes multiply to `size` (two or more), or None."""
+        for i in range(len(self.rows)):
+            for j in range(i + 2, len(self.rows) + 1):
+                if math.prod(self.rows[i:j]) == size:
+                    return self.row_dims[i:j]
+        return None
 
     def sym(self, value, fx_node) -> Node:
         if isinstance(value, torch.fx.Node):
@@ -443,8 +507,10 @@ class Lowering:
             return Val(node, out_shape)
         last = len(shape) - 1
         if kind == "sum" and node.level == "elem" and dims == list(range(len(shape))) and len(dims) > 1 \
-                and self.is_row_shape(shape[:-1]):
-            # a sum over every axis at once: the row sums first, then their sum over the rows
+                and self.is_row_shape(shape[:-1]) and _reads_a_row_reduction(node):
+            # a sum over every axis at once of values that need their rows' reductions (KL of two
+            # log-softmaxes): the row sums first, then their sum over the rows. Without row
+            # reductions the axis family takes it (R split over many blocks: reduce_all's kernels)
             per_row = self.reduce(kind, val, [last], fx_node)
             return self.reduce(kind, per_row, [d for d in dims if d != last], fx_node)
         if node.level in ("const", "global") and kind in ("sum",):
@@ -701,6 +767,8 @@ class Lowering:
 
     # -- views with offsets
     def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        if self.is_reshape(fx_node, src, stride, storage_offset):
+            return self.view(src, fx_node)  # target.reshape(-1) of a computed value: the same elements
         self.unfoldable(fx_node, "a strided view")
         got = self.env[src]
         new_shape = self.shape_of(fx_node)
@@ -727,6 +795,20 @@ class Lowering:
             if prefix is not None:
                 return prefix
         return self.view(src, fx_node)
+
+    def is_reshape(self, fx_node, src, stride, storage_offset) -> bool:
+        """An as_strided that only reshapes a contiguous value: offset 0, the same element
+        count, the contiguous strides of its new shape."""
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if val is None or not hasattr(val, "is_contiguous") or storage_offset not in (None, 0):
+            return False
+        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
+        raw = _shape(fx_node)
+        try:
+            contiguous = bool(val.is_contiguous())
+        except Exception:  # a symbolic answer it cannot give: not taken as a reshape
+            return False
+        return contiguous and math.prod(raw) == math.prod(_shape(src)) and strides == _contiguous_strides(raw)
 
     def op_cat(self, fx_node, tensors, dim=0):
         self.unfoldable(fx_node, "a concatenation")
@@ -795,9 +877,9 @@ class Lowering:
 
     # -- reductions
     def reduce_axes(self, src, dims, fx_node) -> list[int]:
-        if not self.fold_sizes or not isinstance(src, torch.fx.Node) or "val" not in src.meta:
+        if not isinstance(src, torch.fx.Node) or "val" not in src.meta:
             return list(dims)
-        return self.fold_axes(list(dims), _shape(src), fx_node)
+        return self.canonical_axes(list(dims), _shape(src), fx_node)
 
     def op_sum(self, fx_node, src, dims, **kw):
         return self.reduce("sum", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node)
@@ -814,17 +896,19 @@ class Lowering:
 
     # -- indexing along the last dim
     def op_gather(self, fx_node, src, dim, index, **kw):
-        self.unfoldable(fx_node, "a gather")
+        if self.fold_sizes:
+            self.unfoldable(fx_node, "a gather")
         v, idx = self.value(src, fx_node), self.value(index, fx_node)
-        if dim % len(v.shape) != len(v.shape) - 1 or idx.node.level not in ("row", "const", "global"):
+        if not self.is_last_axis(dim, src, v.shape) or idx.node.level not in ("row", "const", "global"):
             raise self.refuse(fx_node, "a gather other than one column per row")
         return Val(Node("gather", (v.node, idx.node), level="row", dtype=v.node.dtype, name=fx_node.name),
                    self.shape_of(fx_node))
 
     def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
-        self.unfoldable(fx_node, "a scatter")
+        if self.fold_sizes:
+            self.unfoldable(fx_node, "a scatter")
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
-        if not isinstance(value, (int, float)) or dim % len(b.shape) != len(b.shape) - 1 \
+        if not isinstance(value, (int, float)) or not self.is_last_axis(dim, base, b.shape) \
                 or idx.node.level not in ("row", "const", "global"):
             raise self.refuse(fx_node, "a scatter other than one constant per row (a one-hot)")
         self.set_width(b.shape[-1], fx_node)
@@ -887,7 +971,20 @@ class Lowering:
             return pretotal.hoist(node, self.pretotals)
         except pretotal.NotBeforehand as why:
             raise self.refuse(fx_node, f"output {field} mixes a reduction over rows into per-row values "
-                                       f"(the sum reads {why}, known only after the row pass)") from None
+                                       f"({why}, known only after the row pass)") from None
+
+
+def _reads_a_row_reduction(node: Node) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.op in ("rowreduce", "gather"):
+            return True
+        stack.extend(n.args)
+    return False
 
 
 def _contiguous_strides(shape):

@@ -17,6 +17,9 @@
   torch's vector_norm has it; the square underflows or overflows in float32 where |a| does not.
 - `centered_affine`: x * a + ((-m) * a + c) is (x - m) * a + c where that is finite (GroupNorm's
   decomposition folds the mean into the shift, and the products cancel when a is large).
+- `negated_compares`: not(a == b) is a != b (and not(a != b) is a == b), so cse sees one mask
+  where torch's decompositions write it both ways (cross-entropy with label smoothing counts
+  its kept rows twice: one count, one prologue sum; pretotal.py).
 """
 from __future__ import annotations
 
@@ -118,6 +121,19 @@ def cse(program: Program) -> Program:
     def replace(n: Node, args: tuple, attrs: dict) -> Node:
         built = _same(n, args, attrs)
         return first.setdefault(canon.key(built), built)
+
+    return _rebuild(program, replace)
+
+
+_NEGATED = {"eq": "ne", "ne": "eq"}
+
+
+def negated_compares(program: Program) -> Program:
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        if n.op == "not" and args[0].op in _NEGATED:
+            inner = args[0]
+            return Node(_NEGATED[inner.op], inner.args, inner.level, inner.dtype, dict(inner.attrs), n.name)
+        return _same(n, args, attrs)
 
     return _rebuild(program, replace)
 
@@ -344,4 +360,4 @@ def mark_fused_pairs(program: Program) -> Program:
     return program
 
 
-__all__ = ["cse", "lone_norms", "mark_fused_pairs", "onehot_sums", "reuse_forward_outputs"]
+__all__ = ["cse", "lone_norms", "mark_fused_pairs", "negated_compares", "onehot_sums", "reuse_forward_outputs"]

@@ -30,7 +30,7 @@ def knowable_beforehand(summand: Node) -> str | None:
             continue
         seen.add(n.id)
         if n.level in ("elem", "post") or n.op in _OWN_LEVEL - {"pretotal"}:
-            return f"{n.op} ({n.level})"
+            return f"a {n.op} value ({n.level})"
         stack.extend(n.args)
     return None
 
@@ -47,7 +47,7 @@ def hoist(value: Node, memo: dict[int, Node]) -> Node:
         if n.op == "globalreduce":
             reason = knowable_beforehand(n.args[0])
             if reason is not None or n.attrs.get("kind", "sum") != "sum":
-                raise NotBeforehand(reason or f"a {n.attrs.get('kind')} over rows")
+                raise NotBeforehand(f"a sum over rows of {reason}" if reason else f"a {n.attrs.get('kind')} over rows")
             new = Node("pretotal", n.args, level="global", dtype=n.dtype, attrs=dict(n.attrs), name=n.name)
         elif n.op == "colreduce":
             raise NotBeforehand("a sum over rows per column")

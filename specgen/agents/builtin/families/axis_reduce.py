@@ -703,7 +703,15 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
     traces = {"forward": forward} | {d: trace(spec, d) for d in directions if d != "forward"}
     # the atoms come from every direction's views (a backward may split what the forward merged)
-    layout = find_layout(spec, forward, [t for d, t in traces.items() if d != "forward"])
+    others = [t for d, t in traces.items() if d != "forward"]
+    try:
+        layout = find_layout(spec, forward, others)
+    except AgentRefused as why:
+        # a pointwise forward whose backward reduces (a per-channel parameter's gradient: PReLU,
+        # a channel scale and shift over [N, C, H, W]): the backward's reductions set the layout
+        if "no reduction" not in str(why) or "backward" not in traces:
+            raise
+        layout = find_layout(spec, traces["backward"], [forward])
     programs = {}
     for d in directions:
         traced = traces[d]
