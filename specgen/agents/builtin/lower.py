@@ -109,6 +109,7 @@ class Lowering:
         self.fold_dims = self.trailing_fold(primary.type)
         self.fold_sizes = tuple(d.resolve(dims) for d in self.fold_dims)
         self.row_dims = list(primary.type.dims[:-max(1, len(self.fold_dims))])
+        self.col_dims = list(primary.type.dims[-max(1, len(self.fold_dims)):])
         self.rows = tuple(d.resolve(dims) for d in self.row_dims)
         self.width: int | None = None
         self.group_div: list | None = None
@@ -298,8 +299,8 @@ class Lowering:
             return Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{size}")
         if size in (0, 1):
             return const(size)
-        run = self.row_dims_run(size)
-        if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]): their product
+        run = self.dims_run(size)
+        if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]), a numel: their product
             node = None
             for d in run:
                 dn = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
@@ -307,12 +308,15 @@ class Lowering:
             return node
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
 
-    def row_dims_run(self, size: int) -> list | None:
-        """The consecutive row dims whose example sizes multiply to `size` (two or more), or None."""
-        for i in range(len(self.rows)):
-            for j in range(i + 2, len(self.rows) + 1):
-                if math.prod(self.rows[i:j]) == size:
-                    return self.row_dims[i:j]
+    def dims_run(self, size: int) -> list | None:
+        """Consecutive dims of the primary input (row dims, then column dims) whose example sizes
+        multiply to `size` (two or more), or None."""
+        run = self.row_dims + self.col_dims
+        sizes = [d.resolve(self.t.dims) for d in run]
+        for i in range(len(run)):
+            for j in range(i + 2, len(run) + 1):
+                if math.prod(sizes[i:j]) == size:
+                    return run[i:j]
         return None
 
     def sym(self, value, fx_node) -> Node:
@@ -365,7 +369,8 @@ class Lowering:
     def load(self, ref: TensorRef, fx_node, *, width: int | None = None, offset: Node | None = None) -> Val:
         shape = ref.shape
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
-        if len(shape) == 0:
+        one_value = all(d.is_literal and d.add == 1 for d in ref.ttype.dims)  # a 0-d tensor (any view of it)
+        if len(shape) == 0 or (one_value and all(s == 1 for s in shape)):
             return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
                             name=ref.field), shape)
         if self.is_row_shape(shape):
@@ -507,10 +512,11 @@ class Lowering:
             return Val(node, out_shape)
         last = len(shape) - 1
         if kind == "sum" and node.level == "elem" and dims == list(range(len(shape))) and len(dims) > 1 \
-                and self.is_row_shape(shape[:-1]) and _reads_a_row_reduction(node):
-            # a sum over every axis at once of values that need their rows' reductions (KL of two
-            # log-softmaxes): the row sums first, then their sum over the rows. Without row
-            # reductions the axis family takes it (R split over many blocks: reduce_all's kernels)
+                and self.is_row_shape(shape[:-1]) and _reads_per_row_values(node):
+            # a sum over every axis at once of values that need their rows' reductions or per-row
+            # inputs (KL of two log-softmaxes, a variance per row): the row sums first, then their
+            # sum over the rows. Values of elements alone (x.sum(), an MSE) stay with the axis
+            # family (its reduction to a scalar splits the elements over many blocks)
             per_row = self.reduce(kind, val, [last], fx_node)
             return self.reduce(kind, per_row, [d for d in dims if d != last], fx_node)
         if node.level in ("const", "global") and kind in ("sum",):
@@ -974,14 +980,15 @@ class Lowering:
                                        f"({why}, known only after the row pass)") from None
 
 
-def _reads_a_row_reduction(node: Node) -> bool:
+def _reads_per_row_values(node: Node) -> bool:
+    """Does `node` read a value per row: a row reduction, a gather or a per-row input."""
     stack, seen = [node], set()
     while stack:
         n = stack.pop()
         if n.id in seen:
             continue
         seen.add(n.id)
-        if n.op in ("rowreduce", "gather"):
+        if n.level == "row":
             return True
         stack.extend(n.args)
     return False

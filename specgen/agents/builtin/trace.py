@@ -25,6 +25,7 @@ from ..base import AgentRefused
 from .families.scan import trace_decompositions
 from .modules import modules_as_constants
 from .scalar_constants import differing_constants, forms_of
+from .value_guards import traced_with_value_guards
 from .welford import WelfordMeans
 
 # Sizes used for the example inputs: distinct, so a size's example value names its symbol.
@@ -201,9 +202,12 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked
         outputs = [f"grad_{n}" for n in floating]
     try:
         with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants():
-            graph = make_fx(target, decomposition_table=decompositions(),
-                            tracing_mode="symbolic",
-                            record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
+            def trace_once():
+                return make_fx(target, decomposition_table=decompositions(), tracing_mode="symbolic",
+                               record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
+
+            # checks on values that only raise (F.gaussian_nll_loss's var >= 0) assumed to pass
+            graph, _ = traced_with_value_guards(trace_once, str(spec.path or spec.name))
     except AgentRefused:
         raise
     except Exception as error:  # the reference does something make_fx cannot follow
