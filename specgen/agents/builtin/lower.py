@@ -621,6 +621,9 @@ class Lowering:
     def op_empty_strided(self, fx_node, *_, **__):
         return Uninit(self.shape_of(fx_node))
 
+    def op_empty_permuted(self, fx_node, *_, **__):  # empty_like's: filled before it is read
+        return Uninit(self.shape_of(fx_node))
+
     def tensor_constant(self, fx_node) -> Val:
         tensor = getattr(self.t.graph, fx_node.target)
         value = constant_value(tensor) if isinstance(tensor, torch.Tensor) else None
