@@ -1,0 +1,41 @@
+"""torch.arange along the columns (prims.iota): the column index, so a length mask
+(arange(W) < length[:, None], mean pooling over padded sequences) or a one-hot by comparison
+lowers; an arange along the rows is refused with its reason."""
+from __future__ import annotations
+
+import pytest
+
+from builtin_support import check_backward, check_forward, own_spec
+from specgen.agents.base import AgentRefused
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.generator import lower_spec
+from specgen.agents.builtin.lower import lower
+from specgen.agents.builtin.trace import trace
+
+
+def test_the_mask_compares_the_column_index_with_a_row_value():
+    program = lower_spec(own_spec("length_masked_mean"))["forward"]
+    compares = [n for n in program.nodes() if n.op == "lt"]
+    assert any({a.op for a in n.args} >= {"iota"} and any(a.level == "row" for a in n.args) for n in compares)
+
+
+@pytest.mark.parametrize("dims", [{"N": 5, "W": 7}, {"N": 1, "W": 1}, {"N": 3, "W": 2}])
+def test_forward_and_backward_match_in_float64(dims):
+    spec = own_spec("length_masked_mean")
+    for seed in range(4):  # lengths of 0 (an empty row), of W, between
+        check_forward(spec, dims, seed=seed)
+        check_backward(spec, dims, seed=seed)
+
+
+def test_an_arange_along_the_rows_is_refused():
+    with pytest.raises(AgentRefused) as info:
+        lower(trace(own_spec("arange_on_rows"), "forward"))
+    assert "arange_on_rows.yaml:11" in str(info.value) and "not along the columns" in str(info.value)
+
+
+@pytest.mark.nvcc
+def test_the_source_compiles():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = own_spec("length_masked_mean")
+    compile_source(spec, build_source(spec), arch="sm_90")
