@@ -33,6 +33,9 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
+# losses of per-row reductions with a 0-d grad_out: the row lowering takes both directions since
+# a 0-d tensor's broadcast is a global load (session 33); the family's programs still tested here
+ROW_TAKEN = {"triplet_loss", "cosine_loss"}
 REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
 SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2, "G": 5}
 
@@ -59,7 +62,7 @@ def _forward(spec, program, args, dims):
 
 def _programs(op):
     """The family's programs for `op` (lower_axis directly for the ops the row lowering takes)."""
-    return lower_axis(_spec(op)) if op in FOLDED else lower_spec(_spec(op))
+    return lower_axis(_spec(op)) if op in FOLDED or op in ROW_TAKEN else lower_spec(_spec(op))
 
 
 def _expected(spec, args):
@@ -122,6 +125,15 @@ def test_arg_reductions_break_ties_and_nans_as_torch(op):
     for o, want in zip(spec.signature.outputs, _expected(spec, {"x": x})):
         torch.testing.assert_close(outs[o.name], want.to(outs[o.name].dtype).reshape(outs[o.name].shape),
                                    rtol=0, atol=0, equal_nan=True)
+
+
+def test_losses_of_row_reductions_are_row_programs():
+    for op in sorted(ROW_TAKEN):
+        programs = lower_spec(_spec(op))
+        assert set(programs) == {"forward", "backward"} and not any(isinstance(p, AxisProgram)
+                                                                    for p in programs.values())
+        loads = [n for n in programs["backward"].nodes() if n.op == "load" and n.attrs["field"] == "grad_out"]
+        assert loads and all(n.attrs["kind"] == "global" for n in loads)
 
 
 def test_layouts_and_plans():
@@ -380,7 +392,7 @@ def _fused_plan(spec, direction, variant_name):
     from specgen.agents.builtin.schedule import variants_named
 
     variant = variants_named(variant_name)[0] if variant_name else None
-    program = lower_spec(spec)[direction]
+    program = (lower_axis(spec) if spec.name in ROW_TAKEN else lower_spec(spec))[direction]
     return (AxisEmitter(spec, program, direction, variant) if variant else AxisEmitter(spec, program, direction)).plan()
 
 
