@@ -17,6 +17,7 @@ from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.interp import run_program
 from specgen.agents.builtin.ir import Node, Program, Store, const
+from specgen.agents.builtin.emit_pretotal import PretotalEmitter
 from specgen.agents.builtin.lower import lower
 from specgen.agents.builtin.trace import trace
 from specgen.agents.builtin.validate import IRError, validate
@@ -30,6 +31,7 @@ CASES = {
     "masked_token_mean": [{"B": 2, "T": 3, "H": 5}, {"B": 1, "T": 1, "H": 1}, {"B": 3, "T": 4, "H": 9}],
     "ce_smooth_ignore": [{"N": 7, "C": 11}, {"N": 1, "C": 3}, {"N": 5, "C": 1}],
     "weighted_row_mse": [{"N": 7, "D": 11}, {"N": 1, "D": 1}, {"N": 4, "D": 65}],
+    "ce_class_weights": [{"N": 7, "C": 11}, {"N": 1, "C": 1}, {"N": 3, "C": 2}],
 }
 
 
@@ -204,3 +206,17 @@ def test_a_sum_over_rows_per_column_inside_row_values_is_refused_with_its_reason
         lower(trace(load_spec(path), "forward"))
     assert "colsum.yaml:7" in str(info.value)
     assert "a sum over rows per column, known only after the row pass" in str(info.value)
+
+
+def test_a_parameter_read_at_a_rows_index_is_summed_in_the_prologue():
+    """ce_class_weights: the pretotal's summand is a gather of the [C] weights (a column-only
+    value) at the row's target; the prologue reads weight[target] directly."""
+    from specgen.agents.builtin.emit import DirectionEmitter
+
+    spec = own_spec("ce_class_weights")
+    program = lower_spec(spec)["backward"]
+    (total,) = [n for n in program.nodes() if n.op == "pretotal"]
+    gathers = [n for n in program.nodes() if n.op == "gather"]
+    assert any(PretotalEmitter.reaches(total.args[0], g) for g in gathers)
+    prologue = DirectionEmitter(spec, program, "backward").emit_pretotals()
+    assert "A.weight.data)[0 + j]" in prologue and "A.target.data)[row]" in prologue

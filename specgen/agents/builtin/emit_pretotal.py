@@ -48,7 +48,9 @@ class PretotalEmitter:
                 with w.block():
                     w.line("double part = 0;")
                     with w.block("for (int64_t row = threadIdx.x; row < rows; row += blockDim.x)"):
-                        w.line(f"part += (double)({self.expr(total.args[0], Ctx())});")
+                        ctx = Ctx()
+                        self.write_prologue_gathers(w, total.args[0], ctx)
+                        w.line(f"part += (double)({self.expr(total.args[0], ctx)});")
                     w.line("tree[threadIdx.x] = part;")
                     w.line("__syncthreads();")
                     with w.block(f"for (int w = {PROLOGUE_THREADS // 2}; w > 0; w /= 2)"):
@@ -57,6 +59,37 @@ class PretotalEmitter:
                     w.line(f"if (threadIdx.x == 0) pre[{k}] = tree[0];")
                     w.line("__syncthreads();  // tree is reused by the next sum")
         return w.text()
+
+    def write_prologue_gathers(self, w: CWriter, summand: Node, ctx: Ctx) -> None:
+        """The summand's gathers (a [W] parameter at the row's index: pretotal.column_only), each
+        read directly at its column, as the row kernel's gathers read their inputs."""
+        for n in self.nodes:
+            if n.op != "gather" or not self.reaches(summand, n):
+                continue
+            name = self.var(n)
+            w.line(f"{self.ctype_var(n)} {name};")
+            with w.block():
+                w.line(f"const int64_t j = {self.expr(n.args[1], ctx)};")
+                inner = Ctx(dict(ctx.names))
+                for m in self.nodes:
+                    if m.op == "load" and m.level == "elem" and self.reaches(n.args[0], m):
+                        off = self.expr(m.attrs["offset"], Ctx()) if m.attrs.get("offset") is not None else "0"
+                        inner.loads[m.id] = (f"(acc_t)sg::to_acc(((const {self.ctype_of(m.attrs['field'])}*)"
+                                             f"A.{m.attrs['field']}.data)[{off} + j])")
+                w.line(f"{name} = {self.expr(n.args[0], inner)};")
+            ctx.names[n.id] = name
+
+    @staticmethod
+    def reaches(root: Node, target: Node) -> bool:
+        stack, seen = [root], set()
+        while stack:
+            n = stack.pop()
+            if n is target:
+                return True
+            if n.id not in seen:
+                seen.add(n.id)
+                stack.extend(n.args)
+        return False
 
     def write_pretotal_launch(self, w: CWriter) -> None:
         if self.pretotal_nodes():

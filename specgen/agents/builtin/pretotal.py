@@ -20,15 +20,35 @@ class NotBeforehand(Exception):
     """A sum over rows that depends on the row pass itself: it cannot be computed beforehand."""
 
 
+def column_only(value: Node) -> bool:
+    """Is `value` a function of the column alone: [W] parameters ("col" loads), the column index,
+    launch-wide values (cross-entropy's class weights, read at a row's target)."""
+    stack, seen = [value], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        if n.level in ("row", "post") or n.op in _OWN_LEVEL or (n.op == "load" and n.level == "elem"
+                                                                 and n.attrs.get("kind") != "col"):
+            return False
+        stack.extend(n.args)
+    return True
+
+
 def knowable_beforehand(summand: Node) -> str | None:
-    """None when the per-row `summand` reads only row loads, scalars, dims and constants (no
-    reduction over a row's columns, no element value), else what it reads that is not."""
+    """None when the per-row `summand` reads only row loads, scalars, dims, constants and column
+    parameters at a per-row index (no reduction over a row's columns, no element of a row), else
+    what it reads that is not."""
     stack, seen = [summand], set()
     while stack:
         n = stack.pop()
         if n.id in seen:
             continue
         seen.add(n.id)
+        if n.op == "gather" and column_only(n.args[0]):
+            stack.append(n.args[1])  # a [W] parameter at the row's index: one read in the prologue
+            continue
         if n.level in ("elem", "post") or n.op in _OWN_LEVEL - {"pretotal"}:
             return f"a {n.op} value ({n.level})"
         stack.extend(n.args)
