@@ -943,6 +943,21 @@ class Lowering:
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
         return Val(self.where(hit, self.filled(value, fx_node), b.node, fx_node), self.shape_of(fx_node))
 
+    def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
+        """gather's backward: one value per row added at one column per row (a [rows, 1] index and
+        source), base + where(column == index, source, 0)."""
+        if self.fold_sizes:
+            self.unfoldable(fx_node, "a scatter_add")
+        b, idx, add = self.value(base, fx_node), self.value(index, fx_node), self.value(src, fx_node)
+        if not self.is_last_axis(dim, base, b.shape) or idx.node.level not in ("row", "const", "global") \
+                or add.node.level not in ("row", "const", "global") or (idx.shape and idx.shape[-1] != 1):
+            raise self.refuse(fx_node, "a scatter_add other than one value per row at one column per row")
+        self.set_width(b.shape[-1], fx_node)
+        iota = Node("iota", level="elem", dtype="int", name="col")
+        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        added = self.where(hit, add.node, const(0.0 if add.node.dtype == "float" else 0), fx_node)
+        return Val(self.pointwise("add", [b.node, added], fx_node), self.shape_of(fx_node))
+
     # -- outputs
     def store(self, field: str, result, fx_node) -> list[Store]:
         got = self.env[result] if isinstance(result, torch.fx.Node) else None
