@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .ctext import Ctx
 from .cwriter import CWriter
-from .ir import Node
+from .ir import Node, walk
 
 PROLOGUE_THREADS = 1024  # one block; a power of two for the tree
 
@@ -81,15 +81,7 @@ class PretotalEmitter:
 
     @staticmethod
     def reaches(root: Node, target: Node) -> bool:
-        stack, seen = [root], set()
-        while stack:
-            n = stack.pop()
-            if n is target:
-                return True
-            if n.id not in seen:
-                seen.add(n.id)
-                stack.extend(n.args)
-        return False
+        return any(n is target for n in walk(root))
 
     def write_pretotal_launch(self, w: CWriter) -> None:
         if self.pretotal_nodes():

@@ -50,6 +50,19 @@ class Node:
         return f"{self.name or '%' + str(self.id)} = {self.op}({inner}{'; ' + extra if extra else ''}) [{self.level} {self.dtype}]"
 
 
+def walk(root: Node, follow=lambda n: n.args):
+    """Every node reachable from `root` through `follow(node)` (its arguments by default), once
+    each, in no promised order."""
+    stack, seen = [root], set()
+    while stack:
+        n = stack.pop()
+        if n.id in seen:
+            continue
+        seen.add(n.id)
+        yield n
+        stack.extend(follow(n))
+
+
 def const(value, dtype: str | None = None) -> Node:
     if dtype is None:
         dtype = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "float"

@@ -1018,16 +1018,7 @@ class Lowering:
 
 def _reads_per_row_values(node: Node) -> bool:
     """Does `node` read a value per row: a row reduction, a gather or a per-row input."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n.id in seen:
-            continue
-        seen.add(n.id)
-        if n.level == "row":
-            return True
-        stack.extend(n.args)
-    return False
+    return any(n.level == "row" for n in ir.walk(node))
 
 
 def _contiguous_strides(shape):

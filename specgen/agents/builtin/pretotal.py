@@ -10,7 +10,7 @@ workspace, and every kernel of the direction reads like a 0-d input (emit.Pretot
 """
 from __future__ import annotations
 
-from .ir import Node, level_of
+from .ir import Node, level_of, walk
 
 # ops whose level is their own, not their arguments' highest (ir.py): kept as they are
 _OWN_LEVEL = {"rowreduce", "gather", "colreduce", "globalreduce", "scan", "pretotal"}
@@ -23,35 +23,22 @@ class NotBeforehand(Exception):
 def column_only(value: Node) -> bool:
     """Is `value` a function of the column alone: [W] parameters ("col" loads), the column index,
     launch-wide values (cross-entropy's class weights, read at a row's target)."""
-    stack, seen = [value], set()
-    while stack:
-        n = stack.pop()
-        if n.id in seen:
-            continue
-        seen.add(n.id)
-        if n.level in ("row", "post") or n.op in _OWN_LEVEL or (n.op == "load" and n.level == "elem"
-                                                                 and n.attrs.get("kind") != "col"):
-            return False
-        stack.extend(n.args)
-    return True
+    return not any(n.level in ("row", "post") or n.op in _OWN_LEVEL
+                   or (n.op == "load" and n.level == "elem" and n.attrs.get("kind") != "col") for n in walk(value))
 
 
 def knowable_beforehand(summand: Node) -> str | None:
     """None when the per-row `summand` reads only row loads, scalars, dims, constants and column
     parameters at a per-row index (no reduction over a row's columns, no element of a row), else
     what it reads that is not."""
-    stack, seen = [summand], set()
-    while stack:
-        n = stack.pop()
-        if n.id in seen:
-            continue
-        seen.add(n.id)
+    def follow(n: Node):  # a [W] parameter at the row's index: one read in the prologue
+        return (n.args[1],) if n.op == "gather" and column_only(n.args[0]) else n.args
+
+    for n in walk(summand, follow):
         if n.op == "gather" and column_only(n.args[0]):
-            stack.append(n.args[1])  # a [W] parameter at the row's index: one read in the prologue
             continue
         if n.level in ("elem", "post") or n.op in _OWN_LEVEL - {"pretotal"}:
             return f"a {n.op} value ({n.level})"
-        stack.extend(n.args)
     return None
 
 

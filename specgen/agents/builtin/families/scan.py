@@ -29,7 +29,7 @@ import torch
 from ...base import AgentRefused
 from ..ctext import Ctx, entry_function
 from ..cwriter import CWriter
-from ..ir import Node, Program
+from ..ir import Node, Program, walk
 
 SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "logcumsumexp": "logsumexp", "cummax": "max", "cummin": "min"}
 # each kind's identity as C, cast to the scan's running type (ScanEmitter.ident)
@@ -262,16 +262,7 @@ def scan_directions(program: Program) -> int:
 
 
 def _reaches(node: Node, ids: set) -> bool:
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n.id in seen:
-            continue
-        seen.add(n.id)
-        if n.id in ids:
-            return True
-        stack.extend(n.args)
-    return False
+    return any(n.id in ids for n in walk(node))
 
 
 def _flat_but_scans(program: Program, flat) -> bool:
