@@ -69,3 +69,13 @@ def test_the_source_compiles():
 
     spec = own_spec("lm_loss_flat_view")
     compile_source(spec, build_source(spec), arch="sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_kernel_verifies_on_the_gpu():
+    from specgen.verify import verify_kernel
+
+    spec = own_spec("lm_loss_flat_view")
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()

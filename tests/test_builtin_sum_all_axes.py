@@ -51,3 +51,13 @@ def test_the_source_compiles():
 
     spec = own_spec("entropy_total")
     compile_source(spec, build_source(spec), arch="sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_the_kernel_verifies_on_the_gpu():
+    from specgen.verify import verify_kernel
+
+    spec = own_spec("entropy_total")
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
