@@ -49,3 +49,17 @@ def test_the_kernel_verifies_on_the_gpu():
     spec = own_spec("length_masked_mean")
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+def test_the_axis_family_refuses_an_arange_it_would_read_as_its_reduced_index():
+    """softmax over the channels of [B, C, L] times arange(L): the axis family's column is the
+    channel axis, so its lowering refuses the arange (it was read as the channel index before:
+    a wrong program the interpreter showed, session 33); the spec is refused as a whole."""
+    from specgen.agents.builtin.families.axis_reduce import lower_axis
+
+    spec = own_spec("softmax_mid_ramp")
+    with pytest.raises(AgentRefused) as info:
+        lower_axis(spec)
+    assert "softmax_mid_ramp.yaml:12" in str(info.value) and "an arange" in str(info.value)
+    with pytest.raises(AgentRefused):
+        build_source(spec)

@@ -199,6 +199,11 @@ class AxisLowering(Lowering):
     def trailing_fold(self, primary) -> list:
         return []  # the [O, R, I] layout says what a row is: no folding of trailing axes
 
+    def op_iota(self, fx_node, *_, **__):
+        # the row lowering's arange is its column index; here a "column" is the reduced block,
+        # whichever axes it spans, so an arange has no node that means it
+        raise self.refuse(fx_node, "an arange (torch.arange) in a reduction over a block of axes")
+
     def refuse(self, fx_node, what: str) -> AgentRefused:
         from ..trace import where
         return AgentRefused(f"{where(self.spec, fx_node) if fx_node is not None else self.spec.path}: {what}: "
@@ -522,6 +527,22 @@ class AxisLowering(Lowering):
         iota = Node("iota", level="elem", dtype="int", name="col")
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
         return Val(self.where(hit, src, b.node, fx_node), _shape(fx_node))
+
+    def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
+        """gather's backward along the (single) block axis, one value per kept element (as
+        op_scatter): base + where(r == index, value, 0). The row lowering's form reads its own
+        column index, which is not this family's reduced index."""
+        b, idx, add = self.value(base, fx_node), self.value(index, fx_node), self.value(src, fx_node)
+        if self.layout.red_axes != [dim % len(b.shape)] or idx.node.level not in ("row", "const", "global") \
+                or add.node.level not in ("row", "const", "global"):
+            raise self.refuse(fx_node, "a scatter_add other than one value per kept element along the reduced axis")
+        iota = Node("iota", level="elem", dtype="int", name="col")
+        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        added = self.where(hit, add.node, const(0.0 if add.node.dtype == "float" else 0), fx_node)
+        return Val(self.pointwise("add", [b.node, added], fx_node), _shape(fx_node))
+
+    def op_empty_permuted(self, fx_node, *args, **kwargs):  # empty_like's: as empty_strided here
+        return self.op_empty_strided(fx_node, *args, **kwargs)
 
     def op_cat(self, fx_node, tensors, dim=0):
         raise self.refuse(fx_node, "a concatenation")
