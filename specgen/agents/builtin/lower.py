@@ -169,30 +169,50 @@ class Lowering:
                 return []  # a tensor spanning part of the run ([W] of [B, H, W])
         return fold
 
-    def merged_rows(self, shape) -> int:
-        """How many leading row dims the first axis of `shape` merges (a view such as
-        logits.view(-1, V) of [B, T, V]: 2), or 1 when it merges none. Only a prefix of the row
-        dims, and only a size that is no signature dim's (trace.py's example sizes are distinct)."""
-        if len(self.rows) < 2 or not shape or shape[0] in self.size_dims:
-            return 1
-        for j in range(len(self.rows), 1, -1):
-            if math.prod(self.rows[:j]) == shape[0]:
-                return j
-        return 1
+    def expanded(self, shape) -> list[tuple[int, ...]]:
+        """Each axis of `shape` as the row dims it stands for: itself, or the k > 1 consecutive row
+        dims a view merged into it (logits.view(-1, V) of [B, T, V]: [(B, T), (V,)];
+        scores.view(B * H, T, T) of [B, H, T, T]: [(B, H), (T,), (T,)]). Read along the row dims from
+        the first axis while the sizes follow them; a merged size must be no signature dim's
+        (trace.py's example sizes are distinct, so a product names its dims)."""
+        out, p = [], 0
+        for size in shape:
+            if p is not None and p < len(self.rows):
+                if size == self.rows[p]:
+                    p += 1
+                elif size not in self.size_dims:
+                    q = next((q for q in range(len(self.rows), p + 1, -1) if math.prod(self.rows[p:q]) == size), None)
+                    if q is not None:
+                        out.append(self.rows[p:q])
+                        p = q
+                        continue
+                    p = None
+                else:
+                    p = None
+            out.append((size,))
+        return out
+
+    def merged(self, shape) -> bool:
+        return any(len(sizes) > 1 for sizes in self.expanded(shape))
 
     def unmerged(self, shape) -> tuple[int, ...]:
-        shape = tuple(shape)
-        k = self.merged_rows(shape)
-        return self.rows[:k] + shape[1:] if k > 1 else shape
+        return tuple(s for sizes in self.expanded(shape) for s in sizes)
+
+    def axis_spans(self, raw_shape) -> list[range]:
+        """Each raw axis's axes in the unmerged shape."""
+        spans, at = [], 0
+        for sizes in self.expanded(raw_shape):
+            spans.append(range(at, at + len(sizes)))
+            at += len(sizes)
+        return spans
 
     def canonical_axes(self, dims, raw_shape, fx_node) -> list[int]:
-        """Axes of a value of raw shape `raw_shape` in the lowering's space: a merged first axis
-        is its row dims again, then the folded trailing run is one axis (fold_axes)."""
+        """Axes of a value of raw shape `raw_shape` in the lowering's space: a merged axis is its
+        row dims again, then the folded trailing run is one axis (fold_axes)."""
         r = len(raw_shape)
-        k = self.merged_rows(raw_shape)
         dims = sorted({int(d) % r for d in dims}) if r else [int(d) for d in dims]
-        if k > 1:
-            dims = sorted({a for d in dims for a in (range(k) if d == 0 else (d + k - 1,))})
+        spans = self.axis_spans(raw_shape)
+        dims = sorted({a for d in dims for a in spans[d]})
         return self.fold_axes(dims, self.unmerged(raw_shape), fx_node)
 
     def is_last_axis(self, dim: int, src, shape) -> bool:
@@ -204,12 +224,12 @@ class Lowering:
         shapes = [_shape(a) for a in fx_node.all_input_nodes if hasattr(a.meta.get("val"), "shape")]
         if hasattr(fx_node.meta.get("val"), "shape"):
             shapes.append(_shape(fx_node))
-        if any(self.merged_rows(shape) > 1 for shape in shapes):
+        if any(self.merged(shape) for shape in shapes):
             raise self.refuse(fx_node, f"{what} of rows merged by a view")
 
     def fold_shape(self, shape, fx_node=None) -> tuple[int, ...]:
         """An example shape in the folded space: a first axis that merges row dims is those dims
-        (merged_rows); the trailing run of folded axes (or k size-1 axes after a keepdim
+        (expanded); the trailing run of folded axes (or k size-1 axes after a keepdim
         reduction) becomes one axis."""
         shape = self.unmerged(shape)
         if not self.fold_sizes:
@@ -257,13 +277,16 @@ class Lowering:
         bdims = list(fx_node.args[2])
         src = fx_node.args[0]
         raw = _shape(fx_node)
-        k_in = self.merged_rows(_shape(src)) if isinstance(src, torch.fx.Node) else 1
-        k_out = self.merged_rows(raw)
-        if k_in > 1 or k_out > 1:
-            if k_in > 1 and (not bdims or bdims[0] != 0 or k_out != k_in):
-                raise self.refuse(fx_node, "a broadcast that moves rows merged by a view")
-            mapped = list(range(k_in)) if k_in > 1 else []
-            mapped += [d + k_out - 1 if d > 0 else d for d in bdims[1 if k_in > 1 else 0:]]
+        source = self.expanded(_shape(src)) if isinstance(src, torch.fx.Node) else []
+        if self.merged(raw) or any(len(sizes) > 1 for sizes in source):
+            spans = self.axis_spans(raw)
+            mapped = []
+            for sizes, d in zip(source, bdims):
+                if (len(sizes) > 1 and len(spans[d]) != len(sizes)) or (len(sizes) == 1 < len(spans[d])
+                                                                         and sizes[0] != 1):
+                    raise self.refuse(fx_node, "a broadcast that moves rows merged by a view")
+                # a source axis of one size into a merged one: its first row dim (size 1 broadcasts anywhere)
+                mapped += list(spans[d]) if len(sizes) > 1 else [spans[d][0]]
             bdims, raw = mapped, self.unmerged(raw)
         if not self.fold_sizes:
             return bdims
