@@ -55,10 +55,15 @@ def test_the_answers_pass_each_check_in_the_order_asked():
     assert "softplus" in targets and "_local_scalar_dense" not in targets
 
 
-def test_a_branch_on_values_is_refused_with_its_line():
+@pytest.mark.parametrize("name, line", [("value_branch", 11), ("padding_branch_assert", 11),
+                                        ("flag_branch_assert", 9)])
+def test_a_branch_on_values_is_refused_with_its_line(name, line):
+    """Both sides return a result; in the last two one side holds an `assert torch.all(...)`,
+    which the other answers to later tests must not make look like a check (a red-team finding,
+    session 33: the assert answered False made the branch pass for a guard)."""
     with pytest.raises(AgentRefused) as info:
-        build_source(own_spec("value_branch"))
-    assert "value_branch.yaml:11:" in str(info.value) and "branches on tensor values" in str(info.value)
+        build_source(own_spec(name))
+    assert f"{name}.yaml:{line}:" in str(info.value) and "branches on tensor values" in str(info.value)
 
 
 def test_a_reference_that_always_raises_is_still_its_own_error(tmp_path):

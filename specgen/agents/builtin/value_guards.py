@@ -7,7 +7,8 @@ defines no value on the raising side: the kernel computes the other side, as the
 for every input it returns a value for. `traced_with_value_guards` answers each truth test of a
 traced 0-d bool tensor (False first, the order the tests come in), backtracks when an answer
 leads to a raise, and then checks that every answer it kept is a guard: the opposite answer must
-raise. A test whose both sides return values is control flow on data: refused, never guessed.
+raise whatever the later tests are answered (an `assert` inside a branch does not make the branch
+a check). A test whose both sides can return values is control flow on data: refused, never guessed.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..base import AgentRefused
 
 GUARD_RAISES = (ValueError, AssertionError)  # what a reference's own check raises
-MAX_TRACES = 12
+MAX_TRACES = 24
 
 
 class _Answers:
@@ -68,26 +69,46 @@ def _run(trace_once, given: list[bool], filename: str):
         return None, answers
 
 
-def traced_with_value_guards(trace_once, filename: str):
-    """`trace_once()`'s graph with the reference's value checks assumed to pass, and the
-    answers given; AgentRefused naming the line of a truth test that is not such a check."""
-    given: list[bool] = []
-    for _ in range(MAX_TRACES):
+class _Budget:
+    def __init__(self, traces: int, filename: str):
+        self.left = traces
+        self.filename = filename
+
+    def spend(self) -> None:
+        if self.left <= 0:
+            raise AgentRefused(f"{self.filename}: more than {MAX_TRACES} traces to pass the reference's checks on "
+                               f"tensor values; use an LLM agent (--agent openai|anthropic|openai-compatible)")
+        self.left -= 1
+
+
+def _search(trace_once, prefix: list[bool], filename: str, budget: _Budget):
+    """(graph, answers) of the first answers after `prefix` (False first, depth first) whose trace
+    returns, or None when every continuation raises a check's exception."""
+    given = list(prefix)
+    while True:
+        budget.spend()
         graph, answers = _run(trace_once, given, filename)
         if graph is not None:
-            break
+            return graph, answers
         used = list(answers.used)
-        while used and used[-1]:  # every answer after the last False was tried both ways
+        while len(used) > len(prefix) and used[-1]:  # every answer after the last False was tried both ways
             used.pop()
-        if not used:
-            return trace_once()  # no answer passes every check: the reference's own failure, raised
+        if len(used) <= len(prefix):
+            return None
         given = used[:-1] + [True]
-    else:
-        raise AgentRefused(f"{filename}: more than {MAX_TRACES} traces to pass the reference's checks on tensor "
-                           f"values; use an LLM agent (--agent openai|anthropic|openai-compatible)")
-    for i, kept in enumerate(answers.used):  # each kept answer's other side must raise: a check, not a branch
-        other, _ = _run(trace_once, answers.used[:i] + [not kept], filename)
-        if other is not None:
+
+
+def traced_with_value_guards(trace_once, filename: str):
+    """`trace_once()`'s graph with the reference's value checks assumed to pass, and the
+    answers given; AgentRefused naming the line of a truth test that is not such a check: one
+    whose other answer leads, by some answers to the tests after it, to a result too."""
+    budget = _Budget(MAX_TRACES, filename)
+    found = _search(trace_once, [], filename, budget)
+    if found is None:
+        return trace_once()  # no answers pass every check: the reference's own failure, raised
+    graph, answers = found
+    for i, kept in enumerate(answers.used):
+        if _search(trace_once, answers.used[:i] + [not kept], filename, budget) is not None:
             line = answers.lines[i]
             raise AgentRefused(f"{filename}{f':{line}' if line else ''}: the reference branches on tensor values "
                                f"(a truth test whose both sides compute a result): outside the builtin generator's "
