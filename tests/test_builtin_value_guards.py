@@ -56,7 +56,7 @@ def test_the_answers_pass_each_check_in_the_order_asked():
 
 
 @pytest.mark.parametrize("name, line", [("value_branch", 11), ("padding_branch_assert", 11),
-                                        ("flag_branch_assert", 9)])
+                                        ("flag_branch_assert", 11)])
 def test_a_branch_on_values_is_refused_with_its_line(name, line):
     """Both sides return a result; in the last two one side holds an `assert torch.all(...)`,
     which the other answers to later tests must not make look like a check (a red-team finding,
