@@ -45,3 +45,14 @@ def test_the_kernel_verifies_on_the_gpu():
     spec = own_spec("focal_gather")
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+@pytest.mark.parametrize("name", ["scatter_add_one_index", "scatter_one_index"])
+def test_an_index_of_fewer_rows_than_the_base_is_refused(name):
+    """x.scatter_add(1, k, v) with k, v of shape [1, 1] into [N, W]: torch touches row 0 only, a
+    global index read in every row would touch them all (a red-team finding, session 33)."""
+    from specgen.agents.base import AgentRefused
+
+    with pytest.raises(AgentRefused) as info:
+        build_source(own_spec(name))
+    assert f"{name}.yaml:11" in str(info.value)

@@ -959,12 +959,18 @@ class Lowering:
             self.unfoldable(fx_node, "a scatter")
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
         if not isinstance(value, (int, float)) or not self.is_last_axis(dim, base, b.shape) \
-                or idx.node.level not in ("row", "const", "global"):
+                or idx.node.level not in ("row", "const", "global") or not self.one_per_row(index):
             raise self.refuse(fx_node, "a scatter other than one constant per row (a one-hot)")
         self.set_width(b.shape[-1], fx_node)
         iota = Node("iota", level="elem", dtype="int", name="col")
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
         return Val(self.where(hit, self.filled(value, fx_node), b.node, fx_node), self.shape_of(fx_node))
+
+    def one_per_row(self, index) -> bool:
+        """Does a scatter's index name one column in every row: shaped [rows..., 1] (an index of
+        fewer rows, a [1, 1] one, touches only those rows in torch)."""
+        raw = _shape(index) if isinstance(index, torch.fx.Node) and hasattr(index.meta.get("val"), "shape") else None
+        return raw is not None and len(raw) >= 1 and raw[-1] == 1 and self.is_row_shape(self.fold_shape(raw))
 
     def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
         """gather's backward: one value per row added at one column per row (a [rows, 1] index and
@@ -973,7 +979,7 @@ class Lowering:
             self.unfoldable(fx_node, "a scatter_add")
         b, idx, add = self.value(base, fx_node), self.value(index, fx_node), self.value(src, fx_node)
         if not self.is_last_axis(dim, base, b.shape) or idx.node.level not in ("row", "const", "global") \
-                or add.node.level not in ("row", "const", "global") or (idx.shape and idx.shape[-1] != 1):
+                or add.node.level not in ("row", "const", "global") or not self.one_per_row(index):
             raise self.refuse(fx_node, "a scatter_add other than one value per row at one column per row")
         self.set_width(b.shape[-1], fx_node)
         iota = Node("iota", level="elem", dtype="int", name="col")

@@ -519,7 +519,7 @@ class AxisLowering(Lowering):
         of max/min over a dim): where(r == index, value, base)."""
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
         if self.layout.red_axes != [dim % len(b.shape)] \
-                or idx.node.level not in ("row", "const", "global"):
+                or idx.node.level not in ("row", "const", "global") or not self.one_per_kept(index):
             raise self.refuse(fx_node, "a scatter other than one value per kept element along the reduced axis")
         src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else self.filled(value, fx_node)
         if src.level == "elem":
@@ -528,13 +528,19 @@ class AxisLowering(Lowering):
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
         return Val(self.where(hit, src, b.node, fx_node), _shape(fx_node))
 
+    def one_per_kept(self, index) -> bool:
+        """Does a scatter's index hold one entry per kept element (an index of fewer, a [1, 1]
+        one, touches only those in torch)."""
+        raw = _shape(index) if isinstance(index, torch.fx.Node) and hasattr(index.meta.get("val"), "shape") else None
+        return raw is not None and math.prod(raw) == math.prod(self.layout.kept_shape)
+
     def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
         """gather's backward along the (single) block axis, one value per kept element (as
         op_scatter): base + where(r == index, value, 0). The row lowering's form reads its own
         column index, which is not this family's reduced index."""
         b, idx, add = self.value(base, fx_node), self.value(index, fx_node), self.value(src, fx_node)
         if self.layout.red_axes != [dim % len(b.shape)] or idx.node.level not in ("row", "const", "global") \
-                or add.node.level not in ("row", "const", "global"):
+                or add.node.level not in ("row", "const", "global") or not self.one_per_kept(index):
             raise self.refuse(fx_node, "a scatter_add other than one value per kept element along the reduced axis")
         iota = Node("iota", level="elem", dtype="int", name="col")
         hit = self.pointwise("eq", [iota, idx.node], fx_node)
