@@ -261,3 +261,17 @@ def test_a_symbol_is_never_traced_at_a_literal_dims_value(tmp_path):
                    "if x.shape[1] == 5:\n    return x * 2.0\nreturn x * 3.0")
     with pytest.raises(AgentRefused, match="branches on a size"):
         lower_spec(branch)
+
+
+def test_no_product_of_traced_sizes_equals_a_literal_dim():
+    """x / x.numel() beside a [385] input: at B, T, V = 5, 7, 11 the numel traced as 385 and was
+    read as the literal's size, a constant (a red-team finding, session 33). The trace sizes now
+    keep every product of several symbols' sizes off the literals."""
+    from builtin_support import check_forward, own_spec
+    from specgen.agents.builtin.trace import trace_dims
+
+    spec = own_spec("numel_beside_literal")
+    sizes = trace_dims(spec)
+    assert sizes["B"] * sizes["T"] * sizes["V"] != 385 and sizes["B"] * sizes["T"] != 385
+    for dims in ({"B": 2, "T": 3, "V": 5}, {"B": 1, "T": 1, "V": 1}):
+        check_forward(spec, dims)

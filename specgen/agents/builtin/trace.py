@@ -70,7 +70,11 @@ def trace_dims(spec) -> dict[str, int]:
     dims: dict[str, int] = {}
     # a literal dim's value is taken too: torch gives equal sizes one symbol, and a symbol traced
     # at a literal's value would be checked (and fixed) as that literal (a review, session 22)
-    used: set[int] = {d.add for t in _types(sig) for d in t.dims if d.is_literal}
+    literals: set[int] = {d.add for t in _types(sig) for d in t.dims if d.is_literal}
+    used = set(literals)
+    # products of several symbols' sizes (a numel, rows merged by a view) must not equal a literal
+    # either: the lowering would read x.numel() as a [385] input's size (a red-team finding)
+    products: set[int] = set()
     candidates = iter(TRACE_SIZES + tuple(range(29, 400, 2)))
     for symbol in sig.symbols():
         step = divisors.get(symbol, 1)
@@ -78,9 +82,11 @@ def trace_dims(spec) -> dict[str, int]:
             value = base * step
             sizes = {d.resolve({**dims, symbol: value}) for t in _types(sig) for d in t.dims
                      if d.symbol == symbol and value * d.mul % d.div == 0}
-            if not (sizes | {value}) & (used | {0, 1}):
+            new_products = {s * p for s in sizes | {value} for p in products}
+            if not (sizes | {value}) & (used | {0, 1}) and not new_products & literals:
                 dims[symbol] = value
                 used |= sizes | {value}
+                products |= new_products | sizes | {value}
                 break
     return dims
 
