@@ -52,13 +52,25 @@ def test_the_forward_in_the_specs_dtypes(name, dtype, tol):
     torch.testing.assert_close(out["out"], spec.reference_fn()(**args).double(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dims", [{"N": 2, "D": 3}, {"N": 1, "D": 1}, {"N": 3, "D": 1}, {"N": 1, "D": 4}])
+def test_a_one_element_input_added_to_every_row(dims):
+    """t [1] expanded over the columns: the backward's total over every element places the
+    layout; the interpreter reads the [1] input as one value (it reshaped it to the kept count
+    and crashed before: a red-team finding, session 33)."""
+    spec = own_spec("one_value_expand_cols")
+    assert all(isinstance(p, AxisProgram) for p in lower_spec(spec).values())
+    for seed in range(3):
+        check_forward(spec, dims, seed=seed)
+        check_backward(spec, dims, seed=seed)
+
+
 def test_a_pointwise_spec_without_a_backward_kernel_stays_flat():
     programs = lower_spec(own_spec("channel_affine"))  # backward: reference
     assert set(programs) == {"forward"} and not isinstance(programs["forward"], AxisProgram)
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, "one_value_expand_cols"])
 def test_the_sources_compile(name):
     from specgen.agents.builtin.generator import compile_source
 
@@ -68,7 +80,7 @@ def test_the_sources_compile(name):
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, "one_value_expand_cols"])
 def test_the_kernels_verify_on_the_gpu(name):
     from specgen.verify import verify_kernel
 

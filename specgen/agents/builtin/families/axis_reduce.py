@@ -789,8 +789,8 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     read_as = {field: attrs["kind"] for field, attrs in loads.items()}
 
     def to_rows(t, name=None):
-        if t.dim() == 0:
-            return t
+        if t.dim() == 0 or (read_as.get(name) == "global" and t.numel() == 1):  # a [1] tensor is one value too
+            return t.reshape(())
         if read_as.get(name) in ("elem", "part") or \
                 (read_as.get(name) is None and t.numel() == S and (tuple(t.shape) == full or t.numel() != O * I)):
             return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
