@@ -6,7 +6,7 @@ per-element values, which one pass over the rows cannot give. When that sum read
 loads (the targets, the mask: no reduction over a row's columns), it is known before the row
 pass: `hoist` rewrites each such `globalreduce` into a `pretotal` node, one value for the launch
 (level global), that a one-block prologue kernel sums in a fixed order (deterministic) into the
-workspace, and every kernel of the direction reads like a 0-d input (emit.PretotalEmitter).
+workspace, and every kernel of the direction reads like a 0-d input (emit_pretotal.py).
 """
 from __future__ import annotations
 
