@@ -529,6 +529,11 @@ class Lowering:
         dims = sorted(d % len(shape) for d in dims) if shape else []
         out_shape = tuple(s for i, s in enumerate(shape) if i not in dims)
         node = val.node
+        if node.level == "post":  # a masked mean's count inside a gradient summed over rows or columns
+            try:
+                node = pretotal.hoist(node, self.pretotals)
+            except pretotal.NotBeforehand:
+                pass  # stays post: refused below with the reduction's own reason
         if all(shape[d] == 1 for d in dims):  # reducing size-1 dims: a view
             if kind == "var":
                 return Val(const(0.0), out_shape)
