@@ -58,7 +58,7 @@ def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9):
     run(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
     for n, want in zip(floating, expected):
         want = torch.zeros_like(args[n]) if want is None else want
-        torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=tol, atol=tol)
+        torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=tol, atol=tol, equal_nan=True)
 
 
 def without_saved(path: Path, tmp_path: Path):
