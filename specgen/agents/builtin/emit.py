@@ -103,6 +103,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         self.variant = variant
         self.col_smem = variant.col_smem and bool(self.colreduces)
         self.globalreduces = [n for n in self.nodes if n.op == "globalreduce"]
+        self.pretotals = [n for n in self.nodes if n.op == "pretotal"]  # sums before the row pass
         self.users: dict[int, list[Node]] = {}
         for n in self.nodes:
             for a in n.args:

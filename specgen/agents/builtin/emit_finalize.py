@@ -78,7 +78,7 @@ class FinalizeEmitter:
         kernel's tail, `partials == nullptr`; schedule.few_finalized_in_cluster): the block form, and
         reductions over all rows only (no column reductions)."""
         return (variant.few_fin == "cluster" and bool(self.globalreduces) and not self.colreduces
-                and not self.pretotal_nodes()
+                and not self.pretotals
                 and self.few_allowed(variant) and self.few_block_form(variant))
 
     def write_cluster_finalize(self, w: CWriter, ctx: Ctx) -> None:

@@ -178,7 +178,7 @@ class HostEmitter:
         """The launcher `<kname>_launch<T>`, the extern "C" entry point, and the size function
         when the launch needs a workspace."""
         w = CWriter()
-        has_workspace = bool(self.colreduces or self.globalreduces or self.pretotal_nodes())
+        has_workspace = bool(self.colreduces or self.globalreduces or self.pretotals)
         w.line("template <typename T>")
         w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, "
                f"cudaStream_t stream{launch_need_param(has_workspace)})")
@@ -366,7 +366,7 @@ class HostEmitter:
             w.line(f"// few rows of a loss ({FEW_FIN_ROWS} at most, a block each): the grid runs as one cluster whose")
             w.line("// first block sums the partials and writes the result: no finalize launch, no workspace")
             w.line(f"const bool fin_cluster = few && groups == 1 && gx <= {FEW_FIN_ROWS} && sg::clusters_ok<{first}>();")
-        npre = len(self.pretotal_nodes())
+        npre = len(self.pretotals)
         if npre:  # never with fin_cluster (finalizes_in_cluster): the kernels find sg_pre before partials
             w.line("// the prologue's sums over all rows (doubles), then the reductions' per-slot partials")
             w.line(f"const size_t partial_bytes = sizeof(double) * {npre} + sizeof(float) * ((size_t)cslots * "

@@ -15,23 +15,22 @@ PROLOGUE_THREADS = 1024  # one block; a power of two for the tree
 
 
 class PretotalEmitter:
-    def pretotal_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if n.op == "pretotal"]
+    pretotals: list[Node]  # the direction's pretotal nodes, in program order (DirectionEmitter.__init__)
 
     def pretotal_expr(self, node: Node) -> str:
-        k = self.pretotal_nodes().index(node)
+        k = self.pretotals.index(node)
         return f"(acc_t)sg_pre[{k}]" if node.dtype == "float" else f"(int64_t)sg_pre[{k}]"
 
     def pretotal_view(self) -> list[str]:
         """A kernel's definition of sg_pre (nothing without pretotals)."""
-        n = len(self.pretotal_nodes())
+        n = len(self.pretotals)
         if not n:
             return []
         return [f"const double* sg_pre = reinterpret_cast<const double*>(partials) - {n};  "
                 "// the prologue's sums over all rows (pretotal.py)", "(void)sg_pre;"]
 
     def emit_pretotals(self) -> str:
-        totals = self.pretotal_nodes()
+        totals = self.pretotals
         if not totals:
             return ""
         w = CWriter()
@@ -84,5 +83,5 @@ class PretotalEmitter:
         return any(n is target for n in walk(root))
 
     def write_pretotal_launch(self, w: CWriter) -> None:
-        if self.pretotal_nodes():
+        if self.pretotals:
             w.line(f"{self.kname}_pretotals<T><<<1, {PROLOGUE_THREADS}, 0, stream>>>(args, pre, rows);")

@@ -80,6 +80,13 @@ def _shape(fx_node) -> tuple[int, ...]:
     return tuple(_hint(s) for s in val.shape)
 
 
+def _raw_shape(arg) -> tuple[int, ...] | None:
+    """An fx argument's traced shape, or None (a number, or a node with no tensor value)."""
+    if isinstance(arg, torch.fx.Node) and hasattr(arg.meta.get("val"), "shape"):
+        return _shape(arg)
+    return None
+
+
 class Lowering:
     def __init__(self, traced: Traced):
         self.t = traced
@@ -217,18 +224,16 @@ class Lowering:
 
     def is_last_axis(self, dim: int, src, shape) -> bool:
         """Is `dim` the last axis of `src` (an fx value: in its raw shape; else of `shape`)."""
-        raw = _shape(src) if isinstance(src, torch.fx.Node) and hasattr(src.meta.get("val"), "shape") else shape
+        raw = _raw_shape(src) or shape
         return bool(raw) and dim % len(raw) == len(raw) - 1
 
     def unmergeable(self, fx_node, what: str) -> None:
-        shapes = [_shape(a) for a in fx_node.all_input_nodes if hasattr(a.meta.get("val"), "shape")]
-        if hasattr(fx_node.meta.get("val"), "shape"):
-            shapes.append(_shape(fx_node))
-        if any(self.merged(shape) for shape in shapes):
+        shapes = [_raw_shape(a) for a in [*fx_node.all_input_nodes, fx_node]]
+        if any(self.merged(shape) for shape in shapes if shape is not None):
             raise self.refuse(fx_node, f"{what} of rows merged by a view")
 
     def fold_shape(self, shape, fx_node=None) -> tuple[int, ...]:
-        """An example shape in the folded space: a first axis that merges row dims is those dims
+        """An example shape in the folded space: an axis that merges row dims is those dims
         (expanded); the trailing run of folded axes (or k size-1 axes after a keepdim
         reduction) becomes one axis."""
         shape = self.unmerged(shape)
@@ -273,7 +278,7 @@ class Lowering:
         return out
 
     def bdims(self, fx_node) -> list[int]:
-        """broadcast_in_dim's dims in the folded space (and a merged first axis unmerged)."""
+        """broadcast_in_dim's dims in the folded space (axes that merge row dims unmerged)."""
         bdims = list(fx_node.args[2])
         src = fx_node.args[0]
         raw = _shape(fx_node)
@@ -308,10 +313,14 @@ class Lowering:
 
     # ---------------------------------------------------------------- sizes
     def fold_width(self) -> Node:
+        return self.dims_product(self.fold_dims, "fold_width")
+
+    def dims_product(self, dims, name: str) -> Node:
+        """The product of signature dims as IR (`name` for each product node)."""
         node: Node | None = None
-        for d in self.fold_dims:
+        for d in dims:
             dn = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
-            node = dn if node is None else Node("mul", (node, dn), level="global", dtype="int", name="fold_width")
+            node = dn if node is None else Node("mul", (node, dn), level="global", dtype="int", name=name)
         return node
 
     def dim_node(self, size: int, fx_node) -> Node:
@@ -324,11 +333,7 @@ class Lowering:
             return const(size)
         run = self.dims_run(size)
         if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]), a numel: their product
-            node = None
-            for d in run:
-                dn = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
-                node = dn if node is None else Node("mul", (node, dn), level="global", dtype="int", name="rows_merged")
-            return node
+            return self.dims_product(run, "rows_merged")
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
 
     def dims_run(self, size: int) -> list | None:
@@ -967,15 +972,19 @@ class Lowering:
                 or idx.node.level not in ("row", "const", "global") or not self.one_per_row(index):
             raise self.refuse(fx_node, "a scatter other than one constant per row (a one-hot)")
         self.set_width(b.shape[-1], fx_node)
-        iota = Node("iota", level="elem", dtype="int", name="col")
-        hit = self.pointwise("eq", [iota, idx.node], fx_node)
+        hit = self.column_hit(idx.node, fx_node)
         return Val(self.where(hit, self.filled(value, fx_node), b.node, fx_node), self.shape_of(fx_node))
+
+    def column_hit(self, index: Node, fx_node) -> Node:
+        """column == index: where a scatter of one value per row writes (the column is the
+        program's column index: the row lowering's last axis, the axis family's reduced one)."""
+        return self.pointwise("eq", [Node("iota", level="elem", dtype="int", name="col"), index], fx_node)
 
     def one_per_row(self, index) -> bool:
         """Does a scatter's index name one column in every row: shaped [rows..., 1] (an index of
         fewer rows, a [1, 1] one, touches only those rows in torch)."""
-        raw = _shape(index) if isinstance(index, torch.fx.Node) and hasattr(index.meta.get("val"), "shape") else None
-        return raw is not None and len(raw) >= 1 and raw[-1] == 1 and self.is_row_shape(self.fold_shape(raw))
+        raw = _raw_shape(index)
+        return bool(raw) and raw[-1] == 1 and self.is_row_shape(self.fold_shape(raw))
 
     def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
         """gather's backward: one value per row added at one column per row (a [rows, 1] index and
@@ -987,10 +996,12 @@ class Lowering:
                 or add.node.level not in ("row", "const", "global") or not self.one_per_row(index):
             raise self.refuse(fx_node, "a scatter_add other than one value per row at one column per row")
         self.set_width(b.shape[-1], fx_node)
-        iota = Node("iota", level="elem", dtype="int", name="col")
-        hit = self.pointwise("eq", [iota, idx.node], fx_node)
-        added = self.where(hit, add.node, const(0.0 if add.node.dtype == "float" else 0), fx_node)
-        return Val(self.pointwise("add", [b.node, added], fx_node), self.shape_of(fx_node))
+        return Val(self.added_at(b.node, idx.node, add.node, fx_node), self.shape_of(fx_node))
+
+    def added_at(self, base: Node, index: Node, value: Node, fx_node) -> Node:
+        """base + where(column == index, value, 0): a scatter_add of one value per row."""
+        added = self.where(self.column_hit(index, fx_node), value, const(0.0 if value.dtype == "float" else 0), fx_node)
+        return self.pointwise("add", [base, added], fx_node)
 
     # -- outputs
     def store(self, field: str, result, fx_node) -> list[Store]:

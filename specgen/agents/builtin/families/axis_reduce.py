@@ -35,7 +35,7 @@ import torch
 
 from ...base import AgentRefused
 from ..ir import Node, Program, Store, const
-from ..lower import Cat, Lowering, TensorRef, Val, _shape
+from ..lower import Cat, Lowering, TensorRef, Val, _raw_shape, _shape
 from ..modules import Uninit
 from ..trace import trace
 from .scan import Rev
@@ -219,12 +219,7 @@ class AxisLowering(Lowering):
         for a in range(len(shape)):
             for b in range(a + 1, len(shape) + 1):
                 if math.prod(shape[a:b]) == size:
-                    total = None
-                    for d in dims[a:b]:
-                        node = Node("dim", level="global", dtype="int", attrs={"dim": d}, name=f"dim_{d.resolve(self.t.dims)}")
-                        total = node if total is None else Node("mul", (total, node), level="global", dtype="int",
-                                                                name=f"size_{size}")
-                    return total
+                    return self.dims_product(dims[a:b], f"size_{size}")
         return super().dim_node(size, fx_node)
 
     def op_empty_strided(self, fx_node, *args, **kwargs):  # only ever filled (full_like) by the traces
@@ -524,14 +519,12 @@ class AxisLowering(Lowering):
         src = self.value(value, fx_node).node if isinstance(value, torch.fx.Node) else self.filled(value, fx_node)
         if src.level == "elem":
             raise self.refuse(fx_node, "a scatter of a full tensor")
-        iota = Node("iota", level="elem", dtype="int", name="col")
-        hit = self.pointwise("eq", [iota, idx.node], fx_node)
-        return Val(self.where(hit, src, b.node, fx_node), _shape(fx_node))
+        return Val(self.where(self.column_hit(idx.node, fx_node), src, b.node, fx_node), _shape(fx_node))
 
     def one_per_kept(self, index) -> bool:
         """Does a scatter's index hold one entry per kept element (an index of fewer, a [1, 1]
         one, touches only those in torch)."""
-        raw = _shape(index) if isinstance(index, torch.fx.Node) and hasattr(index.meta.get("val"), "shape") else None
+        raw = _raw_shape(index)
         return raw is not None and math.prod(raw) == math.prod(self.layout.kept_shape)
 
     def op_scatter_add(self, fx_node, base, dim, index, src, **kw):
@@ -542,10 +535,7 @@ class AxisLowering(Lowering):
         if self.layout.red_axes != [dim % len(b.shape)] or idx.node.level not in ("row", "const", "global") \
                 or add.node.level not in ("row", "const", "global") or not self.one_per_kept(index):
             raise self.refuse(fx_node, "a scatter_add other than one value per kept element along the reduced axis")
-        iota = Node("iota", level="elem", dtype="int", name="col")
-        hit = self.pointwise("eq", [iota, idx.node], fx_node)
-        added = self.where(hit, add.node, const(0.0 if add.node.dtype == "float" else 0), fx_node)
-        return Val(self.pointwise("add", [b.node, added], fx_node), _shape(fx_node))
+        return Val(self.added_at(b.node, idx.node, add.node, fx_node), _shape(fx_node))
 
     def op_empty_permuted(self, fx_node, *args, **kwargs):  # empty_like's: as empty_strided here
         return self.op_empty_strided(fx_node, *args, **kwargs)
@@ -563,7 +553,7 @@ class AxisLowering(Lowering):
         # contiguous strides over the whole source (GroupNorm's [B, g, C/g, 1] back to [B, C]): a view
         new_shape = _shape(fx_node)
         strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else int(s) for s in stride]
-        old_shape = _shape(src) if isinstance(src, torch.fx.Node) and hasattr(src.meta.get("val"), "shape") else None
+        old_shape = _raw_shape(src)
         contiguous, acc = [], 1
         for n in reversed(new_shape):
             contiguous.append(acc)
