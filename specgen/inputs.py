@@ -42,9 +42,15 @@ DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # input of lower rank than the largest (a weight, a bias, a cos/sin table) holds one constant, 1 or
 # 0 by its place in the signature and the seed (identity_constant), whole if it has one dim, else in
 # its first row and every fourth row after it (position 0 of a rotary table is cos 1, sin 0); the
-# other inputs normal values.
+# other inputs normal values. "offset": uncentred rows: each row (along the last dim) normal values
+# plus one offset of 20 to 63 in magnitude (either sign), so a row's mean is 20-63 times its
+# spread (uncentred features, offset embeddings, constant padding rows: where a one-pass variance,
+# E[x^2] - mean^2 in float32, cancels; OFFSET_LOG10). "zero-rows": normal values with rows 1, 4, 7, ... (along the
+# last dim) exactly zero (hidden states multiplied by an attention mask: a norm's max or sum of
+# squares is 0 there, and torch gives 0, not NaN).
 DISTRIBUTIONS = ("normal", "large", "tiny", "negative", "uniform", "specials", "huge", "denormal", "outliers",
-                 "rounded", "quantized", "sparse", "masked", "int8", "repeated", "mask-min", "identity")
+                 "rounded", "quantized", "sparse", "masked", "int8", "repeated", "mask-min", "identity",
+                 "offset", "zero-rows")
 SPECIAL_FRACTION = 0.02  # of the elements each: NaN, +Inf, -Inf ("specials")
 # "infinities": +Inf and -Inf only, drawn in place of "specials" for a reference that refuses NaN
 # but takes infinities (verify/domain.py: sigmoid(+-inf) is a probability, sigmoid(NaN) is not)
@@ -52,6 +58,12 @@ FALLBACKS = {"specials": "infinities"}
 # "huge" stops at 1e15 in float32/bfloat16: a row's sum of squares stays finite in a float32
 # accumulator (overflow at the edge of the range is the "specials" class's business, not this one's)
 HUGE_TOP_LOG10 = 15.0
+# "offset": each row's offset is 10^u in magnitude, u uniform in this range (20 to 63 times the spread):
+# a one-pass float32 variance errs past a float32 tolerance from about 30 (attacks-v9's note), while an
+# honest two-pass or Welford kernel, whose mean is off by an ulp or two of the offset, stays within it
+# to about 100 (at 1000 an honest float32 LayerNorm's stand-in erred 5e-5 against atol 1e-5)
+OFFSET_LOG10 = (1.3, 1.8)
+ZERO_ROWS_EVERY = 3  # "zero-rows": rows 1, 4, 7, ... exactly zero
 OUTLIER_FRACTION = 1e-3  # of the elements, at least one per tensor ("outliers")
 
 
@@ -148,6 +160,10 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
         return base
     if distribution == "repeated":
         return _repeated(base, gen, dtype_name)
+    if distribution == "offset":
+        return _offset_rows(base, gen)
+    if distribution == "zero-rows":
+        return zero_rows(base)
     if distribution == "int8":
         if base.dim() == 0:
             return base
@@ -167,6 +183,28 @@ def _values(shape: tuple[int, ...], distribution: str, gen: torch.Generator, dty
     if distribution == "uniform":
         return torch.rand(shape, generator=gen, dtype=torch.float64, device=device) * 2 - 1
     raise ValueError(f"unknown distribution {distribution!r}; known: {', '.join(DISTRIBUTIONS)}")
+
+
+def _offset_rows(base: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each row (along the last dim; a 0-d or 1-d tensor is one row) shifted by one offset of
+    magnitude 10^u, u uniform in OFFSET_LOG10, of a random sign ("offset")."""
+    if base.numel() == 0:
+        return base
+    rows = base.reshape(-1, base.shape[-1]) if base.dim() else base.reshape(1, 1)
+    u = torch.rand(rows.shape[0], 2, generator=gen, dtype=torch.float64, device=base.device)
+    lo, hi = OFFSET_LOG10
+    shift = torch.pow(10.0, lo + u[:, :1] * (hi - lo)) * torch.where(u[:, 1:] < 0.5, -1.0, 1.0)
+    return (rows + shift).view(base.shape)
+
+
+def zero_rows(base: torch.Tensor, every: int = ZERO_ROWS_EVERY) -> torch.Tensor:
+    """Rows 1, 1 + every, ... (along the last dim) exactly zero ("zero-rows"); a tensor of one row
+    (a weight, a bias) keeps its values: zero parameters are not the point."""
+    if base.dim() < 2 or base.numel() == 0:
+        return base
+    base = base.clone()
+    base.view(-1, base.shape[-1])[1::every] = 0.0
+    return base
 
 
 def with_specials(base: torch.Tensor, u: torch.Tensor, *, nan: bool = True) -> torch.Tensor:

@@ -202,7 +202,8 @@ def clean_mark_size(dims):
     ("gelu", fakes.gelu_forward, zero_rows_skipped_backward, "backward", "gradients", {"zero-rows"}),
     ("rmsnorm", rms_forward, identity_weight_backward, "backward", "distribution", {"identity"}),
     ("softmax", finite_mask_rows_nan, softmax_backward, "forward", "distribution", {"mask-min"}),
-    ("softmax", inside_runs_nan, softmax_backward, "forward", "distribution", {"masked", "mask-min"}),
+    # "specials" hold -inf inside rows too: since version 12 shifted the cases' seeds, a specials case meets it first
+    ("softmax", inside_runs_nan, softmax_backward, "forward", "distribution", {"masked", "mask-min", "specials"}),
 ])
 def test_each_cheat_of_the_v10_classes_is_rejected_on_its_own_case(request, spec_name, forward, backward, direction,
                                                                    field, drawn):
@@ -210,7 +211,11 @@ def test_each_cheat_of_the_v10_classes_is_rejected_on_its_own_case(request, spec
     kernel = fakes.RmsKernel(spec, forward, backward)
     verdict = run_verification(spec, kernel, dataclasses.replace(QUICK, directions=(direction,)), device="cpu")
     assert verdict.reason in ("wrong-result", "unwritten-output"), verdict.summary()
-    assert verdict.counterexample.case.get(field) in drawn, verdict.counterexample.case
+    case = verdict.counterexample.case
+    # an output gradient's class is the inputs' where the case draws none of its own (Case.gradient_class):
+    # since version 12 inputs with zero rows bring zero-row gradients too
+    got = (case.get("gradients") or case.get("distribution")) if field == "gradients" else case.get(field)
+    assert got in drawn, case
 
 
 def test_more_rows_right_after_fewer_meet_the_workspace_the_fewer_left(gelu):

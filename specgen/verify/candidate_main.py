@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import socket
 import sys
 import time
@@ -65,6 +66,8 @@ def serve(fd: int) -> int:
         op = message["op"]
         fp_saved = fp_save()  # this thread's floating-point environment (fp_report)
         fp_before = fp_state(fp_saved)
+        thread_before = thread_state()
+        pool_before = pool_in_use(torch, device) if op in LEAK_CHECKED else None
         try:
             if op == "arenas":
                 for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
@@ -123,6 +126,12 @@ def serve(fd: int) -> int:
                      "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
         if (changed := fp_report(fp_before, fp_saved)) is not None:  # the calls this thread made left it changed
             reply["host_fp"] = [changed, *reply.get("host_fp", [])]
+        if (moved := thread_report(thread_before)) is not None:  # its CPUs, priority or signal mask
+            reply["host_thread"] = moved
+        if pool_before is not None and reply.get("type") == "done":
+            after = pool_in_use(torch, device)
+            if after is not None and after > pool_before:  # cudaMallocAsync memory the calls never freed
+                reply["leaked"] = {"bytes": after - pool_before, "op": op}
         channel.send(reply)
         if reply["type"] == "fatal":
             return 0  # the CUDA context is unusable: this process is done
@@ -261,6 +270,85 @@ def _timed(torch, state, message: dict, prepare_call, stream, tensors) -> dict:
         reply["times_ms"] = [s.elapsed_time(e) for s, e in events]
         reply["walls_ms"] = walls
     return reply
+
+
+# ------------------------------------------------------------------ memory the calls leave allocated
+# (verifier version 12) A call may take scratch from the device's default pool (cudaMallocAsync on
+# `stream`) but must give it back (cudaFreeAsync on `stream`): memory allocated by a call and never
+# freed grows without bound in a generation loop, one call per token, until the process runs out of
+# GPU memory (held-out attacks-v9's softmax: its few-rows schedule never freed its scratch, session 34).
+# The pool's bytes in use are read before and after every request that calls the kernel (the device
+# idle both times); a growth is `leaked-memory`. Captures, replays and the endurance run (which
+# replays graphs) are left out: a capture's allocations belong to the graph.
+LEAK_CHECKED = ("call", "timed", "side_by_side", "threads", "then_copy")
+
+
+def pool_in_use(torch, device: int) -> int | None:
+    """The default pool's bytes in use on `device` once the device is idle (pool.used_bytes)."""
+    from .pool import used_bytes
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a lost context is the request's own business
+        return None
+    return used_bytes(device)
+
+
+# ------------------------------------------------------------------ the calling thread's scheduling state
+# (verifier version 12) The CPUs a thread may run on, its nice value, its scheduling policy and its
+# blocked signals belong to the caller's thread, as its floating-point environment does: host code
+# that pins the calling thread to one core (to keep its launches on the GPU's NUMA node) and leaves
+# it pinned serializes the caller's data loader, tokenizer and CPU ops on that core from then on,
+# and no output shows it (held-out attacks-v9's gelu_tanh, session 34). Read before and after each
+# request in the thread the requests come in on; a change is put back and reported.
+
+
+def thread_state() -> dict:
+    """The calling thread's CPU affinity, nice value, scheduling policy and blocked signals (Linux:
+    each call with pid 0 reads the calling thread); {} where the platform has none of them."""
+    import signal
+
+    state = {}
+    if hasattr(os, "sched_getaffinity"):
+        state["cpus"] = sorted(os.sched_getaffinity(0))
+    if hasattr(os, "getpriority"):
+        state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    if hasattr(os, "sched_getscheduler"):
+        state["policy"] = os.sched_getscheduler(0)
+    if hasattr(signal, "pthread_sigmask"):
+        state["blocked signals"] = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    return state
+
+
+def thread_report(before: dict) -> dict | None:
+    """None when the calling thread's thread_state is still `before`; else {"before", "after"}, with
+    what can be put back put back (raising a lowered priority again may need privileges: skipped)."""
+    import signal
+
+    after = thread_state()
+    if after == before:
+        return None
+    try:
+        if "cpus" in before and after.get("cpus") != before["cpus"]:
+            os.sched_setaffinity(0, before["cpus"])
+        if "blocked signals" in before and after.get("blocked signals") != before["blocked signals"]:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before["blocked signals"])
+        if "nice" in before and after.get("nice") != before["nice"]:
+            os.setpriority(os.PRIO_PROCESS, 0, before["nice"])
+    except OSError:
+        pass
+    return {"before": before, "after": after}
+
+
+def thread_change_detail(before: dict, after: dict, by: str) -> str:
+    """The words of a host-state-changed verdict for the calling thread's scheduling state."""
+    changed = [f"its {name} {before.get(name)} before, {after.get(name)} after"
+               for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+    return (f"the calling host thread's scheduling state changed by {by}, left so: {'; '.join(changed)}. An entry "
+            f"point runs in the caller's thread: pinning it to CPUs, changing its priority or policy, or blocking "
+            f"signals there and leaving it so moves the caller's own work (its data loader, tokenizer, CPU ops, "
+            f"and the threads it starts later, which inherit it); a call may change these only while it runs "
+            f"and must put them back before returning")
 
 
 # ------------------------------------------------------------------ the host's floating-point environment

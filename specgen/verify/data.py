@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..checking import run_reference_checked
-from ..inputs import TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast, with_specials
+from ..inputs import ZERO_ROWS_EVERY, TORCH_DTYPES, as_tuple, expected_outputs, make_inputs, upcast, with_specials
 from ..reference import reference_failure
 from ..saved import evaluate_saved
 from .layout import Layout, TensorRef
@@ -351,7 +351,6 @@ def gradient_scale(dtypes: list[torch.dtype], distribution: str) -> float:
     return min(LOSS_SCALE, *(torch.finfo(dtype).max / 16 for dtype in dtypes))
 
 
-ZERO_ROWS_EVERY = 3  # "zero-rows" output gradients: rows 1, 4, 7, ... zero in every output's
 
 
 def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Generator,
@@ -371,6 +370,10 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
         g = g * scale
     if distribution == "specials":
         g = with_specials(g, torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device))
+    if distribution == "one-hot" and g.dim() >= 1 and g.numel():
+        rows = g.view(-1, g.shape[-1])
+        hot = torch.randint(0, rows.shape[1], (rows.shape[0], 1), generator=gen, device=gen.device)
+        rows.copy_(torch.zeros_like(rows).scatter_(1, hot, rows.gather(1, hot)))
     if distribution == "zero-rows" and g.dim() >= 1 and g.numel():
         rows = g.view(-1, g.shape[-1]) if g.dim() > 1 else g.view(-1, 1)  # a per-row output: its elements
         rows[1::ZERO_ROWS_EVERY] = 0.0

@@ -21,11 +21,12 @@ from . import DEFAULT_EXAMPLES  # Hypothesis cases per direction, on top of the 
 from .checks import (AFTER_SMALLER_HINT, check_on_the_workspace_left, check_calls_side_by_side, check_capture, check_case,
                      check_deterministic_repeats, check_finished_on_its_stream, check_first_calls,
                      check_repeated_calls, check_stale_output_loop, run_first_calls)
+from .bad_indices import check_out_of_range_indices, ranged_inputs
 from .chained import check_backward_on_own_saved
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
-from .threaded import check_calls_from_threads, thread_calls
-from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, classes_at_scale,
+from .threaded import check_calls_from_threads, fresh_pairs, thread_calls
+from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, classes_at_scale, scalars_at_scale,
                          fewer_rows_case, fit_budget, more_rows_case, fresh_case, full_size_cases, large_case, make_case, row_symbol,
                          smoke_case)
 from .runner import check_guards, raise_outcome
@@ -210,6 +211,13 @@ class Session:
         if not opts.quick:
             check_first_calls(pair, first)
             del pair, first
+            # indices outside their declared range (a padding label): no fault, no write outside (bad_indices.py)
+            bad = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7000), direction)
+            if ranged_inputs(spec, bad.dims):
+                self.progress(f"{direction}: indices outside their declared range")
+                stage(self.runner, bad, snapshots=False)
+                self.cases += check_out_of_range_indices(self.runner, bad)
+            del bad
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
@@ -280,6 +288,12 @@ class Session:
                           + " and ".join(f"{way} {case.describe()}" for case, way in pair))
             threaded = [prepare(self.spec, case, way, self.device) for case, way in pair]
             check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic)
+            self.cases += 2
+        for pair in fresh_pairs(spec, opts.seed, opts.budget):  # shapes no call has met yet, no call alone first
+            self.progress(f"{direction}: calls from two host threads at the same time on new shapes, "
+                          + " and ".join(case.describe() for case in pair))
+            threaded = [prepare(self.spec, case, direction, self.device) for case in pair]
+            check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic, fresh=True)
             self.cases += 2
         t = self.phase("threads", t)
         self.endurance(direction, [(smoke_case(spec, opts.seed + 5), SMOKE_STREAM),
@@ -356,6 +370,8 @@ class Session:
         # refusal on the GPU is a device-side assert in the judge)
         if cases and not self.domain.rejected:
             cases += classes_at_scale(self.spec, cases[:len(self.spec.benchmark)], self.domain, self.options.seed + 600)
+        if cases and self.spec.benchmark:
+            cases += scalars_at_scale(self.spec, cases[0], self.domain, self.options.seed + 650)
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
             cases = [self.scaled(case) for case in cases]
         for index, case in enumerate(cases):

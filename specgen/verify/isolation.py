@@ -183,6 +183,36 @@ def host_fp_failure(spec, op: str, direction: str | None, report: dict, threads:
                    + fp_change_detail(report["before"], report["after"], by))
 
 
+LEAK_WORDS = {"call": "one call", "endure": "a run of calls in a row", "timed": "the timed calls",
+              "side_by_side": "two calls side by side", "threads": "calls from two host threads",
+              "then_copy": "one call"}
+
+
+def leaked_memory_failure(spec, message: dict, leaked: dict):
+    """The leaked-memory Failure: the default pool held `leaked["bytes"]` more after the request."""
+    from .verdict import LEAKED_MEMORY, Failure
+
+    direction = _message_direction(message, 0)
+    entry = abi.entry_point(spec, direction) if spec is not None and direction else "the kernel"
+    return Failure(LEAKED_MEMORY, f"after {LEAK_WORDS.get(leaked.get('op'), 'calls')} of {entry}, the device's "
+                   f"default memory pool held {leaked['bytes']} bytes more than before, with the device idle: memory "
+                   f"taken with cudaMallocAsync and never freed. In a generation loop (one call per token) it grows "
+                   f"until the process runs out of GPU memory. Free every allocation on `stream` before returning "
+                   f"(cudaFreeAsync), or take scratch from the workspace the ABI hands each call")
+
+
+def host_thread_failure(spec, op: str, direction: str | None, report: dict):
+    """The host-state-changed Failure for the calling thread's scheduling state left changed
+    (candidate_main.thread_report)."""
+    from .candidate_main import thread_change_detail
+    from .verdict import HOST_STATE_CHANGED, Failure
+
+    entry = abi.entry_point(spec, direction) if spec is not None and direction else None
+    by = ("loading the kernel library (its load-time code)" if op == "load"
+          else f"a call of {entry}" if entry else "a call")
+    return Failure(HOST_STATE_CHANGED, thread_change_detail(report["before"], report["after"], by))
+
+
 def _direction_of(args: tuple) -> str | None:
     """The direction of a runner method's calls: its first argument, or its first call's."""
     first = args[0] if args else None
@@ -200,17 +230,21 @@ def fp_watched(method):
     is a host-state-changed Failure; put back too when the request raises."""
     @functools.wraps(method)
     def watched(self, *args, **kw):
-        from .candidate_main import fp_report, fp_save, fp_state
+        from .candidate_main import fp_report, fp_save, fp_state, thread_report, thread_state
 
         saved = fp_save()
         before = fp_state(saved)
+        scheduling = thread_state()
         try:
             result = method(self, *args, **kw)
         except BaseException:
             fp_report(before, saved)
+            thread_report(scheduling)
             raise
         if (report := fp_report(before, saved)) is not None:
             raise host_fp_failure(self.spec, method.__name__, _direction_of(args), report)
+        if (moved := thread_report(scheduling)) is not None:
+            raise host_thread_failure(self.spec, method.__name__, _direction_of(args), moved)
         return result
     return watched
 
@@ -689,6 +723,10 @@ class IsolatedRunner(RunnerBase):
         if reply.get("type") == "error":
             raise RuntimeError(f"the candidate's process failed a {message['op']} request: "
                                f"{reply.get('message')}\n{reply.get('trace', '')}")
+        if reply.get("leaked"):  # device memory the calls took from the default pool and never gave back
+            raise leaked_memory_failure(self.spec, message, reply["leaked"])
+        if reply.get("host_thread"):  # the calling thread's CPUs, priority or signal mask left changed
+            raise host_thread_failure(self.spec, message["op"], _message_direction(message, 0), reply["host_thread"])
         if reply.get("host_fp"):  # a calling thread's floating-point environment left changed
             report = reply["host_fp"][0]
             raise host_fp_failure(self.spec, message["op"], _message_direction(message, report.get("thread", 0)),

@@ -15,11 +15,12 @@ from __future__ import annotations
 import ctypes
 
 CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7
 KEEP_EVERYTHING = (1 << 64) - 1
 
 
-def keep_freed_memory(device: int) -> None:
-    """Set the default pool of CUDA device `device` (an ordinal) to keep all freed memory."""
+def default_pool(device: int) -> ctypes.c_void_p:
+    """The default memory pool of CUDA device `device` (an ordinal)."""
     from .arena import _check, driver
 
     drv = driver()
@@ -27,6 +28,30 @@ def keep_freed_memory(device: int) -> None:
     _check(drv.cuDeviceGet(ctypes.byref(handle), ctypes.c_int(device)), "cuDeviceGet")
     pool = ctypes.c_void_p()
     _check(drv.cuDeviceGetDefaultMemPool(ctypes.byref(pool), handle), "cuDeviceGetDefaultMemPool")
+    return pool
+
+
+def used_bytes(device: int) -> int | None:
+    """Bytes of the default pool of `device` allocated and not yet freed (cudaMallocAsync without its
+    cudaFreeAsync, once the device is idle); None where the driver does not answer. The verifier's
+    leak check (candidate_main: leaked-memory, version 12) compares it before and after a request."""
+    from .arena import driver
+
+    try:
+        value = ctypes.c_uint64()
+        code = driver().cuMemPoolGetAttribute(default_pool(device), ctypes.c_int(CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+                                              ctypes.byref(value))
+    except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
+        return None
+    return int(value.value) if code == 0 else None
+
+
+def keep_freed_memory(device: int) -> None:
+    """Set the default pool of CUDA device `device` (an ordinal) to keep all freed memory."""
+    from .arena import _check, driver
+
+    drv = driver()
+    pool = default_pool(device)
     keep = ctypes.c_uint64(KEEP_EVERYTHING)
     _check(drv.cuMemPoolSetAttribute(pool, ctypes.c_int(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), ctypes.byref(keep)),
            "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")

@@ -290,10 +290,11 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
 
 
 VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantized", "sparse", "masked", "int8",
-                 "repeated", "mask-min", "identity")
+                 "repeated", "mask-min", "identity", "offset", "zero-rows")
 # output gradients drawn apart from the inputs' class (data.output_gradient): NaN/inf, loss-scaled,
-# exactly one (a plain loss.backward()), whole rows of zeros (padded or loss-masked positions)
-GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows")
+# exactly one (a plain loss.backward()), whole rows of zeros (padded or loss-masked positions), one
+# non-zero element per row (a gathered token's log-probability)
+GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows", "one-hot")
 IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
@@ -631,7 +632,9 @@ def _rows_scaled(spec, case: Case, scaled) -> Case | None:
 # size (a persistent grid, rows seeded from the block's previous row) mishandles NaN, infinities,
 # huge or masked rows meets those values only at small sizes otherwise (held-out attacks-v7,
 # session 30: a warm start wrong only past 2^22 elements and 1024 rows).
-CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated", "mask-min")
+# "offset" and "zero-rows" since version 12 (held-out attacks-v9, session 34: a one-pass variance and
+# an overflow-safe RMSNorm with no guard for an all-zero row, both in wide-row schedules).
+CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated", "mask-min", "offset", "zero-rows")
 # ... and one class at each other benchmark shape, in turn: a schedule taken only at wide rows and
 # many of them (held-out attacks-v8's softmax: a one-pass schedule from 1024 rows of 65536, NaN on
 # rows with a masked run inside, session 31) meets masked rows nowhere else
@@ -657,6 +660,28 @@ def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int) -> lis
         if dtype is not None:
             cases.append(replace(shape, dtype=dtype, distribution=cls, seed=seed + 100 + number,
                                  overrides=domain.overrides(cls, dtype)))
+    return cases
+
+
+def scalars_at_scale(spec, shape: Case, domain: Domain, seed: int) -> list[Case]:
+    """`shape` (the first benchmark shape, full size) with its scalars drawn and at each end of
+    their ranges, tiny values where the screen draws them (an epsilon matters against a small sum
+    of squares); none for a spec without scalars. Every other full-size case and timed call uses
+    the defaults, so a schedule for large calls that keeps a default as a constant (held-out
+    attacks-v9's add_rmsnorm: eps = 1e-6 from 2^22 elements, where Llama's configs pass 1e-5,
+    session 34) met drawn scalars only in small cases before version 12."""
+    if not spec.signature.scalars:
+        return []
+    cases = []
+    for number, values in enumerate((scalar_values(spec, seed), scalar_ends(spec, 0), scalar_ends(spec, 1))):
+        if not values:
+            continue
+        dtype = spec.dtypes[number % len(spec.dtypes)]
+        # tiny values only where the screen passed every class (else each case is screened on the
+        # CPU first: too slow at full size)
+        cls = "tiny" if "tiny" in domain.of(dtype) and not domain.rejected else "normal"
+        cases.append(replace(shape, dtype=dtype, distribution=cls, seed=seed + number, scalars=values,
+                             overrides=domain.overrides(cls, dtype)))
     return cases
 
 
@@ -717,5 +742,5 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVER
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
-           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "past_int32_case",
+           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "scalars_at_scale", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "past_int32_case",
            "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]

@@ -236,6 +236,45 @@ def thread_pairs(big: Case, launch_bound: list[Case]) -> list[tuple[Case, Case]]
             for a, b in pairs]
 
 
+FRESH_SEED_OFFSET = 5200  # the fresh pairs' values
+# Row widths of the fresh pairs' "wide" pair: both past 48 KiB of float32 (the dynamic shared memory a
+# kernel must opt in to) and within what one H100/H200 block can stage (227 KiB), different from
+# each other, odd (no other case's sizes), so each thread's call needs its own opt-in.
+FRESH_WIDE_ROWS = (49151, 20483)
+FRESH_ROWS = 3  # the other dims of the fresh pairs' cases (within their ranges)
+
+
+def fresh_pairs(spec, seed: int, budget: int) -> list[tuple[Case, Case]]:
+    """Pairs of cases that no earlier call of the process has used, called from two threads with no
+    call alone first (check_calls_from_threads(fresh=True)): one new shape on both threads (server
+    threads meeting the same new batch size at once: a host plan cache that publishes an entry's
+    key before its fields are written, held-out attacks-v9's rope, session 34), and two wide rows
+    of different widths (each call opting its kernel in to its own row's shared memory right before
+    launching: one thread lowers the limit between the other's opt-in and launch, attacks-v9's
+    softmax). Sizes within the ranges and the budget; the wide pair only where the row's range
+    reaches past FRESH_WIDE_ROWS[1]."""
+    from .strategies import fit_budget, legal_sizes, make_case, row_symbol
+
+    sig = spec.signature
+    steps = sig.symbol_divisors()
+    symbols = sig.symbols()
+    row = row_symbol(sig)
+
+    def case(width: int | None, number: int) -> Case:
+        wanted = {s: (width if s == row and width else FRESH_ROWS + 2 * number) for s in symbols}
+        dims = {s: legal_sizes(*spec.dims[s], steps.get(s, 1), [wanted[s]])[0] for s in symbols}
+        dims = fit_budget(sig, dims, spec.dims, budget, keep=row)
+        return make_case(dims, spec.dtypes[0], seed=seed + FRESH_SEED_OFFSET + number)
+
+    same = case(257 + 2 * FRESH_ROWS, 0)  # an odd width near the mid shape's: a new shape
+    pairs = [(same, dataclasses.replace(same, seed=same.seed + 1))]
+    if row is not None and spec.dims[row][1] > FRESH_WIDE_ROWS[1]:
+        wide, narrower = case(FRESH_WIDE_ROWS[0], 1), case(FRESH_WIDE_ROWS[1], 2)
+        if wide.dim_map != narrower.dim_map:
+            pairs.append((wide, narrower))
+    return pairs
+
+
 def direction_pairs(big: Case, launch_bound: list[Case]) -> list[tuple[tuple[Case, str], tuple[Case, str]]]:
     """The pairs of a forward and a backward called from two threads at the same time: the forward
     on the large case beside the backward on the first launch-bound one, the backward on the large
@@ -296,18 +335,16 @@ def _nbytes(shape, dtype: torch.dtype) -> int:
 
 
 def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bool,
-                             repeat: int = THREAD_CALLS, driver: str | None = None) -> None:
+                             repeat: int = THREAD_CALLS, driver: str | None = None, fresh: bool = False) -> None:
     """Each case called alone (its results, and its bits), then every case from a host thread of
     its own, `repeat` calls each, all at once: every call's outputs must be its own inputs'
     results (and, for a deterministic spec, the bits it gives alone). The cases may be of either
     direction (direction_pairs: a forward beside a backward). Stages the cases itself
     (stage_apart). The threads are native (`driver`, by default native_driver() on a GPU) or,
-    without one, Python's."""
+    without one, Python's. `fresh` (fresh_pairs): the threads' calls come first, on shapes the
+    process has not met, and each case is called alone after them (for its bits)."""
     sets = stage_apart(runner, cases, repeat)
-    alone = []
-    for data, mine in zip(cases, sets):
-        alone.append(run_once(runner, data, 0, mine[0]))
-        check_close(data, alone[-1])
+    alone = [] if fresh else [solo_call(runner, data, mine) for data, mine in zip(cases, sets)]
     workspaces = runner.workspaces()
     items = [[{"direction": data.direction,
                "tensors": {**data.input_refs, **refs, **({abi.WORKSPACE: workspaces[i]} if workspaces else {})},
@@ -338,6 +375,18 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
         raise Failure(failure.reason, f"{what}{thread}: {failure.detail}", failure.counterexample,
                       fatal=failure.fatal) from None
     check_guards(runner, failed, f"with {what}: ")
+    if fresh:  # every set checked against the truth first, then each case alone into a set of its own
+        kept = [[{name: runner.tensor(ref).clone() for name, ref in refs.items()} for refs in mine] for mine in sets]
+        for data, mine in zip(cases, kept):
+            for number, together in enumerate(mine):
+                check_close(data, together, prefix=THREADS_HINT.format(
+                    call=f"a call this thread made on a shape the process had not met (output set {number + 1})",
+                    other=" and ".join(d.case.describe() for d in cases if d is not data)))
+        alone = [solo_call(runner, data, mine) for data, mine in zip(cases, sets)]
+        for mine, copies in zip(sets, kept):
+            for refs, copy in zip(mine, copies):
+                for name, ref in refs.items():
+                    runner.tensor(ref).copy_(copy[name])
     for index, (data, mine, solo) in enumerate(zip(cases, sets, alone)):
         others = " and ".join(d.case.describe() for j, d in enumerate(cases) if j != index)
         for number, refs in enumerate(mine):
@@ -356,3 +405,11 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
             check_close(data, together, prefix=prefix)
             if deterministic:
                 check_same_bits(data, solo, together, what=f"a call alone and the same call {prefix[:-2]}")
+
+
+def solo_call(runner, data: CaseData, mine: list[dict[str, TensorRef]]) -> dict[str, torch.Tensor]:
+    """`data` called once alone into its first output set, checked against its truth; its outputs
+    (copies: the set is written again by the threads' calls or restored after)."""
+    got = run_once(runner, data, 0, mine[0])
+    check_close(data, got)
+    return got

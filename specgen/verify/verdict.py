@@ -27,11 +27,14 @@ BAD_WORKSPACE = "bad-workspace"  # the size function asks for an unbelievable nu
 # a call (or the library's load) left the calling host thread's floating-point environment changed
 # (MXCSR FTZ/DAZ, rounding, traps; FPCR on aarch64): candidate_main.fp_report, verifier version 10
 HOST_STATE_CHANGED = "host-state-changed"
+# the device's default memory pool holds more after a request's calls than before (cudaMallocAsync
+# scratch never freed): candidate_main.pool_in_use, verifier version 12
+LEAKED_MEMORY = "leaked-memory"
 
 REASONS = (PASSED, COMPILE_ERROR, FORBIDDEN_SYMBOL, ENTRY_POINT_MISSING, SANITIZER, CUDA_ERROR, CRASH, TIMEOUT,
            INPUT_MUTATED, UNWRITTEN_OUTPUT, NONDETERMINISTIC, WRONG_RESULT, STREAM_VIOLATION,
            POST_TIMING_MISMATCH, NOT_CAPTURABLE, OUT_OF_BOUNDS, FASTER_THAN_PHYSICS, REMEMBERS_INPUTS,
-           BAD_WORKSPACE, HOST_STATE_CHANGED)
+           BAD_WORKSPACE, HOST_STATE_CHANGED, LEAKED_MEMORY)
 
 # The stream a call ran on (graphs.STREAM_KINDS), in a counterexample's words
 STREAM_WORDS = {"pool": "on a stream of its own (non-blocking, torch.cuda.Stream())",
