@@ -9,6 +9,7 @@ PRELUDE = r"""// ---- specgen builtin runtime helpers (inlined into every genera
 #include <cooperative_groups.h>
 #include <stdint.h>
 #include <math.h>
+#include <atomic>
 
 namespace sg {
 
@@ -309,60 +310,84 @@ __device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
   }
 }
 
+// Host caches are kept per device (a process may drive several GPUs, of different models) and
+// hold only what the device itself answers, so two threads filling one entry at once store the
+// same value: no plan or pointer is kept between calls.
+constexpr int kMaxDevices = 64;
+
+inline int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) device = 0;
+  return device;
+}
+
 // Resident blocks per SM of one kernel instantiation at its block size (its registers and
-// shared memory decide), asked once per instantiation: the grid is one full wave of
+// shared memory decide), asked once per instantiation and device: the grid is one full wave of
 // persistent blocks, so no partial last wave leaves SMs idle.
 template <auto Kernel>
 inline int blocks_per_sm(int block) {
-  static int cached = 0;
-  if (cached == 0) {
-    int n = 0;
+  static std::atomic<int> cached[kMaxDevices];
+  std::atomic<int>& mine = cached[current_device()];
+  int n = mine.load(std::memory_order_relaxed);
+  if (n == 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
-    cached = n;
+    mine.store(n, std::memory_order_relaxed);
   }
-  return cached;
-}
-
-// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
-// on the row width), past 48 KB after opting the kernel in to that much.
-template <typename... KArgs>
-inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
-  int n = 0;
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
   return n;
 }
 
-// The most dynamic shared memory one block may opt in to (227 KB on the H100/H200).
+// The most dynamic shared memory one block may opt in to on the current device (227 KB on the
+// H100/H200, 99 KB on compute capability 12.0).
 inline size_t smem_optin() {
-  static int bytes = -1;
-  if (bytes < 0) {
-    int device = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) bytes = 48 * 1024;
+  static std::atomic<int> cached[kMaxDevices];
+  const int device = current_device();
+  int bytes = cached[device].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || bytes <= 0)
+      bytes = 48 * 1024;
+    cached[device].store(bytes, std::memory_order_relaxed);
   }
   return (size_t)bytes;
+}
+
+// A kernel opted in to all the dynamic shared memory the device allows, whatever this call needs:
+// a limit set to one call's own bytes is lowered by another thread's call between this call's
+// opt-in and its launch, which then fails.
+template <typename... KArgs>
+inline cudaError_t opt_in_smem(void (*kernel)(KArgs...), size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  if (smem > smem_optin()) return cudaErrorInvalidValue;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_optin());
+}
+
+// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
+// on the row width), past 48 KB after opting the kernel in.
+template <typename... KArgs>
+inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
+  int n = 0;
+  opt_in_smem(kernel, smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  return n;
 }
 
 // Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
                               Args... args) {
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-  }
+  const cudaError_t e = opt_in_smem(kernel, smem);
+  if (e != cudaSuccess) return e;
   kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
   return cudaSuccess;
 }
 
 inline int sm_count() {
-  static int count = 0;
+  static std::atomic<int> cached[kMaxDevices];
+  const int device = current_device();
+  int count = cached[device].load(std::memory_order_relaxed);
   if (count == 0) {
-    int device = 0;
-    cudaGetDevice(&device);
     if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
       count = 132;
+    cached[device].store(count, std::memory_order_relaxed);
   }
   return count;
 }
@@ -371,13 +396,15 @@ inline int sm_count() {
 // this kernel built for it (a package's arch list may hold only older code).
 template <auto Kernel>
 inline bool clusters_ok() {
-  static int ok = -1;
-  if (ok < 0) {
-    int device = 0, major = 0;
+  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+  const int device = current_device();
+  int ok = cached[device].load(std::memory_order_relaxed);
+  if (ok == 0) {
+    int major = 0;
     cudaFuncAttributes fa;
-    cudaGetDevice(&device);
     ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
-         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 ? 1 : 2;
+    cached[device].store(ok, std::memory_order_relaxed);
   }
   return ok == 1;
 }
@@ -500,6 +527,17 @@ template <typename T = double> __device__ __forceinline__ double log1p_(double x
 }  // namespace sg"""
 
 
+# Only in kernels that divide by a per-row value (emit.div_per_row): the other kernels' text stays
+# byte for byte what it was.
+PRELUDE_MUL_RN = r"""namespace sg {
+// x * (1/d) rounded on its own, as torch's division is: nvcc contracts a plain product with an
+// add that follows into one FMA, and fma(-1.5, 1/3, 0.5) = -1.5e-8 where -1.5 / 3 + 0.5 = 0
+// (times inf: inf where torch has NaN; hardswish_backward in bf16, session 34).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+}  // namespace sg"""
+
+
 # Only in kernels whose few rows finalize a loss in their own cluster (Variant.few_fin): the other
 # kernels' text, committed and verified, stays byte for byte what it was.
 PRELUDE_CLUSTER_N = r"""namespace sg {
@@ -598,6 +636,7 @@ def with_optional_preludes(parts: list[str]) -> list[str]:
     """`parts` of a kernel's text with the optional prelude parts it calls placed after PRELUDE."""
     text = "\n".join(parts)
     extra = [PRELUDE_EXPM1_LOG1P] if "sg::expm1_<" in text or "sg::log1p_<" in text else []
+    extra += [PRELUDE_MUL_RN] if "sg::mul_rn(" in text else []
     extra += [PRELUDE_CLUSTER_N] if "sg::launch_cluster_n(" in text else []
     extra += [PRELUDE_TREE] if "_tree<TPR, BLOCK>(" in text else []
     at = parts.index(PRELUDE) + 1
