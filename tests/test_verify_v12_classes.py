@@ -293,3 +293,37 @@ def test_a_write_at_an_unchecked_target_index_is_out_of_bounds():
                                device="cpu")
     assert verdict.reason == "out-of-bounds", verdict.summary()
     assert "outside their declared range" in verdict.detail
+
+
+# ------------------------------------------------------------------ memory left allocated
+
+def test_a_leak_is_reported_with_its_bytes_and_the_calls_that_left_it():
+    from specgen.verify.isolation import leaked_memory_failure
+    from specgen.verify.verdict import LEAKED_MEMORY, REASONS
+
+    spec = load_spec(SPECS / "softmax.yaml")
+    failure = leaked_memory_failure(spec, {"direction": "forward"}, {"bytes": 4096, "op": "timed"})
+    assert failure.reason == LEAKED_MEMORY and LEAKED_MEMORY in REASONS
+    assert "4096 bytes" in failure.detail and "softmax_forward" in failure.detail and "timed calls" in failure.detail
+
+
+def test_the_pool_is_not_read_where_there_is_no_gpu():
+    from specgen.verify.candidate_main import LEAK_CHECKED, pool_in_use
+
+    if torch.cuda.is_available():
+        pytest.skip("reads the device's pool on a GPU")
+    assert pool_in_use(torch, 0) is None
+    assert "capture" not in LEAK_CHECKED and "replay" not in LEAK_CHECKED and "timed" in LEAK_CHECKED
+
+
+def test_a_thread_left_pinned_is_reported_and_put_back():
+    from specgen.verify.candidate_main import thread_report, thread_state
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a thread that may run on two CPUs")
+    before = thread_state()
+    assert thread_report(before) is None
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    report = thread_report(before)
+    assert report is not None and report["after"]["cpus"] != report["before"]["cpus"]
+    assert thread_state() == before
