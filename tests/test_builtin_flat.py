@@ -14,7 +14,7 @@ from specgen.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "specs"
 OWN = Path(__file__).resolve().parent / "builtin_specs"
-FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "channel_affine", "batchnorm_infer"]
+FLAT_SPECS = ["relu_odd", "leaky_relu_3d", "sigmoid_1d", "channel_affine", "batchnorm_infer", "third_slope_gate"]
 
 
 def _plans(path):
@@ -191,3 +191,42 @@ def test_a_kernel_with_the_fast_forms_compiles():
 
     spec = load_spec(LEVEL1 / "elu.yaml")
     assert compile_source(spec, build_source(spec)).library.exists()
+
+
+def test_a_quotient_that_cancels_exactly_gives_torchs_nan_times_inf():
+    """third_slope_gate: grad * (x / 3 + 0.5) is inf * 0 = NaN at x = -1.5 (the verifier's -inf
+    grads); the interpreter rounds x * (1/3) on its own, as the kernel must (next test)."""
+    import torch
+
+    from builtin_support import check_forward, own_spec
+    from specgen.agents.builtin.interp import run_program
+
+    spec = own_spec("third_slope_gate")
+    check_forward(spec, {"N": 3, "D": 5})
+    grad = torch.tensor([[float("inf"), float("-inf"), float("-inf"), 2.0]])
+    x = torch.tensor([[-1.5, -1.5, 0.25, -1.5]])
+    out = {"out": torch.full_like(x, float("nan"))}
+    run_program(lower_spec(spec)["forward"], {"grad": grad, "x": x}, {}, {"N": 1, "D": 4}, out, acc=torch.float32)
+    torch.testing.assert_close(out["out"], spec.reference_fn()(grad, x), equal_nan=True)
+    assert out["out"][0, :2].isnan().all()
+
+
+@pytest.mark.nvcc
+def test_a_division_by_a_constant_is_not_contracted_into_an_fma(tmp_path):
+    """x / 3 is emitted as x * (1/3) (emit.div_per_row); nvcc fused that product with the + 0.5
+    into fma(x, 1/3, 0.5) = -1.5e-8 at x = -1.5, where torch's quotient rounds to -0.5 and the sum
+    is 0 (inf grads gave inf where torch has NaN: hardswish_backward in bf16 on the H200, session
+    34). The product is sg::mul_rn: a mul.rn of its own in the PTX."""
+    import subprocess
+
+    from specgen import abi
+    from specgen.toolchain.cuda import find_cuda_toolkit
+
+    spec = load_spec(OWN / "third_slope_gate.yaml")
+    abi.write_header(spec, tmp_path)
+    (tmp_path / "k.cu").write_text(build_source(spec))
+    subprocess.run([str(find_cuda_toolkit().nvcc), "-O3", "-std=c++17", "-arch=sm_90", "-ptx", "-I", str(tmp_path),
+                    "k.cu", "-o", "k.ptx"], cwd=tmp_path, check=True, capture_output=True)
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert "mul.rn.f32" in ptx  # x * (1/3), rounded on its own (mul.rn is never fused by ptxas)
+    assert "fma.rn.f32" not in ptx  # was fma.rn.f32 %f2, %f1, 0f3EAAAAAB, 0f3F000000

@@ -36,12 +36,29 @@ def test_batchnorm_in_eval_mode_is_a_flat_pointwise_kernel():
     assert all(flat.plan_of(p) is not None for p in programs.values())
 
 
-@pytest.mark.parametrize("name, why", [("module_linear", "not one value throughout"),
-                                       ("module_layernorm_symbolic", "cannot trace")])
+@pytest.mark.parametrize("name, why", [("module_linear", "not one value throughout")])
 def test_varying_or_updated_module_tensors_are_refused(name, why):
     with pytest.raises(AgentRefused) as info:
         build_source(own_spec(name))
     assert why in str(info.value) and "LLM agent" in str(info.value)
+
+
+def test_layernorm_of_one_symbolic_int_lowers():
+    """nn.LayerNorm(x.shape[-1]) (one SymInt, refused before: LayerNorm took it for a shape to
+    iterate) is built with the size as an Integral SymInt (modules.IntegralSymInt); the module is
+    float32, so it is checked on float32 inputs (the interpreter in float64)."""
+    import torch
+
+    from specgen.agents.builtin.interp import run_program
+    from specgen.inputs import make_inputs
+
+    spec = own_spec("module_layernorm_symbolic")
+    program = lower_spec(spec)["forward"]
+    for dims in ({"N": 3, "D": 19}, {"N": 1, "D": 2}):
+        args = make_inputs(spec.signature, dims, "float32", seed=3)
+        outs = {"out": torch.full((dims["N"], dims["D"]), float("nan"), dtype=torch.float64)}
+        run_program(program, {"x": args["x"].double()}, {}, dims, outs)
+        torch.testing.assert_close(outs["out"], spec.reference_fn()(**args).double(), rtol=1e-5, atol=1e-5)
 
 
 def test_constant_value_is_the_one_fill_or_none():

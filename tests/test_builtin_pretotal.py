@@ -157,6 +157,24 @@ def test_the_kernels_verify_on_the_gpu(name):
     assert verdict.passed, verdict.summary()
 
 
+def test_the_nll_backward_at_the_gpu_tests_shape_matches_in_float32():
+    """The GPU test's inputs (N = 4099 rows, more than 4 per prologue thread; C = 1031, no vector
+    loads; every third row padding) through the lowered program in the kernels' float32: the
+    program is right there, so a failure of that test is the kernel or its harness (session 34:
+    the harness, a freed grad_out)."""
+    spec = load_spec(NLL)
+    dims = {"N": 4099, "C": 1031}
+    args = make_inputs(spec.signature, dims, "float32", seed=0)
+    args["target"][::3] = -1
+    leaf = args["logits"].clone().requires_grad_()
+    loss = spec.reference_fn()(leaf, args["target"])
+    (want,) = torch.autograd.grad(loss, [leaf])
+    out = {"grad_logits": torch.full_like(want, float("nan"))}
+    tensors = {**args, "out": loss.detach(), "grad_out": torch.ones_like(loss)}
+    run_program(lower_spec(spec)["backward"], tensors, {}, dims, out, acc=torch.float32)
+    torch.testing.assert_close(out["grad_logits"], want, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_nll_backward_is_bit_reproducible_and_matches_on_the_gpu():
@@ -171,14 +189,20 @@ def test_the_nll_backward_is_bit_reproducible_and_matches_on_the_gpu():
     size.restype = ctypes.c_size_t
     dims = {"N": 4099, "C": 1031}
     args = make_inputs(spec.signature, dims, "float32", seed=0, device="cuda")
-    args["target"][::3] = -100
+    # every third row padding, as the declared -1 (target in [-1, C)): the reference maps every
+    # negative label to -100 itself, so a collator's -100 is the same row, outside the contract
+    args["target"][::3] = -1
     leaf = args["logits"].clone().requires_grad_()
     loss = spec.reference_fn()(leaf, args["target"])
     (want,) = torch.autograd.grad(loss, [leaf])
+    # held here: the struct keeps raw pointers only. A grad_out made inside the call was freed
+    # when pack_args returned, the workspace reused its block and the prologue's count (2731.0,
+    # low word 0) was read as grad_out = 0: every gradient 0 (the H200 run of session 34)
+    grad_out = torch.ones_like(loss)
     results = []
     for _ in range(3):
         got = torch.full_like(args["logits"], float("nan"))
-        struct = abi.pack_args(spec, "backward", {**args, "out": loss.detach(), "grad_out": torch.ones_like(loss),
+        struct = abi.pack_args(spec, "backward", {**args, "out": loss.detach(), "grad_out": grad_out,
                                                   "grad_logits": got}, {}, dims)
         workspace = torch.full((size(ctypes.byref(struct)),), 255, dtype=torch.uint8, device="cuda")
         abi.set_workspace(struct, workspace)
@@ -222,6 +246,43 @@ def test_a_parameter_read_at_a_rows_index_is_summed_in_the_prologue():
     assert "A.weight.data)[0 + j]" in prologue and "A.target.data)[row]" in prologue
 
 
+def test_class_weights_are_read_at_the_target_only():
+    """ce_class_weights' backward reads w at each row's target (a gather), never the whole [C]
+    weight per element: torch's decomposition multiplied the one-hot by w[col], and 0 * inf = NaN
+    at every column of an infinite weight made whole rows NaN where ATen gives 0 (trace.py's
+    nll_loss_backward; the H200's verifier, session 34)."""
+    from specgen.agents.builtin.ir import walk
+
+    program = lower_spec(own_spec("ce_class_weights"))["backward"]
+    outside_gathers = lambda n: n.args[1:] if n.op == "gather" else n.args  # noqa: E731
+    for store in program.stores:
+        assert not any(n.op == "load" and n.attrs["field"] == "weight" for n in walk(store.value, outside_gathers))
+
+
+@pytest.mark.parametrize("acc", [torch.float64, torch.float32])
+def test_an_infinite_class_weight_gives_torchs_zeros_and_nans(acc):
+    """An infinite |w| + 0.1 makes the total inf: a row whose target weight is finite has gradient
+    g / inf * w[t] = 0, a row whose target weight is inf NaN (inf * 0), a row of only -inf logits
+    NaN (the verifier's masked values on the H200 gave NaN in 7434 of 8192 rows)."""
+    spec = own_spec("ce_class_weights")
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    logits[4] = float("-inf")
+    logits[2, :2] = float("-inf")
+    target = torch.tensor([0, 3, 1, 3, 2, 4])
+    weight = torch.randn(5, generator=gen, dtype=torch.float64)
+    weight[3] = float("-inf")
+    leaf = logits.clone().requires_grad_()
+    loss = spec.reference_fn()(leaf, target, weight)
+    grad_out = torch.tensor(0.7, dtype=torch.float64)
+    (want,) = torch.autograd.grad(loss, [leaf], grad_out)
+    out = {"grad_logits": torch.full_like(logits, float("nan"))}
+    tensors = {"logits": logits, "target": target, "weight": weight, "out": loss.detach(), "grad_out": grad_out}
+    run_program(lower_spec(spec)["backward"], tensors, {}, {"N": 6, "C": 5}, out, acc=acc)
+    torch.testing.assert_close(out["grad_logits"].double(), want, equal_nan=True)
+    assert (want[[0, 2, 5]] == 0).all() and want[[1, 3, 4]].isnan().all()
+
+
 @pytest.mark.parametrize("dims", [{"N": 5, "D": 7}, {"N": 1, "D": 4}, {"N": 3, "D": 1}])
 def test_a_count_inside_a_parameter_gradient(dims):
     """masked_scaled_mse: the [D] scale's gradient sums over rows a value divided by the kept
@@ -245,3 +306,19 @@ def test_the_masked_parameter_gradient_compiles():
 
     spec = own_spec("masked_scaled_mse")
     compile_source(spec, build_source(spec), arch="sm_90")
+
+
+def test_a_target_outside_its_range_is_read_at_the_rows_edge():
+    """cross_entropy declares target in [0, C); a -100 padding label (or C) still reaches the kernel
+    before the package's lazy range check reports it. The row kernel's gather clamps the index to
+    the row (the interpreter mirrors the emitter): the loss is the one of the clamped targets, and
+    nothing is read outside the row (before the tensor, in row 0)."""
+    spec = load_spec(REPO / "specs" / "cross_entropy.yaml")
+    dims = {"N": 5, "C": 7}
+    args = make_inputs(spec.signature, dims, "float32", seed=2)
+    args["target"][0], args["target"][-1] = -100, 7
+    out = {"out": torch.full((), float("nan")), "saved_max": torch.empty(5), "saved_logsum": torch.empty(5)}
+    run_program(lower_spec(spec)["forward"], dict(args), {}, dims, out, acc=torch.float64)
+    clamped = args["target"].clamp(0, 6)
+    want = torch.nn.functional.cross_entropy(args["logits"].double(), clamped)
+    torch.testing.assert_close(out["out"].double(), want, rtol=1e-6, atol=1e-6)

@@ -74,12 +74,14 @@ def div_per_row(x: str, d: str, guarded: bool = True) -> str:
     where 1/d is a normal float; the division itself where it is not: |d| < 2^-126 (a row
     norm or sum of a lone subnormal: 1/d is inf, and x * inf was inf where x / d is +-1) or
     |d| > 2^126 (1/d subnormal, bits lost). d = 0, inf or NaN divide alike either way. The
-    float limits serve double too (a double 1/d outside them only takes the exact division)."""
+    float limits serve double too (a double 1/d outside them only takes the exact division).
+    The product is sg::mul_rn (prelude.PRELUDE_MUL_RN): never contracted into an FMA with an add
+    that follows, so a quotient that cancels exactly (x / 3 + 0.5 at x = -1.5) stays 0."""
     r = f"((acc_t)1 / (acc_t)({d}))"
     if not guarded:  # 1/d is normal whenever finite (ir.reciprocal_is_normal): the multiply alone
-        return f"((acc_t)({x}) * {r})"
+        return f"sg::mul_rn((acc_t)({x}), {r})"
     return (f"((fabs({r}) >= (acc_t)1.17549435e-38f && fabs({r}) <= (acc_t)3.40282347e+38f) "
-            f"? (acc_t)({x}) * {r} : (acc_t)({x}) / (acc_t)({d}))")
+            f"? sg::mul_rn((acc_t)({x}), {r}) : (acc_t)({x}) / (acc_t)({d}))")
 
 
 class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
@@ -741,7 +743,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             # the column expression evaluated at one column per row, reading the inputs directly
             w.line(f"{self.ctype_var(n)} {name};")
             with w.block():
-                w.line(f"const int64_t j = {self.expr(n.args[1], ctx)};")
+                # an index outside [0, W) (a -100 padding label the package's lazy range check has
+                # not reported yet) reads an edge column, never memory outside the row
+                w.line(f"const int64_t at = {self.expr(n.args[1], ctx)};")
+                w.line("const int64_t j = at < 0 ? 0 : (at >= W ? W - 1 : at);")
                 inner = Ctx(dict(ctx.names))
                 for key, ns in self.elem_loads.items():
                     pn = self.pointer_name(key)

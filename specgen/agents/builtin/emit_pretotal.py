@@ -68,7 +68,8 @@ class PretotalEmitter:
             name = self.var(n)
             w.line(f"{self.ctype_var(n)} {name};")
             with w.block():
-                w.line(f"const int64_t j = {self.expr(n.args[1], ctx)};")
+                w.line(f"const int64_t at = {self.expr(n.args[1], ctx)};")
+                w.line("const int64_t j = at < 0 ? 0 : (at >= W ? W - 1 : at);  // as the row kernel's gathers")
                 inner = Ctx(dict(ctx.names))
                 for m in self.nodes:
                     if m.op == "load" and m.level == "elem" and self.reaches(n.args[0], m):

@@ -116,7 +116,7 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
                     }[a["kind"]](x)
         if op == "gather":
             x = args[0].expand(rows, width)
-            idx = args[1].expand(rows, 1).long()
+            idx = args[1].expand(rows, 1).long().clamp(0, width - 1)  # emit: an edge column outside [0, W)
             return x.gather(1, idx)
         if op == "colreduce":
             x = args[0].expand(rows, width)

@@ -152,10 +152,36 @@ def _constant_pad_by_cat(x, pad, value=0.0):
     return x
 
 
+def _nll_loss_backward_at_targets(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    """aten.nll_loss_backward with class weights as ATen computes it: each row's -(g / total) *
+    w[t] written at its target column, 0 elsewhere. torch's decomposition multiplies the one-hot
+    by the whole [C] weight row, so an infinite weight at any column made 0 * inf = NaN in every
+    row where ATen gives 0 (finite / inf; ce_class_weights on the H200, session 34). Unweighted:
+    torch's own (its factor is already one value per row)."""
+    if weight is None:
+        return decomposition_table[torch.ops.aten.nll_loss_backward.default](
+            grad_output, self, target, weight, reduction, ignore_index, total_weight)
+    channel_dim = 0 if self.dim() < 2 else 1
+    if reduction == 1:  # mean
+        grad_output = grad_output / total_weight
+    if self.dim() == 1 and target.dim() > 0:
+        target = target[0]
+    target = target.unsqueeze(channel_dim)
+    safe_target = torch.where(target != ignore_index, target, 0)
+    if self.dim() > grad_output.dim() > 0:
+        grad_output = grad_output.unsqueeze(channel_dim)
+    picked = weight.expand(self.shape).gather(channel_dim, safe_target)  # w[t]: one value per row
+    value = torch.where(target != ignore_index, picked * -grad_output, 0)
+    columns = torch.arange(self.shape[channel_dim], device=self.device)
+    return torch.where(columns == safe_target, value, 0).to(self.dtype)
+
+
 def decompositions() -> dict:
-    """The table make_fx traces with: torch's full table, scans kept whole, pads as cats."""
+    """The table make_fx traces with: torch's full table, scans kept whole, pads as cats, a
+    weighted NLL's backward at its targets only."""
     table = trace_decompositions(decomposition_table)
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad_by_cat
+    table[torch.ops.aten.nll_loss_backward.default] = _nll_loss_backward_at_targets
     return table
 
 
@@ -391,18 +417,20 @@ def _refuse_an_op_first(traced: Traced, fixed: str) -> None:
 @contextlib.contextmanager
 def _stack_anchor(filename: str):
     """fx keeps only "forward" frames in a node's stack trace; anchor the reference's frame
-    too, so a refusal can name the YAML line. Best effort: older torch lacks the hook."""
+    too, so a refusal can name the YAML line, and the `__init__` of a module class the reference
+    defines (a parameter built under the tracer from a symbolic size: `torch.randn(width)` is named
+    where it is drawn). Best effort: older torch lacks the hook."""
     import torch.fx.proxy as fx_proxy
 
     anchors = getattr(fx_proxy, "_STACK_TRACE_ANCHORS", None)
-    key = (filename, "reference")
-    added = isinstance(anchors, set) and key not in anchors
-    if added:
+    keys = [k for k in ((filename, "reference"), (filename, "__init__"))
+            if isinstance(anchors, set) and k not in anchors]
+    for key in keys:
         anchors.add(key)
     try:
         yield
     finally:
-        if added:
+        for key in keys:
             anchors.discard(key)
 
 
