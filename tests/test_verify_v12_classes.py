@@ -327,3 +327,39 @@ def test_a_thread_left_pinned_is_reported_and_put_back():
     report = thread_report(before)
     assert report is not None and report["after"]["cpus"] != report["before"]["cpus"]
     assert thread_state() == before
+
+
+# ------------------------------------------------------------------ no GPU memory left to allocate
+
+def gelu_with_checked_scratch(k, t, dims):
+    """Takes scratch first (cudaMallocAsync on a GPU) and returns its error when it fails."""
+    if getattr(k, "allocations_fail", False):
+        return 2  # cudaErrorMemoryAllocation, before launching anything
+    return fakes.gelu_forward(k, t, dims)
+
+
+def gelu_with_unchecked_scratch(k, t, dims):
+    """Launches with the null pointer it got: an illegal address, the context lost."""
+    if getattr(k, "allocations_fail", False):
+        return 700  # cudaErrorIllegalAddress
+    return fakes.gelu_forward(k, t, dims)
+
+
+def gelu_skipping_work_without_scratch(k, t, dims):
+    """Sees the failure and returns success without writing its outputs."""
+    if getattr(k, "allocations_fail", False):
+        return 0
+    return fakes.gelu_forward(k, t, dims)
+
+
+@pytest.mark.parametrize("impl, reason", [(gelu_with_checked_scratch, "passed"),
+                                          (fakes.gelu_forward, "passed"),
+                                          (gelu_with_unchecked_scratch, "crash"),
+                                          (gelu_skipping_work_without_scratch, "wrong-result")])
+def test_a_call_with_no_memory_left_may_fail_cleanly_but_not_crash_or_lie(impl, reason):
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    verdict = run_verification(spec, fakes.PyKernel(spec, impl), dataclasses.replace(QUICK, directions=("forward",)),
+                               device="cpu")
+    assert verdict.reason == reason, verdict.summary()
+    if reason != "passed":
+        assert "no GPU memory left to allocate" in verdict.detail

@@ -96,6 +96,17 @@ def serve(fd: int) -> int:
                 code = call(message, on_stream)
                 host_ms = (time.perf_counter() - started) * 1e3
                 reply = _after(torch, state, {"type": "done", "code": code, "host_ms": host_ms})
+            elif op == "starved_call":  # one call with every cudaMallocAsync failing (pool.StarvedPool)
+                from .pool import StarvedPool
+
+                on_stream = stream_of_kind(message.get("stream", "pool"), stream)
+                torch.cuda.synchronize()
+                with StarvedPool(device) as starved:
+                    if starved.problem:
+                        reply = {"type": "done", "code": 0, "skipped": starved.problem}
+                    else:
+                        reply = _after(torch, state, {"type": "done", "code": call(message, on_stream)})
+                        state["lib"].clear_error()  # a failed allocation it ignored: not the next call's error
             elif op == "capture":
                 reply = _capture(torch, state, message, call)
             elif op == "replay":

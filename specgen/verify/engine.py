@@ -23,6 +23,7 @@ from .checks import (AFTER_SMALLER_HINT, check_on_the_workspace_left, check_call
                      check_repeated_calls, check_stale_output_loop, run_first_calls)
 from .bad_indices import check_out_of_range_indices, ranged_inputs
 from .chained import check_backward_on_own_saved
+from .starved import check_allocation_failure
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .threaded import check_calls_from_threads, fresh_pairs, thread_calls
@@ -218,6 +219,14 @@ class Session:
                 stage(self.runner, bad, snapshots=False)
                 self.cases += check_out_of_range_indices(self.runner, bad)
             del bad
+            # no GPU memory left to allocate: an unchecked cudaMallocAsync faults (starved.py)
+            self.progress(f"{direction}: a call with no GPU memory left to allocate")
+            starved = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7100), direction)
+            stage(self.runner, starved, snapshots=False)
+            if (skipped := check_allocation_failure(self.runner, starved)) is not None:
+                self.not_run(f"{direction}: the call with no GPU memory left", skipped)
+            self.cases += 1
+            del starved
         self.progress(f"{direction}: CUDA graph capture")
         data = self.prepare(smoke, direction)
         stage(self.runner, data, snapshots=not self.runner.readonly_inputs)

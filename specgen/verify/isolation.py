@@ -52,6 +52,7 @@ class Outcome:
     failed_call: int | None = None
     sizes: list[int] = field(default_factory=list)  # workspace: the size function's answer per call
     sized: list[str] | None = None  # load: the directions whose size function the library defines
+    skipped: str | None = None  # starved_call: why the check could not be set up (it is then not run)
 
 
 class RunnerBase:
@@ -362,6 +363,23 @@ class LocalRunner(RunnerBase):
         return outcome
 
     @fp_watched
+    def starved_call(self, direction, refs, scalars, dims) -> Outcome:
+        """One call with every stream-ordered allocation failing: on a GPU the device's pool swapped
+        for a full one (pool.StarvedPool); a stand-in finds `allocations_fail` set on itself."""
+        if self.device.type == "cuda":
+            from .pool import StarvedPool
+
+            with StarvedPool(torch.cuda.current_device()) as starved:
+                if starved.problem:
+                    return Outcome(skipped=starved.problem)
+                return self.call(direction, refs, scalars, dims)
+        self.lib.allocations_fail = True
+        try:
+            return self.call(direction, refs, scalars, dims)
+        finally:
+            self.lib.allocations_fail = False
+
+    @fp_watched
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
         refs = self.with_workspace(refs)
@@ -664,6 +682,12 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "call", **_call_message(direction, self.with_workspace(refs), scalars, dims),
                               "stream": stream})
 
+    def starved_call(self, direction, refs, scalars, dims) -> Outcome:
+        """One call with the device's memory pool full and unable to grow (pool.StarvedPool)."""
+        self.scramble_workspace()
+        return self._request({"op": "starved_call", **_call_message(direction, self.with_workspace(refs), scalars,
+                                                                     dims)})
+
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
         return self._request({"op": "capture", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
@@ -734,7 +758,8 @@ class IsolatedRunner(RunnerBase):
         return Outcome(code=reply.get("code", 0), error=reply.get("error"), host_ms=reply.get("host_ms", 0.0),
                        ok=reply.get("ok", True), problem=reply.get("problem"),
                        times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
-                       failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []), sized=reply.get("sized"))
+                       failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []), sized=reply.get("sized"),
+                       skipped=reply.get("skipped"))
 
     def _receive(self, timeout: float) -> dict:
         from .channel import ChannelClosed

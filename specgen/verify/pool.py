@@ -55,3 +55,91 @@ def keep_freed_memory(device: int) -> None:
     keep = ctypes.c_uint64(KEEP_EVERYTHING)
     _check(drv.cuMemPoolSetAttribute(pool, ctypes.c_int(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), ctypes.byref(keep)),
            "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
+
+
+# ------------------------------------------------------------------ a pool that cannot grow
+# (verifier version 12) A kernel that takes scratch with cudaMallocAsync must check the answer: on a
+# nearly full GPU (training tuned to the memory limit) the allocation fails, and a kernel that
+# launches with the null pointer kills the CUDA context (an illegal address) where torch would raise
+# a catchable OutOfMemoryError (held-out attacks-v9's bias_gelu backward, session 34). The verifier's
+# GPU always has room, so the candidate's process makes one call with the device's current pool
+# swapped for a pool capped at STARVED_POOL_BYTES and already full (cudaMallocAsync allocates from
+# the device's current pool: cuDeviceSetMemPool), then puts the default pool back.
+
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+STARVED_POOL_BYTES = 2 << 20  # the cap: one allocation granule of device memory
+STARVED_FILLS = 8  # allocations that fill the capped pool (the first usually does)
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _PoolProps(ctypes.Structure):  # CUmemPoolProps (cuda.h, CUDA 12.2+: maxSize and usage)
+    _fields_ = [("allocType", ctypes.c_int), ("handleTypes", ctypes.c_int), ("location", _Location),
+                ("win32SecurityAttributes", ctypes.c_void_p), ("maxSize", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54)]
+
+
+class StarvedPool:
+    """`with StarvedPool(device) as starved:` the device's current memory pool is a full pool that
+    cannot grow, so every cudaMallocAsync on the device fails (cudaErrorMemoryAllocation); the
+    default pool is put back after. `starved.problem` says why it could not be set up (the check is
+    then skipped, never failed)."""
+
+    def __init__(self, device: int):
+        self.device = device
+        self.problem: str | None = None
+        self.pool = ctypes.c_void_p()
+        self.fills: list[ctypes.c_uint64] = []
+        self.handle = ctypes.c_int()
+        self.swapped = False
+
+    def __enter__(self) -> "StarvedPool":
+        try:
+            self._set_up()
+        except Exception as error:  # noqa: BLE001 - an older driver: the check is skipped
+            self.problem = f"the capped pool could not be set up: {error}"
+            self.__exit__()
+        return self
+
+    def _set_up(self) -> None:
+        from .arena import _check, driver
+
+        drv = driver()
+        _check(drv.cuDeviceGet(ctypes.byref(self.handle), ctypes.c_int(self.device)), "cuDeviceGet")
+        props = _PoolProps(allocType=CU_MEM_ALLOCATION_TYPE_PINNED,
+                           location=_Location(CU_MEM_LOCATION_TYPE_DEVICE, self.device), maxSize=STARVED_POOL_BYTES)
+        _check(drv.cuMemPoolCreate(ctypes.byref(self.pool), ctypes.byref(props)), "cuMemPoolCreate")
+        for _ in range(STARVED_FILLS):  # fill it: allocations of the cap until one fails
+            ptr = ctypes.c_uint64()
+            if drv.cuMemAllocFromPoolAsync(ctypes.byref(ptr), ctypes.c_size_t(STARVED_POOL_BYTES), self.pool,
+                                           ctypes.c_void_p(0)) != 0:
+                break
+            self.fills.append(ptr)
+        probe = ctypes.c_uint64()  # the smallest allocation must fail now
+        code = drv.cuMemAllocFromPoolAsync(ctypes.byref(probe), ctypes.c_size_t(256), self.pool, ctypes.c_void_p(0))
+        if code == 0:
+            self.fills.append(probe)
+            raise RuntimeError(f"a pool capped at {STARVED_POOL_BYTES} bytes still grew")
+        _check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        _check(drv.cuDeviceSetMemPool(self.handle, self.pool), "cuDeviceSetMemPool")
+        self.swapped = True
+
+    def __exit__(self, *exc) -> None:
+        from .arena import driver
+
+        try:
+            drv = driver()
+            if self.swapped:
+                drv.cuDeviceSetMemPool(self.handle, default_pool(self.device))
+            for ptr in self.fills:
+                drv.cuMemFreeAsync(ptr, ctypes.c_void_p(0))
+            drv.cuCtxSynchronize()
+            if self.pool.value:
+                drv.cuMemPoolDestroy(self.pool)
+        except Exception:  # noqa: BLE001 - a lost context: the call's own verdict says so
+            pass
+        self.swapped, self.fills = False, []
