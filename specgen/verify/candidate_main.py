@@ -66,7 +66,7 @@ def serve(fd: int) -> int:
         op = message["op"]
         fp_saved = fp_save()  # this thread's floating-point environment (fp_report)
         fp_before = fp_state(fp_saved)
-        thread_before = thread_state()
+        thread_before = thread_state() if op in THREAD_CHECKED else None
         pool_before = pool_in_use(torch, device) if op in LEAK_CHECKED else None
         try:
             if op == "arenas":
@@ -137,7 +137,7 @@ def serve(fd: int) -> int:
                      "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
         if (changed := fp_report(fp_before, fp_saved)) is not None:  # the calls this thread made left it changed
             reply["host_fp"] = [changed, *reply.get("host_fp", [])]
-        if (moved := thread_report(thread_before)) is not None:  # its CPUs, priority or signal mask
+        if thread_before is not None and (moved := thread_report(thread_before)) is not None:  # CPUs, priority, signals
             reply["host_thread"] = moved
         if pool_before is not None and reply.get("type") == "done":
             after = pool_in_use(torch, device)
@@ -312,6 +312,12 @@ def pool_in_use(torch, device: int) -> int | None:
 # it pinned serializes the caller's data loader, tokenizer and CPU ops on that core from then on,
 # and no output shows it (held-out attacks-v9's gelu_tanh, session 34). Read before and after each
 # request in the thread the requests come in on; a change is put back and reported.
+
+
+# Only the requests that run the kernel's code and little else: torch's own CPU work in the others
+# (an OpenMP runtime that binds its first parallel region's thread under OMP_PROC_BIND) is not the
+# kernel's doing.
+THREAD_CHECKED = ("load", "workspace", "call", "starved_call")
 
 
 def thread_state() -> dict:
