@@ -336,19 +336,22 @@ inline int blocks_per_sm(int block) {
   return n;
 }
 
-// The most dynamic shared memory one block may opt in to on the current device (227 KB on the
-// H100/H200, 99 KB on compute capability 12.0).
-inline size_t smem_optin() {
+// One attribute of the current device, asked once per device; `fallback` where it cannot be asked.
+template <cudaDeviceAttr Attribute>
+inline int device_attribute(int fallback) {
   static std::atomic<int> cached[kMaxDevices];
   const int device = current_device();
-  int bytes = cached[device].load(std::memory_order_relaxed);
-  if (bytes == 0) {
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || bytes <= 0)
-      bytes = 48 * 1024;
-    cached[device].store(bytes, std::memory_order_relaxed);
+  int value = cached[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    if (cudaDeviceGetAttribute(&value, Attribute, device) != cudaSuccess || value <= 0) value = fallback;
+    cached[device].store(value, std::memory_order_relaxed);
   }
-  return (size_t)bytes;
+  return value;
 }
+
+// The most dynamic shared memory one block may opt in to on the current device (227 KB on the
+// H100/H200, 99 KB on compute capability 12.0).
+inline size_t smem_optin() { return (size_t)device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024); }
 
 // A kernel opted in to all the dynamic shared memory the device allows, whatever this call needs:
 // a limit set to one call's own bytes is lowered by another thread's call between this call's
@@ -380,17 +383,7 @@ inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, si
   return cudaSuccess;
 }
 
-inline int sm_count() {
-  static std::atomic<int> cached[kMaxDevices];
-  const int device = current_device();
-  int count = cached[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
-      count = 132;
-    cached[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
-}
+inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(132); }
 
 // Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+ and
 // this kernel built for it (a package's arch list may hold only older code).
