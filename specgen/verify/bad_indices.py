@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from .. import abi
 from .data import CaseData
-from .library import STICKY_ERRORS
-from .runner import check_guards, fill_outputs, synchronize
-from .verdict import CRASH, TIMEOUT, Failure
+from .runner import check_guards, fill_outputs, raise_if_faulted, synchronize
 
 PADDING_LABEL = -100  # the label Hugging Face's collators pad with (cross-entropy's ignore_index)
 
@@ -67,7 +65,6 @@ def check_out_of_range_indices(runner, data: CaseData) -> bool:
     if not ranges:
         return False
     planted = plant_out_of_range(data, ranges)
-    synchronize(data.device)
     fill_outputs(runner, data.output_refs, 0)
     synchronize(data.device)
     outcome = runner.call(data.direction, {**data.input_refs, **data.output_refs}, data.scalars, data.dims)
@@ -75,11 +72,7 @@ def check_out_of_range_indices(runner, data: CaseData) -> bool:
     what = (f"{entry} on {data.case.describe()} with indices outside their declared range ({'; '.join(planted)}: "
             f"a padding label such as {PADDING_LABEL} reaches the kernel before the package's lazy range check "
             f"reports it)")
-    if outcome.timeout:
-        raise Failure(TIMEOUT, f"{what} did not finish: {outcome.fatal}", fatal=True)
-    if outcome.fatal or outcome.code in STICKY_ERRORS:
-        raise Failure(CRASH, f"{what}: {outcome.fatal or STICKY_ERRORS[outcome.code]}. An index outside its range may give any result, or an "
-                             f"error code, but never a fault: skip or clamp it before using it as an address",
-                      fatal=True)
+    raise_if_faulted(outcome, what, "An index outside its range may give any result, or an error code, but never "
+                                    "a fault: skip or clamp it before using it as an address")
     check_guards(runner, data, f"with {what}: ")
     return True

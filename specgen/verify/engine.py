@@ -213,12 +213,12 @@ class Session:
             check_first_calls(pair, first)
             del pair, first
             # indices outside their declared range (a padding label): no fault, no write outside (bad_indices.py)
-            bad = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7000), direction)
-            if ranged_inputs(spec, bad.dims):
+            if ranged_inputs(spec, smoke.dim_map):  # prepared only where there is an index to plant
                 self.progress(f"{direction}: indices outside their declared range")
+                bad = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7000), direction)
                 stage(self.runner, bad, snapshots=False)
                 self.cases += check_out_of_range_indices(self.runner, bad)
-            del bad
+                del bad
             # no GPU memory left to allocate: an unchecked cudaMallocAsync faults (starved.py)
             self.progress(f"{direction}: a call with no GPU memory left to allocate")
             starved = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7100), direction)

@@ -184,7 +184,7 @@ def host_fp_failure(spec, op: str, direction: str | None, report: dict, threads:
                    + fp_change_detail(report["before"], report["after"], by))
 
 
-LEAK_WORDS = {"call": "one call", "endure": "a run of calls in a row", "timed": "the timed calls",
+LEAK_WORDS = {"call": "one call", "timed": "the timed calls",
               "side_by_side": "two calls side by side", "threads": "calls from two host threads",
               "then_copy": "one call"}
 

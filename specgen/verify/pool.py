@@ -68,7 +68,6 @@ def keep_freed_memory(device: int) -> None:
 
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
-CUDA_ERROR_OUT_OF_MEMORY = 2
 STARVED_POOL_BYTES = 2 << 20  # the cap: one allocation granule of device memory
 STARVED_FILLS = 8  # allocations that fill the capped pool (the first usually does)
 

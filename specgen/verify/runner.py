@@ -103,6 +103,16 @@ def raise_outcome(spec, data: CaseData, outcome, what: str | None = None) -> Non
                                          "launch configurations (grid/block limits, shared memory) for this shape")
 
 
+def raise_if_faulted(outcome, what: str, advice: str) -> None:
+    """A Failure for a call made in a situation of its own (`what`) that hung, lost its context or
+    returned a sticky error; an ordinary error code is left to the caller (there it may be the
+    right answer)."""
+    if outcome.timeout:
+        raise Failure(TIMEOUT, f"{what} did not finish: {outcome.fatal}", fatal=True)
+    if outcome.fatal or outcome.code in STICKY_ERRORS:
+        raise Failure(CRASH, f"{what}: {outcome.fatal or STICKY_ERRORS[outcome.code]}. {advice}", fatal=True)
+
+
 def check_guards(runner, data: CaseData, what: str = "") -> None:
     broken = runner.memory.broken_guards()
     if broken:

@@ -15,9 +15,7 @@ from __future__ import annotations
 from .. import abi
 from .checks import check_close
 from .data import CaseData
-from .library import STICKY_ERRORS
-from .runner import check_guards, fill_outputs, synchronize
-from .verdict import CRASH, TIMEOUT, Failure
+from .runner import check_guards, fill_outputs, raise_if_faulted, synchronize
 
 HINT = ("check what every cudaMallocAsync returns and return its error (cudaErrorMemoryAllocation) before "
         "launching anything that uses the memory, or take scratch from the workspace the ABI hands each call")
@@ -34,11 +32,8 @@ def check_allocation_failure(runner, data: CaseData) -> str | None:
     entry = abi.entry_point(runner.spec, data.direction)
     what = (f"{entry} on {data.case.describe()} with no GPU memory left to allocate (every cudaMallocAsync "
             f"failing, as on a nearly full GPU)")
-    if outcome.timeout:
-        raise Failure(TIMEOUT, f"{what} did not finish: {outcome.fatal}", fatal=True)
-    if outcome.fatal or outcome.code in STICKY_ERRORS:
-        raise Failure(CRASH, f"{what}: {outcome.fatal or STICKY_ERRORS[outcome.code]}: it used memory it did not "
-                             f"get, where torch raises a catchable out-of-memory error. {HINT}", fatal=True)
+    raise_if_faulted(outcome, what, f"It used memory it did not get, where torch raises a catchable out-of-memory "
+                                    f"error: {HINT}")
     check_guards(runner, data, f"with {what}: ")
     if outcome.code:  # it saw the failure and said so: what torch does
         return None
