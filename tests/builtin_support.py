@@ -18,6 +18,23 @@ def own_spec(name: str):
     return load_spec(OWN / f"{name}.yaml")
 
 
+def compiles_for_hopper(spec) -> None:
+    """The generated source compiles with nvcc for sm_90 (raises with nvcc's message otherwise)."""
+    from specgen.agents.builtin import build_source
+    from specgen.agents.builtin.generator import compile_source
+
+    compile_source(spec, build_source(spec), arch="sm_90")
+
+
+def verifies_on_the_gpu(spec) -> None:
+    """The generated kernel passes the verifier (a GPU test)."""
+    from specgen.agents.builtin import build_source
+    from specgen.verify import verify_kernel
+
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
 def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9):
     args = make_inputs(spec.signature, dims, "float64", seed=seed)
     program = lower_spec(spec)["forward"]

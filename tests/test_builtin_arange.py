@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from builtin_support import check_backward, check_forward, own_spec
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
@@ -35,20 +35,13 @@ def test_an_arange_along_the_rows_is_refused():
 
 @pytest.mark.nvcc
 def test_the_source_compiles():
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = own_spec("length_masked_mean")
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(own_spec("length_masked_mean"))
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_kernel_verifies_on_the_gpu():
-    from specgen.verify import verify_kernel
-
-    spec = own_spec("length_masked_mean")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec("length_masked_mean"))
 
 
 def test_the_axis_family_refuses_an_arange_it_would_read_as_its_reduced_index():

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from builtin_support import check_backward, check_forward, own_spec
-from specgen.agents.builtin import build_source
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.ir import Program
 from specgen.agents.builtin.trace import trace
@@ -29,17 +28,10 @@ def test_forward_and_backward_match_in_float64(dims):
 
 @pytest.mark.nvcc
 def test_the_source_compiles():
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = own_spec("cosine_pairs_margin")
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(own_spec("cosine_pairs_margin"))
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_kernel_verifies_on_the_gpu():
-    from specgen.verify import verify_kernel
-
-    spec = own_spec("cosine_pairs_margin")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec("cosine_pairs_margin"))

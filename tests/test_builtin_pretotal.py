@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from builtin_support import check_backward, check_forward, own_spec
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
@@ -140,21 +140,14 @@ def test_the_launcher_runs_the_prologue_first_and_its_workspace_holds_the_sums()
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_sources_compile(name):
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = _spec(name)
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(_spec(name))
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", [*CASES, "masked_scaled_mse"])
 def test_the_kernels_verify_on_the_gpu(name):
-    from specgen.verify import verify_kernel
-
-    spec = _spec(name)
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(_spec(name))
 
 
 def test_the_nll_backward_at_the_gpu_tests_shape_matches_in_float32():
@@ -302,10 +295,7 @@ def test_a_count_inside_a_parameter_gradient(dims):
 
 @pytest.mark.nvcc
 def test_the_masked_parameter_gradient_compiles():
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = own_spec("masked_scaled_mse")
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(own_spec("masked_scaled_mse"))
 
 
 def test_a_target_outside_its_range_is_read_at_the_rows_edge():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from builtin_support import check_backward, check_forward, own_spec
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.ir import Program
@@ -31,20 +31,13 @@ def test_forward_and_backward_match_in_float64(dims):
 
 @pytest.mark.nvcc
 def test_the_source_compiles():
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = own_spec("focal_gather")
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(own_spec("focal_gather"))
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_kernel_verifies_on_the_gpu():
-    from specgen.verify import verify_kernel
-
-    spec = own_spec("focal_gather")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec("focal_gather"))
 
 
 @pytest.mark.parametrize("name", ["scatter_add_one_index", "scatter_one_index"])

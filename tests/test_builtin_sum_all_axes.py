@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builtin_support import check_backward, check_forward, own_spec
-from specgen.agents.builtin import build_source
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.interp import run_program
 from specgen.inputs import make_inputs
@@ -47,17 +46,10 @@ def test_the_forward_matches_in_the_specs_dtypes(dtype):
 
 @pytest.mark.nvcc
 def test_the_source_compiles():
-    from specgen.agents.builtin.generator import compile_source
-
-    spec = own_spec("entropy_total")
-    compile_source(spec, build_source(spec), arch="sm_90")
+    compiles_for_hopper(own_spec("entropy_total"))
 
 
 @pytest.mark.gpu
 @pytest.mark.nvcc
 def test_the_kernel_verifies_on_the_gpu():
-    from specgen.verify import verify_kernel
-
-    spec = own_spec("entropy_total")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec("entropy_total"))

@@ -119,20 +119,21 @@ def test_offset_rows_are_uncentred_and_zero_rows_are_zero():
     assert bool((z[1::3] == 0).all()) and bool((z[0::3] != 0).all())
 
 
-def test_a_one_pass_variance_on_wide_rows_is_rejected_on_offset_rows(layernorm):
-    honest = run_verification(layernorm, ScalarKernel(layernorm, layernorm_two_pass), QUICK, device="cpu")
-    assert honest.passed, honest.summary()
-    verdict = run_verification(layernorm, ScalarKernel(layernorm, layernorm_one_pass_wide), QUICK, device="cpu")
+def honest_passes_and_cheat_fails_on(spec, honest, cheat, distribution: str) -> None:
+    """The honest stand-in passes; the cheat is wrong-result, first met on a case of `distribution`."""
+    verdict = run_verification(spec, ScalarKernel(spec, honest), QUICK, device="cpu")
+    assert verdict.passed, verdict.summary()
+    verdict = run_verification(spec, ScalarKernel(spec, cheat), QUICK, device="cpu")
     assert verdict.reason == "wrong-result", verdict.summary()
-    assert verdict.counterexample.case["distribution"] == "offset", verdict.counterexample.case
+    assert verdict.counterexample.case["distribution"] == distribution, verdict.counterexample.case
+
+
+def test_a_one_pass_variance_on_wide_rows_is_rejected_on_offset_rows(layernorm):
+    honest_passes_and_cheat_fails_on(layernorm, layernorm_two_pass, layernorm_one_pass_wide, "offset")
 
 
 def test_an_unguarded_overflow_safe_rmsnorm_is_rejected_on_zero_rows(rmsnorm):
-    honest = run_verification(rmsnorm, ScalarKernel(rmsnorm, rms_honest), QUICK, device="cpu")
-    assert honest.passed, honest.summary()
-    verdict = run_verification(rmsnorm, ScalarKernel(rmsnorm, rms_overflow_safe_unguarded), QUICK, device="cpu")
-    assert verdict.reason == "wrong-result", verdict.summary()
-    assert verdict.counterexample.case["distribution"] == "zero-rows", verdict.counterexample.case
+    honest_passes_and_cheat_fails_on(rmsnorm, rms_honest, rms_overflow_safe_unguarded, "zero-rows")
 
 
 # ------------------------------------------------------------------ one-hot output gradients
