@@ -123,6 +123,12 @@ class BenchRow:
     compile_fallback: str | None = None  # why compile_us is (partly) eager time; None: it compiled
     rejected: str | None = None  # "<reason>: <detail>" when a timed call's output or time was impossible
     floor_us: float | None = None  # the physics floor of this row (verify/physics.py)
+    # backward rows: the baselines' forward as a training step runs it (recording the autograd graph,
+    # saving what their backward reads). Their backward alone may read less than the inputs (a saved
+    # mask, a saved difference) and come in above the byte roofline; forward-recording + backward is
+    # what a step pays, set against the kernel's forward + backward (benchmarks/level1_bench.py)
+    eager_graph_us: float | None = None
+    compile_graph_us: float | None = None
 
     def gbs(self, us: float | None) -> float | None:
         return None if not us else self.bytes / (us * 1e-6) / 1e9
@@ -232,6 +238,19 @@ def autograd_backward(spec, fn: Callable, args: dict, grads: dict) -> Callable[[
 
     def run():
         return torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True, allow_unused=True)
+    return run
+
+
+def autograd_forward(spec, fn: Callable, args: dict) -> Callable[[], object]:
+    """A callable running `fn`'s forward as a training step does: grad on, the differentiable
+    inputs leaves that require grad, so autograd records the graph and saves what the backward
+    reads. Returns the outputs; a caller that drops them frees the graph, as a step's backward does."""
+    wrt = differentiable_inputs(spec)
+    leaves = {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+
+    def run():
+        with torch.enable_grad():
+            return fn(**leaves)
     return run
 
 
@@ -398,6 +417,10 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
         steps = torch_steps(reference)
         row.eager_us = timed(lambda i: steps[i]())
         del steps
+        if backward:
+            forwards = [autograd_forward(spec, reference, args) for args in sets]
+            row.eager_graph_us = timed(lambda i: forwards[i]())
+            del forwards
     if compiled:
         try:
             fn, watch = fresh_compiled(reference)
@@ -409,6 +432,10 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
             watch.mark_compiled()
             row.compile_seconds = round(time.perf_counter() - started, 2)
             row.compile_us = timed(lambda i: steps[i]())
+            if backward:  # the same compiled forward (grad mode on, as the backward's steps traced it)
+                forwards = [autograd_forward(spec, fn, args) for args in sets]
+                row.compile_graph_us = timed(lambda i: forwards[i]())
+                del forwards
             row.compile_fallback = watch.fallback()
             if row.compile_fallback:
                 row.notes.append(f"torch.compile fell back to eager: {row.compile_fallback}")
@@ -436,6 +463,8 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
 def _no_grad_call(fn: Callable, args: dict):
     with torch.no_grad():
         return fn(**args)
+
+
 
 
 def benchmark_kernel(spec, library: Path, baseline: Path | None = None, **kw) -> BenchResult:

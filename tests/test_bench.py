@@ -220,6 +220,8 @@ def test_bench_spec_times_the_backward_of_kernel_eager_and_compile(tmp_path):
         record("bench_backward_test", f"{row.direction} {row.dtype} {row.dims}", row.as_dict())
         assert row.kernel_us and row.eager_us and row.compile_us, row
         assert row.compile_fallback is None, row.compile_fallback  # 8 keys: a shared compile would hit the limit
+        if row.direction == "backward":  # the baselines' training-step forward, timed beside
+            assert row.eager_graph_us and row.compile_graph_us, row
         assert 0 < row.fraction(row.kernel_us) <= 1.05
     backward = result.rows[1]
     assert backward.bytes == 3 * 4096 * 4096 * 2
@@ -245,3 +247,43 @@ def test_bench_json_on_stdout_is_the_record_alone(monkeypatch, capsys):
     record = json.loads(captured.out)
     assert record["op"] == "gelu_tanh" and record["rows"][0]["eager_us"] == 20.0
     assert "gelu_tanh" in captured.err and "20" in captured.err  # the table, on stderr
+
+
+def _graph_leaves(out) -> list:
+    """The tensors autograd accumulates into (AccumulateGrad nodes) under `out`'s graph."""
+    seen, stack, leaves = set(), [out.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            leaves.append(node.variable)
+        stack += [n for n, _ in node.next_functions]
+    return leaves
+
+
+def test_forward_recording_the_graph_saves_what_the_backward_reads():
+    """The baselines' training-step forward (BenchRow.*_graph_us): grad on even under no_grad
+    outside, outputs that carry a graph whose backward gives the reference's gradients."""
+    import torch
+
+    from specgen.bench import autograd_forward, bench_inputs
+
+    spec = load_spec(SPECS / "bias_gelu.yaml")
+    args = bench_inputs(spec, {"N": 4, "D": 8}, "float32", seed=0, device="cpu")
+    step = autograd_forward(spec, spec.reference_fn(), args)
+    with torch.no_grad():
+        out = step()
+    assert out.requires_grad and out.grad_fn is not None
+    assert not args["x"].requires_grad  # the caller's tensors are left as they were
+    leaves = _graph_leaves(out)
+    assert len(leaves) == 2 and {tuple(t.shape) for t in leaves} == {(4, 8), (8,)}
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    x = args["x"].clone().requires_grad_(True)
+    b = args["bias"].clone().requires_grad_(True)
+    expected = dict(zip(((4, 8), (8,)), torch.autograd.grad(spec.reference_fn()(x, b), [x, b], grad)))
+    for leaf in leaves:
+        torch.testing.assert_close(leaf.grad, expected[tuple(leaf.shape)])
+    assert step().grad_fn is not out.grad_fn  # each call records its own graph

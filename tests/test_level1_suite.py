@@ -470,3 +470,26 @@ def test_the_suite_takes_a_positive_tune_budget_only(capsys):
         with pytest.raises(SystemExit):
             bench.main(["--plan", "--only", "relu", "--tune-budget", bad])
         assert f"{bad} must be" in capsys.readouterr().err  # specgen generate's own check (commands.positive)
+
+
+def test_training_steps_pair_each_backward_with_its_forward(tmp_path):
+    """A baseline whose backward reads what its forward saved (torch.compile's hinge mask) wins the
+    backward row alone; the step (forward recording the graph + backward) is what a user pays."""
+    fwd = {**row(kernel=100.0, eager=300.0, compile_=90.0), "dims": {"N": 8}}
+    bwd = {**row(kernel=120.0, eager=200.0, compile_=40.0), "direction": "backward", "dims": {"N": 8},
+           "eager_graph_us": 320.0, "compile_graph_us": 160.0}
+    other = {**row(kernel=50.0), "direction": "backward", "dims": {"N": 9}, "compile_graph_us": 10.0}
+    bench.training_steps([fwd, bwd, other])
+    assert bwd["step_kernel_us"] == pytest.approx(220.0) and bwd["step_compile_us"] == pytest.approx(200.0)
+    assert bwd["x_compile_step"] == pytest.approx(200.0 / 220.0) and bwd["x_eager_step"] == pytest.approx(520.0 / 220.0)
+    assert "step_kernel_us" not in other and "step_kernel_us" not in fwd  # no forward of its shape; forwards stay
+    no_graph = {**row(kernel=120.0), "direction": "backward", "dims": {"N": 8}}
+    bench.training_steps([fwd, no_graph])
+    assert no_graph["step_compile_us"] is None and no_graph["x_compile_step"] is None
+    problems = [{"name": "op", "family": "pointwise", "status": "verified", "lowered": True, "verified": True}]
+    rows = [bench.evaluate_row(r, NEG, 4800.0) for r in (fwd, bwd)]
+    report = {"specs_folder": "x", "environment": {"gpu": "fake", "neg_gbs": NEG}, "problems": problems, "rows": rows,
+              "summary": bench.summarize(problems, rows)}
+    bench.write_report(tmp_path, report)
+    text = (tmp_path / "level1_bench.md").read_text()
+    assert "training steps" in text and "| op | N=8 | float32 | 220.0 | 520.0 | 200.0 | 2.36 | 0.91 |" in text
