@@ -19,6 +19,9 @@ same inputs in one run, against the device-to-device copy bandwidth measured in 
   read once, the input gradients written once. The forward outputs are passed to the kernel
   too, but a backward needs them or the inputs they came from, not both (softmax reads y,
   GELU reads x); counting both would overstate the roofline, so they are not counted.
+  The baselines' forward is also timed as a training step runs it (`*_graph_us`: grad on,
+  saving what their backward reads): their backward alone may read a saved mask instead of the
+  inputs and beat the byte roofline; forward-recording + backward is the step's cost.
 
 `time_callable` and `bench_spec` are the reusable core (the autotuner and the agent loop
 call them); `specgen bench` prints and writes what `bench_spec` returns.
