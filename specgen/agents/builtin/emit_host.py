@@ -142,11 +142,16 @@ class HostEmitter:
         return f"((P) / {MAX_CLUSTER} > {sb} ? (P) / {MAX_CLUSTER} : {sb})"
 
     def vec_schedules(self, variant: Variant) -> list[tuple]:
-        return [s for s in variant.schedules if not variant.is_split(*s) or self.split_allowed(variant)]
+        return [s for s in variant.schedules
+                if not (variant.is_split(*s) or variant.is_loop_cluster(*s)) or self.split_allowed(variant)]
+
+    def loop_cluster_on(self, variant: Variant) -> bool:
+        """Few wide rows may loop over a cluster of blocks (Variant.loop_cluster): split rows' rules."""
+        return variant.loop_cluster > 1 and self.split_allowed(variant)
 
     def write_schedule_chain(self, w: CWriter, variant: Variant, action: str) -> None:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;
-        split rows run `action`_CL, few rows `action`_FEW."""
+        split rows run `action`_CL, looped clusters `action`_LCL, few rows `action`_FEW."""
         vec_rows = "else if (vec_ok)"
         if self.few_allowed(variant) and self.few_block_form(variant):  # the plain row kernel, 2 chunks a thread
             act = f"{action}_FEWB" if self.few_macros_own(variant) else action
@@ -165,6 +170,8 @@ class HostEmitter:
 
     def schedule_case(self, variant: Variant, action: str, tpr: int, items) -> str:
         """One branch of the schedule chain, after its `if`: the condition and the macro call."""
+        if variant.is_loop_cluster(tpr, items):
+            return f"(tpr == {tpr} && items == 0) {action}_LCL(VEC, {tpr}, 0);"
         if variant.is_split(tpr, items):
             return f"(tpr == {tpr} && items == ITEMS_MAX) {action}_CL(VEC, {tpr}, ITEMS_MAX);"
         cond = f"items == {items}" if items is not None else "items == ITEMS_MAX"
@@ -267,6 +274,11 @@ class HostEmitter:
             w.line(f"const bool split_ok = vec_ok && chunks > (int64_t){variant.block_max} * ITEMS_MAX && "
                    f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
                    f"{variant.split_block_of(first)}>>();")
+        if self.loop_cluster_on(variant):
+            lcl = variant.loop_tpr * variant.loop_cluster
+            w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
+            w.line(f"const bool loop_cl_ok = vec_ok && rows <= 2 * (int64_t)sg::sm_count() && "
+                   f"sg::clusters_ok<{self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>>();")
         with w.block("if (vec_ok)"):
             for tpr, items in self.vec_schedules(variant):
                 w.line(self.schedule_pick(variant, tpr, items))
@@ -277,6 +289,8 @@ class HostEmitter:
 
     def schedule_pick(self, variant: Variant, tpr: int, items) -> str:
         """The statement taking schedule (tpr, items) when no earlier one was taken and the row fits it."""
+        if variant.is_loop_cluster(tpr, items):
+            return f"if (tpr == 0 && loop_cl_ok) {{ tpr = {tpr}; items = 0; }}  // a cluster of {variant.loop_cluster} blocks"
         if variant.is_split(tpr, items):
             return (f"if (tpr == 0 && split_ok && chunks <= (int64_t){tpr} * ITEMS_MAX) "
                     f"{{ tpr = {tpr}; items = ITEMS_MAX; }}  // a cluster of "
@@ -304,7 +318,8 @@ class HostEmitter:
         # (not for persistent blocks: their grid comes from an occupancy asked once per instantiation)
         narrow_spread = few_on and not variant.persistent
         const = "" if narrow_spread else "const "
-        w.line(f"{const}int block = {few_block}{self.split_block_expr(variant)} : tpr > 32 ? tpr : "
+        looped = f"items == 0 && tpr > {variant.loop_tpr} ? {variant.loop_tpr} : " if self.loop_cluster_on(variant) else ""
+        w.line(f"{const}int block = {few_block}{looped}{self.split_block_expr(variant)} : tpr > 32 ? tpr : "
                f"{variant.row_block};  // TPR > 32: one row per block (or per cluster)")
         if narrow_spread:
             w.line("// few narrow rows (decode sizes): smaller blocks, down to one warp, until the rows fill the SMs")
@@ -329,6 +344,8 @@ class HostEmitter:
         else:
             occupancy = f"(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>>(block)"
         macros = {"SG_OCC": occupancy, "SG_OCC_CL": "(V, P, I) per_sm = 1"}
+        if self.loop_cluster_on(variant):
+            macros["SG_OCC_LCL"] = "(V, P, I) per_sm = 1"
         if self.few_over_clusters(variant):
             macros["SG_OCC_FEW"] = "(V, P) per_sm = 1"
         if self.few_macros_own(variant):
@@ -404,6 +421,11 @@ class HostEmitter:
                   "SG_LAUNCH_CL": (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {sb}>("
                                    f"{self.kname}_rows<T, V, P, I, {sb}>, grid, block, stream, args, partials, "
                                    f"rows_per_group); {fail} }} while (0)")}
+        if self.loop_cluster_on(variant):
+            lt = variant.loop_tpr
+            macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {lt}>("
+                                       f"{self.kname}_rows<T, V, P, I, {lt}>, grid, block, stream, args, partials, "
+                                       f"rows_per_group); {fail} }} while (0)")
         if self.few_over_clusters(variant):
             macros["SG_LAUNCH_FEW"] = (f"(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("
                                        f"{self.kname}_rows<T, V, P, 1, (P) / {MAX_CLUSTER}>, grid, block, stream, "

@@ -133,15 +133,25 @@ class Variant:
     # store and one dependent read in flight per thread: Little's law caps it near a quarter of HBM
     # (held-out v5: a middle-axis backward at 23-39% of HBM, 0.38-0.43x torch.compile, session 24)
     axis_elem_vec: bool = False
+    # wide rows when they are few (at most two a SM, e.g. LayerNorm over [C, H, W]: 128 rows of 4M):
+    # a looped row over a cluster of `loop_cluster` blocks of `loop_tpr` threads instead of one block
+    # (sm_90+, programs that split rows: elem stores, no column partials). One 512-thread block per
+    # row left each SM one block's loads in flight: 30% of HBM (held-out problems-v7, session 34)
+    loop_cluster: int = 1
 
     @property
     def schedules(self) -> tuple:
         rows = tuple((t, None) for t in ROW_TPRS if t <= self.block_max or self.split_rows)
-        return NARROW + rows + ((self.loop_tpr, 0),)
+        clustered = ((self.loop_tpr * self.loop_cluster, 0),) if self.loop_cluster > 1 else ()
+        return NARROW + rows + clustered + ((self.loop_tpr, 0),)
 
     def is_split(self, tpr: int, items) -> bool:
         """A schedule whose row spans a cluster of blocks."""
         return items is None and tpr > self.block_max
+
+    def is_loop_cluster(self, tpr: int, items) -> bool:
+        """A looped row over a cluster of `loop_cluster` blocks (few wide rows)."""
+        return items == 0 and tpr > self.loop_tpr
 
     def split_block_of(self, tpr: int) -> int:
         """Threads per block of a split row of `tpr` threads: `split_block` (at most
@@ -209,6 +219,8 @@ VARIANTS = [
     Variant("axisfusedmom", axis_fused=True, moments=True),
     # axis programs: the elem pass VEC flat elements a thread on kept axes VEC does not divide
     Variant("axiselemvec", axis_elem_vec=True),
+    # wide rows, at most two a SM: a looped row over a cluster of 8 blocks
+    Variant("loopcl", loop_cluster=8),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -225,7 +237,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused",
                            "axis_elem_vec"),
-                "wide": ("loop_tpr", "loop_unroll", "loop_sums"), "split": ("split_rows", "split_block"),
+                "wide": ("loop_tpr", "loop_unroll", "loop_sums", "loop_cluster"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 
 
@@ -264,8 +276,8 @@ def plan(variant: Variant, chunks: int, imax: int, split: bool = True) -> tuple[
     """(TPR, ITEMS) the host picks for a vectorized row of `chunks` 16-byte chunks
     (mirrors the generated host code; `split`: the program and device allow split rows)."""
     for tpr, items in variant.schedules:
-        if variant.is_split(tpr, items) and not split:
-            continue
+        if variant.is_split(tpr, items) and not split or variant.is_loop_cluster(tpr, items):
+            continue  # a looped cluster depends on the rows (unknown here): the one-block loop, same class
         if items == 0:
             return tpr, 0
         items = imax if items is None else items

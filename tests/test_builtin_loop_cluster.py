@@ -1,0 +1,75 @@
+"""Few wide rows looped over a cluster of blocks (Variant.loop_cluster, variant `loopcl`).
+
+LayerNorm over [C, H, W] of 128 samples (held-out problems-v7, session 34) streamed each 4M-value
+row through one 512-thread block: one block's loads in flight per SM, 30% of HBM. With `loopcl`
+the host gives a row a cluster of 8 blocks while the rows are at most two a SM, on sm_90+ code,
+for programs that split rows (elem stores, no column partials); the kernel's looped pass and its
+row reductions already span a cluster (lane, TPR and sg::group_* over TPR / BLOCK blocks).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+from builtin_support import own_spec
+from conftest import SPECS
+
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.generator import shape_class_of
+from specgen.agents.builtin.schedule import DEFAULT_VARIANT, VARIANTS, plan, variant_named
+from specgen.spec import load_spec
+
+LOOPCL = variant_named("loopcl")
+
+
+def _directions(source: str) -> list[str]:
+    return source.split("// ======================= backward")
+
+
+def test_loopcl_is_a_wide_class_variant_the_default_leaves_off():
+    assert LOOPCL in VARIANTS and LOOPCL.loop_cluster == 8 and DEFAULT_VARIANT.loop_cluster == 1
+    assert (LOOPCL.loop_tpr * 8, 0) in LOOPCL.schedules and LOOPCL.schedules[-1] == (LOOPCL.loop_tpr, 0)
+    assert not any(DEFAULT_VARIANT.is_loop_cluster(*s) for s in DEFAULT_VARIANT.schedules)
+    # the Python mirror cannot know the rows: it keeps the one-block loop, the same shape class
+    assert plan(LOOPCL, 1 << 20, 8) == (LOOPCL.loop_tpr, 0)
+
+
+def test_few_wide_rows_take_a_cluster_of_eight_blocks_behind_a_gate():
+    forward, backward = _directions(build_source(own_spec("layernorm_chw_few_rows"), LOOPCL))
+    gate = re.search(r"const bool loop_cl_ok = (.*);", forward).group(1)
+    assert "rows <= 2 * (int64_t)sg::sm_count()" in gate and "vec_ok" in gate
+    assert "sg::clusters_ok<layernorm_chw_few_rows_fwd_rows<T, VEC, 4096, 0, 512>>()" in gate
+    assert "if (tpr == 0 && loop_cl_ok) { tpr = 4096; items = 0; }" in forward
+    # picked after every schedule in registers (split rows included), before the one-block loop
+    picks = re.findall(r"if \(tpr == 0[^{]*\{ tpr = (\d+); items = (\w+); \}", forward)
+    assert picks[-2:] == [("4096", "0"), ("512", "0")]
+    assert "launch_cluster<(P) / 512>(layernorm_chw_few_rows_fwd_rows<T, V, P, I, 512>" in forward
+    assert "else if (tpr == 4096 && items == 0) SG_LAUNCH_LCL(VEC, 4096, 0);" in forward
+    # the backward's weight and bias gradients are column partials: no split form, no looped cluster
+    assert "loop_cl_ok" not in backward and "SG_LAUNCH_LCL" not in backward
+    assert shape_class_of(own_spec("layernorm_chw_few_rows"), "forward",
+                          {"B": 8, "C": 16, "H": 128, "W": 128}, "float32", LOOPCL) == "wide"
+
+
+def test_losses_and_the_default_variant_are_unchanged():
+    # a loss writes no elements (split rows' rule: it reads a streamed row once anyway)
+    assert "loop_cl_ok" not in build_source(load_spec(SPECS / "cross_entropy.yaml"), LOOPCL).split(
+        "// ======================= backward")[0]
+    assert "loop_cl_ok" not in build_source(own_spec("layernorm_chw_few_rows"))
+
+
+@pytest.mark.nvcc
+def test_the_looped_cluster_compiles_for_hopper():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = own_spec("layernorm_chw_few_rows")
+    compile_source(spec, build_source(spec, LOOPCL), arch="sm_90")
+
+
+@pytest.mark.gpu
+def test_the_looped_cluster_passes_the_verifier():
+    from specgen.verify import verify_kernel
+
+    spec = own_spec("layernorm_chw_few_rows")
+    verdict = verify_kernel(spec, build_source(spec, LOOPCL))
+    assert verdict.passed, verdict.summary()
