@@ -3,8 +3,9 @@
 LayerNorm over [C, H, W] of 128 samples (held-out problems-v7, session 34) streamed each 4M-value
 row through one 512-thread block: one block's loads in flight per SM, 30% of HBM. With `loopcl`
 the host gives a row a cluster of 8 blocks while the rows are at most two a SM, on sm_90+ code,
-for programs that split rows (elem stores, no column partials); the kernel's looped pass and its
-row reductions already span a cluster (lane, TPR and sg::group_* over TPR / BLOCK blocks).
+for programs that write elements (column partials too: a slot per cluster); the kernel's looped
+pass and its row reductions already span a cluster (lane, TPR and sg::group_* over TPR / BLOCK
+blocks).
 """
 from __future__ import annotations
 
@@ -45,8 +46,14 @@ def test_few_wide_rows_take_a_cluster_of_eight_blocks_behind_a_gate():
     assert picks[-2:] == [("4096", "0"), ("512", "0")]
     assert "launch_cluster<(P) / 512>(layernorm_chw_few_rows_fwd_rows<T, V, P, I, 512>" in forward
     assert "else if (tpr == 4096 && items == 0) SG_LAUNCH_LCL(VEC, 4096, 0);" in forward
-    # the backward's weight and bias gradients are column partials: no split form, no looped cluster
-    assert "loop_cl_ok" not in backward and "SG_LAUNCH_LCL" not in backward
+    # the backward's weight and bias gradients are column partials: a slot per cluster (a row each
+    # here), its blocks' lanes on distinct columns, the workspace sized from the same grid
+    assert "if (tpr == 0 && loop_cl_ok) { tpr = 4096; items = 0; }" in backward
+    assert "if (cl > 1) gx = per_group_blocks * cl;" in backward
+    assert "const int64_t cslots = gx / cl * groups;" in backward  # host: clusters x groups
+    assert "const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;" in backward  # kernel: the same slots
+    assert "const int64_t cslots = nbx * gridDim.y;" in backward
+    assert "for (int64_t c = lane; c * VEC < W; c += TPR)" in backward  # zeroed over the cluster's lanes
     assert shape_class_of(own_spec("layernorm_chw_few_rows"), "forward",
                           {"B": 8, "C": 16, "H": 128, "W": 128}, "float32", LOOPCL) == "wide"
 

@@ -142,12 +142,17 @@ class HostEmitter:
         return f"((P) / {MAX_CLUSTER} > {sb} ? (P) / {MAX_CLUSTER} : {sb})"
 
     def vec_schedules(self, variant: Variant) -> list[tuple]:
-        return [s for s in variant.schedules
-                if not (variant.is_split(*s) or variant.is_loop_cluster(*s)) or self.split_allowed(variant)]
+        return [s for s in variant.schedules if (self.loop_cluster_on(variant) if variant.is_loop_cluster(*s)
+                                                 else not variant.is_split(*s) or self.split_allowed(variant))]
 
     def loop_cluster_on(self, variant: Variant) -> bool:
-        """Few wide rows may loop over a cluster of blocks (Variant.loop_cluster): split rows' rules."""
-        return variant.loop_cluster > 1 and self.split_allowed(variant)
+        """Few wide rows may loop over a cluster of blocks (Variant.loop_cluster) in a program that
+        writes elements. Column partials come too: a looped row adds its terms straight into its
+        slot's partials, each column one thread's, and the blocks of a cluster hold distinct columns
+        (lane spans the cluster), so a slot per cluster is summed as a slot per block was (LayerNorm
+        over [C, H, W]'s backward: 128 rows of 4M, one block each, 0.53x eager in session 34).
+        A loss (no elem stores) keeps its block: its row-level sums go to a slot per block."""
+        return variant.loop_cluster > 1 and any(st.kind == "elem" for st in self.p.stores)
 
     def write_schedule_chain(self, w: CWriter, variant: Variant, action: str) -> None:
         """An if-chain over the chosen (tpr, items) running `action` (a macro) per schedule;

@@ -135,7 +135,7 @@ class Variant:
     axis_elem_vec: bool = False
     # wide rows when they are few (at most two a SM, e.g. LayerNorm over [C, H, W]: 128 rows of 4M):
     # a looped row over a cluster of `loop_cluster` blocks of `loop_tpr` threads instead of one block
-    # (sm_90+, programs that split rows: elem stores, no column partials). One 512-thread block per
+    # (sm_90+, programs that write elements; column partials a slot per cluster). One 512-thread block per
     # row left each SM one block's loads in flight: 30% of HBM (held-out problems-v7, session 34)
     loop_cluster: int = 1
 
