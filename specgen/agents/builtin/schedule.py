@@ -165,6 +165,9 @@ VARIANTS = [
     Variant("rows256", row_block=256),  # narrow: 8 warps of rows per block
     Variant("regs16", data_regs=16, items_cap=4),  # medium: twice the threads per row, more warps per SM
     Variant("loop1024", loop_tpr=1024, loop_unroll=2),  # wide: a whole 1024-thread block per row
+    # wide rows, at most two a SM: a looped row over a cluster of 8 blocks (early: the tuner tries
+    # VARIANTS in order within its budget, and only specs with wide benchmark rows try this one)
+    Variant("loopcl", loop_cluster=8),
     Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
     Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
     # medium: (max, sum) in two exact sweeps; cross-entropy over 32768 classes in fp32 was 1.6x
@@ -219,8 +222,6 @@ VARIANTS = [
     Variant("axisfusedmom", axis_fused=True, moments=True),
     # axis programs: the elem pass VEC flat elements a thread on kept axes VEC does not divide
     Variant("axiselemvec", axis_elem_vec=True),
-    # wide rows, at most two a SM: a looped row over a cluster of 8 blocks
-    Variant("loopcl", loop_cluster=8),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
