@@ -722,3 +722,21 @@ def test_the_tuner_tries_the_fused_axis_kernel_for_channel_norms_only():
     assert names[0] == "default" and "axisfused" in names
     rows = [v.name for v, _ in tune.candidates(load_spec(SPECS / "swiglu.yaml"))[0]]
     assert "axisfused" not in rows
+
+
+def test_structure_first_puts_the_variants_written_for_the_layout_after_the_default():
+    """A small budget (60 s a problem in the held-out runs) times two or three variants: an
+    InstanceNorm reached neither fused axis variant in VARIANTS order (session 34)."""
+    reduce_specs = Path(__file__).resolve().parent / "reduce_specs"
+    trailing = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "instance_norm_affine_fwd.yaml"))[0]]
+    assert trailing[:4] == ["default", "axisfusedmom", "axisfused", "moments"]
+    inner = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "mean_dim1_4d.yaml"))[0]]
+    assert inner[:3] == ["default", "axiselemvec", "axistree"]
+    # the lock's previous winners still come first; a row program keeps the VARIANTS order
+    again = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "instance_norm_affine_fwd.yaml"),
+                                                 prefer=["axistree"])[0]]
+    assert again[:3] == ["default", "axistree", "axisfusedmom"]
+    assert tune.structure_first(load_spec(SPECS / "softmax.yaml")) == []
+    rows = [v.name for v, _ in tune.candidates(load_spec(SPECS / "softmax.yaml"))[0]]
+    order = [v.name for v in tune.VARIANTS]
+    assert rows == sorted(rows, key=order.index)

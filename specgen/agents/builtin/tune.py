@@ -292,6 +292,33 @@ def previous_variants(entry) -> list[str]:
     return found
 
 
+# Variants written for one program structure, measured there: tried right after the default (and
+# the lock's previous winners), so a small budget reaches them before the VARIANTS order does. An
+# axis program whose reduced block is trailing (I == 1: InstanceNorm, GroupNorm) took axisfusedmom
+# (0.71-0.88 of the default's time) and axisfused (0.75x -> 1.05-1.17x eager) in sessions 23-25;
+# with a 60 s budget held-out problems-v7's InstanceNorm reached neither and kept the reference
+# path at 0.63x eager (session 34). A kept block with reduced axes after it (I > 1) is what
+# axiselemvec and axistree were written for (held-out argmin over channels chose axistree).
+TRAILING_BLOCK_FIRST = ("axisfusedmom", "axisfused", "moments")
+INNER_AXES_FIRST = ("axiselemvec", "axistree")
+
+
+def structure_first(spec) -> list[str]:
+    """The variant names to try first for `spec`'s programs (empty: the VARIANTS order)."""
+    from .families.axis_reduce import AxisProgram
+    from .generator import lower_spec
+
+    try:
+        programs = list(lower_spec(spec).values())
+    except Exception:  # noqa: BLE001 - a refusal is reported by build_source, not here
+        return []
+    layouts = [p.layout for p in programs if isinstance(p, AxisProgram) and p.layout is not None]
+    if not layouts:
+        return []
+    trailing = any(lay.ends or not lay.inner for lay in layouts)
+    return list(TRAILING_BLOCK_FIRST if trailing else INNER_AXES_FIRST)
+
+
 def _fastest(names, time_of: Callable[[str], float]) -> str:
     """The first of `names` (in the order tried: the default first) within TIE_RATIO of the
     fastest: a later variant wins only by more than the noise."""
@@ -312,7 +339,7 @@ def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = 
 
     timed = timed or spec
     variants = list(variants or VARIANTS)
-    order = [DEFAULT_VARIANT.name] + [n for n in prefer if n != DEFAULT_VARIANT.name]
+    order = list(dict.fromkeys([DEFAULT_VARIANT.name, *prefer, *structure_first(spec)]))
     variants.sort(key=lambda v: order.index(v.name) if v.name in order else len(order))
     default_classes = _row_classes(timed, DEFAULT_VARIANT) if timed.benchmark and not every_class else None
     pairs, seen, notes = [], set(), []
