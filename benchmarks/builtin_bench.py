@@ -106,6 +106,12 @@ def variants_per_op(text: str):
     combination `cls:name+cls:name`)."""
     from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named, variants_named
 
+    if text.strip() == "recorded":  # each op's committed kernel's variant (regenerating the kernels of record)
+        from specgen.agents.builtin.tune import recorded_variant
+        from specgen.lock import Lock
+
+        lock = Lock.load(REPO / "specs")
+        return lambda op: [variant_named(recorded_variant(lock.entry(op)))]
     if "=" not in text:
         every = variants_named(text) or None
         return lambda op: every
@@ -126,7 +132,8 @@ def main() -> int:
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--variants", default="", help="autotune only these variants (comma-separated names), "
-                        "or per op: 'op=a,b;op2=a,c' (ops not named: the default variant only)")
+                        "or per op: 'op=a,b;op2=a,c' (ops not named: the default variant only), or 'recorded' "
+                        "(each op's variant in specs/specgen.lock: regenerating the committed kernels)")
     parser.add_argument("--extra-shapes", action="store_true")
     parser.add_argument("--write-lock", action="store_true", help="write specs/kernels + lock records")
     args = parser.parse_args()

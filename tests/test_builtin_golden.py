@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from specgen.agents.builtin import build_source
-from specgen.agents.builtin.schedule import DEFAULT_VARIANT, variant_named
+from specgen.agents.builtin.schedule import variant_named
+from specgen.agents.builtin.tune import recorded_variant
 from specgen.lock import Lock
 from specgen.spec import load_spec
 
@@ -55,8 +56,7 @@ def builtin_kernels():
     lock = Lock.load(SPECS)
     for op, entry in sorted(lock.entries.items()):
         if entry.kernel and entry.agent == "builtin":
-            records = [r for r in entry.records if r.verification and r.verification.get("variant")]
-            yield op, records[-1].verification["variant"] if records else DEFAULT_VARIANT.name
+            yield op, recorded_variant(entry)
 
 
 @pytest.mark.parametrize("op, variant", list(builtin_kernels()), ids=lambda v: str(v))

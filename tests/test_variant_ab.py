@@ -49,6 +49,15 @@ def test_builtin_bench_tunes_per_op_variant_lists():
     recorded = builtin_bench.variants_per_op("softmax=medium:cl256+split:default+wide:cl256")("softmax")
     assert [(v.name, v.block_max, v.split_block, v.loop_tpr) for v in recorded] == [
         ("medium:cl256+split:default+wide:cl256", 256, 512, 512)]  # the lock's combination, rebuilt
+    # `recorded`: each op's variant as the lock has it (the same one the golden test rebuilds)
+    from specgen.agents.builtin.tune import recorded_variant
+    from specgen.lock import Lock
+
+    lock = Lock.load(builtin_bench.REPO / "specs")
+    by_lock = builtin_bench.variants_per_op("recorded")
+    for op in ("softmax", "cross_entropy", "rmsnorm", "gelu_tanh"):
+        assert [v.name for v in by_lock(op)] == [recorded_variant(lock.entry(op))]
+    assert [v.name for v in by_lock("softmax")] == ["few:fewtwo+medium:cl256two+split:default+wide:cl256"]
     with pytest.raises(ValueError, match="no variant nope"):
         builtin_bench.variants_per_op("softmax=default,nope")
     with pytest.raises(ValueError, match="op=variant"):

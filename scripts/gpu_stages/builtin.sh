@@ -4,6 +4,8 @@
 # Split by op with BUILTIN_OPS=softmax,rmsnorm; BUILTIN_TUNE=1 adds the autotuner (every variant of
 # specgen/agents/builtin/emit.py VARIANTS per op, or BUILTIN_VARIANTS=default,twopass,wave);
 # BUILTIN_WRITE_LOCK=1 writes the verification and benchmark records into specs/specgen.lock.
+# Regenerating the committed kernels: BUILTIN_TUNE=1 BUILTIN_WRITE_LOCK=1 BUILTIN_VARIANTS=recorded (each op
+# at the variant its lock entry records), then take specs/kernels and the lock from $STAGE_OUT/specs.
 set -uo pipefail
 OUT_DIR="${STAGE_OUT:-$OUT/builtin}"
 mkdir -p "$OUT_DIR"
@@ -18,4 +20,7 @@ timeout "${BUILTIN_TIMEOUT:-560}" python3 benchmarks/builtin_bench.py --out "$OU
   --dtypes bfloat16,float32 --extra-shapes $TUNE_FLAG $VARIANTS_FLAG $LOCK_FLAG 2>&1 | tee "$OUT_DIR/builtin.log"
 status=${PIPESTATUS[0]}
 [ -f "$OUT_DIR/builtin_bench.md" ] && cat "$OUT_DIR/builtin_bench.md"
+if [ "${BUILTIN_WRITE_LOCK:-0}" = "1" ]; then  # what was written, to bring back (the checkout here is a copy)
+  mkdir -p "$OUT_DIR/specs" && cp -r specs/kernels specs/specgen.lock "$OUT_DIR/specs/"
+fi
 exit $status

@@ -276,6 +276,13 @@ def _row_classes(spec, variant: Variant) -> set[str] | None:
         return None
 
 
+def recorded_variant(entry) -> str:
+    """The variant the op's committed kernel was built from: its newest verification record's
+    (a combination `cls:name+cls:name` as written), else the default's name."""
+    records = [r for r in getattr(entry, "records", []) if r.verification and r.verification.get("variant")]
+    return records[-1].verification["variant"] if records else DEFAULT_VARIANT.name
+
+
 def previous_variants(entry) -> list[str]:
     """The variant names an earlier kernel of the op was built from (its tuning record or its
     verification records; a combination "medium:cl256+wide:loop1024" names cl256 and loop1024):
