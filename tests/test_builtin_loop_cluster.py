@@ -49,6 +49,8 @@ def test_few_wide_rows_take_a_cluster_of_eight_blocks_behind_a_gate():
     # the backward's weight and bias gradients are column partials: a slot per cluster (a row each
     # here), its blocks' lanes on distinct columns, the workspace sized from the same grid
     assert "if (tpr == 0 && loop_cl_ok) { tpr = 4096; items = 0; }" in backward
+    assert "else if (tpr == 4096 && items == 0) SG_LAUNCH_LCL(VEC, 4096, 0);" in backward  # launched as one
+    assert "launch_cluster<(P) / 512>(layernorm_chw_few_rows_bwd_rows<T, V, P, I, 512>" in backward
     assert "if (cl > 1) gx = per_group_blocks * cl;" in backward
     assert "const int64_t cslots = gx / cl * groups;" in backward  # host: clusters x groups
     assert "const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;" in backward  # kernel: the same slots
@@ -80,3 +82,20 @@ def test_the_looped_cluster_passes_the_verifier():
     spec = own_spec("layernorm_chw_few_rows")
     verdict = verify_kernel(spec, build_source(spec, LOOPCL))
     assert verdict.passed, verdict.summary()
+
+
+def test_the_tuner_times_loopcl_only_where_a_benchmark_row_is_few_and_wide():
+    """At any other row the gate shuts and the kernel runs as the default's: timing it would
+    only spend the tuner's budget (session 35's review)."""
+    from specgen.agents.builtin import tune
+    from specgen.agents.builtin.generator import few_wide_rows
+
+    few = own_spec("layernorm_chw_few_rows")
+    assert few_wide_rows(few) and "loopcl" in [v.name for v, _ in tune.candidates(few)[0]]
+    for spec in (load_spec(SPECS / "softmax.yaml"), own_spec("layernorm_hw_affine")):
+        assert not few_wide_rows(spec)
+        pairs, notes = tune.candidates(spec)
+        assert "loopcl" not in [v.name for v, _ in pairs] and "loopcl" in notes[0]
+    # the same rows, more of them than two a SM: no longer few
+    many = few.model_copy(update={"benchmark": [{"B": 16 * 132, "C": 16, "H": 128, "W": 128}]})
+    assert not few_wide_rows(many)

@@ -211,6 +211,10 @@ def test_csmem_keeps_column_partials_and_parameters_out_of_registers():
     assert "sg::launch_dyn(rmsnorm_bwd_rows<" in backward and "csm_ok && chunks <=" in backward
     assert "r_p_weight_1[" not in backward and "lz_p_weight_1" in backward  # weight re-read per use
     assert "if constexpr (8 <= ITEMS_NMAX)" in backward  # narrow rows: partials still in registers
+    # a looped row (I == 0) adds into its partials in place: launched with no shared memory (asking
+    # csm_bytes failed the launch past the device's opt-in, W over ~58K floats)
+    assert "((P) > 32 ? ((I) > 0 ? csm_bytes : (size_t)0) :" in backward
+    assert "(P) > 32 && (I) > 0 ? csm_bytes : 0)" in backward
     default = build_source(load_spec(SPECS / "rmsnorm.yaml"))
     assert "r_p_weight_1[" in default and "csm" not in default.split("// ---- end of helpers ----")[1]
 

@@ -345,7 +345,7 @@ class HostEmitter:
         w.line("int per_sm = 1;")
         if self.col_smem:
             occupancy = (f"(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
-                         f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 ? csm_bytes : 0)")
+                         f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 && (I) > 0 ? csm_bytes : 0)")
         else:
             occupancy = f"(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>>(block)"
         macros = {"SG_OCC": occupancy, "SG_OCC_CL": "(V, P, I) per_sm = 1"}
@@ -413,8 +413,9 @@ class HostEmitter:
         fail = "if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; }"
         # narrow rows with column partials: shared memory to merge the block's row groups
         smem = f"((P) > 32 ? (size_t)0 : (size_t){rb} * (I) * (V) * sizeof(float))" if ncol else "0"
-        if self.col_smem:
-            smem = f"((P) > 32 ? csm_bytes : (size_t){rb} * (I) * (V) * sizeof(float))"
+        if self.col_smem:  # (a looped row, I == 0, adds into its partials in place: no shared memory,
+            # where asking csm_bytes failed the launch past the device's opt-in, W over ~58K floats)
+            smem = f"((P) > 32 ? ((I) > 0 ? csm_bytes : (size_t)0) : (size_t){rb} * (I) * (V) * sizeof(float))"
             launch = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
                       f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
                       f"rows_per_group); {fail} }} while (0)")

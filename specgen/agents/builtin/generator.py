@@ -167,6 +167,22 @@ def shape_class_of(spec, direction: str, dims: dict, dtype: str, variant: Varian
     return shape_class(tpr, items)
 
 
+def few_wide_rows(spec, sms: int = H200_SMS) -> bool:
+    """Whether some benchmark row of `spec` is wide (looped) with at most two rows a SM: the
+    rows the `loopcl` variant spreads over clusters (the host's gate); elsewhere its kernel
+    runs as the default's, so the tuner need not time it."""
+    programs = lower_spec(spec)
+    for direction, program in programs.items():
+        if family_of({direction: program}) is not None:
+            continue
+        for dims in spec.benchmark:
+            rows = math.prod(d.resolve(dict(dims)) for d in program.row_dims)
+            if rows <= 2 * sms and any(shape_class_of(spec, direction, dict(dims), dtype, sms=sms) == "wide"
+                                       for dtype in spec.dtypes):
+                return True
+    return False
+
+
 def _size_at(node, dims: dict) -> int:
     """A size node (a dim, a literal, or a product of them: a folded width) at `dims`."""
     if node.op == "dim":

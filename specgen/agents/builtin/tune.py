@@ -283,6 +283,15 @@ def recorded_variant(entry) -> str:
     return records[-1].verification["variant"] if records else DEFAULT_VARIANT.name
 
 
+def _few_wide_rows(spec) -> bool:
+    from .generator import few_wide_rows
+
+    try:
+        return few_wide_rows(spec)
+    except Exception:  # noqa: BLE001 - a shape the mirror cannot place: try the variant
+        return True
+
+
 def previous_variants(entry) -> list[str]:
     """The variant names an earlier kernel of the op was built from (its tuning record or its
     verification records; a combination "medium:cl256+wide:loop1024" names cl256 and loop1024):
@@ -359,6 +368,9 @@ def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = 
         if variant.name != DEFAULT_VARIANT.name and default_classes is not None:
             own = _row_classes(timed, variant)
             if own is not None and not _changed_classes(variant) & (default_classes | own):
+                notes.append(variant.name)
+                continue
+            if variant.loop_cluster > 1 and not _few_wide_rows(timed):  # its gate shuts at every row
                 notes.append(variant.name)
                 continue
         source = build_source(spec, variant)
