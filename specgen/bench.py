@@ -416,14 +416,25 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
             return [autograd_backward(spec, fn, args, grads) for args, (_, grads) in zip(sets, operands)]
         return [functools.partial(_no_grad_call, fn, args) for args in sets]
 
+    def graph_forward_us(fn) -> float | None:
+        """The forward recording the graph, timed (a training step's forward); None, with a note,
+        where it does not fit beside the row's tensors: the backward rows' times stand anyway."""
+        try:
+            forwards = [autograd_forward(spec, fn, args) for args in sets]
+            return timed(lambda i: forwards[i]())
+        except torch.cuda.OutOfMemoryError:
+            row.notes.append("the baselines' forward recording the graph was not timed: out of GPU memory")
+            return None
+        finally:
+            forwards = None
+            torch.cuda.empty_cache()
+
     if eager:
         steps = torch_steps(reference)
         row.eager_us = timed(lambda i: steps[i]())
         del steps
         if backward:
-            forwards = [autograd_forward(spec, reference, args) for args in sets]
-            row.eager_graph_us = timed(lambda i: forwards[i]())
-            del forwards
+            row.eager_graph_us = graph_forward_us(reference)
     if compiled:
         try:
             fn, watch = fresh_compiled(reference)
@@ -435,14 +446,12 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
             watch.mark_compiled()
             row.compile_seconds = round(time.perf_counter() - started, 2)
             row.compile_us = timed(lambda i: steps[i]())
+            del steps  # (their retained graphs: freed before the forwards record theirs)
             if backward:  # the same compiled forward (grad mode on, as the backward's steps traced it)
-                forwards = [autograd_forward(spec, fn, args) for args in sets]
-                row.compile_graph_us = timed(lambda i: forwards[i]())
-                del forwards
+                row.compile_graph_us = graph_forward_us(fn)
             row.compile_fallback = watch.fallback()
             if row.compile_fallback:
                 row.notes.append(f"torch.compile fell back to eager: {row.compile_fallback}")
-            del steps
         except Exception as error:  # no triton, an unsupported op...: report, keep going
             row.notes.append(f"torch.compile failed: {type(error).__name__}: {str(error)[:200]}")
     sets = operands = None  # the baselines' inputs: freed before the kernel's own sets
