@@ -99,3 +99,72 @@ def test_the_tuner_times_loopcl_only_where_a_benchmark_row_is_few_and_wide():
     # the same rows, more of them than two a SM: no longer few
     many = few.model_copy(update={"benchmark": [{"B": 16 * 132, "C": 16, "H": 128, "W": 128}]})
     assert not few_wide_rows(many)
+
+
+STAGE = variant_named("loopstage")
+
+
+def test_loopstage_stages_a_wide_row_once_for_any_number_of_rows():
+    forward, backward = _directions(build_source(load_spec(SPECS / "softmax.yaml"), STAGE))
+    for source, fields in ((forward, ["p_x_0"]), (backward, ["p_grad_out_0", "p_out_1"])):
+        gate = re.search(r"const bool loop_cl_ok = (.*);", source).group(1)
+        assert "stage_bytes <= sg::smem_optin()" in gate and "rows <=" not in gate  # any number of rows
+        assert "sg::launch_cluster_smem<(P) / 512>(" in source and ", block, stage_bytes, stream," in source
+        for pn in fields:
+            # staged once per row, by the thread that reads it back (slot j * BLOCK + tid: no barrier)
+            assert f"s_{pn}[(c / TPR) * BLOCK + threadIdx.x] = l_{pn}[u];" in source
+            reads = source.count(f"if constexpr (TPR > BLOCK) l_{pn}[u] = s_{pn}[(c / TPR) * BLOCK + threadIdx.x]; "
+                                 f"else sg::load_raw<VEC>({pn} + c * VEC, l_{pn}[u]);")
+            assert reads >= 2  # every looped sweep of the row reads the stage
+        # the host's bytes are the kernel's: SJ chunks a thread, BLOCK threads, 16-byte slots a field
+        assert "const int64_t SJ = (W / VEC + TPR - 1) / TPR;" in source
+        assert source.count("stage_at += (size_t)SJ * BLOCK * ((sizeof(sg::Raw<T, VEC>) + 15) / 16 * 16);") == len(fields)
+        host = re.search(r"const size_t stage_bytes = (.*);", source).group(1)
+        assert host.startswith("(size_t)((chunks + 4096 - 1) / 4096) * 512 * (")
+        assert host.count("(sizeof(sg::Raw<T, VEC>) + 15) / 16 * 16") == len(fields)
+    # a [W] parameter stays in L2: LayerNorm's weight and bias are not staged
+    ln = _directions(build_source(own_spec("layernorm_chw_few_rows"), STAGE))[0]
+    assert "s_p_x_0" in ln and "s_p_weight" not in ln and "s_p_bias" not in ln
+
+
+def test_the_stage_slots_of_a_cluster_row_are_each_threads_own():
+    """Chunk c of a looped cluster row (TPR = 4096 threads over 8 blocks of 512) is read and
+    written by thread lane = c % TPR; its slot (c // TPR) * BLOCK + lane % BLOCK in block
+    lane // BLOCK is unique there and inside the block's SJ * BLOCK slots."""
+    tpr, block = 4096, 512
+    for chunks in (1, 511, 4096, 4097, 98304, 98305):
+        sj = (chunks + tpr - 1) // tpr
+        seen = {}
+        for c in range(chunks):
+            lane = c % tpr
+            rank, slot = lane // block, (c // tpr) * block + lane % block
+            assert 0 <= slot < sj * block
+            assert seen.setdefault((rank, slot), lane) == lane and (rank, slot, c) not in seen
+            seen[(rank, slot, c)] = True
+        assert len([k for k in seen if len(k) == 2]) == chunks  # no two chunks share a block's slot
+
+
+def test_the_tuner_tries_loopstage_wherever_a_benchmark_row_is_wide():
+    from specgen.agents.builtin import tune
+
+    softmax = load_spec(SPECS / "softmax.yaml")
+    names = [v.name for v, _ in tune.candidates(softmax)[0]]
+    assert "loopstage" in names and "loopcl" not in names  # many wide rows: staged, not the few-rows form
+
+
+@pytest.mark.nvcc
+def test_the_staged_looped_cluster_compiles_for_hopper():
+    from specgen.agents.builtin.generator import compile_source
+
+    for spec in (load_spec(SPECS / "softmax.yaml"), own_spec("layernorm_chw_few_rows")):
+        compile_source(spec, build_source(spec, STAGE), arch="sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["softmax", "layernorm_chw_few_rows"])
+def test_the_staged_looped_cluster_passes_the_verifier(name):
+    from specgen.verify import verify_kernel
+
+    spec = load_spec(SPECS / "softmax.yaml") if name == "softmax" else own_spec(name)
+    verdict = verify_kernel(spec, build_source(spec, STAGE))
+    assert verdict.passed, verdict.summary()

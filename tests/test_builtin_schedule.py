@@ -250,7 +250,7 @@ def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, 
             items_value = 8 if items is None else items
             block = _c_ternary(expr, {"few": 0, "tpr": tpr, "items": items_value})
             if variant.is_loop_cluster(tpr, items):  # a looped row over a cluster: loop_tpr threads a block
-                looped = re.search(r"#define SG_LAUNCH_LCL\(V, P, I\) .*?launch_cluster<\(P\) / (\d+)>\(\w+<T, V, P, I, (\d+)>",
+                looped = re.search(r"#define SG_LAUNCH_LCL\(V, P, I\) .*?launch_cluster(?:_smem)?<\(P\) / (\d+)>\(\w+<T, V, P, I, (\d+)>",
                                    direction_source)
                 if looped is None:  # this direction never splits a row: the schedule is not in its chain
                     assert f"tpr == {tpr} && items == 0" not in direction_source

@@ -289,7 +289,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         with w.block("for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR)"):
             w.lines(f"{self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];" for key, _ in sweep.loads)
             self.write_chunk_loads(w, "for (int u = 0; u < UNROLL; ++u)", "c0 + (int64_t)u * TPR",
-                                   [(self.pointer_name(key), f"l_{self.pointer_name(key)}[u]") for key, _ in sweep.loads])
+                                   [(self.pointer_name(key), f"l_{self.pointer_name(key)}[u]") for key, _ in sweep.loads],
+                                   staged={self.pointer_name(key) for key in self.staged_keys()})
             w.line("#pragma unroll")
             # this loop's body at its own depth, its `}` one level out: committed kernels carry these bytes
             w.verbatim(w.indent + "for (int u = 0; u < UNROLL; ++u) {")
@@ -297,14 +298,18 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             w.verbatim(UNIT * (w.level - 1) + "}")
         w.lines(f"for (int u = 0; u < UNROLL; ++u) {acc} += {acc}_c[u];" for acc in sweep.chained)
 
-    def write_chunk_loads(self, w: CWriter, loop: str, position: str, targets: list[tuple[str, str]]) -> None:
+    def write_chunk_loads(self, w: CWriter, loop: str, position: str, targets: list[tuple[str, str]],
+                          staged: set = frozenset()) -> None:
         """Raw 16-byte loads of this thread's chunks (`loop` over them, chunk c at `position`),
-        each (pointer, register) of `targets`, all issued before any is used."""
+        each (pointer, register) of `targets`, all issued before any is used; the `staged`
+        pointers read from a looped cluster's shared memory (write_stage_row) in that instantiation."""
         w.line("#pragma unroll")
         with w.block(loop):
             w.line(f"const int64_t c = {position};")
             with w.block("if (c * VEC < W)"):
-                w.lines(f"sg::load_raw<VEC>({pn} + c * VEC, {dst});" for pn, dst in targets)
+                w.lines(f"if constexpr (TPR > BLOCK) {dst} = s_{pn}[(c / TPR) * BLOCK + threadIdx.x]; "
+                        f"else sg::load_raw<VEC>({pn} + c * VEC, {dst});" if pn in staged else
+                        f"sg::load_raw<VEC>({pn} + c * VEC, {dst});" for pn, dst in targets)
 
     def write_chunk(self, w: CWriter, sweep: Sweep, mode: str, position: str, slot: str) -> None:
         """Chunk c (VEC elements at `position`) of the row: its raw loads read from `slot`
@@ -475,6 +480,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         w.line("(void)red_smem; (void)partials;")
         w.lines(self.pretotal_view())
         w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
+        self.write_stage_setup(w)
         w.line("// CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)")
         w.line("constexpr int CL = TPR > BLOCK ? TPR / BLOCK : 1;")
         w.line("const int lane = CL > 1 ? (int)(blockIdx.x % CL) * BLOCK + (int)threadIdx.x "
@@ -484,6 +490,39 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         w.line("const int64_t bx = blockIdx.x / CL, nbx = gridDim.x / CL;")
         w.line("const int64_t slot = ((int64_t)blockIdx.y * nbx + bx) * rpb + rg;")
         w.line("const int64_t slots = nbx * gridDim.y * rpb; (void)slots; (void)slot;")
+
+    def write_stage_setup(self, w: CWriter) -> None:
+        """A staged looped cluster's shared memory: per staged load, SJ chunks of each of the
+        block's threads (thread tid's chunk j at j * BLOCK + tid: its own, so no barrier)."""
+        staged = self.staged_keys()
+        if not staged:
+            return
+        w.line("// a looped cluster's row staged in shared memory (the instantiation TPR > BLOCK, ITEMS == 0)")
+        w.line("extern __shared__ __align__(16) unsigned char sg_stage[];")
+        w.line("const int64_t SJ = (W / VEC + TPR - 1) / TPR;  // chunks a thread stages")
+        w.line("size_t stage_at = 0; (void)stage_at;")
+        for key in staged:
+            raw, pn = self.raw_type(key), self.pointer_name(key)
+            w.line(f"{raw}* s_{pn} = reinterpret_cast<{raw}*>(sg_stage + stage_at); (void)s_{pn};")
+            w.line(f"stage_at += (size_t)SJ * BLOCK * ((sizeof({raw}) + 15) / 16 * 16);")
+
+    def write_stage_row(self, w: CWriter) -> None:
+        """The staging sweep of a looped cluster's row: this thread's chunks, read from HBM once."""
+        staged = self.staged_keys()
+        if not staged:
+            return
+        w.line("// a looped cluster stages the row once: each sweep below reads shared memory, not HBM")
+        with w.block("if constexpr (ITEMS == 0 && TPR > BLOCK)"):
+            with w.block("for (int64_t c0 = lane; c0 * VEC < W; c0 += (int64_t)UNROLL * TPR)"):
+                w.lines(f"{self.raw_type(key)} l_{self.pointer_name(key)}[UNROLL];" for key in staged)
+                self.write_chunk_loads(w, "for (int u = 0; u < UNROLL; ++u)", "c0 + (int64_t)u * TPR",
+                                       [(self.pointer_name(key), f"l_{self.pointer_name(key)}[u]") for key in staged])
+                w.line("#pragma unroll")
+                with w.block("for (int u = 0; u < UNROLL; ++u)"):
+                    w.line("const int64_t c = c0 + (int64_t)u * TPR;")
+                    with w.block("if (c * VEC < W)"):
+                        w.lines(f"s_{self.pointer_name(key)}[(c / TPR) * BLOCK + threadIdx.x] = "
+                                f"l_{self.pointer_name(key)}[u];" for key in staged)
 
     def write_column_partials_setup(self, w: CWriter) -> None:
         """Column reductions' slots and accumulators, zeroed (registers or shared memory; a
@@ -542,6 +581,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
                 self.write_chunk_loads(w, "for (int k = 0; k < ITEMS; ++k)", "(int64_t)k * TPR + lane",
                                        [(self.pointer_name(key), f"r_{self.pointer_name(key)}[k]")
                                         for key in self.held_loads()])
+        self.write_stage_row(w)
         self.write_row_scope(w, ctx)
         if elem_stores or self.colreduces:
             w.line("// final pass: outputs" + (" and column partials" if self.colreduces else ""))

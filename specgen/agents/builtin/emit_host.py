@@ -27,6 +27,19 @@ class HostEmitter:
         parameters (col loads) of a col_smem kernel, read again at each use (L1 hits)."""
         return [k for k in self.elem_loads if not (self.col_smem and k[1] == "col")]
 
+    def staged_keys(self) -> list:
+        """Loads a staged looped cluster (Variant.loop_stage) keeps in shared memory: the per-row
+        ones (a [W] parameter stays in L2)."""
+        if not (self.variant.loop_stage and self.loop_cluster_on(self.variant)):
+            return []
+        return [k for k in self.elem_loads if k[1] != "col"]
+
+    def stage_bytes_expr(self) -> str:
+        """C++: the shared memory a block of a staged looped cluster asks (mirrors the kernel's)."""
+        lcl = self.variant.loop_tpr * self.variant.loop_cluster
+        per_chunk = " + ".join(f"(sizeof({self.raw_type(k)}) + 15) / 16 * 16" for k in self.staged_keys())
+        return f"(size_t)((chunks + {lcl} - 1) / {lcl}) * {self.variant.loop_tpr} * ({per_chunk})"
+
     def narrow_max(self) -> str:
         return "ITEMS_NMAX" if self.col_smem else "ITEMS_MAX"
 
@@ -281,8 +294,15 @@ class HostEmitter:
                    f"{variant.split_block_of(first)}>>();")
         if self.loop_cluster_on(variant):
             lcl = variant.loop_tpr * variant.loop_cluster
-            w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
-            w.line(f"const bool loop_cl_ok = vec_ok && rows <= 2 * (int64_t)sg::sm_count() && "
+            if self.staged_keys():
+                w.line(f"// wide rows: a looped row over a cluster of {variant.loop_cluster} blocks, staged in their shared")
+                w.line("// memory (each thread its own chunks), where it fits a block's opt-in")
+                w.line(f"const size_t stage_bytes = {self.stage_bytes_expr()};")
+                rows_ok = "stage_bytes <= sg::smem_optin()"
+            else:
+                w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
+                rows_ok = "rows <= 2 * (int64_t)sg::sm_count()"
+            w.line(f"const bool loop_cl_ok = vec_ok && {rows_ok} && "
                    f"sg::clusters_ok<{self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>>();")
         with w.block("if (vec_ok)"):
             for tpr, items in self.vec_schedules(variant):
@@ -429,8 +449,9 @@ class HostEmitter:
                                    f"rows_per_group); {fail} }} while (0)")}
         if self.loop_cluster_on(variant):
             lt = variant.loop_tpr
-            macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_cluster<(P) / {lt}>("
-                                       f"{self.kname}_rows<T, V, P, I, {lt}>, grid, block, stream, args, partials, "
+            launcher, smem = ("launch_cluster_smem", "stage_bytes, ") if self.staged_keys() else ("launch_cluster", "")
+            macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = sg::{launcher}<(P) / {lt}>("
+                                       f"{self.kname}_rows<T, V, P, I, {lt}>, grid, block, {smem}stream, args, partials, "
                                        f"rows_per_group); {fail} }} while (0)")
         if self.few_over_clusters(variant):
             macros["SG_LAUNCH_FEW"] = (f"(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("

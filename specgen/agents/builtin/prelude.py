@@ -402,14 +402,17 @@ inline bool clusters_ok() {
   return ok == 1;
 }
 
-// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL).
+// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL) and
+// `smem` bytes of dynamic shared memory a block (a staged looped row), opting the kernel in past 48 KB.
 template <int CL, typename... KArgs, typename... Args>
-inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
-                                  Args... args) {
+inline cudaError_t launch_cluster_smem(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem,
+                                       cudaStream_t stream, Args... args) {
+  const cudaError_t e = opt_in_smem(kernel, smem);
+  if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3((unsigned)block);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -419,6 +422,12 @@ inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <int CL, typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
+                                  Args... args) {
+  return launch_cluster_smem<CL>(kernel, grid, block, 0, stream, args...);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -552,6 +561,12 @@ inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int blo
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <int CL, typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
+                                  Args... args) {
+  return launch_cluster_smem<CL>(kernel, grid, block, 0, stream, args...);
 }
 }  // namespace sg"""
 

@@ -138,6 +138,11 @@ class Variant:
     # (sm_90+, programs that write elements; column partials a slot per cluster). One 512-thread block per
     # row left each SM one block's loads in flight: 30% of HBM (held-out problems-v7, session 34)
     loop_cluster: int = 1
+    # a looped cluster's row staged in shared memory (each block its part, each thread its own
+    # chunks) by one streaming sweep, which every later sweep reads instead of HBM: the looped pass
+    # read a row twice (softmax over 393216-wide rows at 65% of copy); for any number of rows,
+    # wherever the staged bytes fit a block's opt-in
+    loop_stage: bool = False
 
     @property
     def schedules(self) -> tuple:
@@ -168,6 +173,8 @@ VARIANTS = [
     # wide rows, at most two a SM: a looped row over a cluster of 8 blocks (early: the tuner tries
     # VARIANTS in order within its budget, and only specs with wide benchmark rows try this one)
     Variant("loopcl", loop_cluster=8),
+    # wide rows of any count whose row fits 8 blocks' shared memory: the looped cluster, staged
+    Variant("loopstage", loop_cluster=8, loop_stage=True),
     Variant("nosplit", split_rows=False),  # split: the looped pass instead of a cluster per row
     Variant("wave", persistent=True),  # medium: one wave of persistent blocks striding over rows
     # medium: (max, sum) in two exact sweeps; cross-entropy over 32768 classes in fp32 was 1.6x
@@ -238,7 +245,7 @@ CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused",
                            "axis_elem_vec"),
-                "wide": ("loop_tpr", "loop_unroll", "loop_sums", "loop_cluster"), "split": ("split_rows", "split_block"),
+                "wide": ("loop_tpr", "loop_unroll", "loop_sums", "loop_cluster", "loop_stage"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 
 

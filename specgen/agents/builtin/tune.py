@@ -370,7 +370,7 @@ def candidates(spec, variants: list[Variant] | None = None, prefer: list[str] = 
             if own is not None and not _changed_classes(variant) & (default_classes | own):
                 notes.append(variant.name)
                 continue
-            if variant.loop_cluster > 1 and not _few_wide_rows(timed):  # its gate shuts at every row
+            if variant.loop_cluster > 1 and not variant.loop_stage and not _few_wide_rows(timed):  # gate shut
                 notes.append(variant.name)
                 continue
         source = build_source(spec, variant)
