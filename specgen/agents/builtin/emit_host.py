@@ -285,7 +285,9 @@ class HostEmitter:
             w.line("// medium rows: shared memory for the column partials, if the device gives a block that much")
             w.line(f"const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
                    "sizeof(typename sg::Acc<T>::type);")
-            w.line("const bool csm_ok = csm_bytes <= sg::smem_optin();")
+            first = next(t for t, i in variant.schedules if i is None)
+            w.line(f"const bool csm_ok = csm_bytes <= sg::dyn_smem_limit({self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
+                   f"{first}>);  // (the medium rows' static scratch is the same at every TPR)")
         if self.split_allowed(variant):
             w.line("// split rows only where the row is wider than one block holds, on sm_90+ code")
             first = next(t for t, i in variant.schedules if variant.is_split(t, i))
@@ -298,7 +300,7 @@ class HostEmitter:
                 w.line(f"// wide rows: a looped row over a cluster of {variant.loop_cluster} blocks, staged in their shared")
                 w.line("// memory (each thread its own chunks), where it fits a block's opt-in")
                 w.line(f"const size_t stage_bytes = {self.stage_bytes_expr()};")
-                rows_ok = "stage_bytes <= sg::smem_optin()"
+                rows_ok = f"stage_bytes <= sg::dyn_smem_limit({self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>)"
             else:
                 w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
                 rows_ok = "rows <= 2 * (int64_t)sg::sm_count()"

@@ -353,14 +353,28 @@ inline int device_attribute(int fallback) {
 // H100/H200, 99 KB on compute capability 12.0).
 inline size_t smem_optin() { return (size_t)device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024); }
 
-// A kernel opted in to all the dynamic shared memory the device allows, whatever this call needs:
-// a limit set to one call's own bytes is lowered by another thread's call between this call's
-// opt-in and its launch, which then fails.
+// The most dynamic shared memory `kernel` may take on the current device: the device's opt-in
+// limit less the kernel's static shared memory (CUDA refuses a maximum whose sum with the static
+// bytes passes the limit; 0 where the kernel cannot be asked).
+template <typename... KArgs>
+inline size_t dyn_smem_limit(void (*kernel)(KArgs...)) {
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
+  return fa.sharedSizeBytes < smem_optin() ? smem_optin() - fa.sharedSizeBytes : 0;
+}
+
+// A kernel opted in to all the dynamic shared memory it may take, whatever this call needs: a
+// limit set to one call's own bytes is lowered by another thread's call between this call's
+// opt-in and its launch, which then fails. Without an opt-in, static and dynamic bytes share 48 KB.
 template <typename... KArgs>
 inline cudaError_t opt_in_smem(void (*kernel)(KArgs...), size_t smem) {
-  if (smem <= 48 * 1024) return cudaSuccess;
-  if (smem > smem_optin()) return cudaErrorInvalidValue;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_optin());
+  if (smem == 0) return cudaSuccess;
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return cudaErrorInvalidDeviceFunction;
+  if (fa.sharedSizeBytes + smem <= 48 * 1024) return cudaSuccess;
+  const size_t most = dyn_smem_limit(kernel);
+  if (smem > most) return cudaErrorInvalidValue;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
 }
 
 // The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends

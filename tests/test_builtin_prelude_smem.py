@@ -1,0 +1,43 @@
+"""The runtime helpers' shared-memory opt-in (prelude.PRELUDE), on the CPU by its text.
+
+CUDA refuses a kernel's maximum dynamic shared memory when its sum with the kernel's static
+shared memory passes the device's opt-in limit. Session 34's opt-in set the device limit itself,
+so every row kernel (static reduction scratch, red_smem) would have failed each launch past 48 KB
+of dynamic shared memory (csmem's column partials at D = 16384: 64 KB); found in session 35's
+review before it reached a GPU.
+"""
+from __future__ import annotations
+
+import re
+
+from conftest import SPECS
+
+from specgen.agents.builtin import build_source
+from specgen.agents.builtin.prelude import PRELUDE
+from specgen.agents.builtin.schedule import variant_named
+from specgen.spec import load_spec
+
+
+def test_the_opt_in_leaves_room_for_the_kernels_static_shared_memory():
+    limit = PRELUDE[PRELUDE.index("inline size_t dyn_smem_limit"):]
+    limit = limit[:limit.index("\n}\n")]
+    assert "cudaFuncGetAttributes(&fa, kernel)" in limit
+    assert "smem_optin() - fa.sharedSizeBytes" in limit
+    opt_in = PRELUDE[PRELUDE.index("inline cudaError_t opt_in_smem"):]
+    opt_in = opt_in[:opt_in.index("\n}\n")]
+    assert "fa.sharedSizeBytes + smem <= 48 * 1024" in opt_in  # no opt-in: static and dynamic share 48 KB
+    assert "if (smem > most) return cudaErrorInvalidValue;" in opt_in
+    set_to = re.search(r"cudaFuncAttributeMaxDynamicSharedMemorySize, \(int\)(\w+)\)", opt_in).group(1)
+    assert set_to == "most"  # never the device's whole limit
+    # a staged cluster launch opts in the same way before cudaLaunchKernelEx
+    cluster = PRELUDE[PRELUDE.index("inline cudaError_t launch_cluster_smem"):]
+    assert cluster.index("opt_in_smem(kernel, smem)") < cluster.index("cudaLaunchKernelEx")
+
+
+def test_the_hosts_shared_memory_gates_ask_the_kernels_own_limit():
+    backward = build_source(load_spec(SPECS / "rmsnorm.yaml"), variant_named("csmem")).split(
+        "// ======================= backward")[1]
+    assert "const bool csm_ok = csm_bytes <= sg::dyn_smem_limit(rmsnorm_bwd_rows<T, VEC, 64, ITEMS_MAX, 64>);" in backward
+    staged = build_source(load_spec(SPECS / "softmax.yaml"), variant_named("loopstage"))
+    assert "stage_bytes <= sg::dyn_smem_limit(softmax_fwd_rows<T, VEC, 4096, 0, 512>)" in staged
+    assert "sg::smem_optin()" not in staged.split("// ---- end of helpers ----")[1]  # no gate on the raw limit
