@@ -281,6 +281,7 @@ def test_bench_rows_survive_failures_and_budget(monkeypatch):
             self.dims, self.dtype, self.direction = dims, dtype, direction
             self.bytes, self.kernel_us, self.eager_us, self.compile_us = 1000, 1.0, 1.0, 1.0
             self.compile_seconds, self.compile_fallback, self.notes, self.rejected, self.floor_us = 1.0, None, [], None, 0.1
+            self.eager_graph_us = self.compile_graph_us = 1.0 if direction == "backward" else None  # as BenchRow
 
         def as_dict(self):
             return {"kernel_roofline_fraction": 0.9}
@@ -350,7 +351,9 @@ def test_main_with_a_fake_gpu_never_aborts(tmp_path, monkeypatch, capsys):
                     r = types.SimpleNamespace(dims=dims, dtype=dtype, direction=d, bytes=2 * big, kernel_us=us,
                                               eager_us=us, compile_us=1.1 * us,
                                               compile_seconds=1.0, compile_fallback=None, notes=[], rejected=None,
-                                              floor_us=0.1, as_dict=lambda: {})
+                                              floor_us=0.1, as_dict=lambda: {},
+                                              eager_graph_us=us if d == "backward" else None,
+                                              compile_graph_us=1.1 * us if d == "backward" else None)
                     on_row(r)
 
     import specgen.agents.builtin as builtin
