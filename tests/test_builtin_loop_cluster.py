@@ -109,7 +109,7 @@ def test_loopstage_stages_a_wide_row_once_for_any_number_of_rows():
     for source, fields in ((forward, ["p_x_0"]), (backward, ["p_grad_out_0", "p_out_1"])):
         gate = re.search(r"const bool loop_cl_ok = (.*);", source).group(1)
         assert "stage_bytes <= sg::dyn_smem_limit(" in gate and "rows <=" not in gate  # any number of rows
-        assert "sg::launch_cluster_smem<(P) / 512>(" in source and ", block, stage_bytes, stream," in source
+        assert "sg::launch_clusters(" in source and ", grid, block, (P) / 512, stage_bytes, stream," in source
         for pn in fields:
             # staged once per row, by the thread that reads it back (slot j * BLOCK + tid: no barrier)
             assert f"s_{pn}[(c / TPR) * BLOCK + threadIdx.x] = l_{pn}[u];" in source

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from conftest import SPECS
 
 from specgen.agents.builtin import build_source
@@ -30,7 +31,7 @@ def test_the_opt_in_leaves_room_for_the_kernels_static_shared_memory():
     set_to = re.search(r"cudaFuncAttributeMaxDynamicSharedMemorySize, \(int\)(\w+)\)", opt_in).group(1)
     assert set_to == "most"  # never the device's whole limit
     # a staged cluster launch opts in the same way before cudaLaunchKernelEx
-    cluster = PRELUDE[PRELUDE.index("inline cudaError_t launch_cluster_smem"):]
+    cluster = PRELUDE[PRELUDE.index("inline cudaError_t launch_clusters"):]
     assert cluster.index("opt_in_smem(kernel, smem)") < cluster.index("cudaLaunchKernelEx")
 
 
@@ -41,3 +42,29 @@ def test_the_hosts_shared_memory_gates_ask_the_kernels_own_limit():
     staged = build_source(load_spec(SPECS / "softmax.yaml"), variant_named("loopstage"))
     assert "stage_bytes <= sg::dyn_smem_limit(softmax_fwd_rows<T, VEC, 4096, 0, 512>)" in staged
     assert "sg::smem_optin()" not in staged.split("// ---- end of helpers ----")[1]  # no gate on the raw limit
+
+
+def test_an_optional_helper_block_defines_nothing_the_helpers_define():
+    """A kernel carries PRELUDE and the optional blocks it calls into: a function in both is a
+    redefinition nvcc refuses (a copy of launch_cluster in PRELUDE_CLUSTER_N failed every
+    few-row loss kernel's compile, found reading session 35's change)."""
+    from specgen.agents.builtin import prelude
+
+    def defined(text: str) -> set[str]:
+        return set(re.findall(r"^inline [\w:<>*, ]+? (\w+)\(", text, re.M))
+
+    base = defined(PRELUDE)
+    assert {"launch_clusters", "launch_cluster", "opt_in_smem", "dyn_smem_limit"} <= base
+    for name in dir(prelude):
+        if name.startswith("PRELUDE_"):
+            assert not defined(getattr(prelude, name)) & base, name
+
+
+@pytest.mark.nvcc
+def test_a_few_row_loss_kernel_with_its_own_cluster_launch_compiles():
+    from specgen.agents.builtin.generator import compile_source
+
+    spec = load_spec(SPECS / "cross_entropy.yaml")
+    source = build_source(spec, variant_named("fewtwo"))
+    assert "sg::launch_cluster_n(" in source and "sg::launch_cluster<" in source
+    compile_source(spec, source, arch="sm_90")

@@ -250,12 +250,13 @@ def test_host_block_size_matches_the_kernel_instantiation_of_every_schedule(op, 
             items_value = 8 if items is None else items
             block = _c_ternary(expr, {"few": 0, "tpr": tpr, "items": items_value})
             if variant.is_loop_cluster(tpr, items):  # a looped row over a cluster: loop_tpr threads a block
-                looped = re.search(r"#define SG_LAUNCH_LCL\(V, P, I\) .*?launch_cluster(?:_smem)?<\(P\) / (\d+)>\(\w+<T, V, P, I, (\d+)>",
-                                   direction_source)
+                looped = re.search(r"#define SG_LAUNCH_LCL\(V, P, I\) (.*)", direction_source)
                 if looped is None:  # this direction never splits a row: the schedule is not in its chain
                     assert f"tpr == {tpr} && items == 0" not in direction_source
                     continue
-                assert block == variant.loop_tpr == int(looped.group(1)) == int(looped.group(2))
+                cluster = re.search(r"\(P\) / (\d+)", looped.group(1)).group(1)  # blocks: P / this
+                kernel_block = re.search(r"\w+_rows<T, V, P, I, (\d+)>", looped.group(1)).group(1)
+                assert block == variant.loop_tpr == int(cluster) == int(kernel_block)
                 assert tpr // block == variant.loop_cluster <= 8
             elif variant.is_split(tpr, items):
                 assert block == variant.split_block_of(tpr) and 2 <= tpr // block <= 8

@@ -451,9 +451,10 @@ class HostEmitter:
                                    f"rows_per_group); {fail} }} while (0)")}
         if self.loop_cluster_on(variant):
             lt = variant.loop_tpr
-            launcher, smem = ("launch_cluster_smem", "stage_bytes, ") if self.staged_keys() else ("launch_cluster", "")
-            macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = sg::{launcher}<(P) / {lt}>("
-                                       f"{self.kname}_rows<T, V, P, I, {lt}>, grid, block, {smem}stream, args, partials, "
+            launch = (f"sg::launch_clusters({self.kname}_rows<T, V, P, I, {lt}>, grid, block, (P) / {lt}, stage_bytes, "
+                      if self.staged_keys() else f"sg::launch_cluster<(P) / {lt}>({self.kname}_rows<T, V, P, I, {lt}>, "
+                      "grid, block, ")
+            macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = {launch}stream, args, partials, "
                                        f"rows_per_group); {fail} }} while (0)")
         if self.few_over_clusters(variant):
             macros["SG_LAUNCH_FEW"] = (f"(V, P) do {{ const cudaError_t e_ = sg::launch_cluster<{MAX_CLUSTER}>("

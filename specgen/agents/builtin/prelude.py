@@ -416,11 +416,12 @@ inline bool clusters_ok() {
   return ok == 1;
 }
 
-// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL) and
-// `smem` bytes of dynamic shared memory a block (a staged looped row), opting the kernel in past 48 KB.
-template <int CL, typename... KArgs, typename... Args>
-inline cudaError_t launch_cluster_smem(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem,
-                                       cudaStream_t stream, Args... args) {
+// Launch with clusters of `cl` blocks along x (grid.x a multiple of cl) and `smem` bytes of dynamic
+// shared memory a block (a staged looped row), opting the kernel in past 48 KB: split rows and looped
+// clusters (cl a constant, launch_cluster below), a few-row loss's one cluster (cl known at run time).
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, int block, int cl, size_t smem,
+                                   cudaStream_t stream, Args... args) {
   const cudaError_t e = opt_in_smem(kernel, smem);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
@@ -430,7 +431,7 @@ inline cudaError_t launch_cluster_smem(void (*kernel)(KArgs...), dim3 grid, int 
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.x = (unsigned)cl;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -441,7 +442,7 @@ inline cudaError_t launch_cluster_smem(void (*kernel)(KArgs...), dim3 grid, int 
 template <int CL, typename... KArgs, typename... Args>
 inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
                                   Args... args) {
-  return launch_cluster_smem<CL>(kernel, grid, block, 0, stream, args...);
+  return launch_clusters(kernel, grid, block, CL, 0, stream, args...);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -562,25 +563,7 @@ PRELUDE_CLUSTER_N = r"""namespace sg {
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_cluster_n(void (*kernel)(KArgs...), dim3 grid, int block, int cl, cudaStream_t stream,
                                     Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3((unsigned)block);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cl;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
-template <int CL, typename... KArgs, typename... Args>
-inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
-                                  Args... args) {
-  return launch_cluster_smem<CL>(kernel, grid, block, 0, stream, args...);
+  return launch_clusters(kernel, grid, block, cl, 0, stream, args...);
 }
 }  // namespace sg"""
 
