@@ -297,11 +297,11 @@ def training_steps(rows: list[dict]) -> None:
     Information beside the per-direction targets, which stay as the issue states them."""
     forwards = {(shape_text(r.get("dims")), r.get("dtype")): r for r in rows
                 if r.get("direction") == "forward" and r.get("status") == TIMED}
+    total = lambda a, b: a + b if a and b else None  # noqa: E731
     for r in rows:
         f = forwards.get((shape_text(r.get("dims")), r.get("dtype")))
         if r.get("direction") != "backward" or r.get("status") != TIMED or f is None:
             continue
-        total = lambda a, b: a + b if a and b else None  # noqa: E731
         r["step_kernel_us"] = total(f.get("kernel_us"), r.get("kernel_us"))
         r["step_eager_us"] = total(r.get("eager_graph_us"), r.get("eager_us"))
         r["step_compile_us"] = total(r.get("compile_graph_us"), r.get("compile_us"))

@@ -229,7 +229,7 @@ def autograd_backward(spec, fn: Callable, args: dict, grads: dict) -> Callable[[
     forward runs once here, outside any timed region, and each call is
     `torch.autograd.grad(..., retain_graph=True)` through that graph."""
     wrt = differentiable_inputs(spec)
-    leaves = {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+    leaves = _grad_leaves(args, wrt)
     with torch.enable_grad():
         outs = as_tuple(fn(**leaves))
     pairs = [(out, grads[f"grad_{o.name}"]) for o, out in zip(spec.signature.outputs, outs)
@@ -244,12 +244,16 @@ def autograd_backward(spec, fn: Callable, args: dict, grads: dict) -> Callable[[
     return run
 
 
+def _grad_leaves(args: dict, wrt: list[str]) -> dict:
+    """The inputs as the baselines' autograd sees them: those in `wrt` fresh leaves requiring grad."""
+    return {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+
+
 def autograd_forward(spec, fn: Callable, args: dict) -> Callable[[], object]:
     """A callable running `fn`'s forward as a training step does: grad on, the differentiable
     inputs leaves that require grad, so autograd records the graph and saves what the backward
     reads. Returns the outputs; a caller that drops them frees the graph, as a step's backward does."""
-    wrt = differentiable_inputs(spec)
-    leaves = {k: (v.detach().requires_grad_(True) if k in wrt else v) for k, v in args.items()}
+    leaves = _grad_leaves(args, differentiable_inputs(spec))
 
     def run():
         with torch.enable_grad():
@@ -426,8 +430,7 @@ def _bench_one(spec, kernels: dict, dims: dict, dtype: str, direction: str, copy
             row.notes.append("the baselines' forward recording the graph was not timed: out of GPU memory")
             return None
         finally:
-            forwards = None
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the graphs' saved tensors, before the kernel's own inputs
 
     if eager:
         steps = torch_steps(reference)
@@ -489,8 +492,6 @@ def roofline_notes(row: BenchRow) -> list[str]:
 def _no_grad_call(fn: Callable, args: dict):
     with torch.no_grad():
         return fn(**args)
-
-
 
 
 def benchmark_kernel(spec, library: Path, baseline: Path | None = None, **kw) -> BenchResult:
