@@ -1,8 +1,8 @@
 """Held-out bad specs: how `specgen check` answers specs a user got wrong.
 
-    python3 heldout/run_bad_specs.py [--json OUT.json]
+    python3 heldout/run_bad_specs.py [--dir heldout/bad_specs-v2] [--json OUT.json]
 
-Each file of heldout/bad_specs/ is a spec with one mistake (a YAML tab, a typo in a dtype or a
+Each file of the folder (default heldout/bad_specs/, the first suite) is a spec with one mistake (a YAML tab, a typo in a dtype or a
 tolerance key, a reference that raises, a shape the signature does not promise, ...), written
 from a user's side without reading specgen's error code. Its first line says a word the error
 should name (`# expect-mention: WORD`). For each, `specgen check FILE` runs in a fresh process on
@@ -52,9 +52,13 @@ def run_one(path: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=HERE / "bad_specs", help="the suite's folder")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rows = [run_one(p) for p in sorted((HERE / "bad_specs").glob("*.yaml"))]
+    files = sorted(args.dir.glob("*.yaml"))
+    if not files:
+        parser.error(f"--dir {args.dir}: no .yaml files there")
+    rows = [run_one(p) for p in files]
     for r in rows:
         marks = " ".join(("+" if r[c] else "-") + c for c in CHECKS)
         print(f"{r['file']:42s} exit {r['exit']:3d}  {marks}")

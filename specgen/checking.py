@@ -109,14 +109,47 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
             args = make_inputs(spec.signature, dims, dtype, seed=seed + k)
             run_reference_checked(spec, args, dims, dtype)
             # the verifier computes the truth in float64: that must work too
-            run_reference_checked(spec, upcast(args), dims, "float64")
+            truth = run_reference_checked(spec, upcast(args), dims, "float64")
+            if k == 0:
+                check_deterministic(spec, upcast(args), truth, dims)
             if spec.backward != "none" and k == 0:
                 check_differentiable(spec, upcast(args), dtype)
             if spec.saved_values:  # each definition's shape, in both runs (specgen/saved.py)
                 evaluate_saved(spec, args, dtype)
                 evaluate_saved(spec, upcast(args), "float64")
             runs.append(f"{dtype} " + " ".join(f"{s}={v}" for s, v in dims.items()))
+    # every size at its lower bound (a row of one, a single row): where squeeze() and the like change
+    # a shape the random sizes above rarely reach
+    dims = smallest_dims(spec)
+    if _largest_tensor(spec.signature, dims)[0] <= MAX_CHECK_ELEMENTS:
+        dtype = spec.dtypes[0]
+        run_reference_checked(spec, make_inputs(spec.signature, dims, dtype, seed=seed), dims, dtype)
+        runs.append(f"{dtype} " + " ".join(f"{s}={v}" for s, v in dims.items()) + " (smallest sizes)")
     return runs
+
+
+def smallest_dims(spec: KernelSpec) -> dict[str, int]:
+    """Each size at the smallest value dims and the signature's divisibility allow."""
+    divisors = spec.signature.symbol_divisors()
+    return {s: -(-spec.dims[s][0] // divisors.get(s, 1)) * divisors.get(s, 1) for s in spec.signature.symbols()}
+
+
+def check_deterministic(spec: KernelSpec, args: dict, first: tuple, dims: dict[str, int]) -> None:
+    """A second call on the same inputs gives the first call's outputs: a kernel cannot be verified
+    against a reference that draws random numbers (dropout in training mode, torch.rand)."""
+    import torch
+
+    again = run_reference_checked(spec, args, dims, "float64")
+    for out, other, decl in zip(first, again, spec.signature.outputs):
+        same = (torch.equal(out, other) if not out.is_floating_point()
+                else torch.allclose(out, other, rtol=1e-6, atol=1e-9, equal_nan=True))
+        if not same:
+            raise SpecError(f"the reference is not deterministic: two calls on the same inputs {_shapes(args)} "
+                            f"gave different values of output {decl.name!r}; specgen checks a kernel against "
+                            f"the reference's outputs, so they must depend on the inputs alone",
+                            location=Location(spec.path or spec.name, spec.reference_line), field="reference",
+                            hint="pass the randomness in as an input (a mask tensor, or a seed argument), or "
+                                 "use the op's deterministic form (e.g. dropout with training=False)")
 
 
 def small_dims(spec: KernelSpec, rng: random.Random) -> dict[str, int]:

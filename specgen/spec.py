@@ -281,6 +281,36 @@ def _check_lists(spec: KernelSpec, pos: Positions) -> None:
         seen[dtype] = index
 
 
+# What each integer dtype holds: an index range past it cannot be passed in that dtype
+INT_LIMITS = {"int8": (-(1 << 7), (1 << 7) - 1), "uint8": (0, 255), "int16": (-(1 << 15), (1 << 15) - 1),
+              "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
+
+
+def _extreme(dim, dims: dict, end: int) -> int:
+    """`dim` at dims' lower (end 0) or upper (end 1) bounds: symbol * mul / div + add grows with its symbol."""
+    if dim.symbol is None:
+        return dim.add
+    return dims[dim.symbol][end] * dim.mul // dim.div + dim.add
+
+
+def _check_value_ranges(spec: KernelSpec, pos: Positions) -> None:
+    """An integer input's `in [lo, hi)` fits its dtype at every size dims allows."""
+    for p in spec.signature.inputs:
+        ttype = p.type
+        if not ttype.value_range or ttype.dtype not in INT_LIMITS:
+            continue
+        low, high = _extreme(ttype.value_range[0], spec.dims, 0), _extreme(ttype.value_range[1], spec.dims, 1) - 1
+        least, most = INT_LIMITS[ttype.dtype]
+        if low < least or high > most:
+            lo, hi = ttype.value_range
+            end, bound = (0, lo) if low < least else (1, hi)
+            at = f" (at {bound.symbol} = {spec.dims[bound.symbol][end]})" if bound.symbol else ""
+            raise _at_signature(f"{p.name!r} is {ttype.dtype} but its values in [{lo}, {hi}) reach "
+                                f"{low if end == 0 else high}{at}; {ttype.dtype} holds {least}..{most}",
+                                p.name, spec, pos,
+                                hint="use a wider integer dtype (int32, int64), or lower the bound in dims")
+
+
 def _check_no_grad(spec: KernelSpec, pos: Positions) -> None:
     """`no_grad:` names floating tensor inputs, each once, of an op with a backward."""
     if not spec.no_grad:
@@ -358,6 +388,7 @@ def _check_semantics(spec: KernelSpec, pos: Positions) -> None:
             if value % divisors.get(symbol, 1):
                 raise SpecError(f"benchmark {symbol}={value} is not a multiple of {divisors[symbol]}",
                                 location=where, field=f"benchmark[{index}]")
+    _check_value_ranges(spec, pos)
     _check_no_grad(spec, pos)
     if spec.backward == "kernel":
         if not any(p.type.differentiable for p in sig.inputs):

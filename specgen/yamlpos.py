@@ -88,10 +88,17 @@ def _check_expansion(root, path: Path) -> None:
         key = id(node)
         children = []
         if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}  # key -> its line: YAML keeps a repeated key's last value silently
             for key_node, value_node in node.value:
                 if not isinstance(key_node, yaml.ScalarNode):
                     raise SpecError("a mapping key must be plain text, not a list or a mapping",
                                     location=_mark_location(path, key_node.start_mark))
+                if key_node.value in seen and key_node.value != "<<":
+                    raise SpecError(f"`{key_node.value}` is given twice in one mapping (first on line "
+                                    f"{seen[key_node.value]}); YAML would keep only this one and drop the first",
+                                    location=_mark_location(path, key_node.start_mark),
+                                    hint="keep one of the two, with the values you mean")
+                seen[key_node.value] = key_node.start_mark.line + 1
                 children += [key_node, value_node]
         elif isinstance(node, yaml.SequenceNode):
             children = list(node.value)

@@ -37,7 +37,51 @@ def error_of(path: Path) -> SpecError:
 
 def test_good_spec_passes(tmp_path):
     result = check_spec(write(tmp_path, GOOD))
-    assert result.ok and len(result.runs) == 4
+    # two sizes a dtype, then every size at its lower bound
+    assert result.ok and len(result.runs) == 5 and result.runs[-1] == "float32 N=1 D=1 (smallest sizes)"
+
+
+def test_a_key_given_twice_names_both_lines(tmp_path):
+    """YAML keeps a repeated key's last value without a word: the first `dims` would be dropped
+    (held-out bad_specs-v2, session 36)."""
+    path = write(tmp_path, GOOD + "dims: {N: [1, 8], D: [1, 8]}\n")
+    error = error_of(path)
+    assert (error.location.line, error.location.column) == (9, 1)
+    assert "`dims` is given twice" in str(error) and "first on line 5" in str(error)
+    nested = write(tmp_path, GOOD.replace("D: [1, 64]}", "D: [1, 64], N: [2, 4]}"), "nested.yaml")
+    assert "`N` is given twice" in str(error_of(nested))
+
+
+def test_a_random_reference_is_refused(tmp_path):
+    """Dropout in training mode draws new numbers at each call: no kernel can match it."""
+    text = GOOD.replace("      return x * alpha", "      import torch\n      return torch.nn.functional.dropout(x * alpha, 0.5)")
+    error = error_of(write(tmp_path, text))
+    assert error.field == "reference" and "not deterministic" in str(error) and error.location.line == 7
+    assert "seed" in error.hint
+
+
+def test_a_shape_wrong_only_at_the_smallest_sizes_is_found(tmp_path):
+    """squeeze() drops the row axis only when there is one row: the random sizes miss it."""
+    text = GOOD.replace('-> Tensor[N, D]"', '-> Tensor[N]"').replace("return x * alpha",
+                                                                      "return (x * alpha).sum(-1, keepdim=True).squeeze()")
+    error = error_of(write(tmp_path, text))
+    assert error.field == "reference" and "has shape ()" in str(error) and "N=1" in str(error)
+
+
+@pytest.mark.parametrize("dtype,bounds,ok", [("int16", "[1, 32768]", True), ("int16", "[1, 32769]", False),
+                                             ("uint8", "[1, 256]", True), ("int8", "[1, 200]", False),
+                                             ("int32", "[1, 65536]", True)])
+def test_an_index_range_must_fit_its_integer_dtype(tmp_path, dtype, bounds, ok):
+    """`in [0, V)` with V up to 131072 cannot be passed as int16 (held-out bad_specs-v2)."""
+    text = (GOOD.replace('alpha: float = 2.0) ->', f'i: Tensor[N] {dtype} in [0, V), alpha: float = 2.0) ->')
+            .replace("D: [1, 64]}", f"D: [1, 64], V: {bounds}}}").replace("def reference(x, alpha", "def reference(x, i, alpha"))
+    path = write(tmp_path, text)
+    if ok:
+        assert check_spec(path).ok
+        return
+    error = error_of(path)
+    assert error.field == "signature" and f"'i' is {dtype}" in str(error) and "holds" in str(error)
+    assert error.location.line == 3 and "int32" in error.hint
 
 
 def test_unknown_key_suggests_the_closest(tmp_path):
