@@ -731,9 +731,10 @@ def test_structure_first_puts_the_variants_written_for_the_layout_after_the_defa
     trailing = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "instance_norm_affine_fwd.yaml"))[0]]
     assert trailing[:4] == ["default", "axisfusedmom", "axisfused", "moments"]
     inner = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "mean_dim1_4d.yaml"))[0]]
-    assert inner[:3] == ["default", "axiselemvec", "axistree"]
+    assert inner[:4] == ["default", "axiselemvec", "axistree", "axisbatch"]
     loss = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "mse_loss.yaml"))[0]]
-    assert loss[:2] == ["default", "axistree"]  # everything reduced: no kept element to fuse a row for
+    # everything reduced: no kept element to fuse a row for; the sweep's reads batched first
+    assert loss[:3] == ["default", "axisbatch", "axistree"]
     # the lock's previous winners still come first; a row program keeps the VARIANTS order
     again = [v.name for v, _ in tune.candidates(load_spec(reduce_specs / "instance_norm_affine_fwd.yaml"),
                                                  prefer=["axistree"])[0]]

@@ -133,6 +133,10 @@ class Variant:
     # store and one dependent read in flight per thread: Little's law caps it near a quarter of HBM
     # (held-out v5: a middle-axis backward at 23-39% of HBM, 0.38-0.43x torch.compile, session 24)
     axis_elem_vec: bool = False
+    # axis programs: the reduce kernel's sweep issues the reads of up to 4 steps (128 bytes a thread)
+    # before their updates. One step's reads were in flight where the update branches (log-cosh's
+    # float32 mean: 3.6 TB/s, torch.compile 4.3; held-out problems-v7, session 34)
+    axis_batch: bool = False
     # wide rows when they are few (at most two a SM, e.g. LayerNorm over [C, H, W]: 128 rows of 4M):
     # a looped row over a cluster of `loop_cluster` blocks of `loop_tpr` threads instead of one block
     # (sm_90+, programs that write elements; column partials a slot per cluster). One 512-thread block per
@@ -229,6 +233,8 @@ VARIANTS = [
     Variant("axisfusedmom", axis_fused=True, moments=True),
     # axis programs: the elem pass VEC flat elements a thread on kept axes VEC does not divide
     Variant("axiselemvec", axis_elem_vec=True),
+    # axis programs: several steps' reads in flight before their updates (not run on a GPU yet)
+    Variant("axisbatch", axis_batch=True),
 ]
 def variants_named(names: str) -> list[Variant]:
     """The VARIANTS named in a comma-separated list (empty: none); ValueError names the
@@ -244,7 +250,7 @@ def variants_named(names: str) -> list[Variant]:
 CLASS_FIELDS = {"narrow": ("row_block",),
                 "medium": ("data_regs", "items_cap", "min_threads", "persistent", "reg_pair",
                            "block_max", "col_smem", "moments", "red_form", "axis_merge", "axis_rows", "axis_fused",
-                           "axis_elem_vec"),
+                           "axis_elem_vec", "axis_batch"),
                 "wide": ("loop_tpr", "loop_unroll", "loop_sums", "loop_cluster", "loop_stage"), "split": ("split_rows", "split_block"),
                 "flat": ("flat_unroll", "flat_waves"), "few": ("few_rows", "few_form", "few_pair", "few_fin")}
 

@@ -317,8 +317,8 @@ def previous_variants(entry) -> list[str]:
 # axiselemvec and axistree were written for (held-out argmin over channels chose axistree); a loss
 # reduced to a scalar took axistree at 0.92x the default's time (log-cosh forward, session 34).
 TRAILING_BLOCK_FIRST = ("axisfusedmom", "axisfused", "moments")
-INNER_AXES_FIRST = ("axiselemvec", "axistree")
-EVERYTHING_FIRST = ("axistree",)
+INNER_AXES_FIRST = ("axiselemvec", "axistree", "axisbatch")
+EVERYTHING_FIRST = ("axisbatch", "axistree")  # a loss: its sweep's reads in flight first
 
 
 def structure_first(spec) -> list[str]:
