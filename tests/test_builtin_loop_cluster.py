@@ -108,8 +108,8 @@ def test_loopstage_stages_a_wide_row_once_for_any_number_of_rows():
     forward, backward = _directions(build_source(load_spec(SPECS / "softmax.yaml"), STAGE))
     for source, fields in ((forward, ["p_x_0"]), (backward, ["p_grad_out_0", "p_out_1"])):
         gate = re.search(r"const bool loop_cl_ok = (.*);", source).group(1)
-        assert "stage_bytes <= sg::dyn_smem_limit(" in gate and "rows <=" not in gate  # any number of rows
-        assert "sg::launch_clusters(" in source and ", grid, block, (P) / 512, stage_bytes, stream," in source
+        assert "stage_bytes <= sg::dyn_smem_limit<" in gate and "rows <=" not in gate  # any number of rows
+        assert "sg::launch_clusters_dyn<" in source and ">>(grid, block, (P) / 512, stage_bytes, stream," in source
         for pn in fields:
             # staged once per row, by the thread that reads it back (slot j * BLOCK + tid: no barrier)
             assert f"s_{pn}[(c / TPR) * BLOCK + threadIdx.x] = l_{pn}[u];" in source
@@ -150,6 +150,44 @@ def test_the_tuner_tries_loopstage_wherever_a_benchmark_row_is_wide():
     softmax = load_spec(SPECS / "softmax.yaml")
     names = [v.name for v, _ in tune.candidates(softmax)[0]]
     assert "loopstage" in names and "loopcl" not in names  # many wide rows: staged, not the few-rows form
+
+
+def test_loopstage_keeps_the_few_rows_gate_where_staging_buys_nothing_or_partials_would_grow():
+    """A review of loopstage (session 36): a program without row reductions reads each value once
+    (swiglu: nothing to stage, and one staged block an SM would stream at a fraction of the
+    default's occupancy); a program with column partials takes a slot of them per cluster, so past
+    two rows a SM they would be the input's size again (layernorm_gelu's backward at 4096 x 8192
+    float32: 268 MB of partials for a 134 MB input)."""
+    swiglu = build_source(load_spec(SPECS / "swiglu.yaml"), STAGE)
+    assert "stage_bytes" not in swiglu and "s_p_" not in swiglu
+    assert re.search(r"const bool loop_cl_ok = vec_ok && rows <= 2 \* \(int64_t\)sg::sm_count\(\) && ", swiglu)
+    backward = _directions(build_source(load_spec(SPECS / "layernorm_gelu.yaml"), STAGE))[1]
+    gate = re.search(r"const bool loop_cl_ok = (.*);", backward).group(1)
+    assert "stage_bytes <= sg::dyn_smem_limit<" in gate and "rows <= 2 * (int64_t)sg::sm_count()" in gate
+    forward = _directions(build_source(load_spec(SPECS / "layernorm_gelu.yaml"), STAGE))[0]  # no partials
+    assert "rows <=" not in re.search(r"const bool loop_cl_ok = (.*);", forward).group(1)
+
+
+def test_a_looped_cluster_block_has_no_register_cap_and_the_default_keeps_its_own():
+    bounds = r"__launch_bounds__\(BLOCK, (.*)\)$"
+    staged = re.search(bounds, build_source(load_spec(SPECS / "softmax.yaml"), STAGE), re.M).group(1)
+    assert staged.startswith("(TPR > BLOCK && ITEMS == 0) ? 1 : sg::min_blocks(")
+    default = re.search(bounds, build_source(load_spec(SPECS / "softmax.yaml")), re.M).group(1)
+    assert default.startswith("sg::min_blocks(") and "TPR > BLOCK" not in default
+
+
+@pytest.mark.nvcc
+def test_the_looped_cluster_blocks_the_review_saw_spill_compile_without_spills():
+    """Under the 64-register cap these looped cluster instantiations spilled 14-44 bytes (a review,
+    session 36); they run one block an SM (staged) or few rows, so no cap."""
+    from specgen.agents.builtin.generator import compile_source
+
+    for name in ("entropy_total", "module_layernorm_shape", "ce_smooth_ignore"):
+        spec = own_spec(name)
+        resources = compile_source(spec, build_source(spec, STAGE), arch="sm_90").resources
+        cluster = {k: r for k, r in resources.items() if ", 4096, 0, 512>" in k}
+        assert cluster, name
+        assert all(r["spill_store_bytes"] == 0 for r in cluster.values()), (name, cluster)
 
 
 @pytest.mark.nvcc

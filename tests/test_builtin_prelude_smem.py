@@ -19,28 +19,49 @@ from specgen.agents.builtin.schedule import variant_named
 from specgen.spec import load_spec
 
 
+def _body(name: str) -> str:
+    text = PRELUDE[PRELUDE.index(name):]
+    return text[:text.index("\n}\n")]
+
+
 def test_the_opt_in_leaves_room_for_the_kernels_static_shared_memory():
-    limit = PRELUDE[PRELUDE.index("inline size_t dyn_smem_limit"):]
-    limit = limit[:limit.index("\n}\n")]
-    assert "cudaFuncGetAttributes(&fa, kernel)" in limit
+    limit = _body("inline size_t dyn_smem_limit()")
+    assert "cudaFuncGetAttributes(&fa, Kernel)" in limit
     assert "smem_optin() - fa.sharedSizeBytes" in limit
-    opt_in = PRELUDE[PRELUDE.index("inline cudaError_t opt_in_smem"):]
-    opt_in = opt_in[:opt_in.index("\n}\n")]
-    assert "fa.sharedSizeBytes + smem <= 48 * 1024" in opt_in  # no opt-in: static and dynamic share 48 KB
-    assert "if (smem > most) return cudaErrorInvalidValue;" in opt_in
+    opt_in = _body("inline cudaError_t opt_in_smem(size_t smem)")
+    assert "const size_t most = dyn_smem_limit<Kernel>();" in opt_in
     set_to = re.search(r"cudaFuncAttributeMaxDynamicSharedMemorySize, \(int\)(\w+)\)", opt_in).group(1)
     assert set_to == "most"  # never the device's whole limit
+    assert "return smem < done ? cudaSuccess : cudaErrorInvalidValue;" in opt_in  # past the limit: refused
     # a staged cluster launch opts in the same way before cudaLaunchKernelEx
-    cluster = PRELUDE[PRELUDE.index("inline cudaError_t launch_clusters"):]
-    assert cluster.index("opt_in_smem(kernel, smem)") < cluster.index("cudaLaunchKernelEx")
+    cluster = _body("inline cudaError_t launch_clusters_dyn(")
+    assert cluster.index("opt_in_smem<Kernel>(smem)") < cluster.index("launch_clusters(Kernel,")
+
+
+def test_the_limit_and_the_opt_in_are_asked_once_a_device():
+    """The hosts' gates ask the limit at every call (csmem's csm_ok: every rmsnorm call) and a
+    launch opts in at every call: each a driver call per op call before session 36's review.
+    Both keep a per-device value, published in one atomic store (no half-written entry)."""
+    for name in ("inline size_t dyn_smem_limit()", "inline cudaError_t opt_in_smem(size_t smem)"):
+        body = _body(name)
+        assert re.search(r"static std::atomic<size_t> \w+\[kMaxDevices\];", body), name
+        assert "const int device = current_device();" in body, name
+        assert body.count(".store(") == 1 and body.count(".load(") == 1, name
+    assert "cudaFuncSetAttribute" in _body("inline cudaError_t opt_in_smem(size_t smem)")
+    # the launches of row kernels call the cached helpers, templated on the kernel itself
+    backward = build_source(load_spec(SPECS / "rmsnorm.yaml"), variant_named("csmem")).split(
+        "// ======================= backward")[1]
+    assert "sg::launch_dyn<rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(grid, block," in backward
+    assert "sg::blocks_per_sm_dyn<rmsnorm_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block," in backward
 
 
 def test_the_hosts_shared_memory_gates_ask_the_kernels_own_limit():
     backward = build_source(load_spec(SPECS / "rmsnorm.yaml"), variant_named("csmem")).split(
         "// ======================= backward")[1]
-    assert "const bool csm_ok = csm_bytes <= sg::dyn_smem_limit(rmsnorm_bwd_rows<T, VEC, 64, ITEMS_MAX, 64>);" in backward
+    assert "const bool csm_ok = csm_bytes <= sg::dyn_smem_limit<rmsnorm_bwd_rows<T, VEC, 64, ITEMS_MAX, 64>>();" \
+        in backward
     staged = build_source(load_spec(SPECS / "softmax.yaml"), variant_named("loopstage"))
-    assert "stage_bytes <= sg::dyn_smem_limit(softmax_fwd_rows<T, VEC, 4096, 0, 512>)" in staged
+    assert "stage_bytes <= sg::dyn_smem_limit<softmax_fwd_rows<T, VEC, 4096, 0, 512>>()" in staged
     assert "sg::smem_optin()" not in staged.split("// ---- end of helpers ----")[1]  # no gate on the raw limit
 
 
@@ -54,7 +75,7 @@ def test_an_optional_helper_block_defines_nothing_the_helpers_define():
         return set(re.findall(r"^inline [\w:<>*, ]+? (\w+)\(", text, re.M))
 
     base = defined(PRELUDE)
-    assert {"launch_clusters", "launch_cluster", "opt_in_smem", "dyn_smem_limit"} <= base
+    assert {"launch_clusters", "launch_cluster", "opt_in_smem", "dyn_smem_limit", "launch_clusters_dyn"} <= base
     for name in dir(prelude):
         if name.startswith("PRELUDE_"):
             assert not defined(getattr(prelude, name)) & base, name

@@ -208,7 +208,7 @@ def test_csmem_keeps_column_partials_and_parameters_out_of_registers():
     forward, backward = source.split("// ======================= backward")
     assert "csm" not in forward.split("// ---- end of helpers ----")[1]  # no column partials there
     assert "sg::smem_add_vec<VEC>(csm + 0 * W + c * VEC, ccl_0);" in backward
-    assert "sg::launch_dyn(rmsnorm_bwd_rows<" in backward and "csm_ok && chunks <=" in backward
+    assert "sg::launch_dyn<rmsnorm_bwd_rows<" in backward and "csm_ok && chunks <=" in backward
     assert "r_p_weight_1[" not in backward and "lz_p_weight_1" in backward  # weight re-read per use
     assert "if constexpr (8 <= ITEMS_NMAX)" in backward  # narrow rows: partials still in registers
     # a looped row (I == 0) adds into its partials in place: launched with no shared memory (asking

@@ -462,8 +462,12 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         w.line(f"// __launch_bounds__ keeps >= {variant.min_threads} threads resident per SM (a register cap).")
         few_flag = ", bool FEW = false" if self.few_pair_own(variant) else ""
         w.line(f"template <typename T, int VEC, int TPR, int ITEMS, int BLOCK{few_flag}>")
-        w.line(f"__global__ void __launch_bounds__(BLOCK, sg::min_blocks(BLOCK, {variant.min_threads}, "
-               f"{self.words_per_item_expr(not self.col_smem)}, {variant.data_regs}))")
+        min_blocks = (f"sg::min_blocks(BLOCK, {variant.min_threads}, {self.words_per_item_expr(not self.col_smem)}, "
+                      f"{variant.data_regs})")
+        if variant.loop_cluster > 1:  # a looped cluster's block (TPR > BLOCK, ITEMS == 0): no register cap; a
+            # staged one is alone on its SM, and the cap spilled (a review of loopstage, session 36)
+            min_blocks = f"(TPR > BLOCK && ITEMS == 0) ? 1 : {min_blocks}"
+        w.line(f"__global__ void __launch_bounds__(BLOCK, {min_blocks})")
         w.line(f"{self.kname}_rows(const {self.args_t} A, float* __restrict__ partials, int64_t rows_per_group)")
 
     def write_row_setup(self, w: CWriter) -> None:

@@ -29,8 +29,10 @@ class HostEmitter:
 
     def staged_keys(self) -> list:
         """Loads a staged looped cluster (Variant.loop_stage) keeps in shared memory: the per-row
-        ones (a [W] parameter stays in L2)."""
-        if not (self.variant.loop_stage and self.loop_cluster_on(self.variant)):
+        ones (a [W] parameter stays in L2). None for a program without row reductions: its one
+        sweep reads each value once, and a staged block alone on its SM would stream at a fraction
+        of the default's occupancy (a review of loopstage, session 36)."""
+        if not (self.variant.loop_stage and self.loop_cluster_on(self.variant)) or self.row_free():
             return []
         return [k for k in self.elem_loads if k[1] != "col"]
 
@@ -286,8 +288,8 @@ class HostEmitter:
             w.line(f"const size_t csm_bytes = (size_t){len(self.colreduces)} * (size_t)W * "
                    "sizeof(typename sg::Acc<T>::type);")
             first = next(t for t, i in variant.schedules if i is None)
-            w.line(f"const bool csm_ok = csm_bytes <= sg::dyn_smem_limit({self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
-                   f"{first}>);  // (the medium rows' static scratch is the same at every TPR)")
+            w.line(f"const bool csm_ok = csm_bytes <= sg::dyn_smem_limit<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
+                   f"{first}>>();  // (the medium rows' static scratch is the same at every TPR)")
         if self.split_allowed(variant):
             w.line("// split rows only where the row is wider than one block holds, on sm_90+ code")
             first = next(t for t, i in variant.schedules if variant.is_split(t, i))
@@ -300,7 +302,10 @@ class HostEmitter:
                 w.line(f"// wide rows: a looped row over a cluster of {variant.loop_cluster} blocks, staged in their shared")
                 w.line("// memory (each thread its own chunks), where it fits a block's opt-in")
                 w.line(f"const size_t stage_bytes = {self.stage_bytes_expr()};")
-                rows_ok = f"stage_bytes <= sg::dyn_smem_limit({self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>)"
+                rows_ok = f"stage_bytes <= sg::dyn_smem_limit<{self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>>()"
+                if self.colreduces:  # a slot of column partials per cluster: rows of them past one wave would be
+                    # the input's size again (a review of loopstage, session 36); the few rows only
+                    rows_ok += " && rows <= 2 * (int64_t)sg::sm_count()"
             else:
                 w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
                 rows_ok = "rows <= 2 * (int64_t)sg::sm_count()"
@@ -366,8 +371,8 @@ class HostEmitter:
             w.line("// 4-14% faster than one wave of persistent blocks on the H200 (results/*-v4/variant_ab.md).")
         w.line("int per_sm = 1;")
         if self.col_smem:
-            occupancy = (f"(V, P, I) per_sm = sg::blocks_per_sm_dyn({self.kname}_rows<T, V, P, I, "
-                         f"((P) > 32 ? (P) : {rb})>, block, (P) > 32 && (I) > 0 ? csm_bytes : 0)")
+            occupancy = (f"(V, P, I) per_sm = sg::blocks_per_sm_dyn<{self.kname}_rows<T, V, P, I, "
+                         f"((P) > 32 ? (P) : {rb})>>(block, (P) > 32 && (I) > 0 ? csm_bytes : 0)")
         else:
             occupancy = f"(V, P, I) per_sm = sg::blocks_per_sm<{self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>>(block)"
         macros = {"SG_OCC": occupancy, "SG_OCC_CL": "(V, P, I) per_sm = 1"}
@@ -438,8 +443,8 @@ class HostEmitter:
         if self.col_smem:  # (a looped row, I == 0, adds into its partials in place: no shared memory,
             # where asking csm_bytes failed the launch past the device's opt-in, W over ~58K floats)
             smem = f"((P) > 32 ? ((I) > 0 ? csm_bytes : (size_t)0) : (size_t){rb} * (I) * (V) * sizeof(float))"
-            launch = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn({self.kname}_rows<T, V, "
-                      f"P, I, ((P) > 32 ? (P) : {rb})>, grid, block, {smem}, stream, args, partials, "
+            launch = (f"(V, P, I) do {{ const cudaError_t e_ = sg::launch_dyn<{self.kname}_rows<T, V, "
+                      f"P, I, ((P) > 32 ? (P) : {rb})>>(grid, block, {smem}, stream, args, partials, "
                       f"rows_per_group); {fail} }} while (0)")
         else:
             launch = (f"(V, P, I) {self.kname}_rows<T, V, P, I, ((P) > 32 ? (P) : {rb})>"
@@ -451,7 +456,7 @@ class HostEmitter:
                                    f"rows_per_group); {fail} }} while (0)")}
         if self.loop_cluster_on(variant):
             lt = variant.loop_tpr
-            launch = (f"sg::launch_clusters({self.kname}_rows<T, V, P, I, {lt}>, grid, block, (P) / {lt}, stage_bytes, "
+            launch = (f"sg::launch_clusters_dyn<{self.kname}_rows<T, V, P, I, {lt}>>(grid, block, (P) / {lt}, stage_bytes, "
                       if self.staged_keys() else f"sg::launch_cluster<(P) / {lt}>({self.kname}_rows<T, V, P, I, {lt}>, "
                       "grid, block, ")
             macros["SG_LAUNCH_LCL"] = (f"(V, P, I) do {{ const cudaError_t e_ = {launch}stream, args, partials, "

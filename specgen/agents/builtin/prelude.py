@@ -353,47 +353,60 @@ inline int device_attribute(int fallback) {
 // H100/H200, 99 KB on compute capability 12.0).
 inline size_t smem_optin() { return (size_t)device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024); }
 
-// The most dynamic shared memory `kernel` may take on the current device: the device's opt-in
+// The most dynamic shared memory Kernel may take on the current device: the device's opt-in
 // limit less the kernel's static shared memory (CUDA refuses a maximum whose sum with the static
-// bytes passes the limit; 0 where the kernel cannot be asked).
-template <typename... KArgs>
-inline size_t dyn_smem_limit(void (*kernel)(KArgs...)) {
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return 0;
-  return fa.sharedSizeBytes < smem_optin() ? smem_optin() - fa.sharedSizeBytes : 0;
+// bytes passes the limit; 0 where the kernel cannot be asked). Asked once a device: the hosts'
+// gates ask it at every call, and cudaFuncGetAttributes is a driver call.
+template <auto Kernel>
+inline size_t dyn_smem_limit() {
+  static std::atomic<size_t> cached[kMaxDevices];  // the limit + 1; 0 not asked yet
+  const int device = current_device();
+  size_t limit = cached[device].load(std::memory_order_relaxed);
+  if (limit == 0) {
+    cudaFuncAttributes fa;
+    limit = 1 + (cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.sharedSizeBytes < smem_optin()
+                 ? smem_optin() - fa.sharedSizeBytes : 0);
+    cached[device].store(limit, std::memory_order_relaxed);
+  }
+  return limit - 1;
 }
 
-// A kernel opted in to all the dynamic shared memory it may take, whatever this call needs: a
-// limit set to one call's own bytes is lowered by another thread's call between this call's
-// opt-in and its launch, which then fails. Without an opt-in, static and dynamic bytes share 48 KB.
-template <typename... KArgs>
-inline cudaError_t opt_in_smem(void (*kernel)(KArgs...), size_t smem) {
+// Kernel opted in to all the dynamic shared memory it may take, once a device, whatever this call
+// needs: a limit set to one call's own bytes is lowered by another thread's call between this
+// call's opt-in and its launch, which then fails. A call past the limit is refused here.
+template <auto Kernel>
+inline cudaError_t opt_in_smem(size_t smem) {
+  static std::atomic<size_t> opted[kMaxDevices];  // the limit this device's kernel is opted in to + 1
   if (smem == 0) return cudaSuccess;
-  cudaFuncAttributes fa;
-  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return cudaErrorInvalidDeviceFunction;
-  if (fa.sharedSizeBytes + smem <= 48 * 1024) return cudaSuccess;
-  const size_t most = dyn_smem_limit(kernel);
-  if (smem > most) return cudaErrorInvalidValue;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
+  const int device = current_device();
+  size_t done = opted[device].load(std::memory_order_acquire);
+  if (done == 0) {
+    const size_t most = dyn_smem_limit<Kernel>();
+    if (most == 0) return cudaErrorInvalidDeviceFunction;
+    const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
+    if (e != cudaSuccess) return e;  // (two threads setting the same value race harmlessly)
+    done = most + 1;
+    opted[device].store(done, std::memory_order_release);
+  }
+  return smem < done ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
-// on the row width), past 48 KB after opting the kernel in.
-template <typename... KArgs>
-inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
+// Blocks of Kernel an SM holds with `smem` bytes of dynamic shared memory (asked per call: it
+// depends on the row width), past 48 KB after opting the kernel in.
+template <auto Kernel>
+inline int blocks_per_sm_dyn(int block, size_t smem) {
   int n = 0;
-  opt_in_smem(kernel, smem);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  opt_in_smem<Kernel>(smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
   return n;
 }
 
-// Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
-template <typename... KArgs, typename... Args>
-inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
-                              Args... args) {
-  const cudaError_t e = opt_in_smem(kernel, smem);
+// Launch Kernel with `smem` bytes of dynamic shared memory, opting it in past 48 KB.
+template <auto Kernel, typename... Args>
+inline cudaError_t launch_dyn(dim3 grid, int block, size_t smem, cudaStream_t stream, Args... args) {
+  const cudaError_t e = opt_in_smem<Kernel>(smem);
   if (e != cudaSuccess) return e;
-  kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
+  Kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
   return cudaSuccess;
 }
 
@@ -417,13 +430,12 @@ inline bool clusters_ok() {
 }
 
 // Launch with clusters of `cl` blocks along x (grid.x a multiple of cl) and `smem` bytes of dynamic
-// shared memory a block (a staged looped row), opting the kernel in past 48 KB: split rows and looped
-// clusters (cl a constant, launch_cluster below), a few-row loss's one cluster (cl known at run time).
+// shared memory a block (the kernel opted in before, where past 48 KB: launch_clusters_dyn): split
+// rows and looped clusters (cl a constant, launch_cluster below), a few-row loss's one cluster (cl
+// known at run time), a staged looped row.
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, int block, int cl, size_t smem,
                                    cudaStream_t stream, Args... args) {
-  const cudaError_t e = opt_in_smem(kernel, smem);
-  if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3((unsigned)block);
@@ -443,6 +455,15 @@ template <int CL, typename... KArgs, typename... Args>
 inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
                                   Args... args) {
   return launch_clusters(kernel, grid, block, CL, 0, stream, args...);
+}
+
+// Clusters of `cl` blocks with `smem` bytes of dynamic shared memory a block, Kernel opted in first.
+template <auto Kernel, typename... Args>
+inline cudaError_t launch_clusters_dyn(dim3 grid, int block, int cl, size_t smem, cudaStream_t stream,
+                                       Args... args) {
+  const cudaError_t e = opt_in_smem<Kernel>(smem);
+  if (e != cudaSuccess) return e;
+  return launch_clusters(Kernel, grid, block, cl, smem, stream, args...);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
