@@ -20,7 +20,8 @@ from .families import family_of, lower_family
 from .schedule import DEFAULT_VARIANT, H200_SMS, VARIANTS, Variant
 from .families.scan import scan_directions
 from .lower import lower
-from .optimize import centered_affine, cse, lone_norms, negated_compares, onehot_sums, reuse_forward_outputs
+from .optimize import (centered_affine, cse, lone_norms, negated_compares, onehot_sums, reuse_forward_outputs,
+                       row_broadcasts)
 from .saved_rows import reuse_saved_rows, shared_logsumexp
 from .trace import trace
 from .validate import IRError, run_passes
@@ -34,8 +35,8 @@ def lower_spec(spec) -> dict:
     if key not in _programs:
         try:
             directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-            programs = {d: run_passes(lower(trace(spec, d)), (negated_compares, cse, onehot_sums, lone_norms,
-                                                                    centered_affine, cse))
+            programs = {d: run_passes(lower(trace(spec, d)), (negated_compares, row_broadcasts, cse, onehot_sums,
+                                                                    lone_norms, centered_affine, cse))
                         for d in directions}
             if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep
                 programs["forward"] = run_passes(programs["forward"], (shared_logsumexp, cse))

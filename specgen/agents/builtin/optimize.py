@@ -125,6 +125,32 @@ def cse(program: Program) -> Program:
     return _rebuild(program, replace)
 
 
+def row_broadcasts(program: Program) -> Program:
+    """A tensor broadcast over the columns and over trailing row dims ([B, 1, 1] over rows [B, Q] of
+    K columns: a per-sample length, mask or scale) as a row value spanning those trailing rows
+    (`row_div`, read once a row), in a program with row reductions. The lowering reads it as a
+    `bcast` load (each element at its coordinates), which only the flat family emits, and a program
+    with row reductions is never flat: held-out problems-v8's log-softmax masked by per-sample key
+    lengths was refused (session 36). Scans keep theirs (their family reads `bcast` loads)."""
+    nodes = program.nodes()
+    if not any(n.op == "rowreduce" for n in nodes) or any(n.op == "scan" for n in nodes):
+        return program
+    rows = len(program.row_dims)
+
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        if n.op == "load" and attrs.get("kind") == "bcast":
+            present = attrs["present"]  # per dim of [rows..., W]: does the tensor span it
+            k = 0
+            while k < rows and present[k]:
+                k += 1
+            if not any(present[k:]):  # a prefix of the row dims, then nothing: one value per k-prefix
+                return Node("load", args, "row", n.dtype,
+                            {"field": attrs["field"], "kind": "row", "row_div": list(program.row_dims[k:])}, n.name)
+        return _same(n, args, attrs)
+
+    return _rebuild(program, replace)
+
+
 _NEGATED = {"eq": "ne", "ne": "eq"}
 
 
@@ -360,4 +386,5 @@ def mark_fused_pairs(program: Program) -> Program:
     return program
 
 
-__all__ = ["cse", "lone_norms", "mark_fused_pairs", "negated_compares", "onehot_sums", "reuse_forward_outputs"]
+__all__ = ["cse", "lone_norms", "mark_fused_pairs", "negated_compares", "onehot_sums", "reuse_forward_outputs",
+           "row_broadcasts"]
