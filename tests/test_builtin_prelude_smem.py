@@ -89,3 +89,19 @@ def test_a_few_row_loss_kernel_with_its_own_cluster_launch_compiles():
     source = build_source(spec, variant_named("fewtwo"))
     assert "sg::launch_cluster_n(" in source and "sg::launch_cluster<" in source
     compile_source(spec, source, arch="sm_90")
+
+
+@pytest.mark.nvcc
+def test_the_kernels_launching_through_the_cached_helpers_compile():
+    """launch_dyn / blocks_per_sm_dyn / dyn_smem_limit templated on the kernel (csmem), and the
+    staged cluster's launch_clusters_dyn: nvcc takes a kernel instantiation as the template argument."""
+    from specgen.agents.builtin.generator import compile_source
+
+    rmsnorm = load_spec(SPECS / "rmsnorm.yaml")
+    source = build_source(rmsnorm, variant_named("csmem"))
+    assert "sg::launch_dyn<" in source and "sg::blocks_per_sm_dyn<" in source
+    compile_source(rmsnorm, source, arch="sm_90")
+    softmax = load_spec(SPECS / "softmax.yaml")
+    staged = build_source(softmax, variant_named("loopstage"))
+    assert "sg::launch_clusters_dyn<" in staged
+    compile_source(softmax, staged, arch="sm_90")

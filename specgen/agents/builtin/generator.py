@@ -34,26 +34,41 @@ def lower_spec(spec) -> dict:
     key = spec.hash()
     if key not in _programs:
         try:
-            directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-            programs = {d: run_passes(lower(trace(spec, d)), (negated_compares, row_broadcasts, cse, onehot_sums,
-                                                                    lone_norms, centered_affine, cse))
-                        for d in directions}
-            if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep
-                programs["forward"] = run_passes(programs["forward"], (shared_logsumexp, cse))
-            if "backward" in programs:
-                # the saved intermediates first: a saved row replaces a sweep, a forward output only bytes
-                forward = programs["forward"]
-                programs["backward"] = run_passes(programs["backward"], (
-                    functools.partial(reuse_saved_rows, spec, forward), cse,
-                    functools.partial(_with_forward_outputs, spec, forward)))
+            programs = _row_programs(spec)
         except (AgentRefused, IRError) as stopped:  # outside the row family: the other families (families/), or
             # this refusal; a program its own invariants reject (IRError) is never a kernel, refused with why
             refusal = stopped if isinstance(stopped, AgentRefused) else AgentRefused(
                 f"{spec.path}: the builtin generator cannot lower this reference (its program fails an internal "
                 f"check: {stopped}); use an LLM agent (--agent openai|anthropic|openai-compatible)")
-            programs = lower_family(spec, refusal)
+            try:
+                programs = lower_family(spec, refusal)
+            except AgentRefused:
+                # the families refuse it too: the row family once more, a sum over every axis of element
+                # values taken as row sums then their sum (DyT's backward: grad_x per element, its [D]
+                # weight's gradient over the rows and its scalar alpha's over everything; held-out v8)
+                try:
+                    programs = _row_programs(spec, totals_in_rows=True)
+                except (AgentRefused, IRError):
+                    raise refusal from None
         _programs[key] = programs
     return _programs[key]
+
+
+def _row_programs(spec, totals_in_rows: bool = False) -> dict:
+    """The row family's program of each direction, after the IR passes."""
+    directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
+    programs = {d: run_passes(lower(trace(spec, d), totals_in_rows), (negated_compares, row_broadcasts, cse,
+                                                                      onehot_sums, lone_norms, centered_affine, cse))
+                for d in directions}
+    if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep
+        programs["forward"] = run_passes(programs["forward"], (shared_logsumexp, cse))
+    if "backward" in programs:
+        # the saved intermediates first: a saved row replaces a sweep, a forward output only bytes
+        forward = programs["forward"]
+        programs["backward"] = run_passes(programs["backward"], (
+            functools.partial(reuse_saved_rows, spec, forward), cse,
+            functools.partial(_with_forward_outputs, spec, forward)))
+    return programs
 
 
 def _streamed_fields(program) -> set[str]:

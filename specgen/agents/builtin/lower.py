@@ -88,8 +88,11 @@ def _raw_shape(arg) -> tuple[int, ...] | None:
 
 
 class Lowering:
-    def __init__(self, traced: Traced):
+    def __init__(self, traced: Traced, totals_in_rows: bool = False):
         self.t = traced
+        # a sum over every axis of element values alone as row sums then their sum (else the axis
+        # family's, which splits the elements over many blocks): the retry where that family refuses
+        self.totals_in_rows = totals_in_rows
         self.spec = traced.spec
         self.scan_shapes: dict[int, tuple] = {}  # a scan node's own shape (families/scan.py)
         sig = self.spec.signature
@@ -545,7 +548,7 @@ class Lowering:
             return Val(node, out_shape)
         last = len(shape) - 1
         if kind == "sum" and node.level == "elem" and dims == list(range(len(shape))) and len(dims) > 1 \
-                and self.is_row_shape(shape[:-1]) and _reads_per_row_values(node):
+                and self.is_row_shape(shape[:-1]) and (self.totals_in_rows or _reads_per_row_values(node)):
             # a sum over every axis at once of values that need their rows' reductions or per-row
             # inputs (KL of two log-softmaxes, a variance per row): the row sums first, then their
             # sum over the rows. Values of elements alone (x.sum(), an MSE) stay with the axis
@@ -1010,7 +1013,8 @@ class Lowering:
             got = Val(const(result), ())
         ttype = self.types[field]
         pieces = got.pieces if isinstance(got, Cat) else [(None, self.value(result, fx_node))]
-        if ttype.ndim == 0:
+        one_value = all(d.is_literal and d.add == 1 for d in ttype.dims)  # [1]: a scalar parameter's gradient
+        if ttype.ndim == 0 or (one_value and pieces[0][1].node.level in ("post", "global", "const")):
             node = pieces[0][1].node
             if node.level in ("row", "elem"):
                 raise self.refuse(fx_node, f"a 0-d output {field} that is not a reduction over every row")
@@ -1074,5 +1078,5 @@ def _contiguous_strides(shape):
     return list(reversed(strides))
 
 
-def lower(traced: Traced) -> Program:
-    return Lowering(traced).run()
+def lower(traced: Traced, totals_in_rows: bool = False) -> Program:
+    return Lowering(traced, totals_in_rows).run()
