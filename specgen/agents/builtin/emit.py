@@ -154,6 +154,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             return dim_expr(a["dim"])
         if op == "iota":
             return "j"
+        if op == "rowiota":  # the row's index along row dim `axis` (row dims after it: a span each)
+            dims = self.p.row_dims
+            span = " * ".join(dim_expr(d) for d in dims[a["axis"] + 1:]) or "1"
+            return f"((row / ({span})) % {dim_expr(dims[a['axis']])})"
         if op == "pretotal":
             return self.pretotal_expr(node)
         if op == "load" and a["kind"] == "global":

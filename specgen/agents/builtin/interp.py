@@ -69,6 +69,9 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             raise AssertionError("strides are only used by input slices")
         if op == "iota":
             return torch.arange(width).unsqueeze(0)
+        if op == "rowiota":  # rows as [R, 1], as a row load
+            span = math.prod(d.resolve(dims) for d in program.row_dims[a["axis"] + 1:])
+            return ((torch.arange(rows) // span) % program.row_dims[a["axis"]].resolve(dims)).unsqueeze(1)
         if op == "load":
             t = tensors[a["field"]]
             t = t.to(acc) if t.is_floating_point() else t.long() if t.dtype != torch.bool else t

@@ -659,21 +659,37 @@ class Lowering:
 
     def op_iota(self, fx_node, length, *, start=0, step=1, dtype=torch.int64, **_):
         """torch.arange along the columns (a one-hot or a length mask: arange(C) == target[:, None],
-        arange(W) < lengths[:, None]): the column index. An arange of another length (along rows)
-        is refused: its axis is not the column's."""
+        arange(W) < lengths[:, None]): the column index. An arange of a row dim's length (a causal
+        mask's query positions) stays pending until a broadcast places it (broadcast.py): then the
+        row's index along that dim, or the column's."""
         self.unfoldable(fx_node, "an arange")
         if not isinstance(start, int) or not isinstance(step, int):
             raise self.refuse(fx_node, "an arange whose start or step is computed")
         (n,) = _shape(fx_node)
-        if n in self.rows or (self.width is not None and n != self.width) or n in (0, 1):
+        if n in (0, 1):
             raise self.refuse(fx_node, f"an arange of {n} (in the example) that is not along the columns")
+        if n in self.rows or (self.width is not None and n != self.width):
+            node = broadcast.defer_iota(n)
+            return self.arange_scaled(node, start, step, dtype, fx_node)
         self.set_width(n, fx_node)
-        node = Node("iota", level="elem", dtype="int", name="col")
+        return self.arange_scaled(Val(self.column_iota(fx_node), (n,)), start, step, dtype, fx_node)
+
+    def column_iota(self, fx_node) -> Node:
+        return Node("iota", level="elem", dtype="int", name="col")
+
+    def arange_scaled(self, base, start: int, step: int, dtype, fx_node):
+        """start + step * base, in dtype (base a Val, or a pending arange: the result stays pending)."""
+        pending = isinstance(base, broadcast.Pending)
+        val = base.val if pending else base
+        node = val.node
         if step != 1:
             node = self.pointwise("mul", [node, const(int(step))], fx_node)
         if start != 0:
             node = self.pointwise("add", [node, const(int(start))], fx_node)
-        return Val(self.cast(node, dtype, fx_node) if dtype is not None else node, (n,))
+        if dtype is not None:
+            node = self.cast(node, dtype, fx_node)
+        out = Val(node, val.shape)
+        return broadcast.Pending(out, base.maps) if pending else out
 
     def op_empty_permuted(self, fx_node, *_, **__):  # empty_like's: filled before it is read
         return Uninit(self.shape_of(fx_node))

@@ -7,7 +7,7 @@ from . import pretotal
 from .ir import LEVEL_RANK, LEVELS, REDUCE_KINDS, Node, Program, level_of
 from .ops import OPS
 
-LEAVES = {"load", "scalar", "dim", "stride", "const", "iota"}
+LEAVES = {"load", "scalar", "dim", "stride", "const", "iota", "rowiota"}
 ARITY = {**{name: op.arity for name, op in OPS.items()}, "scan": 1, "gather": 2, "rowreduce": 1, "colreduce": 1,
          "globalreduce": 1, "pretotal": 1}
 # reductions and the gather: (the level of their first argument, their own level)

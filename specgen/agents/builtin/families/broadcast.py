@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from ..ir import Node, level_of
 
 
+@dataclass(frozen=True)
+class IotaRef:
+    """torch.arange(length) along an axis known only at its broadcast (a causal mask's query
+    positions: arange(Q)[:, None] against arange(K)[None, :], broadcast over [B, H, Q, K])."""
+    length: int
+
+
 @dataclass
 class Pending:
     val: object  # lower.Val whose node tree holds "pending" loads
@@ -34,6 +41,26 @@ def defer(lw, ref) -> Pending:
     dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
     node = Node("load", level="elem", dtype=dtype, attrs={"field": ref.field, "kind": "pending"}, name=ref.field)
     return Pending(Val(node, tuple(ref.shape)), {node.id: (ref, list(range(len(ref.shape))))})
+
+
+def defer_iota(length: int) -> Pending:
+    from ..lower import Val
+
+    node = Node("load", level="elem", dtype="int", attrs={"field": "arange", "kind": "pending"}, name="arange")
+    return Pending(Val(node, (length,)), {node.id: (IotaRef(length), [0])})
+
+
+def iota_at(lw, position: int, rank: int, fx_node) -> Node:
+    """An arange placed at dim `position` of a value of rank `rank` (right-aligned against the
+    rows and the column, as broadcasting aligns): the column index, or a row's index along a row
+    dim (`rowiota`, row level)."""
+    full = len(lw.rows) + 1
+    axis = position + full - rank
+    if axis == full - 1:
+        return lw.column_iota(fx_node)
+    if axis < 0:
+        raise lw.refuse(fx_node, "an arange along no axis of the rows or the columns")
+    return Node("rowiota", level="row", dtype="int", attrs={"axis": axis}, name=f"pos{axis}")
 
 
 def substitute(node: Node, repl: dict) -> Node:
@@ -60,6 +87,9 @@ def materialize(lw, p: Pending, fx_node):
     shape = tuple(p.val.shape)
     repl = {}
     for nid, (ref, positions) in p.maps.items():
+        if isinstance(ref, IotaRef):
+            repl[nid] = iota_at(lw, positions[0], len(shape), fx_node)
+            continue
         aligned = [1] * len(shape)
         for size, pos in zip(ref.shape, positions):
             aligned[pos] = size
@@ -88,9 +118,16 @@ def view(lw, p: Pending, fx_node, new_shape):
     name = fx_node.target._schema.name.split("::")[1]
     if tuple(new_shape) == tuple(p.val.shape):
         return p
-    if name != "broadcast_in_dim":
-        return None
-    bdims = lw.bdims(fx_node)
+    if name == "broadcast_in_dim":
+        bdims = lw.bdims(fx_node)
+    else:  # a reshape that only adds or drops size-1 dims (positions.view(1, -1, 1)): its sizes move
+        old = [i for i, s in enumerate(p.val.shape) if s != 1]
+        new = [i for i, s in enumerate(new_shape) if s != 1]
+        if [p.val.shape[i] for i in old] != [new_shape[i] for i in new]:
+            return None
+        bdims = dict(zip(old, new))
+        if any(pos not in bdims for _, positions in p.maps.values() for pos in positions):
+            return None
     maps = {k: (ref, [bdims[pos] for pos in positions]) for k, (ref, positions) in p.maps.items()}
     moved = Pending(Val(p.val.node, tuple(new_shape)), maps)
     if len(new_shape) == len(lw.rows) + 1:
