@@ -27,10 +27,13 @@ def test_forward_and_backward_match_in_float64(dims):
         check_backward(spec, dims, seed=seed)
 
 
-def test_an_arange_along_the_rows_is_refused():
-    with pytest.raises(AgentRefused) as info:
-        lower(trace(own_spec("arange_on_rows"), "forward"))
-    assert "arange_on_rows.yaml:11" in str(info.value) and "not along the columns" in str(info.value)
+def test_an_arange_along_the_rows_is_the_rows_index():
+    """Refused until session 36 (test_builtin_row_arange.py: the pending arange); now a row value."""
+    spec = own_spec("arange_on_rows")
+    program = lower(trace(spec, "forward"))
+    assert [(n.level, n.attrs["axis"]) for n in program.nodes() if n.op == "rowiota"] == [("row", 0)]
+    for dims in ({"N": 5, "W": 7}, {"N": 1, "W": 1}):
+        check_forward(spec, dims)
 
 
 @pytest.mark.nvcc
