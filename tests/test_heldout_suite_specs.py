@@ -20,7 +20,7 @@ from specgen.spec import load_spec
 
 HELDOUT = Path(__file__).resolve().parents[1] / "heldout"
 SUITES = ["attacks", "attacks-v2", "attacks-v3", "attacks-v4", "attacks-v5", "attacks-v6", "attacks-v7",
-          "attacks-v8", "attacks-v9"]
+          "attacks-v8", "attacks-v9", "attacks-v10"]
 
 
 def _specs_used(folder: Path) -> set[str]:

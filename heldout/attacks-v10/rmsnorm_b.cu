@@ -1,0 +1,234 @@
+// spec: rmsnorm
+// expect: passed
+// class: control
+// reason: passed
+//
+// RMSNorm, float32 math, built for speed. Forward: one block per row, the row read once into
+// registers (up to 32 values a thread, every width of the range), 16-byte vector loads and stores
+// when x, weight and out are aligned and the width a multiple of the vector; rstd = rsqrt(mean(x^2)
+// + eps) as torch computes it, out = (x * rstd) * weight rounded once, saved rstd. Backward: one block
+// per row for grad_x = rstd * (g*w - xh * sum(g*w*xh) / D), xh = x * rstd, from the saved rstd;
+// grad_weight = sum over rows of g * xh in two fixed-order levels (64-row chunks in double into the
+// workspace, then the chunks in double): deterministic. Every launch on `stream`.
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "rmsnorm_abi.h"
+
+namespace {
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+template <int BLOCK>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = __shfl_sync(0xffffffffu, v, 0);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = 0.f;
+#pragma unroll
+  for (int w = 0; w < BLOCK / 32; ++w) r += red[w];
+  return r;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_chunk(const T* p, float* dst) {
+  if (VEC == 1) {
+    dst[0] = to_f<T>(p[0]);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dst[k] = to_f<T>(e[k]);
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_chunk(T* p, const float* src) {
+  if (VEC == 1) {
+    p[0] = from_f<T>(src[0]);
+  } else {
+    uint4 raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) e[k] = from_f<T>(src[k]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+}
+
+// rstd as torch computes it: rsqrt(mean(x^2) + eps) in float32
+__device__ __forceinline__ float rstd_of(float sumsq, int64_t D, float eps) {
+  return rsqrtf(sumsq / (float)D + eps);
+}
+
+// ---- forward: one block per row, the row in registers (up to 32 values a thread), 16-byte vectors
+// when x, out and weight are aligned and the width is a multiple of the vector
+template <typename T, int BLOCK, int ITEMS, int VEC>
+__global__ void __launch_bounds__(BLOCK) rms_fwd_reg(const T* __restrict__ x, const T* __restrict__ w,
+                                                      T* __restrict__ out, float* __restrict__ rstd,
+                                                      int64_t D, float eps) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  constexpr int CH = ITEMS / VEC;
+  float v[ITEMS];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int64_t e = ((int64_t)j * BLOCK + threadIdx.x) * VEC;
+    if (e < D) {
+      load_chunk<T, VEC>(x + row * D + e, &v[j * VEC]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) ss += v[j * VEC + k] * v[j * VEC + k];
+    }
+  }
+  ss = block_sum<BLOCK>(ss, red);
+  const float r = rstd_of(ss, D, eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    const int64_t e = ((int64_t)j * BLOCK + threadIdx.x) * VEC;
+    if (e < D) {
+      float wv[VEC], o[VEC];
+      load_chunk<T, VEC>(w + e, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float y = v[j * VEC + k] * r;
+        o[k] = y * wv[k];
+      }
+      store_chunk<T, VEC>(out + row * D + e, o);
+    }
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <typename T, int BLOCK, int ITEMS>
+void launch_fwd(const T* x, const T* w, T* out, float* r, int64_t N, int64_t D, float eps, bool vec, cudaStream_t s) {
+  constexpr int V = 16 / (int)sizeof(T);
+  if (vec) rms_fwd_reg<T, BLOCK, ITEMS, V><<<(unsigned)N, BLOCK, 0, s>>>(x, w, out, r, D, eps);
+  else rms_fwd_reg<T, BLOCK, ITEMS, 1><<<(unsigned)N, BLOCK, 0, s>>>(x, w, out, r, D, eps);
+}
+
+template <typename T>
+cudaError_t forward_t(const rmsnorm_args* a, cudaStream_t s) {
+  const int64_t N = a->N, D = a->D;
+  const T* x = static_cast<const T*>(a->x.data);
+  const T* w = static_cast<const T*>(a->weight.data);
+  T* out = static_cast<T*>(a->out.data);
+  float* r = static_cast<float*>(a->saved_rstd.data);
+  const float eps = (float)a->eps;
+  constexpr int V = 16 / (int)sizeof(T);
+  const bool vec = aligned16(x) && aligned16(w) && aligned16(out) && D % V == 0;
+  if (D <= 1024) launch_fwd<T, 128, 8>(x, w, out, r, N, D, eps, vec, s);
+  else if (D <= 4096) launch_fwd<T, 256, 16>(x, w, out, r, N, D, eps, vec, s);
+  else launch_fwd<T, 512, 32>(x, w, out, r, N, D, eps, vec, s);  // D <= 16384 (the spec's range)
+  return cudaGetLastError();
+}
+
+// ---- backward: grad_x per row (a block per row, two passes), grad_weight per column in two
+// fixed-order levels: 64-row chunks summed in double into the workspace, then the chunks in double.
+constexpr int kBwdBlock = 256;
+constexpr int64_t kRowsPerChunk = 64;
+
+template <typename T>
+__global__ void __launch_bounds__(kBwdBlock) rms_bwd_rows(const T* __restrict__ x, const T* __restrict__ w,
+                                                          const float* __restrict__ rstd, const T* __restrict__ g,
+                                                          T* __restrict__ gx, int64_t D) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * D;
+  const T* gr = g + row * D;
+  const float r = rstd[row];
+  float dot = 0.f;
+  for (int64_t e = threadIdx.x; e < D; e += kBwdBlock) {
+    const float gw = to_f<T>(gr[e]) * to_f<T>(w[e]);
+    dot += gw * (to_f<T>(xr[e]) * r);
+  }
+  dot = block_sum<kBwdBlock>(dot, red);
+  const float c = dot / (float)D;
+  T* gxr = gx + row * D;
+  for (int64_t e = threadIdx.x; e < D; e += kBwdBlock) {
+    const float gw = to_f<T>(gr[e]) * to_f<T>(w[e]);
+    const float xh = to_f<T>(xr[e]) * r;
+    gxr[e] = from_f<T>(r * (gw - xh * c));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) rms_wgrad_chunks(const T* __restrict__ x, const float* __restrict__ rstd,
+                                                        const T* __restrict__ g, int64_t N, int64_t D,
+                                                        double* __restrict__ part) {
+  const int64_t col = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (col >= D) return;
+  const int64_t r0 = chunk * kRowsPerChunk, r1 = r0 + kRowsPerChunk < N ? r0 + kRowsPerChunk : N;
+  double acc = 0.0;
+  for (int64_t r = r0; r < r1; ++r) acc += (double)(to_f<T>(g[r * D + col]) * (to_f<T>(x[r * D + col]) * rstd[r]));
+  part[chunk * D + col] = acc;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) rms_wgrad_final(const double* __restrict__ part, int64_t nchunks, int64_t D,
+                                                       T* __restrict__ gw) {
+  const int64_t col = (int64_t)blockIdx.x * 256 + threadIdx.x;
+  if (col >= D) return;
+  double acc = 0.0;
+  for (int64_t c = 0; c < nchunks; ++c) acc += part[c * D + col];
+  gw[col] = from_f<T>((float)acc);
+}
+
+inline int64_t chunks_of(int64_t N) { return (N + kRowsPerChunk - 1) / kRowsPerChunk; }
+inline size_t bwd_workspace(int64_t N, int64_t D) { return sizeof(double) * (size_t)(chunks_of(N) * D); }
+
+template <typename T>
+cudaError_t backward_t(const rmsnorm_bwd_args* a, cudaStream_t s) {
+  const int64_t N = a->N, D = a->D;
+  if (a->workspace == nullptr || (size_t)a->workspace_bytes < bwd_workspace(N, D)) return cudaErrorInvalidValue;
+  const T* x = static_cast<const T*>(a->x.data);
+  const T* w = static_cast<const T*>(a->weight.data);
+  const float* r = static_cast<const float*>(a->saved_rstd.data);
+  const T* g = static_cast<const T*>(a->grad_out.data);
+  rms_bwd_rows<T><<<(unsigned)N, kBwdBlock, 0, s>>>(x, w, r, g, static_cast<T*>(a->grad_x.data), D);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  double* part = static_cast<double*>(a->workspace);
+  const int64_t nch = chunks_of(N);
+  rms_wgrad_chunks<T><<<dim3((unsigned)((D + 255) / 256), (unsigned)nch), 256, 0, s>>>(x, r, g, N, D, part);
+  if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  rms_wgrad_final<T><<<(unsigned)((D + 255) / 256), 256, 0, s>>>(part, nch, D, static_cast<T*>(a->grad_weight.data));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" size_t rmsnorm_backward_workspace(const rmsnorm_bwd_args* a) { return bwd_workspace(a->N, a->D); }
+
+extern "C" cudaError_t rmsnorm_forward(const rmsnorm_args* a, cudaStream_t stream) {
+  if (a->N <= 0 || a->D <= 0) return cudaSuccess;
+  switch (a->x.dtype) {
+    case SPECGEN_FLOAT32: return forward_t<float>(a, stream);
+    case SPECGEN_FLOAT16: return forward_t<__half>(a, stream);
+    case SPECGEN_BFLOAT16: return forward_t<__nv_bfloat16>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t rmsnorm_backward(const rmsnorm_bwd_args* a, cudaStream_t stream) {
+  if (a->N <= 0 || a->D <= 0) return cudaSuccess;
+  switch (a->x.dtype) {
+    case SPECGEN_FLOAT32: return backward_t<float>(a, stream);
+    case SPECGEN_FLOAT16: return backward_t<__half>(a, stream);
+    case SPECGEN_BFLOAT16: return backward_t<__nv_bfloat16>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
