@@ -400,8 +400,7 @@ class Lowering:
     def load(self, ref: TensorRef, fx_node, *, width: int | None = None, offset: Node | None = None) -> Val:
         shape = ref.shape
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
-        one_value = all(d.is_literal and d.add == 1 for d in ref.ttype.dims)  # a 0-d tensor (any view of it)
-        if len(shape) == 0 or (one_value and all(s == 1 for s in shape)):
+        if len(shape) == 0 or (_one_element(ref.ttype) and all(s == 1 for s in shape)):  # a 0-d tensor (any view)
             return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
                             name=ref.field), shape)
         if self.is_row_shape(shape):
@@ -672,9 +671,11 @@ class Lowering:
             node = broadcast.defer_iota(n)
             return self.arange_scaled(node, start, step, dtype, fx_node)
         self.set_width(n, fx_node)
-        return self.arange_scaled(Val(self.column_iota(fx_node), (n,)), start, step, dtype, fx_node)
+        return self.arange_scaled(Val(self.column_iota(), (n,)), start, step, dtype, fx_node)
 
-    def column_iota(self, fx_node) -> Node:
+    @staticmethod
+    def column_iota() -> Node:
+        """The program's column index (the row lowering's last axis, the axis family's reduced one)."""
         return Node("iota", level="elem", dtype="int", name="col")
 
     def arange_scaled(self, base, start: int, step: int, dtype, fx_node):
@@ -997,7 +998,7 @@ class Lowering:
     def column_hit(self, index: Node, fx_node) -> Node:
         """column == index: where a scatter of one value per row writes (the column is the
         program's column index: the row lowering's last axis, the axis family's reduced one)."""
-        return self.pointwise("eq", [Node("iota", level="elem", dtype="int", name="col"), index], fx_node)
+        return self.pointwise("eq", [self.column_iota(), index], fx_node)
 
     def one_per_row(self, index) -> bool:
         """Does a scatter's index name one column in every row: shaped [rows..., 1] (an index of
@@ -1029,8 +1030,8 @@ class Lowering:
             got = Val(const(result), ())
         ttype = self.types[field]
         pieces = got.pieces if isinstance(got, Cat) else [(None, self.value(result, fx_node))]
-        one_value = all(d.is_literal and d.add == 1 for d in ttype.dims)  # [1]: a scalar parameter's gradient
-        if ttype.ndim == 0 or (one_value and pieces[0][1].node.level in ("post", "global", "const")):
+        # a 0-d output, or one of one element ([1]: a scalar parameter's gradient) holding a total
+        if ttype.ndim == 0 or (_one_element(ttype) and pieces[0][1].node.level in ("post", "global", "const")):
             node = pieces[0][1].node
             if node.level in ("row", "elem"):
                 raise self.refuse(fx_node, f"a 0-d output {field} that is not a reduction over every row")
@@ -1092,6 +1093,11 @@ def _contiguous_strides(shape):
         strides.append(acc)
         acc *= max(s, 1)
     return list(reversed(strides))
+
+
+def _one_element(ttype) -> bool:
+    """A tensor type whose every size is the literal 1 (one value, whatever its rank)."""
+    return all(d.is_literal and d.add == 1 for d in ttype.dims)
 
 
 def lower(traced: Traced, totals_in_rows: bool = False) -> Program:

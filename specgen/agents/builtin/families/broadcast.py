@@ -57,7 +57,7 @@ def iota_at(lw, position: int, rank: int, fx_node) -> Node:
     full = len(lw.rows) + 1
     axis = position + full - rank
     if axis == full - 1:
-        return lw.column_iota(fx_node)
+        return lw.column_iota()
     if axis < 0:
         raise lw.refuse(fx_node, "an arange along no axis of the rows or the columns")
     return Node("rowiota", level="row", dtype="int", attrs={"axis": axis}, name=f"pos{axis}")
