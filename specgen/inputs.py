@@ -110,6 +110,11 @@ def draw_scalar(param: Param, rng: random.Random):
     return rng.uniform(lo, hi)
 
 
+def first_multiple(lo: int, step: int) -> int:
+    """The smallest multiple of `step` at or above `lo` (a size the signature's divisibility allows)."""
+    return -(-lo // step) * step
+
+
 def sample_dims(sig: Signature, ranges: dict[str, tuple[int, int]], rng: random.Random,
                 cap: int | None = None) -> dict[str, int]:
     """Random sizes within the ranges (capped at `cap` for small checks), honouring divisibility."""
@@ -120,7 +125,7 @@ def sample_dims(sig: Signature, ranges: dict[str, tuple[int, int]], rng: random.
         if cap is not None:
             hi = max(lo, min(hi, cap))
         step = divisors.get(symbol, 1)
-        first = -(-lo // step) * step
+        first = first_multiple(lo, step)
         last = hi // step * step
         if last < first:  # the cap cut below the first multiple: take the smallest legal one
             last = first

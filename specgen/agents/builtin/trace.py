@@ -18,7 +18,7 @@ import torch
 from torch._decomp import decomposition_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ...inputs import TORCH_DTYPES
+from ...inputs import TORCH_DTYPES, first_multiple
 from ...reference import reference_failure
 from ...saved import saved_expressions
 from ..base import AgentRefused
@@ -327,10 +327,10 @@ def other_sizes(spec) -> list[dict[str, int]]:
     for symbol in spec.signature.symbols():
         lo, hi = spec.dims.get(symbol, (2, 2))
         step = divisors.get(symbol, 1)
-        low = -(-max(lo, 2) // step) * step
+        low = first_multiple(max(lo, 2), step)
         high = hi // step * step
         if low > high:  # no size >= 2 in range: its smallest
-            low = high = -(-lo // step) * step
+            low = high = first_multiple(lo, step)
         middle = max(low, min(high, int(math.sqrt(low * high)) // step * step))
         choices[symbol] = (low, middle, high, min(high, low + step))
     found = [{s: c[k] for s, c in choices.items()} for k in range(4)]
