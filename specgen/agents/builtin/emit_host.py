@@ -297,20 +297,20 @@ class HostEmitter:
                    f"sg::clusters_ok<{self.kname}_rows<T, VEC, {first}, ITEMS_MAX, "
                    f"{variant.split_block_of(first)}>>();")
         if self.loop_cluster_on(variant):
-            lcl = variant.loop_tpr * variant.loop_cluster
+            kernel = f"{self.kname}_rows<T, VEC, {variant.loop_tpr * variant.loop_cluster}, 0, {variant.loop_tpr}>"
+            few_rows = "rows <= 2 * (int64_t)sg::sm_count()"
             if self.staged_keys():
                 w.line(f"// wide rows: a looped row over a cluster of {variant.loop_cluster} blocks, staged in their shared")
                 w.line("// memory (each thread its own chunks), where it fits a block's opt-in")
                 w.line(f"const size_t stage_bytes = {self.stage_bytes_expr()};")
-                rows_ok = f"stage_bytes <= sg::dyn_smem_limit<{self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>>()"
+                rows_ok = f"stage_bytes <= sg::dyn_smem_limit<{kernel}>()"
                 if self.colreduces:  # a slot of column partials per cluster: rows of them past one wave would be
                     # the input's size again (a review of loopstage, session 36); the few rows only
-                    rows_ok += " && rows <= 2 * (int64_t)sg::sm_count()"
+                    rows_ok += f" && {few_rows}"
             else:
                 w.line(f"// few wide rows (at most two a SM): a looped row over a cluster of {variant.loop_cluster} blocks")
-                rows_ok = "rows <= 2 * (int64_t)sg::sm_count()"
-            w.line(f"const bool loop_cl_ok = vec_ok && {rows_ok} && "
-                   f"sg::clusters_ok<{self.kname}_rows<T, VEC, {lcl}, 0, {variant.loop_tpr}>>();")
+                rows_ok = few_rows
+            w.line(f"const bool loop_cl_ok = vec_ok && {rows_ok} && sg::clusters_ok<{kernel}>();")
         with w.block("if (vec_ok)"):
             for tpr, items in self.vec_schedules(variant):
                 w.line(self.schedule_pick(variant, tpr, items))
