@@ -70,3 +70,15 @@ def test_the_kernels_compile_for_hopper(name):
 @pytest.mark.parametrize("name", OPS)
 def test_the_kernels_verify_on_the_gpu(name):
     verifies_on_the_gpu(own_spec(name))
+
+
+def test_an_arange_reduced_before_any_broadcast_is_refused_not_read_as_the_columns():
+    """arange(Q).mean() materializes at its own shape [Q], right-aligned onto the column axis (of
+    K): the column index counts K columns, so the program took the mean of 0..K-1. The pending
+    arange's length is now held to the axis it lands on (a review of session 36)."""
+    from specgen.agents.base import AgentRefused
+
+    spec = own_spec("row_arange_reduced_alone")
+    with pytest.raises(AgentRefused) as info:
+        lower_spec(spec)
+    assert "row_arange_reduced_alone.yaml" in str(info.value) and "two widths" in str(info.value)

@@ -50,16 +50,20 @@ def defer_iota(length: int) -> Pending:
     return Pending(Val(node, (length,)), {node.id: (IotaRef(length), [0])})
 
 
-def iota_at(lw, position: int, rank: int, fx_node) -> Node:
-    """An arange placed at dim `position` of a value of rank `rank` (right-aligned against the
-    rows and the column, as broadcasting aligns): the column index, or a row's index along a row
-    dim (`rowiota`, row level)."""
+def iota_at(lw, position: int, rank: int, length: int, fx_node) -> Node:
+    """An arange of `length` placed at dim `position` of a value of rank `rank` (right-aligned
+    against the rows and the column, as broadcasting aligns): the column index, or a row's index
+    along a row dim (`rowiota`, row level). Its length must be that axis's: the index counts up to
+    the axis's size, not the arange's."""
     full = len(lw.rows) + 1
     axis = position + full - rank
-    if axis == full - 1:
-        return lw.column_iota()
     if axis < 0:
         raise lw.refuse(fx_node, "an arange along no axis of the rows or the columns")
+    if axis == full - 1:
+        lw.set_width(length, fx_node)  # refuses an arange of another length than the columns'
+        return lw.column_iota()
+    if lw.rows[axis] != length:
+        raise lw.refuse(fx_node, f"an arange of {length} placed along a row dim of {lw.rows[axis]} (in the example)")
     return Node("rowiota", level="row", dtype="int", attrs={"axis": axis}, name=f"pos{axis}")
 
 
@@ -88,7 +92,7 @@ def materialize(lw, p: Pending, fx_node):
     repl = {}
     for nid, (ref, positions) in p.maps.items():
         if isinstance(ref, IotaRef):
-            repl[nid] = iota_at(lw, positions[0], len(shape), fx_node)
+            repl[nid] = iota_at(lw, positions[0], len(shape), ref.length, fx_node)
             continue
         aligned = [1] * len(shape)
         for size, pos in zip(ref.shape, positions):
