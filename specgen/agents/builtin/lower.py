@@ -22,6 +22,7 @@ from . import ir, pretotal, scalar_constants
 from .ir import Node, Program, Store, const, is_const, level_of
 from .families import broadcast, scan
 from .modules import Uninit, constant_value, lower_copy
+from .ops import OPS
 from .trace import Traced, where
 
 REDUCTIONS = {"sum", "amax", "amin", "var", "prod"}
@@ -39,6 +40,9 @@ VIEW_OPS = {"broadcast_in_dim", "view_of", "clone", "squeeze", "reshape", "colla
             "expand", "alias", "view", "_unsafe_view", "unsqueeze", "expand_dims", "contiguous"}
 PY_INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
               operator.neg: "neg"}
+# torch's symbolic math of sizes, as a traced reference calls it (symbolic_math.py): the op of ops.py
+SYM_MATH = {getattr(torch, f"_sym_{name}"): name for name in ("sqrt", "cos", "sin", "tanh", "log2")
+            if hasattr(torch, f"_sym_{name}")}
 FOLD = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max, "minimum": min,
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
@@ -715,6 +719,9 @@ class Lowering:
                                   fx_node)
         if target is torch.sym_float:
             return self.cast(self.sym(args[0], fx_node), torch.float32, fx_node)
+        if target is operator.pow or target in SYM_MATH:  # a size's power or math.sqrt (symbolic_math.py)
+            floats = [self.cast(self.sym(a, fx_node), torch.float32, fx_node) for a in args]
+            return self.sym_math(SYM_MATH.get(target, "pow"), floats, fx_node)
         if target is torch.sym_max:  # a fill's strides (F.pad's decomposition)
             return self.pointwise("maximum", [self.sym(a, fx_node) for a in args], fx_node, dtype="int")
         if target is operator.getitem:
@@ -735,6 +742,14 @@ class Lowering:
         if handler is None:
             raise self.refuse(fx_node, f"the op {ns}.{name}")
         return handler(fx_node, *args, **kwargs)
+
+    def sym_math(self, name: str, args: list[Node], fx_node) -> Node:
+        """A math function of sizes (float nodes of the global level): an op of ops.py, or log2."""
+        if name == "log2":
+            return self.pointwise("div", [self.pointwise("log", args, fx_node), const(math.log(2.0))], fx_node)
+        if name not in OPS:
+            raise self.refuse(fx_node, f"math.{name} of a size (only {', '.join(sorted(SYM_MATH.values()))})")
+        return self.pointwise(name, args, fx_node)
 
     def elementwise(self, op: str, args, fx_node):
         vals = [self.value(a, fx_node, defer=True) for a in args]

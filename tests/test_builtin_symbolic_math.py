@@ -1,0 +1,63 @@
+"""Math functions of a traced size (symbolic_math.py): `1 / math.sqrt(x.shape[-1])`, `d ** -0.5`,
+`log(n)` stay functions of the dims in the lowered program (a node on a `dim`), not the example's
+number: the trace fixed the size before (refused: "fixes a symbolic size to its example value").
+CPU: the IR and the interpreter at several sizes; nvcc; GPU: the verifier."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+
+from specgen.agents.builtin.generator import lower_spec
+from specgen.agents.builtin.symbolic_math import SHIM, symbolic_math
+
+OPS = ["size_scaled_softmax", "size_power_tanh"]
+
+
+def _math_of_dims(program) -> set[str]:
+    """The ops applied to a dim anywhere upstream (through casts)."""
+    found = set()
+    for n in program.nodes():
+        if n.op in ("sqrt", "pow", "log") and any(m.op == "dim" for a in n.args for m in [a, *a.args]):
+            found.add(n.op)
+    return found
+
+
+def test_the_scale_is_computed_from_the_dim_not_baked_in():
+    for direction, program in lower_spec(own_spec("size_scaled_softmax")).items():
+        assert "sqrt" in _math_of_dims(program), direction
+    for direction, program in lower_spec(own_spec("size_power_tanh")).items():
+        assert {"pow", "log"} <= _math_of_dims(program), direction
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dims", [{"R": 3, "K": 5, "N": 3, "D": 5}, {"R": 2, "K": 64, "N": 9, "D": 64},
+                                  {"R": 1, "K": 1, "N": 1, "D": 1}])
+def test_the_lowered_programs_match_the_reference_at_other_sizes(name, dims):
+    spec = own_spec(name)
+    dims = {k: v for k, v in dims.items() if k in spec.dims}
+    check_forward(spec, dims)
+    check_backward(spec, dims)
+
+
+def test_the_swap_is_undone_and_leaves_plain_numbers_to_math():
+    namespace = {"math": math, "sqrt": math.sqrt, "other": len}
+    fn = eval("lambda: None", namespace)
+    with symbolic_math(fn):
+        assert namespace["math"] is SHIM and namespace["sqrt"] is SHIM.sqrt and namespace["other"] is len
+        assert SHIM.sqrt(16) == 4.0 and SHIM.log(8, 2) == pytest.approx(3.0) and SHIM.pow(2, 10) == 1024.0
+    assert namespace["math"] is math and namespace["sqrt"] is math.sqrt
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", OPS)
+def test_the_kernels_compile_for_hopper(name):
+    compiles_for_hopper(own_spec(name))
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", OPS)
+def test_the_kernels_verify_on_the_gpu(name):
+    verifies_on_the_gpu(own_spec(name))
