@@ -46,7 +46,8 @@ for _op in ("rmsnorm", "layernorm_gelu"):
 # to one call's own bytes is lowered by another thread's call: verifier version 12's threads on new
 # shapes). Every committed kernel's text outside that block must still rebuild byte for byte; the
 # block itself is compared only when PRELUDE_OUT_OF_DATE is empty. Regenerate them on a GPU.
-PRELUDE_OUT_OF_DATE = "per-device host caches; shared memory opt-in to the device's limit (session 34)"
+PRELUDE_OUT_OF_DATE = ("per-device host caches; shared memory opt-in to the device's limit (session 34); "
+                       "the cluster gate asks whether a cluster of 8 can be placed (session 37)")
 PRELUDE_START, PRELUDE_END = "// ---- specgen builtin runtime helpers", "// ---- end of helpers ----\n"
 
 

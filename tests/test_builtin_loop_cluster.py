@@ -206,3 +206,17 @@ def test_the_staged_looped_cluster_passes_the_verifier(name):
     spec = load_spec(SPECS / "softmax.yaml") if name == "softmax" else own_spec(name)
     verdict = verify_kernel(spec, build_source(spec, STAGE))
     assert verdict.passed, verdict.summary()
+
+
+def test_every_cluster_gate_asks_whether_a_cluster_of_eight_can_be_placed():
+    """A cluster that cannot be placed (MIG, MPS: a GPC with too few SMs) failed the launch; the
+    gate now asks the occupancy of an 8-block cluster at the kernel's largest block once a device,
+    and the host takes its one-block path where it is 0 (the sm_80 path, verified there)."""
+    source = build_source(own_spec("layernorm_chw_few_rows"))
+    gate = source[source.index("inline bool clusters_ok()"):]
+    gate = gate[:gate.index("\n}\n")]
+    assert "clusters_placeable<Kernel>(fa)" in gate
+    placeable = source[source.index("inline bool clusters_placeable("):]
+    placeable = placeable[:placeable.index("\n}\n")]
+    assert "cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg)" in placeable
+    assert "clusterDim.x = 8;" in placeable and "return e == cudaSuccess && clusters > 0;" in placeable

@@ -412,8 +412,29 @@ inline cudaError_t launch_dyn(dim3 grid, int block, size_t smem, cudaStream_t st
 
 inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(132); }
 
-// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+ and
-// this kernel built for it (a package's arch list may hold only older code).
+// Whether a cluster of 8 blocks (the largest the kernels launch) of Kernel at its largest block
+// can be placed on the current device: not where MIG or MPS leave a GPC too few SMs, where the
+// launch would fail (the host then takes its path without clusters).
+template <auto Kernel>
+inline bool clusters_placeable(const cudaFuncAttributes& fa) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(8);
+  cfg.blockDim = dim3((unsigned)fa.maxThreadsPerBlock);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 8;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg);
+  if (e != cudaSuccess) (void)cudaGetLastError();  // a query that failed leaves no error for the next launch
+  return e == cudaSuccess && clusters > 0;
+}
+
+// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+, this
+// kernel built for it (a package's arch list may hold only older code), and room for a cluster.
 template <auto Kernel>
 inline bool clusters_ok() {
   static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 yes, 2 no
@@ -423,7 +444,8 @@ inline bool clusters_ok() {
     int major = 0;
     cudaFuncAttributes fa;
     ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
-         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90 ? 1 : 2;
+         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90
+         && clusters_placeable<Kernel>(fa) ? 1 : 2;
     cached[device].store(ok, std::memory_order_relaxed);
   }
   return ok == 1;
