@@ -220,3 +220,30 @@ def test_every_cluster_gate_asks_whether_a_cluster_of_eight_can_be_placed():
     placeable = placeable[:placeable.index("\n}\n")]
     assert "cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg)" in placeable
     assert "clusterDim.x = 8;" in placeable and "return e == cudaSuccess && clusters > 0;" in placeable
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+def test_on_a_whole_hopper_gpu_the_cluster_gate_is_open(tmp_path):
+    """The placement query must say yes on a whole H100/H200, or every cluster form would silently
+    fall back to one block: the prelude's gate, compiled for sm_90 with a 512- and a 1024-thread
+    kernel and run."""
+    import subprocess
+
+    from specgen.agents.builtin.prelude import PRELUDE
+    from specgen.toolchain.cuda import find_cuda_toolkit
+
+    source = tmp_path / "gate.cu"
+    source.write_text(PRELUDE + """
+#include <cstdio>
+__global__ void __launch_bounds__(512) k512(float* p) { if (p) p[threadIdx.x] = 0.f; }
+__global__ void __launch_bounds__(1024) k1024(float* p) { if (p) p[threadIdx.x] = 0.f; }
+int main() {
+  std::printf("gate %d %d\\n", (int)sg::clusters_ok<k512>(), (int)sg::clusters_ok<k1024>());
+  return 0;
+}
+""")
+    binary = tmp_path / "gate"
+    subprocess.run([str(find_cuda_toolkit().nvcc), "-std=c++17", "-arch=sm_90", "-o", str(binary), str(source)], check=True)
+    out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "gate 1 1", out
