@@ -1,6 +1,6 @@
 """The level-1 suite on the CPU: every spec of the development suite (benchmarks/level1/specs)
 and of the held-out sets (heldout/problems, problems-v2, problems-v3, problems-v4, problems-v5, problems-v6, problems-v7,
-problems-v8) passes `specgen check`;
+problems-v8, problems-v9) passes `specgen check`;
 the benchmark's row and summary logic (benchmarks/level1_bench.py) on fabricated timings; and
 which development specs the built-in generator lowers today, against
 benchmarks/level1/EXPECTED_REFUSALS.txt.
@@ -27,6 +27,7 @@ HELDOUT_V5 = REPO / "heldout" / "problems-v5"  # written by a helper in session 
 HELDOUT_V6 = REPO / "heldout" / "problems-v6"  # written by a helper in session 25 (counts only in its README)
 HELDOUT_V7 = REPO / "heldout" / "problems-v7"  # written by a helper in session 29, not yet run (not read)
 HELDOUT_V8 = REPO / "heldout" / "problems-v8"  # written by a helper in session 36 (counts only in its README)
+HELDOUT_V9 = REPO / "heldout" / "problems-v9"  # written by a helper in session 37 (counts only in its README)
 EXPECTED_REFUSALS = REPO / "benchmarks" / "level1" / "EXPECTED_REFUSALS.txt"
 FAMILIES = {"pointwise", "reduce_last", "reduce_middle", "reduce_multi", "reduce_all", "reduce_first", "arg_reduce",
             "scan", "row_norm", "channel_norm", "loss", "pool"}
@@ -46,23 +47,24 @@ bench = _bench()
 # ------------------------------------------------------------------ the specs
 
 def test_suites_are_large_enough_and_every_spec_has_a_family():
-    dev, held, v2, v3, v4, v5, v6, v7, v8 = (sorted(folder.glob("*.yaml")) for folder in
-                                             (DEV, HELDOUT, HELDOUT_V2, HELDOUT_V3, HELDOUT_V4, HELDOUT_V5,
-                                              HELDOUT_V6, HELDOUT_V7, HELDOUT_V8))
+    dev, held, v2, v3, v4, v5, v6, v7, v8, v9 = (sorted(folder.glob("*.yaml")) for folder in
+                                                 (DEV, HELDOUT, HELDOUT_V2, HELDOUT_V3, HELDOUT_V4, HELDOUT_V5,
+                                                  HELDOUT_V6, HELDOUT_V7, HELDOUT_V8, HELDOUT_V9))
     assert len(dev) >= 40 and len(held) >= 12 and len(v2) >= 12 and len(v3) >= 14 and len(v4) >= 16
-    assert len(v5) >= 18 and len(v6) >= 20 and len(v7) >= 20 and len(v8) >= 24
+    assert len(v5) >= 18 and len(v6) >= 20 and len(v7) >= 20 and len(v8) >= 24 and len(v9) >= 24
     # counts only: a failure must not print held-out names (pytest shows the sets it compares;
     # a development problem's author saw six held-out names that way, session 21)
     clashes = [len({p.stem for p in a} & {p.stem for p in b})
-               for a, b in ((dev, held + v2 + v3 + v4 + v5 + v6 + v7 + v8), (held, v2), (held + v2, v3),
+               for a, b in ((dev, held + v2 + v3 + v4 + v5 + v6 + v7 + v8 + v9), (held, v2), (held + v2, v3),
                             (held + v2 + v3, v4), (held + v2 + v3 + v4, v5), (held + v2 + v3 + v4 + v5, v6),
-                            (held + v2 + v3 + v4 + v5 + v6, v7), (held + v2 + v3 + v4 + v5 + v6 + v7, v8))]
-    assert clashes == [0] * 8, (
+                            (held + v2 + v3 + v4 + v5 + v6, v7), (held + v2 + v3 + v4 + v5 + v6 + v7, v8),
+                            (held + v2 + v3 + v4 + v5 + v6 + v7 + v8, v9))]
+    assert clashes == [0] * 9, (
         f"problem names repeated (development vs held-out, then each held-out set vs the earlier ones): "
         f"{clashes}; rename the newer problem (held-out names are not printed)")
     for path in dev:
         assert bench.spec_family(path) in FAMILIES, f"{path.name}: first line must be '# family: NAME'"
-    unfamiliar = sum(bench.spec_family(path) not in FAMILIES for path in held + v2 + v3 + v4 + v5 + v6 + v7 + v8)
+    unfamiliar = sum(bench.spec_family(path) not in FAMILIES for path in held + v2 + v3 + v4 + v5 + v6 + v7 + v8 + v9)
     assert unfamiliar == 0, f"{unfamiliar} held-out spec(s) without a '# family: NAME' first line"
     counts = {}
     for path in dev:
@@ -80,7 +82,8 @@ def test_every_spec_passes_check():
     for path in (sorted(DEV.glob("*.yaml")) + sorted(HELDOUT.glob("*.yaml")) + sorted(HELDOUT_V2.glob("*.yaml"))
                  + sorted(HELDOUT_V3.glob("*.yaml")) + sorted(HELDOUT_V4.glob("*.yaml"))
                  + sorted(HELDOUT_V5.glob("*.yaml")) + sorted(HELDOUT_V6.glob("*.yaml"))
-                 + sorted(HELDOUT_V7.glob("*.yaml")) + sorted(HELDOUT_V8.glob("*.yaml"))):
+                 + sorted(HELDOUT_V7.glob("*.yaml")) + sorted(HELDOUT_V8.glob("*.yaml"))
+                 + sorted(HELDOUT_V9.glob("*.yaml"))):
         result = check_spec(path, samples=1, sandbox=sandbox)
         if not result.ok:
             failures.append(f"{path.relative_to(REPO)}: {result.error}")

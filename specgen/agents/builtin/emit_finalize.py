@@ -195,6 +195,7 @@ class FinalizeEmitter:
     def col_epilogue(self, col: list, ctx: Ctx) -> list[str]:
         """Statements writing the column outputs of group g, column j, from the summed partials named in ctx."""
         lines = []
+        self.name_column_loads([s.value for s in col], ctx)
         for s in col:
             t = self.ctype_of(s.field)
             pitch = pitch_expr(self.p, self.types[s.field])
@@ -207,6 +208,23 @@ class FinalizeEmitter:
             lines.append(f"(({t}*)A.{s.field}.data)[g * {pitch} + {off} + j] = sg::from_acc<{t}>"
                          f"((acc_t)({self.expr(s.value, ctx)}));")
         return lines
+
+    def name_column_loads(self, roots: list, ctx: Ctx) -> None:
+        """A [W] parameter the epilogue reads (a gradient through |alpha * c| is sign(alpha) times a
+        column sum): read at column j. Only column loads can be: the epilogue has no row."""
+        seen, stack = set(), list(roots)
+        while stack:
+            n = stack.pop()
+            if n.id in seen or n.id in ctx.names or n.op == "colreduce":
+                continue
+            seen.add(n.id)
+            if n.op == "load" and n.level == "elem":
+                assert n.attrs["kind"] == "col", f"emit: a column epilogue reads {n.attrs['field']} per row"
+                fld, off = n.attrs["field"], n.attrs.get("offset")
+                at = f"{self.expr(off, ctx)} + j" if off is not None else "j"
+                conv = "(acc_t)sg::to_acc" if n.dtype == "float" else f"({self.ctype_var(n)})"
+                ctx.loads[n.id] = f"{conv}(((const {self.ctype_of(fld)}*)A.{fld}.data)[{at}])"
+            stack.extend(n.args)
 
     def expr_fresh(self, n: Node, ctx: Ctx) -> str:
         saved = ctx.names.pop(n.id, None)
