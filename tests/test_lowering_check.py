@@ -47,3 +47,17 @@ def test_a_wrong_lowering_is_a_mismatch():
 
 def test_no_spec_found_is_exit_2(tmp_path):
     assert lowering_check.main(["--specs", str(tmp_path)]) == 2
+
+
+def test_an_output_computed_without_autograd_takes_no_gradient_in_the_cpu_check():
+    """A reference whose second output is computed under no_grad (BatchNorm's running statistics):
+    autograd.grad refused the whole list ("does not require grad"), so the held-out problems-v9
+    BatchNorm's backward was reported `not run`; trace.py already left such outputs out."""
+    from builtin_support import own_spec
+
+    from specgen.agents.builtin.cpu_check import check_backward, check_forward
+
+    spec = own_spec("scaled_with_detached_mean")
+    for dims in ({"N": 3, "D": 5}, {"N": 1, "D": 1}):
+        check_forward(spec, dims)
+        check_backward(spec, dims)

@@ -48,8 +48,11 @@ def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9, programs:
     grads = {f"grad_{o.name}": torch.randn(r.shape, generator=gen, dtype=torch.float64)
              for o, r in zip(sig.outputs, result) if o.type.is_floating}
     floating = [p.name for p in sig.inputs if p.type.differentiable]  # no_grad inputs: no gradient written
-    expected = torch.autograd.grad([r for o, r in zip(sig.outputs, result) if o.type.is_floating],
-                                   [leaves[n] for n in floating], list(grads.values()), allow_unused=True)
+    # outputs computed without autograd (a module's running statistics) take no gradient, as in trace.py
+    graded = [(r, grads[f"grad_{o.name}"]) for o, r in zip(sig.outputs, result) if o.type.is_floating
+              and r.requires_grad]
+    expected = torch.autograd.grad([r for r, _ in graded], [leaves[n] for n in floating], [g for _, g in graded],
+                                   allow_unused=True)
     program = (programs or lower_spec(spec))["backward"]
     forward_outputs = {o.name: r.detach() for o, r in zip(sig.outputs, result)}
     tensors = {p.name: args[p.name] for p in sig.inputs} | forward_outputs | grads
