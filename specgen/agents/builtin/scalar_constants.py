@@ -29,6 +29,8 @@ FORMS: dict[str, tuple] = {
     "one_minus": (lambda s: 1.0 - s, ("one_minus",)),  # a focal loss's 1 - alpha
     "one_plus": (lambda s: 1.0 + s, ("one_plus",)),
     "minus_one": (lambda s: s - 1.0, ("minus_one",)),  # pow's backward: x ** (gamma - 1)
+    # the backward of a power at the reciprocal exponent (GeM's mean ** (1 / p)): x ** (1 / p - 1)
+    "reciprocal_minus_one": (lambda s: 1.0 / s - 1.0, ("reciprocal", "minus_one")),
 }
 # small constant factors a decomposition puts on such a number (Huber: 0.5 * delta)
 SCALES = (1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 3.0, 1.0 / 3.0)

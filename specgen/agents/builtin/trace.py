@@ -25,6 +25,7 @@ from ..base import AgentRefused
 from .families.scan import trace_decompositions
 from .modules import modules_as_constants
 from .scalar_constants import differing_constants, forms_of
+from .global_pool import whole_window_pools
 from .symbolic_math import symbolic_math
 from .value_guards import traced_with_value_guards
 from .welford import WelfordMeans
@@ -234,7 +235,8 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked
         args = [examples[n] for n in names] + grads
         outputs = [f"grad_{n}" for n in floating]
     try:
-        with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants(), symbolic_math(fn):
+        with _stack_anchor(str(spec.path or f"<{spec.name}>")), modules_as_constants(), symbolic_math(fn), \
+                whole_window_pools():
             def trace_once():
                 return make_fx(target, decomposition_table=decompositions(), tracing_mode="symbolic",
                                record_stack_traces=True, _allow_non_fake_inputs=True)(*args)
