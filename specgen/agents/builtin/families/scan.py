@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ...base import AgentRefused
-from ..ctext import Ctx, entry_function
+from ..ctext import Ctx, dim_expr, entry_function
 from ..cwriter import CWriter
 from ..ir import Node, Program, walk
 
@@ -268,13 +268,32 @@ def _reaches(node: Node, ids: set) -> bool:
 def _flat_but_scans(program: Program, flat) -> bool:
     if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
         return False
+    positions = _position_values(program)
     for n in program.nodes():
+        if n.id in positions:
+            continue
         if n.op in flat._NOT_FLAT - {"scan"} or n.level in ("row", "post"):
             return False
         if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
                                                      or n.attrs["kind"] == "bcast"):
             return False
     return True
+
+
+_NOT_POSITION = {"load", "scan", "rowreduce", "gather", "colreduce", "globalreduce", "pretotal"}
+
+
+def _position_values(program: Program) -> set:
+    """Ids of the nodes computed from element positions alone (the column index, a row's index
+    along a row dim, and pointwise math of them with constants and scalars): the scan kernels
+    give each element its position (ScanEmitter._positions)."""
+    found: set = set()
+    for n in program.nodes():  # arguments before their users
+        if n.op in ("iota", "rowiota") or (
+                n.op not in _NOT_POSITION and any(a.id in found for a in n.args)
+                and all(a.id in found or a.level in ("const", "global") for a in n.args)):
+            found.add(n.id)
+    return found
 
 
 # ------------------------------------------------------------------ emitter
@@ -372,9 +391,21 @@ class ScanEmitter(_base()):
             lines.append(f"{t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
         return lines
 
+    def _positions(self, inner: Ctx) -> None:
+        """Element e's index along each axis, where the program reads one (a cumulative mean divides
+        by the position along the scan axis): the column e % W, row dim k's (e / W / span) % size."""
+        dims = self.p.row_dims
+        for n in self.nodes:
+            if n.op == "iota":
+                inner.names[n.id] = "(e % W)"
+            elif n.op == "rowiota":
+                span = " * ".join(dim_expr(d) for d in dims[n.attrs["axis"] + 1:]) or "1"
+                inner.names[n.id] = f"((e / W / ({span})) % {dim_expr(dims[n.attrs['axis']])})"
+
     def _element_ctx(self, ctx: Ctx) -> Ctx:
         """Names for element `e` of the scanned tensor: its loads ([W] parameters by e % W)."""
         inner = Ctx(dict(ctx.names))
+        self._positions(inner)
         for key, ns in self.elem_loads.items():
             index = "e % W" if key[1] == "col" else "e"
             for n in ns:
@@ -498,6 +529,7 @@ class ScanEmitter(_base()):
     def _tile_ctx(self, ctx: Ctx) -> Ctx:
         """Names for one element of a tile: the chunk's raw registers, [W] parameters by e % W."""
         inner = Ctx(dict(ctx.names))
+        self._positions(inner)
         for key, nodes in self.elem_loads.items():
             pn = self.pointer_name(key)
             for node in nodes:
