@@ -33,6 +33,26 @@ def verifies_on_the_gpu(spec) -> None:
     assert verdict.passed, verdict.summary()
 
 
+def own_kernel_tests(names: list[str]):
+    """The two tests of a file of own specs, for a module to bind (`test_the_kernels_compile_for_hopper,
+    test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)`): each spec's kernel compiles for
+    sm_90 (nvcc), and passes the verifier (a GPU)."""
+    import pytest
+
+    @pytest.mark.nvcc
+    @pytest.mark.parametrize("name", names)
+    def compiles(name):
+        compiles_for_hopper(own_spec(name))
+
+    @pytest.mark.gpu
+    @pytest.mark.nvcc
+    @pytest.mark.parametrize("name", names)
+    def verifies(name):
+        verifies_on_the_gpu(own_spec(name))
+
+    return compiles, verifies
+
+
 def without_saved(path: Path, tmp_path: Path):
     """The spec at `path` with its `saved:` block dropped: the example specs declare saved values
     since session 12, and the tests compare against the same op recomputing its statistics."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin.generator import lower_spec
@@ -48,14 +48,4 @@ def test_eager_calls_inside_and_after_are_torchs_own():
     assert F.avg_pool2d is real
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_compile_for_hopper(name):
-    compiles_for_hopper(own_spec(name))
-
-
-@pytest.mark.gpu
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_verify_on_the_gpu(name):
-    verifies_on_the_gpu(own_spec(name))
+test_the_kernels_compile_for_hopper, test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)

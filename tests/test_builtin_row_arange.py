@@ -7,7 +7,7 @@ CPU: the IR and the interpreter against the reference; nvcc; GPU: the verifier.
 from __future__ import annotations
 
 import pytest
-from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
 from specgen.agents.builtin.generator import lower_spec
 
@@ -59,17 +59,7 @@ def test_a_position_vector_viewed_as_1_s_1_is_the_rows_index_along_s():
 OPS = ["causal_softmax", "position_tempered_softmax"]
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_compile_for_hopper(name):
-    compiles_for_hopper(own_spec(name))
-
-
-@pytest.mark.gpu
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_verify_on_the_gpu(name):
-    verifies_on_the_gpu(own_spec(name))
+test_the_kernels_compile_for_hopper, test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)
 
 
 def test_an_arange_reduced_before_any_broadcast_is_refused_not_read_as_the_columns():

@@ -8,7 +8,7 @@ verifier.
 from __future__ import annotations
 
 import pytest
-from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
 from specgen.agents.builtin.generator import lower_spec
 
@@ -61,14 +61,4 @@ def test_a_scan_keeps_its_broadcast_load():
     assert "bcast" in [n.attrs["kind"] for n in row_broadcasts(with_scan).nodes() if n.op == "load"]
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_compile_for_hopper(name):
-    compiles_for_hopper(own_spec(name))
-
-
-@pytest.mark.gpu
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_verify_on_the_gpu(name):
-    verifies_on_the_gpu(own_spec(name))
+test_the_kernels_compile_for_hopper, test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)

@@ -7,7 +7,7 @@ text; nvcc; GPU: the verifier (the lanes kernel along T, the tiles kernel along 
 from __future__ import annotations
 
 import pytest
-from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
@@ -49,14 +49,4 @@ def test_a_per_row_value_read_from_memory_is_still_refused():
     assert all(lower_spec(own_spec(name)) for name in OPS)
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_compile_for_hopper(name):
-    compiles_for_hopper(own_spec(name))
-
-
-@pytest.mark.gpu
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_verify_on_the_gpu(name):
-    verifies_on_the_gpu(own_spec(name))
+test_the_kernels_compile_for_hopper, test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
+from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.symbolic_math import SHIM, symbolic_math
@@ -50,14 +50,4 @@ def test_the_swap_is_undone_and_leaves_plain_numbers_to_math():
     assert namespace["math"] is math and namespace["sqrt"] is math.sqrt
 
 
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_compile_for_hopper(name):
-    compiles_for_hopper(own_spec(name))
-
-
-@pytest.mark.gpu
-@pytest.mark.nvcc
-@pytest.mark.parametrize("name", OPS)
-def test_the_kernels_verify_on_the_gpu(name):
-    verifies_on_the_gpu(own_spec(name))
+test_the_kernels_compile_for_hopper, test_the_kernels_verify_on_the_gpu = own_kernel_tests(OPS)
