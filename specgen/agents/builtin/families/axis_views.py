@@ -24,10 +24,23 @@ from ....signature import Dim
 
 
 def _literal(size) -> bool:
-    """A size fixed in the reference (GroupNorm's 8 groups), not one that follows a dim."""
-    if isinstance(size, torch.SymInt):
-        return bool(getattr(size.node.expr, "is_number", False))
-    return isinstance(size, int)
+    """A size fixed in the reference (GroupNorm's 8 groups), not one that follows a dim. A symbolic
+    expression that is a constant on the dims the spec allows counts too: unflatten(-1, (n // 3, 3))
+    of a 3*D dim traces its 3 as n // (n // 3), constant at every multiple of the traced sizes."""
+    if not isinstance(size, torch.SymInt):
+        return isinstance(size, int)
+    expr = size.node.expr
+    if getattr(expr, "is_number", False):
+        return True
+    env = size.node.shape_env  # (torch 2.14 renamed var_to_val; 2.11 has only the old name)
+    values = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})
+    hints = {s: values.get(s) for s in expr.free_symbols}
+    if not hints or any(v is None for v in hints.values()):
+        return False
+    try:
+        return all(int(expr.subs({s: int(v) * k for s, v in hints.items()})) == _hint(size) for k in (2, 3, 5))
+    except (TypeError, ValueError):  # an expression sympy cannot evaluate to a number
+        return False
 
 
 def _hint(size) -> int:
