@@ -41,6 +41,24 @@ def test_the_lowered_programs_match_the_reference_at_other_sizes(name, dims):
     check_backward(spec, dims)
 
 
+def test_an_int_size_to_an_int_power_stays_an_int(tmp_path):
+    """`(d ** 2) // 4` is integer arithmetic on sizes: products of the dim, then a floor division."""
+    from specgen.spec import load_spec
+
+    text = own_spec("size_power_tanh").path.read_text()
+    path = tmp_path / "size_power_tanh.yaml"
+    path.write_text(text.replace("x * d ** -0.5 * (1.0 + log(n))", "x * ((d ** 2) // 4) * 1e-3"))
+    spec = load_spec(path)
+    program = lower_spec(spec)["forward"]
+    floordivs = [n for n in program.nodes() if n.op == "floordiv"]
+    assert floordivs and all(n.dtype == "int" and n.args[0].op == "mul" and n.args[0].dtype == "int"
+                             for n in floordivs)
+    assert not any(n.op == "pow" for n in program.nodes())
+    for dims in ({"N": 3, "D": 5}, {"N": 2, "D": 64}, {"N": 1, "D": 1}):
+        check_forward(spec, dims)
+        check_backward(spec, dims)
+
+
 def test_the_swap_is_undone_and_leaves_plain_numbers_to_math():
     namespace = {"math": math, "sqrt": math.sqrt, "other": len}
     fn = eval("lambda: None", namespace)

@@ -719,6 +719,8 @@ class Lowering:
                                   fx_node)
         if target is torch.sym_float:
             return self.cast(self.sym(args[0], fx_node), torch.float32, fx_node)
+        if target is operator.pow and isinstance(fx_node.meta.get("val"), torch.SymInt):
+            return self.int_power(args, fx_node)  # an int size to an int power stays an int
         if target is operator.pow or target in SYM_MATH:  # a size's power or math.sqrt (symbolic_math.py)
             floats = [self.cast(self.sym(a, fx_node), torch.float32, fx_node) for a in args]
             return self.sym_math(SYM_MATH.get(target, "pow"), floats, fx_node)
@@ -742,6 +744,17 @@ class Lowering:
         if handler is None:
             raise self.refuse(fx_node, f"the op {ns}.{name}")
         return handler(fx_node, *args, **kwargs)
+
+    def int_power(self, args, fx_node) -> Node:
+        """size ** k for a small constant k, as k - 1 products (C has no integer power)."""
+        base, exponent = args
+        if not isinstance(exponent, int) or isinstance(exponent, bool) or not 0 <= exponent <= 16:
+            raise self.refuse(fx_node, "an integer size to a power that is not a constant from 0 to 16")
+        node = self.sym(base, fx_node)
+        result = node if exponent else const(1)
+        for _ in range(exponent - 1):
+            result = self.pointwise("mul", [result, node], fx_node)
+        return result
 
     def sym_math(self, name: str, args: list[Node], fx_node) -> Node:
         """A math function of sizes (float nodes of the global level): an op of ops.py, or log2."""
