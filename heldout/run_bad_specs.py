@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CHECKS = ("rejected", "no_traceback", "names_file", "mentions", "untouched")
+
+
+def _env() -> dict:
+    """This checkout's specgen for the child, installed or not (a fresh clone: every row was
+    'No module named specgen', rejected for the wrong reason, session 37)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def _mentions(text: str, word: str, name: str) -> bool:
@@ -40,7 +49,7 @@ def run_one(path: Path) -> dict:
         shutil.copy(path, copy)
         before = copy.read_bytes()
         done = subprocess.run([sys.executable, "-m", "specgen.cli", "check", str(copy)], capture_output=True,
-                              text=True, timeout=300, cwd=folder, env=None)
+                              text=True, timeout=300, cwd=folder, env=_env())
         text = done.stdout + done.stderr
         row = {"file": path.name, "word": word, "exit": done.returncode, "rejected": done.returncode != 0,
                "no_traceback": "Traceback (most recent call last)" not in text, "names_file": path.name in text,
