@@ -114,6 +114,7 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
             truth = run_reference_checked(spec, wide, dims, "float64")
             if k == 0:
                 check_deterministic(spec, wide, truth, dims)
+                check_scalar_range_ends(spec, wide, truth, dims)
             if spec.backward != "none" and k == 0:
                 check_differentiable(spec, wide, dtype)
             if spec.saved_values:  # each definition's shape, in both runs (specgen/saved.py)
@@ -158,6 +159,57 @@ def check_deterministic(spec: KernelSpec, args: dict, first: tuple, dims: dict[s
                             location=Location(spec.path or spec.name, spec.reference_line), field="reference",
                             hint="pass the randomness in as an input (a mask tensor, or a seed argument), or "
                                  "use the op's deterministic form (e.g. dropout with training=False)")
+
+
+def check_scalar_range_ends(spec: KernelSpec, args: dict, truth: tuple, dims: dict[str, int]) -> None:
+    """A scalar's range is what the verifier draws it from, ends included: the reference must be
+    defined there. Outputs that are finite at the drawn values and turn NaN or inf at an end
+    (`x / temperature` with temperature in [0, 2]) mean the range takes in a value the op is not
+    defined at; every such kernel would be checked against NaN."""
+    import torch
+
+    def finite(outputs) -> bool:
+        return all(bool(torch.isfinite(o).all()) for o in outputs
+                   if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+    if not finite(truth):
+        return  # already non-finite on these inputs (log of a normal draw): nothing to compare
+    for param in spec.signature.scalars:
+        ends = param.value_range
+        if ends is None or isinstance(args[param.name], bool):
+            continue
+        for end in ends:
+            if end == args[param.name]:
+                continue
+            lo, hi = ends
+            at_end = (f"scalar {param.name!r} at {end:g}, an end of its range [{lo:g}, {hi:g}] (the verifier "
+                      f"draws from the whole closed range)")
+            where = Location(spec.path or spec.name, _signature_line(spec))
+            hint = (f"narrow {param.name}'s range to values where the op is defined (e.g. in "
+                    + (f"[{_inside(lo, hi, True):g}, {hi:g}])" if end == lo else f"[{lo:g}, {_inside(lo, hi, False):g}])"))
+            try:
+                outputs = run_reference_checked(spec, {**args, param.name: end}, dims, "float64")
+            except SpecError as error:
+                raise SpecError(f"{at_end}: {error}", location=where, field="signature", hint=hint) from None
+            if not finite(outputs):
+                raise SpecError(f"{at_end} makes the reference's outputs NaN or inf on inputs {_shapes(args)} "
+                                f"where they are finite at {param.name} = {args[param.name]:g}",
+                                location=where, field="signature", hint=hint)
+
+
+def _inside(lo: float, hi: float, raise_low: bool) -> float:
+    """A bound moved a little inside [lo, hi], for a hint."""
+    span = hi - lo
+    return lo + span * 0.01 if raise_low else hi - span * 0.01
+
+
+def _signature_line(spec: KernelSpec) -> int:
+    """The spec file's `signature:` line (1 where the file cannot be read)."""
+    try:
+        lines = Path(spec.path).read_text().splitlines() if spec.path else []
+    except OSError:
+        lines = []
+    return next((i for i, line in enumerate(lines, 1) if line.startswith("signature:")), 1)
 
 
 def small_dims(spec: KernelSpec, rng: random.Random) -> dict[str, int]:

@@ -61,4 +61,18 @@ def reference_failure(spec, error: BaseException, doing: str) -> SpecError:
         what = f"sys.exit({error.code!r}) (SystemExit)"
     text = str(error)
     return SpecError(f"{what} {doing}" + (f": {text}" if text and not isinstance(error, SystemExit) else ""),
-                     location=Location(filename, line), field="reference")
+                     location=Location(filename, line), field="reference", hint=_device_hint(text))
+
+
+# what torch says when a reference builds a tensor on a fixed device: CUDA asked for on a machine
+# without it, or a CUDA tensor met the CPU inputs specgen check runs on
+_DEVICE_ERRORS = ("NVIDIA driver", "Torch not compiled with CUDA", "CUDA driver", "no CUDA GPUs",
+                  "Expected all tensors to be on the same device")
+
+
+def _device_hint(text: str) -> str | None:
+    if not any(mark in text for mark in _DEVICE_ERRORS):
+        return None
+    return ("the reference runs on its inputs' device (the CPU in `specgen check` and the CPU fallback, the GPU "
+            "when a kernel is verified): build tensors with device=x.device (or torch.*_like(x)), never a fixed "
+            "'cuda' or .cuda()")
