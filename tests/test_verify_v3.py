@@ -491,6 +491,31 @@ def test_the_guard_pattern_is_new_for_every_case_and_not_uniform():
     assert not torch.equal(seen[0], seen[1]) and not torch.equal(seen[1], seen[2])
 
 
+def test_a_stray_read_modify_write_on_a_guard_always_changes_its_bytes():
+    """Small guards (`arm_guards(small=True)`, the second call of the indices-out-of-range check): read
+    as any float type, at any alignment, they are small numbers, so `x -= 1e-3` at an unchecked index
+    changes them (uniform bytes gave huge floats or NaN that the write left as they were: an
+    unchecked cross-entropy backward write passed a third of the runs, session 37). Uniform bytes
+    stay the default: a read past a tensor turns them into a wrong result."""
+    from specgen.verify.layout import Layout, Memory
+
+    layout = Layout()
+    ref = layout.place("outputs", (4,), torch.float32)
+    memory = Memory({"inputs": torch.zeros(0, dtype=torch.uint8), "outputs": torch.zeros(1 << 14, dtype=torch.uint8)})
+    memory.layout = layout
+    for _ in range(20):
+        memory.arm_guards(small=True)
+        raw = memory.arenas["outputs"][ref.offset + ref.nbytes:ref.offset + ref.nbytes + 264].clone()
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            size = torch.empty((), dtype=dtype).element_size()
+            for shift in range(size):
+                window = raw[shift:shift + 256].clone()  # its own storage: any alignment may be viewed
+                words = window.view(dtype).double()
+                assert bool(torch.isfinite(words).all()) and float(words.abs().max()) <= 0.125, (dtype, shift)
+                written = (words - 1e-3).to(dtype)
+                assert bool((written.view(torch.uint8) != window).view(-1, size).any(1).all()), (dtype, shift)
+
+
 def test_the_candidates_process_holds_no_checking_code():
     """What the candidate's process imports: its own module, the ABI and spec parsing, never
     the reference, the comparison, the checks or the verdict."""

@@ -156,8 +156,9 @@ class SeparateMemory(Memory):
     def capacity(self, arena: str) -> int:
         return 1 << 62
 
-    def arm_guards(self) -> None:
-        self.owned.clear()  # a new case: new allocations
+    def arm_guards(self, small: bool = False) -> None:
+        if not small:  # small: the same case's guards drawn again, and there are none here
+            self.owned.clear()  # a new case: new allocations
 
     def broken_guards(self) -> list[str]:
         return []
