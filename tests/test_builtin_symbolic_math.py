@@ -9,6 +9,7 @@ import math
 import pytest
 from builtin_support import check_backward, check_forward, own_kernel_tests, own_spec
 
+from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.symbolic_math import SHIM, symbolic_math
 
@@ -39,6 +40,17 @@ def test_the_lowered_programs_match_the_reference_at_other_sizes(name, dims):
     dims = {k: v for k, v in dims.items() if k in spec.dims}
     check_forward(spec, dims)
     check_backward(spec, dims)
+
+
+def test_the_scaled_scores_a_row_max_reduces_are_rounded_once_never_contracted():
+    """x * scale - max(x * scale) contracted into an FMA is the exact product minus the rounded one:
+    inf where the row's max element should give 1, at bfloat16 `huge` values on the H200 (session 37)."""
+    source = build_source(own_spec("size_scaled_softmax"))
+    forward = source[:source.index("size_scaled_softmax_bwd")]
+    scaled = [line for line in forward.splitlines() if "const acc_t mul_" in line and "p_scores" in line]
+    assert scaled and all("sg::mul_rn(" in line for line in scaled)
+    backward = source[source.index("size_scaled_softmax_bwd"):]  # products no max reduces: left to the compiler
+    assert any("const acc_t mul_" in line and "mul_rn" not in line for line in backward.splitlines())
 
 
 def test_an_int_size_to_an_int_power_stays_an_int(tmp_path):

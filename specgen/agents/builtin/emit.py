@@ -173,6 +173,12 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         """C for an elementwise node over operand texts `x`: ops.py's template, or the rule of an op
         whose C depends on its node (div, floordiv, pow, cast)."""
         op = node.op
+        if op == "mul" and node.dtype == "float" and self.shifted_by_its_max(node):
+            # softmax(x * scale): x * scale - max(x * scale) contracted into fma(x, scale, -max) is the
+            # exact product minus the rounded one: at huge values +-1e30, so exp gave inf or 0 where the
+            # max's own element should give 1 (size_scaled_softmax at bfloat16 `huge`, the H200,
+            # session 37). The product rounded once (never contracted) is the value the max saw.
+            return f"sg::mul_rn((acc_t)({x[0]}), (acc_t)({x[1]}))"
         template = OPS[op].c if op in OPS else None
         if template is not None:
             return template.format(*x)
@@ -198,6 +204,12 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
 
     def ctype_var(self, node: Node) -> str:
         return {"float": "acc_t", "int": "int64_t", "bool": "bool"}[node.dtype]
+
+    def shifted_by_its_max(self, node: Node) -> bool:
+        """An elem value a row max (or min) reduces: the softmax shift subtracts that max from it."""
+        users = getattr(self, "users", {}).get(node.id, [])
+        return node.level == "elem" and any(u.op == "rowreduce" and u.attrs.get("kind") in ("max", "min")
+                                            for u in users)
 
     def row_index(self, row_div) -> str:
         if not row_div:
