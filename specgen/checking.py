@@ -181,35 +181,24 @@ def check_scalar_range_ends(spec: KernelSpec, args: dict, truth: tuple, dims: di
         for end in ends:
             if end == args[param.name]:
                 continue
-            lo, hi = ends
-            at_end = (f"scalar {param.name!r} at {end:g}, an end of its range [{lo:g}, {hi:g}] (the verifier "
-                      f"draws from the whole closed range)")
-            where = Location(spec.path or spec.name, _signature_line(spec))
-            hint = (f"narrow {param.name}'s range to values where the op is defined (e.g. in "
-                    + (f"[{_inside(lo, hi, True):g}, {hi:g}])" if end == lo else f"[{lo:g}, {_inside(lo, hi, False):g}])"))
             try:
                 outputs = run_reference_checked(spec, {**args, param.name: end}, dims, "float64")
             except SpecError as error:
-                raise SpecError(f"{at_end}: {error}", location=where, field="signature", hint=hint) from None
+                raise _range_end_error(spec, param, end, f": {error}") from None
             if not finite(outputs):
-                raise SpecError(f"{at_end} makes the reference's outputs NaN or inf on inputs {_shapes(args)} "
-                                f"where they are finite at {param.name} = {args[param.name]:g}",
-                                location=where, field="signature", hint=hint)
+                raise _range_end_error(spec, param, end, f" makes the reference's outputs NaN or inf on inputs "
+                                       f"{_shapes(args)} where they are finite at {param.name} = {args[param.name]:g}")
 
 
-def _inside(lo: float, hi: float, raise_low: bool) -> float:
-    """A bound moved a little inside [lo, hi], for a hint."""
-    span = hi - lo
-    return lo + span * 0.01 if raise_low else hi - span * 0.01
-
-
-def _signature_line(spec: KernelSpec) -> int:
-    """The spec file's `signature:` line (1 where the file cannot be read)."""
-    try:
-        lines = Path(spec.path).read_text().splitlines() if spec.path else []
-    except OSError:
-        lines = []
-    return next((i for i, line in enumerate(lines, 1) if line.startswith("signature:")), 1)
+def _range_end_error(spec: KernelSpec, param, end: float, what: str) -> SpecError:
+    """The SpecError of a scalar's range end where the reference is undefined, at the signature's line."""
+    lo, hi = param.value_range
+    inside = (lo + (hi - lo) * 0.01, hi) if end == lo else (lo, hi - (hi - lo) * 0.01)  # a bound moved in
+    return SpecError(f"scalar {param.name!r} at {end:g}, an end of its range [{lo:g}, {hi:g}] (the verifier draws "
+                     f"from the whole closed range){what}",
+                     location=Location(spec.path or spec.name, spec.signature_line), field="signature",
+                     hint=f"narrow {param.name}'s range to values where the op is defined "
+                          f"(e.g. in [{inside[0]:g}, {inside[1]:g}])")
 
 
 def small_dims(spec: KernelSpec, rng: random.Random) -> dict[str, int]:
