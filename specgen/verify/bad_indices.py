@@ -58,30 +58,26 @@ def plant_out_of_range(data: CaseData, ranges: dict[str, tuple[int, int]]) -> li
 
 
 def check_out_of_range_indices(runner, data: CaseData) -> bool:
-    """`data` (staged) called once with its ranged inputs' first and last elements out of range: no
-    crash, no hang, no write outside the outputs and workspace. False when the spec has no ranged
-    input (nothing run)."""
+    """`data` (staged) called with its ranged inputs' first and last elements out of range: no
+    crash, no hang, no write outside the outputs and workspace. Called twice: over the guard bytes
+    staging drew, then over small ones (a write at such an index is often a read-modify-write, the
+    target's -1/N added in place, which a guard word reading as a huge float absorbs bit for bit:
+    layout.arm_guards). False when the spec has no ranged input (nothing run)."""
     ranges = ranged_inputs(runner.spec, data.dims)
     if not ranges:
         return False
     planted = plant_out_of_range(data, ranges)
-    fill_outputs(runner, data.output_refs, 0)
-    synchronize(data.device)
-    outcome = runner.call(data.direction, {**data.input_refs, **data.output_refs}, data.scalars, data.dims)
     entry = abi.entry_point(runner.spec, data.direction)
     what = (f"{entry} on {data.case.describe()} with indices outside their declared range ({'; '.join(planted)}: "
             f"a padding label such as {PADDING_LABEL} reaches the kernel before the package's lazy range check "
             f"reports it)")
-    raise_if_faulted(outcome, what, "An index outside its range may give any result, or an error code, but never "
-                                    "a fault: skip or clamp it before using it as an address")
-    check_guards(runner, data, f"with {what}: ")
-    # again over small guard values: a write at such an index is often a read-modify-write (the
-    # target's -1/N added in place), which a huge guard float absorbs bit for bit (layout.arm_guards)
-    runner.memory.arm_guards(small=True)
-    fill_outputs(runner, data.output_refs, 0)
-    synchronize(data.device)
-    outcome = runner.call(data.direction, {**data.input_refs, **data.output_refs}, data.scalars, data.dims)
-    raise_if_faulted(outcome, what, "An index outside its range may give any result, or an error code, but never "
-                                    "a fault: skip or clamp it before using it as an address")
-    check_guards(runner, data, f"with {what}: ")
+    for small_guards in (False, True):
+        if small_guards:
+            runner.memory.arm_guards(small=True)
+        fill_outputs(runner, data.output_refs, 0)
+        synchronize(data.device)
+        outcome = runner.call(data.direction, {**data.input_refs, **data.output_refs}, data.scalars, data.dims)
+        raise_if_faulted(outcome, what, "An index outside its range may give any result, or an error code, but "
+                                        "never a fault: skip or clamp it before using it as an address")
+        check_guards(runner, data, f"with {what}: ")
     return True
