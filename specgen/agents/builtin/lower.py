@@ -22,7 +22,7 @@ from . import ir, pretotal, scalar_constants
 from .ir import Node, Program, Store, const, is_const, level_of
 from .families import broadcast, scan
 from .modules import Uninit, constant_value, lower_copy
-from .ops import OPS
+from .symbolic_math import SYMBOLIC
 from .trace import Traced, where
 
 REDUCTIONS = {"sum", "amax", "amin", "var", "prod"}
@@ -40,9 +40,8 @@ VIEW_OPS = {"broadcast_in_dim", "view_of", "clone", "squeeze", "reshape", "colla
             "expand", "alias", "view", "_unsafe_view", "unsqueeze", "expand_dims", "contiguous"}
 PY_INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
               operator.neg: "neg"}
-# torch's symbolic math of sizes, as a traced reference calls it (symbolic_math.py): the op of ops.py
-SYM_MATH = {getattr(torch, f"_sym_{name}"): name for name in ("sqrt", "cos", "sin", "tanh", "log2")
-            if hasattr(torch, f"_sym_{name}")}
+# torch's symbolic math of sizes, as a traced reference calls it (symbolic_math.py): fn -> its name
+SYM_MATH = {fn: name for name, fn in SYMBOLIC.items()}
 FOLD = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "maximum": max, "minimum": min,
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
@@ -760,8 +759,6 @@ class Lowering:
         """A math function of sizes (float nodes of the global level): an op of ops.py, or log2."""
         if name == "log2":
             return self.pointwise("div", [self.pointwise("log", args, fx_node), const(math.log(2.0))], fx_node)
-        if name not in OPS:
-            raise self.refuse(fx_node, f"math.{name} of a size (only {', '.join(sorted(SYM_MATH.values()))})")
         return self.pointwise(name, args, fx_node)
 
     def elementwise(self, op: str, args, fx_node):

@@ -18,10 +18,11 @@ import types
 
 import torch
 
-# math.<name> -> torch's symbolic function of the same meaning (torch/fx/experimental/sym_node.py)
-_SYMBOLIC = {name: getattr(torch, f"_sym_{name}") for name in
-             ("sqrt", "cos", "sin", "tan", "cosh", "sinh", "tanh", "asin", "acos", "atan", "log2")
-             if hasattr(torch, f"_sym_{name}")}
+# math.<name> -> torch's symbolic function of the same meaning (torch/fx/experimental/sym_node.py), for
+# the functions the lowering computes (lower.SYM_MATH: ops.py's sqrt, cos, sin, tanh; log2 through log);
+# any other math function of a size still fixes the size and is refused as before, naming it
+SYMBOLIC = {name: getattr(torch, f"_sym_{name}") for name in ("sqrt", "cos", "sin", "tanh", "log2")
+            if hasattr(torch, f"_sym_{name}")}
 
 
 def _is_symbolic(value) -> bool:
@@ -29,7 +30,7 @@ def _is_symbolic(value) -> bool:
 
 
 def _wrapped(name: str, real):
-    symbolic = _SYMBOLIC[name]
+    symbolic = SYMBOLIC[name]
 
     def fn(x):
         return symbolic(torch.sym_float(x)) if _is_symbolic(x) else real(x)
@@ -48,16 +49,16 @@ def _log(x, base=math.e):
     """log via torch's symbolic log2 (there is no symbolic natural log): log2(x) * ln(2) / ln(base)."""
     if not _is_symbolic(x):
         return math.log(x, base)
-    return _SYMBOLIC["log2"](torch.sym_float(x)) * (math.log(2.0) / math.log(base))
+    return SYMBOLIC["log2"](torch.sym_float(x)) * (math.log(2.0) / math.log(base))
 
 
 def _shim() -> types.ModuleType:
     shim = types.ModuleType("math", "math, with torch's symbolic functions for traced sizes")
     shim.__dict__.update({k: v for k, v in vars(math).items() if not k.startswith("__")})
-    for name in _SYMBOLIC:
+    for name in SYMBOLIC:
         setattr(shim, name, _wrapped(name, getattr(math, name)))
     shim.pow = _pow
-    if "log2" in _SYMBOLIC:
+    if "log2" in SYMBOLIC:
         shim.log = _log
     return shim
 
