@@ -53,6 +53,21 @@ def test_a_hang_is_a_timeout_and_a_lost_context_ends_the_worker(cpu_worker):
     assert not cpu_worker.alive()  # reaped: a worker whose CUDA context is lost is never reused
 
 
+def test_a_slow_step_of_the_judge_is_not_a_hang(cpu_worker, tmp_path):
+    """The judge's own work (here the reference's first call, 5 s) beats to the worker's watch
+    (heartbeat.py): on a loaded host such steps took past the 60 s watch (session 37, a control
+    rejected as `timeout`). A kernel hanging in the same process still times out (the test above)."""
+    text = (SPECS / "gelu_tanh.yaml").read_text()
+    slow = text.replace("  def reference(x):\n",
+                        "  import time\n  _first = [True]\n\n  def reference(x):\n"
+                        "      if _first:\n          _first.clear()\n          time.sleep(5)\n")
+    assert slow != text
+    spec = tmp_path / "gelu_tanh.yaml"
+    spec.write_text(slow)
+    verdict = cpu_worker.verify(spec, "py:verify_fakes:correct", OPTIONS, idle_timeout=3)
+    assert verdict.passed, verdict.summary()
+
+
 def test_without_a_gpu_the_worker_says_so(monkeypatch):
     import torch
 

@@ -27,11 +27,13 @@ from pathlib import Path
 import torch
 
 from .. import abi
+from . import heartbeat
 from .layout import ARENAS, Memory, TensorRef, view
 
 STARTUP_TIMEOUT_S = 240.0
 STARTUP_HEARTBEAT_S = 10.0  # well inside the worker's 60 s watch for progress
-CALL_TIMEOUT_S = 45.0  # one request with no answer for this long: the kernel hangs (under the worker's 60 s)
+CALL_TIMEOUT_S = 45.0  # one request with no answer for this long (less CPU waits): the kernel hangs
+STARVED_FACTOR = 3.0  # a request's watch grows by its process's CPU waits, up to this many times its timeout
 MIN_ARENA = 64 << 20
 SECRET_MARKERS = ("API_KEY", "TOKEN", "SECRET", "PASSWORD")
 
@@ -238,7 +240,8 @@ def fp_watched(method):
         before = fp_state(saved)
         scheduling = thread_state()
         try:
-            result = method(self, *args, **kw)
+            with heartbeat.kernel_running():  # here the worker's watch for progress is the hang's
+                result = method(self, *args, **kw)
         except BaseException:
             fp_report(before, saved)
             thread_report(scheduling)
@@ -763,18 +766,32 @@ class IsolatedRunner(RunnerBase):
                        skipped=reply.get("skipped"))
 
     def _receive(self, timeout: float) -> dict:
+        """The next reply within `timeout` seconds of the process's own time: the time its threads
+        waited for a CPU (cpu_wait.py) is the host's load, not the kernel's, and extends the watch
+        (by at most STARVED_FACTOR x `timeout`, so a hang on a loaded host still ends). The judge
+        beats meanwhile: this watch, not the worker's, decides."""
         from .channel import ChannelClosed
+        from .cpu_wait import CpuWait
 
-        try:
-            received = self.channel.receive(timeout)
-        except ChannelClosed:
-            self._mark_dead(self._exit_text())
-            return {"type": "died"}
-        if received is None:
-            self.kill()
-            self._mark_dead(f"no answer within {timeout:.0f} s")
-            return {"type": "timeout"}
-        return received[0]
+        started, starved = time.monotonic(), CpuWait(self.process.pid)
+        with heartbeat.kernel_running():
+            while True:
+                load = min(starved.seconds(), STARVED_FACTOR * timeout)
+                left = timeout + load - (time.monotonic() - started)
+                if left <= 0:
+                    break
+                try:
+                    received = self.channel.receive(min(left, heartbeat.period()))
+                except ChannelClosed:
+                    self._mark_dead(self._exit_text())
+                    return {"type": "died"}
+                if received is not None:
+                    return received[0]
+                heartbeat.beat()
+        self.kill()
+        waited = f" (and {load:.0f} s more while its process waited for a CPU)" if load >= 1 else ""
+        self._mark_dead(f"no answer within {timeout:.0f} s{waited}")
+        return {"type": "timeout"}
 
     # -- lifecycle
     def _mark_dead(self, why: str) -> None:

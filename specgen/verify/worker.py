@@ -18,15 +18,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 
 from ..errors import EnvironmentMissing, SpecError, UsageError
+from . import heartbeat
 from .verdict import CRASH, TIMEOUT, Verdict
 
 STARTUP_TIMEOUT_S = 240.0
-IDLE_TIMEOUT_S = 60.0  # no progress message for this long: the kernel hangs
+# no message for this long: the judge beats while it works (heartbeat.py) and a request to the
+# kernel's process has its own load-aware watch, so silence is a kernel hanging in this process
+# (a stand-in's) or a worker that stopped
+IDLE_TIMEOUT_S = 60.0
 # the whole verification, less its waits for the GPU lock: it only bounds a kernel slow at every
 # call (the idle watch and the per-call timeout catch hangs). Honest kernels took up to 460 s
 # beside eight other verifications on the H200 (sessions 30-32), too close to the 600 s it was
@@ -147,7 +152,8 @@ class VerifyWorker:
                idle_timeout: float = IDLE_TIMEOUT_S, total_timeout: float = TOTAL_TIMEOUT_S,
                on_progress=None) -> Verdict:
         self.start()
-        job = {"spec": str(Path(spec_path).resolve()), "library": str(library), "options": options}
+        job = {"spec": str(Path(spec_path).resolve()), "library": str(library), "options": options,
+               "beat_s": min(heartbeat.BEAT_S, idle_timeout / 4)}
         self.process.stdin.write((json.dumps(job) + "\n").encode())
         self.process.stdin.flush()
         last = "starting"
@@ -174,6 +180,8 @@ class VerifyWorker:
             if kind == "waiting":  # a heartbeat while another verification has the GPU
                 deadline += max(0.0, float(message["seconds"]) - waited)
                 waited = max(waited, float(message["seconds"]))
+            elif kind == "alive":  # the judge at work (heartbeat.py): the watch starts again
+                continue
             elif kind == "progress":
                 waited = 0.0  # a wait's heartbeats count from its start; any progress begins another
                 last = message["text"]
@@ -219,10 +227,12 @@ def shared_worker() -> VerifyWorker:
 
 def _serve(fd: int) -> int:
     channel = os.fdopen(fd, "w", buffering=1)
+    sending = threading.Lock()  # the heartbeat's thread writes too: whole lines, one at a time
 
     def send(**message) -> None:
-        channel.write(json.dumps(message) + "\n")
-        channel.flush()
+        with sending:
+            channel.write(json.dumps(message) + "\n")
+            channel.flush()
 
     device = os.environ.get("SPECGEN_WORKER_DEVICE", "cuda")  # "cpu": the unit tests' stand-in kernels
     try:
@@ -244,11 +254,13 @@ def _serve(fd: int) -> int:
         send(type="error", kind="internal", message="the verifier's worker failed to start:\n" + traceback.format_exc())
         return 1
     send(type="ready", device=torch.cuda.get_device_name() if device == "cuda" else device)
+    heartbeat.start(lambda: send(type="alive"))
     specs: dict[tuple[str, float], object] = {}
     for line in sys.stdin:
         if not line.strip():
             continue
         job = json.loads(line)
+        heartbeat.every(job.get("beat_s", heartbeat.BEAT_S))
         try:
             key = (job["spec"], os.path.getmtime(job["spec"]))
             if key not in specs:
