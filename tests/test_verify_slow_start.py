@@ -4,9 +4,11 @@ H200: 13 verifications started side by side, 7 were "timeout: more than 60 s wit
 while running: starting". The process runs none of the candidate's code before it says ready."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 from specgen.verify import isolation
 from specgen.verify.channel import Channel
@@ -19,6 +21,7 @@ def starting_runner(ready_after: float):
     ours, theirs = socket.socketpair()
     runner = object.__new__(IsolatedRunner)
     runner.channel, runner._ready, runner._startup_timeout, runner.dead = Channel(ours), False, 30.0, None
+    runner.process = SimpleNamespace(pid=os.getpid())  # the process whose CPU waits extend the watch (cpu_wait.py)
 
     def start():
         time.sleep(ready_after)

@@ -13,7 +13,7 @@ from pathlib import Path
 from .verdict import COMPILE_ERROR, PASSED, REASONS, Counterexample, Failure, Verdict
 
 DEFAULT_EXAMPLES = 30
-VERIFIER_VERSION = "12"  # bump when a check changes meaning: lock records are keyed by it
+VERIFIER_VERSION = "13"  # bump when a check changes meaning: lock records are keyed by it
 # 2: every dtype at the widest row and half of it (schedules switch by row width)
 # 3: the candidate in its own process (read-only inputs, guard bytes), CUDA-graph capture, timed
 #    calls checked output by output, the physics floor, full-size cases, value classes, drawn
@@ -22,6 +22,9 @@ VERIFIER_VERSION = "12"  # bump when a check changes meaning: lock records are k
 # 5: calls side by side, a copy on the call's stream with the default streams held busy, the
 #    quantized and sparse value classes, loss-scaled and special output gradients, model-size
 #    full-size cases (session 26)
+# 13: held-out attacks-v10 (session 38): the first call in each dtype, capture at decode sizes, zero
+#    output gradients, odd twins in every dtype, past 2^32 elements, widths where 48 KiB of shared
+#    memory ends, rounding direction, scratch parked in the pool, local memory, host memory per call
 
 
 def static_checks(spec, kernel, *, arch: str | None = None, cache_dir: Path | None = None) -> tuple[Verdict | None, object]:

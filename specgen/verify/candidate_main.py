@@ -33,12 +33,15 @@ def serve(fd: int) -> int:
         from .arena import Arena
         from .graphs import stream_of_kind
         from .layout import view
+        from .local_memory import resident_threads, stack_limit
         from .pool import keep_freed_memory
 
         torch.empty(1, device="cuda")
         device = torch.cuda.current_device()
         stream = torch.cuda.Stream()
         keep_freed_memory(device)  # per-call workspaces reused, as in the package (pool.py)
+        stack_baseline = stack_limit()  # the context's per-thread stack before any kernel (local_memory.py)
+        threads_resident = resident_threads(torch, device)
     except Exception:  # noqa: BLE001 - reported to the judge, which decides
         channel.send({"type": "error", "message": traceback.format_exc()})
         return 1
@@ -68,6 +71,8 @@ def serve(fd: int) -> int:
         fp_before = fp_state(fp_saved)
         thread_before = thread_state() if op in THREAD_CHECKED else None
         pool_before = pool_in_use(torch, device) if op in LEAK_CHECKED else None
+        if pool_before is not None:
+            peak_reset(device)  # the pool's high-water mark from here (scratch parked in the pool)
         try:
             if op == "arenas":
                 for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
@@ -139,10 +144,19 @@ def serve(fd: int) -> int:
             reply["host_fp"] = [changed, *reply.get("host_fp", [])]
         if thread_before is not None and (moved := thread_report(thread_before)) is not None:  # CPUs, priority, signals
             reply["host_thread"] = moved
-        if pool_before is not None and reply.get("type") == "done":
+        if pool_before is not None and reply.get("type") in ("done", "timed"):  # (the timed calls answer "timed")
             after = pool_in_use(torch, device)
             if after is not None and after > pool_before:  # cudaMallocAsync memory the calls never freed
                 reply["leaked"] = {"bytes": after - pool_before, "op": op}
+            if (parked := parked_in_pool(device, pool_before, op)) is not None:  # freed, but kept by the pool
+                reply["parked"] = parked
+        if op != "arenas" and not state.get("stack_reported") and reply.get("type") not in ("fatal", "error"):
+            # (the judge reads the arenas' reply itself, not through IsolatedRunner._request)
+            from .local_memory import stack_limit, stack_report
+
+            if (grown := stack_report(stack_limit(), stack_baseline, threads_resident, op)) is not None:
+                reply["local_memory"] = grown  # reported once: the limit never shrinks
+                state["stack_reported"] = True
         channel.send(reply)
         if reply["type"] == "fatal":
             return 0  # the CUDA context is unusable: this process is done
@@ -184,12 +198,17 @@ def _capture(torch, state, message: dict, call) -> dict:
 def _endure(torch, state, message: dict, prepare_call, stream) -> dict:
     """The same call many times (graphs.repeat_calls), then the device's state."""
     from .graphs import repeat_calls
+    from .host_memory import growth_report, heap_in_use
 
+    heap_before = heap_in_use()  # the malloc heap around the run: host memory the calls leak (host_memory.py)
     code, problem = repeat_calls(lambda on_stream: prepare_call(message, on_stream), stream,
                                  host_calls=int(message["host_calls"]), graph_calls=int(message["graph_calls"]),
                                  replays=int(message["replays"]))
+    heap = growth_report(heap_before, heap_in_use(), int(message["host_calls"]))
     state["lib"].clear_error()  # the name of `code` is looked up from the code itself
     reply = {"type": "done", "code": code}
+    if heap is not None:
+        reply["host_heap"] = heap
     if problem is not None:
         reply.update(ok=False, problem=problem)
     return _after(torch, state, reply)
@@ -303,6 +322,22 @@ def pool_in_use(torch, device: int) -> int | None:
     except Exception:  # noqa: BLE001 - a lost context is the request's own business
         return None
     return used_bytes(device)
+
+
+def peak_reset(device: int) -> None:
+    """Reset the default pool's high-water mark of bytes in use (pool.reset_peak), the device idle."""
+    from .pool import reset_peak
+
+    reset_peak(device)
+
+
+def parked_in_pool(device: int, before: int, op: str) -> dict | None:
+    """(verifier version 13) The scratch a request took from the default pool at its peak, when more
+    than pool.PARKED_BYTES_LIMIT above the `before` bytes in use (pool.parked_report); the pool keeps it
+    reserved after it is freed, where PyTorch's allocator cannot use it."""
+    from .pool import parked_report, peak_bytes
+
+    return parked_report(before, peak_bytes(device), op)
 
 
 # ------------------------------------------------------------------ the calling thread's scheduling state

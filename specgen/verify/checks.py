@@ -169,6 +169,29 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
                                   f"float64) beyond the tolerance: atol={atol:.3g} + rtol={data.rtol:.3g} x |truth| "
                                   f"(+ the working dtype's own rounding and the reference's own error at that "
                                   f"element)", counterexample(data, slot.name, mismatch))
+    for slot in data.outputs:  # every output within its tolerance: now the direction of the errors
+        _check_rounding_direction(data, slot.name, outputs[slot.name], data.truth[slot.name],
+                                  data.reference.get(slot.name), reason=reason, prefix=prefix)
+
+
+def _check_rounding_direction(data: CaseData, name: str, got, truth, ref, *, reason: str, prefix: str) -> None:
+    """A 16-bit output within its tolerance whose errors all go one way (compare.rounding_bias,
+    verifier version 13). A lean case gets its working-dtype reference first (its truth stood
+    for it), as a failed comparison does: torch's own roundings may lean the same way."""
+    from .compare import rounding_bias
+
+    bias = rounding_bias(got, truth, ref)
+    if bias is not None and data.lean:
+        data.reference = working_reference_for_lean(data)
+        data.lean = False
+        bias = rounding_bias(got, truth, data.reference.get(name))
+    if bias is None:
+        return
+    ce = counterexample(data, name)
+    ce.index, ce.expected, ce.got = bias.index, bias.expected, bias.got
+    ce.bad_elements, ce.total_elements = bias.biased, bias.elements
+    ce.where = [f"{bias.fraction:.1%} of {bias.elements} inexact elements rounded {bias.direction}"]
+    raise Failure(reason, prefix + bias.describe(name), ce)
 
 
 def _widened(data: CaseData, got, truth, atol: float, reference):

@@ -18,6 +18,7 @@ reference), any non-finite value is accepted at that element. NaN where both are
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -300,3 +301,178 @@ def unwritten(out_a: torch.Tensor, out_b: torch.Tensor, fill_a: torch.Tensor, fi
     """Elements left unwritten: still fill A after the run filled with A, and still fill B after
     the run filled with B. A correct NaN result is NaN in both runs, so it is not confused."""
     return (bits(out_a) == bits(fill_a)) & (bits(out_b) == bits(fill_b))
+
+
+# ------------------------------------------------------------------ rounding direction (verifier version 13)
+#
+# A 16-bit output rounded in one direction (truncation: the upper 16 bits of the float32, i.e.
+# toward zero; or toward +inf / -inf) errs by less than an ulp, inside any per-element tolerance,
+# but a stream of layers composes the bias: held-out attacks-v10's fused add + RMSNorm truncated its
+# residual_out, and a deep model's residual stream shrank ~0.25% per layer. Round-to-nearest errs
+# either way about half the time, so the share of errors in one direction tells them apart.
+#
+# The rule, and why it spares honest kernels (false positives weighed one by one):
+# - only float16/bfloat16 outputs: a float32 output's tolerance is many ulps wide, and an honest
+#   float32 kernel may err with a consistent sign (its order of summation);
+# - only elements whose truth is finite and normal in the dtype (smallest_normal <= |truth| <= max):
+#   no overflow to inf or saturation at max, no underflow to 0 or subnormals (a flush-to-zero or
+#   a value class of "huge"/"tiny"/special inputs is not a rounding); the kernel's value finite;
+# - only inexact elements (got != truth): exactly representable results carry no direction;
+# - only errors of at most MAX_ERROR_EPS x eps x |truth| (4-8 ulps): a rounding errs by an ulp or
+#   two (torch's several roundings); larger errors (cancellation, an intermediate that underflowed,
+#   an approximation) are the computation's, not the rounding's. The cut is symmetric in the sign
+#   of the error, so it adds no bias of its own;
+# - at least MIN_BIASED such elements (the shares' noise is then ~0.011);
+# - an output of two or more dimensions with at least MIN_GROUPS rows (along the last dim) and
+#   MIN_GROUPS columns among those elements. A kernel that rounds a shared intermediate to 16 bits
+#   (a row's rsqrt or 1/sum packed into a bfloat162 for __hmul2) shifts that whole row's errors one
+#   way: one row in ten then looks truncated (a share past 0.95), three rows averaged pass 0.75 one
+#   time in seven; over 48 rows (or columns, for a per-column scale) the random shifts average out
+#   (share sd 0.042, 6 sd from the bound; 64 would miss [N, 64] outputs with a few columns all 0).
+#   The verifier's wide-row cases have 3 rows and are not judged; each value class also comes at
+#   mid and aligned shapes of many rows, which are. 1-D and 0-d outputs (one row, or a weight's
+#   gradient) are not judged;
+# - a share toward zero (|got| < |truth|) or upward (got > truth) above 1 - BIAS_BOUND or below
+#   BIAS_BOUND: round-to-nearest-even gives ~1/2 (a kernel computing in float32 and rounding once,
+#   or rounding several times as torch does in 16-bit: ties to even split both ways), truncation
+#   gives ~1 toward zero;
+# - unless an answer an honest kernel may give is as biased: the truth rounded to nearest (data
+#   whose correct rounding leans one way by itself: x + a tiny positive y that rounds back to x) or
+#   the reference in the working dtype (torch's own intermediate roundings: a constant or a row's
+#   scale rounded to 16 bits, and that on rows drawn alike); either excuses the kernel when it errs
+#   on at least half as many elements and its share lies on the same side of 1/2, at least half as
+#   far from it (a kernel that follows some of torch's roundings leans up to twice as far).
+# Scanned on the CPU (session scratch, not a test) over every spec in specs/ and the verifier's
+# boundary cases, forward and backward, float16 and bfloat16 (6812 outputs): a float32-math kernel
+# rounding once never fails, torch's own 16-bit reference leans past the bound once (log_softmax,
+# float16 "tiny": 0.88 toward zero) and is excused by itself; a kernel rounding each row's scale to
+# 16 bits (in float32 math or __hmul2; rmsnorm, 4 seeds) never fails; a truncating one fails every
+# judged case but those where rounding to nearest leans as far by itself (rope's "mask-min", an
+# "identity" layernorm_gelu case).
+# Large outputs: a strided sample of at most SAMPLE_ELEMENTS elements, vectorized torch ops only.
+MIN_BIASED = 2000
+BIAS_BOUND = 0.25
+MAX_ERROR_EPS = 4.0
+MIN_GROUPS = 48
+SAMPLE_ELEMENTS = 1 << 22
+ROUNDED_DTYPES = (torch.float16, torch.bfloat16)
+
+_DIRECTIONS = {
+    "toward zero": ("toward zero (|got| < |truth|): truncation instead of round-to-nearest-even, e.g. keeping the "
+                    "upper 16 bits of the float32 (bits >> 16) or a _rz conversion", "shrinks"),
+    "away from zero": ("away from zero (|got| > |truth|): e.g. adding half an ulp (0x8000) before keeping the upper "
+                       "16 bits rounds ties away from zero, or a rounding up in magnitude", "grows"),
+    "upward": ("upward, toward +inf (got > truth): a _ru conversion or a rounding up", "drifts upward"),
+    "downward": ("downward, toward -inf (got < truth): a _rd conversion or a rounding down", "drifts downward"),
+}
+
+
+@dataclass
+class RoundingBias:
+    """A 16-bit output whose errors go one way (see `rounding_bias`)."""
+    direction: str  # a key of _DIRECTIONS
+    fraction: float  # the share of the judged elements that err that way
+    biased: int  # how many of them do
+    elements: int  # the judged elements: inexact, truth normal, error a rounding's
+    sampled: int  # the elements looked at (a strided sample of a large output)
+    total: int
+    index: list[int]  # an element that errs that way
+    expected: float
+    got: float
+    dtype: str = ""
+
+    def describe(self, name: str) -> str:
+        how, effect = _DIRECTIONS[self.direction]
+        looked = (f"{self.sampled} of the {self.total} elements, a strided sample" if self.sampled < self.total
+                  else f"the {self.total} elements")
+        return (f"output {name!r} is rounded in one direction: {self.fraction:.1%} of its {self.elements} inexact "
+                f"elements (of {looked}; inexact: the float64 truth a normal {self.dtype} value that the output "
+                f"does not hold exactly) err {how}, where round-to-nearest-even errs either way about half the "
+                f"time (a share outside [{BIAS_BOUND:g}, {1 - BIAS_BOUND:g}] over at least {MIN_BIASED} elements "
+                f"fails). Each element is within the tolerance, but a stream of layers composes the bias: where "
+                f"this output feeds the next layer, 32-80 times over (a deep model's residual stream), the stream "
+                f"{effect} layer after layer. Round to nearest even when packing {self.dtype}: __float2bfloat16_rn / "
+                f"__float2half_rn (__floats2bfloat162_rn / __floats2half2_rn for pairs), not the upper 16 bits "
+                f"of the float32 nor a _rz/_ru/_rd conversion. If it already rounds to nearest, look for an "
+                f"intermediate rounded to {self.dtype} that the reference keeps in float32 (a row's scale): "
+                f"it shifts every element it scales one way")
+
+
+def _sample(tensor: torch.Tensor, step: int, device) -> torch.Tensor:
+    return tensor.reshape(-1)[::step].to(device)
+
+
+def _judged(value: torch.Tensor, truth: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The elements whose error is a rounding's: truth finite and normal in `dtype`, the value
+    finite, inexact, within MAX_ERROR_EPS x eps x |truth| (float64 operands)."""
+    info = torch.finfo(dtype)
+    size = truth.abs()
+    err = (value - truth).abs()
+    return ((size >= info.smallest_normal) & (size <= info.max) & torch.isfinite(value)
+            & (err > 0) & (err <= MAX_ERROR_EPS * info.eps * size))
+
+
+def _shares(value: torch.Tensor, truth: torch.Tensor, dtype: torch.dtype):
+    """(judged mask, count, share toward zero, share upward)."""
+    judged = _judged(value, truth, dtype)
+    count = int(judged.sum())
+    if not count:
+        return judged, 0, 0.5, 0.5
+    toward_zero = int((judged & (value.abs() < truth.abs())).sum())
+    upward = int((judged & (value > truth)).sum())
+    return judged, count, toward_zero / count, upward / count
+
+
+def rounding_bias(got: torch.Tensor, truth: torch.Tensor, reference: torch.Tensor | None = None) -> RoundingBias | None:
+    """None unless a float16/bfloat16 output's errors go one way (the rule above): `truth` the
+    float64 (or a lean case's float32) truth, `reference` the reference's output in the working
+    dtype (None, or the truth standing for it in a lean case: not a baseline then)."""
+    width = got.shape[-1] if got.dim() else 1
+    total = got.numel()
+    if (got.dtype not in ROUNDED_DTYPES or not truth.is_floating_point() or total < MIN_BIASED
+            or got.dim() < 2 or width < MIN_GROUPS or total // width < MIN_GROUPS):
+        return None
+    step = -(-total // SAMPLE_ELEMENTS)
+    while math.gcd(step, width) != 1:  # a step sharing a factor with the width would see some columns only
+        step += 1
+    device = got.device
+    g, t = _sample(got, step, device).double(), _sample(truth, step, device).double()
+    judged, count, toward_zero, upward = _shares(g, t, got.dtype)
+    if count < MIN_BIASED:
+        return None
+    positions = torch.arange(0, total, step, device=device)[judged]
+    if (torch.unique(torch.div(positions, width, rounding_mode="floor")).numel() < MIN_GROUPS
+            or torch.unique(positions % width).numel() < MIN_GROUPS):
+        return None
+    leaning = [(abs(share - 0.5), kind, share) for kind, share in (("zero", toward_zero), ("up", upward))
+               if abs(share - 0.5) > 0.5 - BIAS_BOUND]
+    if not leaning:
+        return None
+    baselines = [t.to(got.dtype).double()]  # the truth rounded to nearest: a correct kernel's answer
+    if isinstance(reference, torch.Tensor) and reference.dtype == got.dtype and reference.shape == got.shape:
+        baselines.append(_sample(reference, step, device).double())
+    shares = [_shares(b, t, got.dtype)[1:] for b in baselines]
+
+    def excused(kind: str, share: float) -> bool:
+        for n, zero, up in shares:
+            other = zero if kind == "zero" else up
+            if (n >= count / 2 and (other - 0.5) * (share - 0.5) > 0
+                    and abs(other - 0.5) >= abs(share - 0.5) / 2):
+                return True
+        return False
+
+    for _, kind, share in sorted(leaning, reverse=True):
+        if excused(kind, share):
+            continue
+        if kind == "zero":
+            direction = "toward zero" if share > 0.5 else "away from zero"
+            way = (g.abs() < t.abs()) if share > 0.5 else (g.abs() > t.abs())
+        else:
+            direction = "upward" if share > 0.5 else "downward"
+            way = (g > t) if share > 0.5 else (g < t)
+        way &= judged
+        at = int(way.nonzero()[0])
+        return RoundingBias(direction, max(share, 1 - share), int(way.sum()), count, g.numel(), total,
+                            list(unravel(at * step, tuple(got.shape))), float(t[at]), float(g[at]),
+                            str(got.dtype).replace("torch.", ""))
+    return None

@@ -362,9 +362,15 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
     scalar loss without a scaler (every plain training step: a kernel may not special-case it).
     "zero-rows": whole rows (along the last dim) exactly zero, the same rows in every output's
     gradient (padded positions, loss-masked prompt tokens), and in the second output's gradient one
-    more row in three (an output the loss does not use): a kernel must still write those rows."""
+    more row in three (an output the loss does not use): a kernel must still write those rows.
+    "zeros" (version 13): exactly 0 everywhere, a scalar loss's included, as `loss * 0` hands it (a
+    rank or micro-batch with no valid tokens kept in the graph, a loss weight scheduled from 0): a
+    fast path for it must still write every gradient (held-out attacks-v10's cross-entropy cleared
+    half of each float32 row)."""
     if distribution == "ones":
         return torch.ones(shape, dtype=dtype, device=gen.device)
+    if distribution == "zeros":
+        return torch.zeros(shape, dtype=dtype, device=gen.device)
     g = torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
     if scale != 1.0:
         g = g * scale

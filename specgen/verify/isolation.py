@@ -55,6 +55,7 @@ class Outcome:
     sizes: list[int] = field(default_factory=list)  # workspace: the size function's answer per call
     sized: list[str] | None = None  # load: the directions whose size function the library defines
     skipped: str | None = None  # starved_call: why the check could not be set up (it is then not run)
+    host_heap: dict | None = None  # endure: the process's heap growth over the run (host_memory.growth_report)
 
 
 class RunnerBase:
@@ -203,6 +204,65 @@ def leaked_memory_failure(spec, message: dict, leaked: dict):
                    f"taken with cudaMallocAsync and never freed. In a generation loop (one call per token) it grows "
                    f"until the process runs out of GPU memory. Free every allocation on `stream` before returning "
                    f"(cudaFreeAsync), or take scratch from the workspace the ABI hands each call")
+
+
+def parked_memory_failure(spec, message: dict, parked: dict | None):
+    """(verifier version 13) The leaked-memory Failure for scratch parked in the default pool: the
+    pool's peak during the request was `parked["bytes"]` above its bytes in use before
+    (candidate_main.parked_in_pool); None at or below pool.PARKED_BYTES_LIMIT."""
+    from .pool import PARKED_BYTES_LIMIT
+    from .verdict import LEAKED_MEMORY, Failure
+
+    if not parked or int(parked.get("bytes", 0)) <= PARKED_BYTES_LIMIT:
+        return None
+    direction = _message_direction(message, 0)
+    entry = abi.entry_point(spec, direction) if spec is not None and direction else "the kernel"
+    mib = parked["bytes"] / (1 << 20)
+    sizer = abi.workspace_function(spec, direction) if spec is not None and direction else "<entry point>_workspace"
+    return Failure(LEAKED_MEMORY, f"{LEAK_WORDS.get(parked.get('op'), 'calls').capitalize()} of {entry} took "
+                   f"{mib:.1f} MiB ({parked['bytes']} bytes) of scratch from the device's default memory pool with "
+                   f"cudaMallocAsync (the pool's peak of bytes in use, cudaMemPoolAttrUsedMemHigh, above its bytes in "
+                   f"use before the request). The pool keeps what is freed reserved for the rest of the process (the "
+                   f"package's binding sets its release threshold so), where PyTorch's caching allocator can never "
+                   f"reuse it: the model has {mib:.0f} MiB less GPU memory from then on. Scratch above "
+                   f"{PARKED_BYTES_LIMIT >> 20} MiB must come from the ABI's workspace: ask for it through the size "
+                   f"function ({sizer}), which the caller allocates from PyTorch's allocator and hands each call")
+
+
+STACK_WORDS = {**LEAK_WORDS, "load": "loading the kernel library", "workspace": "a call of the size function",
+               "starved_call": "one call", "capture": "a capture of one call", "replay": "a graph replay",
+               "endure": "the endurance run"}
+
+
+def local_memory_failure(spec, message: dict, report: dict | None):
+    """(verifier version 13) The leaked-memory Failure for local memory the driver reserved for the
+    process's life: the context's per-thread stack size after the request, `report["stack_bytes"]`,
+    above both the size when the process's context was made and local_memory.STACK_BYTES_LIMIT
+    (candidate_main: local_memory.stack_report); None otherwise."""
+    from .local_memory import STACK_BYTES_LIMIT
+    from .verdict import LEAKED_MEMORY, Failure
+
+    if not report:
+        return None
+    stack, baseline = int(report.get("stack_bytes") or 0), report.get("baseline")
+    if stack <= STACK_BYTES_LIMIT or (baseline is not None and stack <= int(baseline)):
+        return None
+    direction = _message_direction(message, 0)
+    by = STACK_WORDS.get(report.get("op"), "a request")
+    if spec is not None and direction:
+        by += f" of {abi.entry_point(spec, direction)}"
+    reserved = report.get("reserved_bytes")
+    how_much = (f"reserve {reserved / 1e9:.1f} GB of device memory ({stack} bytes x every thread the GPU holds at "
+                f"once)" if reserved else "reserve that much for every thread the GPU holds at once")
+    since = f", {baseline} when the process's CUDA context was made" if baseline is not None else ""
+    return Failure(LEAKED_MEMORY, f"after {by}, the CUDA "
+                   f"context's per-thread stack size (cuCtxGetLimit(CU_LIMIT_STACK_SIZE)) was {stack} bytes{since}: "
+                   f"the kernel's {stack} bytes of local memory per thread (per-thread arrays indexed at run time, "
+                   f"register spills, or a cudaDeviceSetLimit(cudaLimitStackSize)) made the driver {how_much} for "
+                   f"the process's life, memory PyTorch's allocator never sees. Keep per-thread arrays small (at most "
+                   f"{STACK_BYTES_LIMIT} bytes of local memory per thread): put larger per-thread or per-block state "
+                   f"in shared memory or in the workspace the ABI hands each call (ask for it through the size "
+                   f"function)")
 
 
 def host_thread_failure(spec, op: str, direction: str | None, report: dict):
@@ -417,21 +477,26 @@ class LocalRunner(RunnerBase):
     def endure(self, direction, refs, scalars, dims, *, host_calls: int, graph_calls: int, replays: int) -> Outcome:
         """The same call host_calls + graph_calls * replays times (a stand-in has no graph: all
         from the host)."""
+        from .host_memory import growth_report, heap_in_use
+
         refs = self.with_workspace(refs)
+        heap_before = heap_in_use()  # this process's heap around the calls (host_memory.py), as the candidate's
         if self.device.type == "cuda":
             from .graphs import repeat_calls
 
             code, problem = repeat_calls(
                 lambda stream: self._launcher(direction, refs, scalars, dims, stream), self.stream,
                 host_calls=host_calls, graph_calls=graph_calls, replays=replays)
+            heap = growth_report(heap_before, heap_in_use(), host_calls)
             self.lib.clear_error()
             return Outcome(ok=problem is None, code=code, problem=problem,
-                           error=self._error_name(code) if code else None, fatal=self._sync())
-        for _ in range(host_calls + graph_calls * replays):
+                           error=self._error_name(code) if code else None, fatal=self._sync(), host_heap=heap)
+        calls = host_calls + graph_calls * replays
+        for _ in range(calls):
             code = self._invoke(direction, self._tensors(refs), scalars, dims, self._stream())
             if code:
                 return Outcome(code=code, error=self._error_name(code))
-        return Outcome()
+        return Outcome(host_heap=growth_report(heap_before, heap_in_use(), calls))
 
     @fp_watched
     def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
@@ -753,6 +818,10 @@ class IsolatedRunner(RunnerBase):
                                f"{reply.get('message')}\n{reply.get('trace', '')}")
         if reply.get("leaked"):  # device memory the calls took from the default pool and never gave back
             raise leaked_memory_failure(self.spec, message, reply["leaked"])
+        if (parked := parked_memory_failure(self.spec, message, reply.get("parked"))) is not None:
+            raise parked  # scratch taken from the default pool, freed, and kept reserved there (version 13)
+        if (grown := local_memory_failure(self.spec, message, reply.get("local_memory"))) is not None:
+            raise grown  # local memory the driver reserved for the process's life (version 13)
         if reply.get("host_thread"):  # the calling thread's CPUs, priority or signal mask left changed
             raise host_thread_failure(self.spec, message["op"], _message_direction(message, 0), reply["host_thread"])
         if reply.get("host_fp"):  # a calling thread's floating-point environment left changed
@@ -763,7 +832,7 @@ class IsolatedRunner(RunnerBase):
                        ok=reply.get("ok", True), problem=reply.get("problem"),
                        times_ms=reply.get("times_ms", []), walls_ms=reply.get("walls_ms", []),
                        failed_call=reply.get("failed_call"), sizes=reply.get("sizes", []), sized=reply.get("sized"),
-                       skipped=reply.get("skipped"))
+                       skipped=reply.get("skipped"), host_heap=reply.get("host_heap"))
 
     def _receive(self, timeout: float) -> dict:
         """The next reply within `timeout` seconds of the process's own time: the time its threads

@@ -16,6 +16,7 @@ import ctypes
 
 CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7
+CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
 KEEP_EVERYTHING = (1 << 64) - 1
 
 
@@ -44,6 +45,54 @@ def used_bytes(device: int) -> int | None:
     except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
         return None
     return int(value.value) if code == 0 else None
+
+
+# (verifier version 13) Scratch parked in the pool. With the pool keeping everything freed (as the
+# package's binding sets it), what a call takes with cudaMallocAsync and frees stays reserved in the
+# pool for the process's life, where PyTorch's caching allocator can never use it: a call that stages
+# a float32 copy of a whole gradient there (held-out attacks-v10: 512 MiB at 16384x8192) leaves the
+# model half a GiB less. The pool's high-water mark of bytes in use is reset before every request the
+# leak check measures (candidate_main.LEAK_CHECKED) and read after; a peak more than
+# PARKED_BYTES_LIMIT above the bytes in use before is `leaked-memory` (isolation.parked_memory_failure).
+# Small scratch (one float per row, as the honest kernels of tests/kernels take) stays far below it.
+PARKED_BYTES_LIMIT = 64 << 20
+
+
+def reset_peak(device: int) -> bool:
+    """Reset the default pool's high-water mark of bytes in use to the bytes in use now (setting
+    cudaMemPoolAttrUsedMemHigh to 0 does that); False where the driver does not answer."""
+    from .arena import driver
+
+    try:
+        zero = ctypes.c_uint64(0)
+        code = driver().cuMemPoolSetAttribute(default_pool(device), ctypes.c_int(CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+                                              ctypes.byref(zero))
+    except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
+        return False
+    return code == 0
+
+
+def peak_bytes(device: int) -> int | None:
+    """The default pool's high-water mark of bytes in use on `device` since reset_peak (or since the
+    process began); None where the driver does not answer."""
+    from .arena import driver
+
+    try:
+        value = ctypes.c_uint64()
+        code = driver().cuMemPoolGetAttribute(default_pool(device), ctypes.c_int(CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+                                              ctypes.byref(value))
+    except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
+        return None
+    return int(value.value) if code == 0 else None
+
+
+def parked_report(before: int | None, peak: int | None, op: str) -> dict | None:
+    """The candidate's process's report of scratch parked in the pool by a request: {"bytes", "op"}
+    when the pool's peak since the request began is more than PARKED_BYTES_LIMIT above the bytes in
+    use before it; None otherwise, or where either was not read."""
+    if before is None or peak is None or peak - before <= PARKED_BYTES_LIMIT:
+        return None
+    return {"bytes": peak - before, "op": op}
 
 
 def keep_freed_memory(device: int) -> None:

@@ -102,9 +102,13 @@ def legal_sizes(lo: int, hi: int, step: int, wanted) -> list[int]:
 
 # Sizes that models run with and no edge or sweep size hits: hidden sizes (768 ... 14336) and
 # head dims (80 ... 224). A kernel that is wrong only there (its own dispatch, or a cheat that
-# a user's model would meet first) fails in the boundary walk.
+# a user's model would meet first) fails in the boundary walk. Since version 13 also 12288 (GPT-3
+# 175B's and Mistral Large 2's hidden size: 12288 float32 values are exactly the 48 KiB of shared
+# memory a launch takes without opting in, where a gate that forgets the kernel's static shared
+# memory fails every launch, held-out attacks-v10's RMSNorm), 24576 (the same in 16 bits), and
+# the FFN widths 28672 (Llama 70B) and 49152 (4 x 12288).
 _MODEL_SIZES = (80, 96, 112, 160, 192, 224, 384, 576, 768, 1280, 1536, 2560, 3072, 5120, 6144, 7168,
-                11008, 13824, 14336)
+                11008, 12288, 13824, 14336, 24576, 28672, 49152)
 
 
 def boundary_sizes(lo: int, hi: int, step: int = 1) -> list[int]:
@@ -294,7 +298,7 @@ VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantiz
 # output gradients drawn apart from the inputs' class (data.output_gradient): NaN/inf, loss-scaled,
 # exactly one (a plain loss.backward()), whole rows of zeros (padded or loss-masked positions), one
 # non-zero element per row (a gathered token's log-probability)
-GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows", "one-hot")
+GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows", "one-hot", "zeros")
 IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
@@ -496,20 +500,23 @@ def odd_neighbour(size: int, lo: int, hi: int, step: int) -> int:
 
 
 def add_odd_twin(spec, cases: list[Case], add) -> None:
-    """The largest full-size case again with every dim one step off (in the next dtype): benchmark
-    shapes and range tops are round numbers, so a path taken only above some size that drops
-    the tail after its last whole chunk (held-out attacks-v2, session 21) meets no tail there."""
+    """The largest full-size case again with every dim one step off, in every dtype no wider than
+    the largest case's: benchmark shapes and range tops are round numbers, so a path taken only
+    above some size that drops the tail after its last whole chunk (held-out attacks-v2, session
+    21) meets no tail there. Every dtype since version 13: a bfloat16-only path for large calls
+    that drops the last N % 4 rows met its only odd twin in float16 (held-out attacks-v10)."""
     if not cases:
         return
     sig = spec.signature
     steps = sig.symbol_divisors()
     largest = max(cases, key=lambda c: call_bytes(sig, c.dim_map, c.dtype))
     odd = {s: odd_neighbour(v, *spec.dims[s], steps.get(s, 1)) for s, v in largest.dim_map.items()}
-    # the next dtype, unless wider than the largest case's (twice its bytes may not fit the GPU,
-    # and a twin shrunk to fit is round again): then the largest case's own
-    turn = spec.dtypes[(spec.dtypes.index(largest.dtype) + 1) % len(spec.dtypes)]
-    wider = call_bytes(sig, odd, turn) > call_bytes(sig, odd, largest.dtype)
-    add(odd, largest.dtype if wider else turn)
+    # a wider dtype than the largest case's would take more bytes (it may not fit the GPU, and a
+    # twin shrunk to fit is round again): the largest case's own dtype stands in for it
+    first = spec.dtypes.index(largest.dtype) + 1
+    for dtype in spec.dtypes[first:] + spec.dtypes[:first]:  # the next dtype first, as before
+        wider = call_bytes(sig, odd, dtype) > call_bytes(sig, odd, largest.dtype)
+        add(odd, largest.dtype if wider else dtype)
 
 
 def model_size(size: int, lo: int, hi: int, step: int) -> int:
@@ -693,6 +700,18 @@ def smoke_case(spec, seed: int = 0) -> Case:
     return make_case(dims, spec.dtypes[0], seed=seed)
 
 
+def one_row_case(spec, base: Case | None, seed: int = 0) -> Case | None:
+    """`base` with every dim but the row's at its smallest legal size (one row of a decode step's
+    width, batch 1), or None where that is `base` itself or there is no base."""
+    if base is None:
+        return None
+    sig = spec.signature
+    steps = sig.symbol_divisors()
+    row = row_symbol(sig)
+    dims = {s: v if s == row else legal_sizes(*spec.dims[s], steps.get(s, 1), [1])[0] for s, v in base.dim_map.items()}
+    return None if dims == base.dim_map else make_case(dims, base.dtype, seed=seed)
+
+
 def row_symbol(sig) -> str | None:
     """The symbol of the first input's last dim (the row kernels work along it), if any."""
     return next((d.symbol for d in reversed(sig.inputs[0].type.dims) if d.symbol), None) if sig.inputs else None
@@ -742,5 +761,5 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVER
 
 
 __all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
-           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "scalars_at_scale", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "past_int32_case",
+           "case_elements", "fit_budget", "fresh_case", "full_size_cases", "scalars_at_scale", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "one_row_case", "past_int32_case",
            "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]
