@@ -36,12 +36,16 @@ def used_bytes(device: int) -> int | None:
     """Bytes of the default pool of `device` allocated and not yet freed (cudaMallocAsync without its
     cudaFreeAsync, once the device is idle); None where the driver does not answer. The verifier's
     leak check (candidate_main: leaked-memory, version 12) compares it before and after a request."""
+    return _pool_attribute(device, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+
+
+def _pool_attribute(device: int, attribute: int) -> int | None:
+    """A 64-bit attribute of the default pool of `device`; None where the driver does not answer."""
     from .arena import driver
 
     try:
         value = ctypes.c_uint64()
-        code = driver().cuMemPoolGetAttribute(default_pool(device), ctypes.c_int(CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
-                                              ctypes.byref(value))
+        code = driver().cuMemPoolGetAttribute(default_pool(device), ctypes.c_int(attribute), ctypes.byref(value))
     except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
         return None
     return int(value.value) if code == 0 else None
@@ -75,15 +79,7 @@ def reset_peak(device: int) -> bool:
 def peak_bytes(device: int) -> int | None:
     """The default pool's high-water mark of bytes in use on `device` since reset_peak (or since the
     process began); None where the driver does not answer."""
-    from .arena import driver
-
-    try:
-        value = ctypes.c_uint64()
-        code = driver().cuMemPoolGetAttribute(default_pool(device), ctypes.c_int(CU_MEMPOOL_ATTR_USED_MEM_HIGH),
-                                              ctypes.byref(value))
-    except Exception:  # noqa: BLE001 - no driver here (CPU stand-ins)
-        return None
-    return int(value.value) if code == 0 else None
+    return _pool_attribute(device, CU_MEMPOOL_ATTR_USED_MEM_HIGH)
 
 
 def parked_report(before: int | None, peak: int | None, op: str) -> dict | None:
