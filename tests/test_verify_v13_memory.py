@@ -159,11 +159,12 @@ def test_the_honest_scratch_of_the_test_kernels_stays_under_the_bound():
 def test_the_candidate_reads_no_pool_peak_where_there_is_no_gpu():
     import torch
 
-    from specgen.verify.candidate_main import LEAK_CHECKED, parked_in_pool, peak_reset
+    from specgen.verify.candidate_main import LEAK_CHECKED, parked_in_pool
+    from specgen.verify.pool import reset_peak
 
     if torch.cuda.is_available():
         pytest.skip("reads the device's pool on a GPU")
-    peak_reset(0)  # no driver: nothing happens
+    assert reset_peak(0) is False  # no driver: nothing happens
     assert parked_in_pool(0, 0, "call") is None
     assert "timed" in LEAK_CHECKED and "capture" not in LEAK_CHECKED
 

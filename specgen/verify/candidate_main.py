@@ -33,8 +33,8 @@ def serve(fd: int) -> int:
         from .arena import Arena
         from .graphs import stream_of_kind
         from .layout import view
-        from .local_memory import resident_threads, stack_limit
-        from .pool import keep_freed_memory
+        from .local_memory import resident_threads, stack_limit, stack_report
+        from .pool import keep_freed_memory, reset_peak
 
         torch.empty(1, device="cuda")
         device = torch.cuda.current_device()
@@ -72,7 +72,7 @@ def serve(fd: int) -> int:
         thread_before = thread_state() if op in THREAD_CHECKED else None
         pool_before = pool_in_use(torch, device) if op in LEAK_CHECKED else None
         if pool_before is not None:
-            peak_reset(device)  # the pool's high-water mark from here (scratch parked in the pool)
+            reset_peak(device)  # the pool's high-water mark from here (scratch parked in the pool)
         try:
             if op == "arenas":
                 for (name, nbytes, readonly), fd_ in zip(message["arenas"], fds):
@@ -152,8 +152,6 @@ def serve(fd: int) -> int:
                 reply["parked"] = parked
         if op != "arenas" and not state.get("stack_reported") and reply.get("type") not in ("fatal", "error"):
             # (the judge reads the arenas' reply itself, not through IsolatedRunner._request)
-            from .local_memory import stack_limit, stack_report
-
             if (grown := stack_report(stack_limit(), stack_baseline, threads_resident, op)) is not None:
                 reply["local_memory"] = grown  # reported once: the limit never shrinks
                 state["stack_reported"] = True
@@ -322,13 +320,6 @@ def pool_in_use(torch, device: int) -> int | None:
     except Exception:  # noqa: BLE001 - a lost context is the request's own business
         return None
     return used_bytes(device)
-
-
-def peak_reset(device: int) -> None:
-    """Reset the default pool's high-water mark of bytes in use (pool.reset_peak), the device idle."""
-    from .pool import reset_peak
-
-    reset_peak(device)
 
 
 def parked_in_pool(device: int, before: int, op: str) -> dict | None:

@@ -540,7 +540,7 @@ class Session:
             if elements > fit * PAST_INT32_ALLOWANCE:
                 self.not_run(where, f"{elements} elements, {fit} planned to fit the GPU memory free now")
                 return
-        self.progress(f"{where}")
+        self.progress(where)
         data = None
         try:
             data = self.prepare(case, direction, lean=True)  # a float32 truth, no working-dtype reference

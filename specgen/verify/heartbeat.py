@@ -5,8 +5,8 @@ reference's truth on the CPU, comparisons) are no kernel's time, and on a loaded
 past 60 s between two progress lines (session 37: 7 verifications of 15 stopped, a control among
 them). So the judge beats every BEAT_S while it works. While a kernel call is in flight in this
 process (a stand-in's LocalRunner request) it does not: there the watch is the hang detector. An
-IsolatedRunner's request has its own watch (isolation.CALL_TIMEOUT_S) and beats while that one
-still waits.
+IsolatedRunner's request has its own watch (isolation.CALL_TIMEOUT_S), and the beats go on while
+it waits.
 """
 from __future__ import annotations
 
@@ -21,12 +21,6 @@ _send: Callable[[], None] | None = None
 _period = BEAT_S
 _in_kernel = 0
 _lock = threading.Lock()
-
-
-def beat() -> None:
-    """One heartbeat now (where a worker listens)."""
-    if _send is not None:
-        _send()
 
 
 @contextmanager

@@ -837,26 +837,24 @@ class IsolatedRunner(RunnerBase):
     def _receive(self, timeout: float) -> dict:
         """The next reply within `timeout` seconds of the process's own time: the time its threads
         waited for a CPU (cpu_wait.py) is the host's load, not the kernel's, and extends the watch
-        (by at most STARVED_FACTOR x `timeout`, so a hang on a loaded host still ends). The judge
-        beats meanwhile: this watch, not the worker's, decides."""
+        (by at most STARVED_FACTOR x `timeout`, so a hang on a loaded host still ends). The judge's
+        heartbeat keeps beating meanwhile (heartbeat.py): this watch, not the worker's, decides."""
         from .channel import ChannelClosed
         from .cpu_wait import CpuWait
 
         started, starved = time.monotonic(), CpuWait(self.process.pid)
-        with heartbeat.kernel_running():
-            while True:
-                load = min(starved.seconds(), STARVED_FACTOR * timeout)
-                left = timeout + load - (time.monotonic() - started)
-                if left <= 0:
-                    break
-                try:
-                    received = self.channel.receive(min(left, heartbeat.period()))
-                except ChannelClosed:
-                    self._mark_dead(self._exit_text())
-                    return {"type": "died"}
-                if received is not None:
-                    return received[0]
-                heartbeat.beat()
+        while True:  # in slices: the CPU waits are read again after each
+            load = min(starved.seconds(), STARVED_FACTOR * timeout)
+            left = timeout + load - (time.monotonic() - started)
+            if left <= 0:
+                break
+            try:
+                received = self.channel.receive(min(left, heartbeat.period()))
+            except ChannelClosed:
+                self._mark_dead(self._exit_text())
+                return {"type": "died"}
+            if received is not None:
+                return received[0]
         self.kill()
         waited = f" (and {load:.0f} s more while its process waited for a CPU)" if load >= 1 else ""
         self._mark_dead(f"no answer within {timeout:.0f} s{waited}")
