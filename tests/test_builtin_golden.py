@@ -37,8 +37,12 @@ OUT_OF_DATE["swiglu"] = "traced under torch 2.11 on the H200: its sigmoid backwa
 # csmem's looped rows (I == 0) asked the medium rows' column-partials shared memory they never use, so
 # past the device's opt-in (W over ~58K floats) the launch failed (session 35's review; the committed
 # specs declare D <= 16384, inside the limit): only the launch macros' bytes differ
-for _op in ("rmsnorm", "layernorm_gelu"):
-    OUT_OF_DATE[_op] = "csmem: a looped row launched with no shared memory"
+# rmsnorm was regenerated on an H100 in session 39 (2026-12-05): verifier version 13 rejected the
+# committed one (cudaErrorInvalidValue at D = 12288 bfloat16: its launch opted in to more than 48 KB
+# only past 48 KB of dynamic shared memory, forgetting the kernel's static bytes). layernorm_gelu has
+# the same launch bug; regenerated, it failed version 13 on a float32 offset-values case
+# (benchmarks/NOTES.md, session 39), so the committed one stays until that is understood.
+OUT_OF_DATE["layernorm_gelu"] = "csmem: a looped row launched with no shared memory"
 
 
 # The shared runtime helpers (prelude.PRELUDE) changed after the kernels were verified: session 34
@@ -48,6 +52,7 @@ for _op in ("rmsnorm", "layernorm_gelu"):
 # block itself is compared only when PRELUDE_OUT_OF_DATE is empty. Regenerate them on a GPU.
 PRELUDE_OUT_OF_DATE = ("per-device host caches; shared memory opt-in to the device's limit (session 34); "
                        "the cluster gate asks whether a cluster of 8 can be placed (session 37)")
+PRELUDE_CURRENT = {"rmsnorm"}  # regenerated since: its helpers are the generator's own (session 39)
 PRELUDE_START, PRELUDE_END = "// ---- specgen builtin runtime helpers", "// ---- end of helpers ----\n"
 
 
@@ -70,7 +75,7 @@ def test_a_committed_builtin_kernel_rebuilds_from_its_recorded_variant(op, varia
     source = build_source(load_spec(SPECS / f"{op}.yaml"), variant_named(variant))
     committed = (SPECS / "kernels" / f"{op}.cu").read_text()
     (source, new_helpers), (committed, old_helpers) = outside_prelude(source), outside_prelude(committed)
-    if PRELUDE_OUT_OF_DATE:
+    if PRELUDE_OUT_OF_DATE and op not in PRELUDE_CURRENT:
         assert new_helpers != old_helpers, "the helpers rebuild byte for byte now: empty PRELUDE_OUT_OF_DATE"
     else:
         assert new_helpers == old_helpers, f"{op}: the runtime helpers changed; regenerate it or say why"
@@ -84,4 +89,4 @@ def test_a_committed_builtin_kernel_rebuilds_from_its_recorded_variant(op, varia
 
 def test_the_golden_set_is_the_committed_builtin_kernels():
     ops = {op for op, _ in builtin_kernels()}
-    assert len(ops) >= 9 and set(OUT_OF_DATE) <= ops
+    assert len(ops) >= 9 and set(OUT_OF_DATE) <= ops and PRELUDE_CURRENT <= ops
