@@ -274,7 +274,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         # the `chains` and `kahan` variants: a streamed row's float sums keep one partial per chunk
         # in flight (shorter sequential chains), `kahan` each compensated: float32 sums of wide
         # rows as precise as torch's pairwise ones (nvcc keeps IEEE order without fast math)
-        chained = [acc for kind, _, acc in consumers if kind == "sum"] if self.variant.loop_sums != "plain" else []
+        chained = [acc for kind, n, acc in consumers if kind == "sum" and self.acc_type(n) == "acc_t"] \
+            if self.variant.loop_sums != "plain" else []
         sweep = Sweep(consumers, ctx_row, stores, col_nodes, roots, loads, chained, self.variant.loop_sums == "kahan")
         with pass_level(w):  # wherever it is called from (the layout committed kernels carry)
             if modes == ("reg",):
@@ -403,6 +404,22 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
                     return s1, s2, self.by_id[s2.attrs["moments_mean"]]
         return None
 
+    def centering_sums(self) -> set[int]:
+        """Ids of the row sums whose mean is subtracted from the row before a second sum (LayerNorm's
+        sum(x) before sum((x - mean)^2); optimize.mark_fused_pairs marks them). Outside the `moments`
+        variant they accumulate in double: a float32 sum of an uncentred row (features 20-60 times
+        their spread away from 0) errs by ulps of the whole sum, and that mean's error, through
+        LayerNorm's weight and GELU's curvature, took a float32 backward past the verifier's
+        tolerance (verifier version 13's offset values, session 39: 1 element of grad_bias at
+        0.55% on the H100). Doubles cost the memory-bound row nothing on sm_90's FP64 units."""
+        if self.variant.moments:
+            return set()
+        return {n.attrs["moments_of"] for n in self.nodes if n.op == "rowreduce" and "moments_of" in n.attrs}
+
+    def acc_type(self, node: Node) -> str:
+        """The C type of a row reduction's accumulator: acc_t, or double for a centering sum."""
+        return "double" if node.id in self.centering_sums() else "acc_t"
+
     def has_moments(self) -> bool:
         rows = [n for n in self.nodes if n.op == "rowreduce"]
         return any(self.moments_partner([n], rows) is not None for n in rows)
@@ -497,6 +514,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         w.line("__shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)")
         if variant.moments and self.has_moments():
             w.line("__shared__ acc_t moments_smem[99];  // (count, sum, squared deviations) per warp")
+        if self.centering_sums():
+            w.line("__shared__ double red_smem_d[33];  // the centering sums' warp values (double)")
+            w.line("(void)red_smem_d;")
         w.line("(void)red_smem; (void)partials;")
         w.lines(self.pretotal_view())
         w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
@@ -650,7 +670,7 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             return self.write_max_sum_pass(w, pair, batch, pass_no, ctx)
         w.line(f"// pass {pass_no}: {', '.join(n.attrs['kind'] for n in batch)} over the row")
         consumers = [(n.attrs["kind"], n, self.var(n)) for n in batch]
-        w.lines(f"acc_t {acc} = {REDUCE_INIT[kind]};" for kind, _, acc in consumers)
+        w.lines(f"{self.acc_type(n)} {acc} = {REDUCE_INIT[kind]};" for kind, n, acc in consumers)
         self.write_pass(w, consumers, ctx, [], [])
         self.write_group_reductions(w, consumers)
         return batch
@@ -713,6 +733,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
     def write_group_reductions(self, w: CWriter, consumers: list[tuple]) -> None:
         """Reduce a batch's accumulators over the row group, two per round (one set of barriers
         for a pair: the RMSNorm backward's two sums took two)."""
+        doubles = [c for c in consumers if c[0] == "sum" and self.acc_type(c[1]) == "double"]
+        w.lines(f"{acc} = {self.group('reduce')}({acc}, sg::Sum(), red_smem_d);" for _, _, acc in doubles)
+        consumers = [c for c in consumers if c not in doubles]
         for i in range(0, len(consumers), 2):
             pair = consumers[i:i + 2]
             if len(pair) == 2:
