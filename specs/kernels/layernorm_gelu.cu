@@ -21,6 +21,7 @@
 #include <cooperative_groups.h>
 #include <stdint.h>
 #include <math.h>
+#include <atomic>
 
 namespace sg {
 
@@ -321,96 +322,182 @@ __device__ __forceinline__ void group_online(A& m, A& s, A* smem) {
   }
 }
 
+// Host caches are kept per device (a process may drive several GPUs, of different models) and
+// hold only what the device itself answers, so two threads filling one entry at once store the
+// same value: no plan or pointer is kept between calls.
+constexpr int kMaxDevices = 64;
+
+inline int current_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) device = 0;
+  return device;
+}
+
 // Resident blocks per SM of one kernel instantiation at its block size (its registers and
-// shared memory decide), asked once per instantiation: the grid is one full wave of
+// shared memory decide), asked once per instantiation and device: the grid is one full wave of
 // persistent blocks, so no partial last wave leaves SMs idle.
 template <auto Kernel>
 inline int blocks_per_sm(int block) {
-  static int cached = 0;
-  if (cached == 0) {
-    int n = 0;
+  static std::atomic<int> cached[kMaxDevices];
+  std::atomic<int>& mine = cached[current_device()];
+  int n = mine.load(std::memory_order_relaxed);
+  if (n == 0) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, 0) != cudaSuccess || n <= 0) n = 1;
-    cached = n;
+    mine.store(n, std::memory_order_relaxed);
   }
-  return cached;
-}
-
-// The same for a launch with `smem` bytes of dynamic shared memory (asked per call: it depends
-// on the row width), past 48 KB after opting the kernel in to that much.
-template <typename... KArgs>
-inline int blocks_per_sm_dyn(void (*kernel)(KArgs...), int block, size_t smem) {
-  int n = 0;
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
   return n;
 }
 
-// The most dynamic shared memory one block may opt in to (227 KB on the H100/H200).
-inline size_t smem_optin() {
-  static int bytes = -1;
-  if (bytes < 0) {
-    int device = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) bytes = 48 * 1024;
+// One attribute of the current device, asked once per device; `fallback` where it cannot be asked.
+template <cudaDeviceAttr Attribute>
+inline int device_attribute(int fallback) {
+  static std::atomic<int> cached[kMaxDevices];
+  const int device = current_device();
+  int value = cached[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    if (cudaDeviceGetAttribute(&value, Attribute, device) != cudaSuccess || value <= 0) value = fallback;
+    cached[device].store(value, std::memory_order_relaxed);
   }
-  return (size_t)bytes;
+  return value;
 }
 
-// Launch with `smem` bytes of dynamic shared memory, opting the kernel in past 48 KB.
-template <typename... KArgs, typename... Args>
-inline cudaError_t launch_dyn(void (*kernel)(KArgs...), dim3 grid, int block, size_t smem, cudaStream_t stream,
-                              Args... args) {
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
+// The most dynamic shared memory one block may opt in to on the current device (227 KB on the
+// H100/H200, 99 KB on compute capability 12.0).
+inline size_t smem_optin() { return (size_t)device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024); }
+
+// The most dynamic shared memory Kernel may take on the current device: the device's opt-in
+// limit less the kernel's static shared memory (CUDA refuses a maximum whose sum with the static
+// bytes passes the limit; 0 where the kernel cannot be asked). Asked once a device: the hosts'
+// gates ask it at every call, and cudaFuncGetAttributes is a driver call.
+template <auto Kernel>
+inline size_t dyn_smem_limit() {
+  static std::atomic<size_t> cached[kMaxDevices];  // the limit + 1; 0 not asked yet
+  const int device = current_device();
+  size_t limit = cached[device].load(std::memory_order_relaxed);
+  if (limit == 0) {
+    cudaFuncAttributes fa;
+    limit = 1 + (cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.sharedSizeBytes < smem_optin()
+                 ? smem_optin() - fa.sharedSizeBytes : 0);
+    cached[device].store(limit, std::memory_order_relaxed);
   }
-  kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
+  return limit - 1;
+}
+
+// Kernel opted in to all the dynamic shared memory it may take, once a device, whatever this call
+// needs: a limit set to one call's own bytes is lowered by another thread's call between this
+// call's opt-in and its launch, which then fails. A call past the limit is refused here.
+template <auto Kernel>
+inline cudaError_t opt_in_smem(size_t smem) {
+  static std::atomic<size_t> opted[kMaxDevices];  // the limit this device's kernel is opted in to + 1
+  if (smem == 0) return cudaSuccess;
+  const int device = current_device();
+  size_t done = opted[device].load(std::memory_order_acquire);
+  if (done == 0) {
+    const size_t most = dyn_smem_limit<Kernel>();
+    if (most == 0) return cudaErrorInvalidDeviceFunction;
+    const cudaError_t e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most);
+    if (e != cudaSuccess) return e;  // (two threads setting the same value race harmlessly)
+    done = most + 1;
+    opted[device].store(done, std::memory_order_release);
+  }
+  return smem < done ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// Blocks of Kernel an SM holds with `smem` bytes of dynamic shared memory (asked per call: it
+// depends on the row width), past 48 KB after opting the kernel in.
+template <auto Kernel>
+inline int blocks_per_sm_dyn(int block, size_t smem) {
+  int n = 0;
+  opt_in_smem<Kernel>(smem);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, block, smem) != cudaSuccess || n <= 0) n = 1;
+  return n;
+}
+
+// Launch Kernel with `smem` bytes of dynamic shared memory, opting it in past 48 KB.
+template <auto Kernel, typename... Args>
+inline cudaError_t launch_dyn(dim3 grid, int block, size_t smem, cudaStream_t stream, Args... args) {
+  const cudaError_t e = opt_in_smem<Kernel>(smem);
+  if (e != cudaSuccess) return e;
+  Kernel<<<grid, dim3((unsigned)block), smem, stream>>>(args...);
   return cudaSuccess;
 }
 
-inline int sm_count() {
-  static int count = 0;
-  if (count == 0) {
-    int device = 0;
-    cudaGetDevice(&device);
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
-      count = 132;
-  }
-  return count;
+inline int sm_count() { return device_attribute<cudaDevAttrMultiProcessorCount>(132); }
+
+// Whether a cluster of 8 blocks (the largest the kernels launch) of Kernel at its largest block
+// can be placed on the current device: not where MIG or MPS leave a GPC too few SMs, where the
+// launch would fail (the host then takes its path without clusters).
+template <auto Kernel>
+inline bool clusters_placeable(const cudaFuncAttributes& fa) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(8);
+  cfg.blockDim = dim3((unsigned)fa.maxThreadsPerBlock);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 8;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg);
+  if (e != cudaSuccess) (void)cudaGetLastError();  // a query that failed leaves no error for the next launch
+  return e == cudaSuccess && clusters > 0;
 }
 
-// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+ and
-// this kernel built for it (a package's arch list may hold only older code).
+// Split rows (one row over a cluster of blocks) need a device of compute capability 9.0+, this
+// kernel built for it (a package's arch list may hold only older code), and room for a cluster.
 template <auto Kernel>
 inline bool clusters_ok() {
-  static int ok = -1;
-  if (ok < 0) {
-    int device = 0, major = 0;
+  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+  const int device = current_device();
+  int ok = cached[device].load(std::memory_order_relaxed);
+  if (ok == 0) {
+    int major = 0;
     cudaFuncAttributes fa;
-    cudaGetDevice(&device);
     ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
-         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90;
+         && cudaFuncGetAttributes(&fa, Kernel) == cudaSuccess && fa.binaryVersion >= 90 && fa.ptxVersion >= 90
+         && clusters_placeable<Kernel>(fa) ? 1 : 2;
+    cached[device].store(ok, std::memory_order_relaxed);
   }
   return ok == 1;
 }
 
-// Launch with a cluster of CL blocks along x (CL > 1: split rows; grid.x is a multiple of CL).
-template <int CL, typename... KArgs, typename... Args>
-inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
-                                  Args... args) {
+// Launch with clusters of `cl` blocks along x (grid.x a multiple of cl) and `smem` bytes of dynamic
+// shared memory a block (the kernel opted in before, where past 48 KB: launch_clusters_dyn): split
+// rows and looped clusters (cl a constant, launch_cluster below), a few-row loss's one cluster (cl
+// known at run time), a staged looped row.
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_clusters(void (*kernel)(KArgs...), dim3 grid, int block, int cl, size_t smem,
+                                   cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3((unsigned)block);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CL;
+  attr[0].val.clusterDim.x = (unsigned)cl;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <int CL, typename... KArgs, typename... Args>
+inline cudaError_t launch_cluster(void (*kernel)(KArgs...), dim3 grid, int block, cudaStream_t stream,
+                                  Args... args) {
+  return launch_clusters(kernel, grid, block, CL, 0, stream, args...);
+}
+
+// Clusters of `cl` blocks with `smem` bytes of dynamic shared memory a block, Kernel opted in first.
+template <auto Kernel, typename... Args>
+inline cudaError_t launch_clusters_dyn(dim3 grid, int block, int cl, size_t smem, cudaStream_t stream,
+                                       Args... args) {
+  const cudaError_t e = opt_in_smem<Kernel>(smem);
+  if (e != cudaSuccess) return e;
+  return launch_clusters(Kernel, grid, block, cl, smem, stream, args...);
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -431,6 +518,8 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
   // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
   constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)
+  __shared__ double red_smem_d[33];  // the centering sums' warp values (double)
+  (void)red_smem_d;
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
   // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
@@ -468,7 +557,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
       }
     }
     // pass 1: sum over the row
-    acc_t sum_1_1 = (acc_t)0;
+    double sum_1_1 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -504,7 +593,7 @@ layernorm_gelu_fwd_rows(const layernorm_gelu_args A, float* __restrict__ partial
       }
       }
       }
-    sum_1_1 = sg::group_reduce<TPR, BLOCK>(sum_1_1, sg::Sum(), red_smem);
+    sum_1_1 = sg::group_reduce<TPR, BLOCK>(sum_1_1, sg::Sum(), red_smem_d);
     const acc_t div_4 = ((acc_t)(sum_1_1) / (acc_t)(sym_float_3));
     // pass 2: sum over the row
     acc_t var_ssq_7 = (acc_t)0;
@@ -761,6 +850,8 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
   // looped pass: chunks in flight per thread, within 8 registers of raw loads (no spills)
   constexpr int UNROLL = sg::items_max(8, (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4 + (VEC * (int)sizeof(T) + 3) / 4, 4);
   __shared__ acc_t red_smem[66];  // one value per warp (33), or a (max, sum) pair (66)
+  __shared__ double red_smem_d[33];  // the centering sums' warp values (double)
+  (void)red_smem_d;
   (void)red_smem; (void)partials;
   const int64_t W = ((int64_t)(A.D));
   // CL > 1: a split row, over a cluster of CL blocks (block bx of nbx along x)
@@ -816,7 +907,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
     }
     // pass 1: sum over the row
-    acc_t var_sum_1 = (acc_t)0;
+    double var_sum_1 = (acc_t)0;
       if constexpr (ITEMS > 0) {
       #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
@@ -852,7 +943,7 @@ layernorm_gelu_bwd_rows(const layernorm_gelu_bwd_args A, float* __restrict__ par
       }
       }
       }
-    var_sum_1 = sg::group_reduce<TPR, BLOCK>(var_sum_1, sg::Sum(), red_smem);
+    var_sum_1 = sg::group_reduce<TPR, BLOCK>(var_sum_1, sg::Sum(), red_smem_d);
     const acc_t var_4 = ((acc_t)(var_sum_1) / (acc_t)(var_3));
     // pass 2: sum over the row
     acc_t var_ssq_7 = (acc_t)0;
@@ -1228,7 +1319,7 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   int tpr = 0, items = 0;
   // medium rows: shared memory for the column partials, if the device gives a block that much
   const size_t csm_bytes = (size_t)2 * (size_t)W * sizeof(typename sg::Acc<T>::type);
-  const bool csm_ok = csm_bytes <= sg::smem_optin();
+  const bool csm_ok = csm_bytes <= sg::dyn_smem_limit<layernorm_gelu_bwd_rows<T, VEC, 64, ITEMS_MAX, 64>>();  // (the medium rows' static scratch is the same at every TPR)
   if (vec_ok) {
     if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)4) { tpr = 4; items = 1; }
     if (tpr == 0 && 1 <= ITEMS_NMAX && chunks <= (int64_t)8) { tpr = 8; items = 1; }
@@ -1252,7 +1343,7 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   // One wave of persistent blocks: as many as fit on the SMs at once (the instantiation's
   // registers decide), each striding over rows; fewer when there are fewer rows.
   int per_sm = 1;
-#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn(layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, block, (P) > 32 ? csm_bytes : 0)
+#define SG_OCC(V, P, I) per_sm = sg::blocks_per_sm_dyn<layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(block, (P) > 32 && (I) > 0 ? csm_bytes : 0)
 #define SG_OCC_CL(V, P, I) per_sm = 1
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_OCC(VEC, 4, 1); }
@@ -1287,7 +1378,7 @@ static cudaError_t layernorm_gelu_bwd_launch(const layernorm_gelu_bwd_args& A, c
   if ((size_t)A.workspace_bytes < partial_bytes) return cudaErrorInvalidValue;  // the ABI's workspace
   float* partials = (float*)A.workspace;
   const layernorm_gelu_bwd_args args = A;
-#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn(layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>, grid, block, ((P) > 32 ? csm_bytes : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
+#define SG_LAUNCH(V, P, I) do { const cudaError_t e_ = sg::launch_dyn<layernorm_gelu_bwd_rows<T, V, P, I, ((P) > 32 ? (P) : 128)>>(grid, block, ((P) > 32 ? ((I) > 0 ? csm_bytes : (size_t)0) : (size_t)128 * (I) * (V) * sizeof(float)), stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
 #define SG_LAUNCH_CL(V, P, I) do { const cudaError_t e_ = sg::launch_cluster<(P) / 512>(layernorm_gelu_bwd_rows<T, V, P, I, 512>, grid, block, stream, args, partials, rows_per_group); if (e_ != cudaSuccess) { (void)cudaGetLastError(); return e_; } } while (0)
   if (vec_ok) {
     if (tpr == 4 && items == 1) { if constexpr (1 <= ITEMS_NMAX) SG_LAUNCH(VEC, 4, 1); }
