@@ -682,6 +682,11 @@ def run_spec(path: Path, args, deadline: float, env: dict) -> tuple[dict, list[d
     family = spec_family(path)
     problem = {"name": path.stem, "path": str(path), "family": family, "status": None, "lowered": False,
                "verified": None, "message": None}
+    try:  # what the GPU had free as the problem began: session 39's H100 run could not create a 5.4 GB
+        # arena for maxout_pool3's verification on an 80 GB GPU after batchnorm2d's timing
+        problem["gpu_free_bytes_at_start"] = torch.cuda.mem_get_info()[0]
+    except Exception:  # noqa: BLE001 - no GPU (the CPU tests' fake one)
+        pass
     started = time.time()
     try:
         spec = load_spec(path)
