@@ -74,7 +74,7 @@ def test_a_case_past_2_32_elements_follows_the_one_past_2_31(gelu, monkeypatch):
     session = Session(gelu, None, Options(), lambda text: None, device="cpu")
     prepared = []
 
-    def record(case, direction, lean=False):
+    def record(case, direction, lean=False, later=False):
         prepared.append(case)
         raise torch.OutOfMemoryError("stop here")
 

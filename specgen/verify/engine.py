@@ -26,6 +26,7 @@ from .bad_indices import check_out_of_range_indices, ranged_inputs
 from .host_memory import host_leak_failure
 from .chained import check_backward_on_own_saved
 from .starved import check_allocation_failure
+from .sampled_rows import check_sampled_rows
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .threaded import check_calls_from_threads, fresh_pairs, thread_calls
@@ -42,6 +43,7 @@ TIMED_REPS, TIMED_WARMUP = 4, 2  # per benchmark shape and dtype: every call on 
 BENCH_SETS, BENCH_REPS, BENCH_WARMUP = 3, 40, 5
 SANITIZER_ELEMENTS = 1 << 22  # the sanitizer's large case: the benchmark shape scaled to this
 CPU_PAST_INT32_ELEMENTS = 1 << 20  # the CPU stand-ins run the past-2^31 case only below this (tests lower the mark)
+CPU_SAMPLED_ELEMENTS = 1 << 20  # ... and with its truth on sampled rows only below this (sampled_rows.py)
 PAST_INT32_ALLOWANCE = 2.0  # the past-2^31 case is tried up to this many times the memory plan (past_int32)
 # Calls of one small case in a row before the small checks run again: a kernel that misbehaves
 # only after many calls in a process (a counter on the host or the device) meets a long run's
@@ -100,15 +102,16 @@ class Session:
         self.tolerances: dict[str, dict] = {}
         self.timed: dict[str, float] = {}
         self.phases: dict[str, float] = {}  # seconds per phase, both directions together
-        self._per_element: dict[tuple[str, str], float] = {}  # device bytes per case element (memory.py)
+        self._per_element: dict[tuple, float] = {}  # device bytes per case element (memory.py)
+        self._separable: dict[tuple[str, str], bool] = {}  # (direction, symbol): rows computed alone (sampled_rows)
         self.shrunk: list[str] = []  # full-size work scaled to the GPU memory free at the time
         # value classes outside the reference's domain in a dtype (it raises on them): not drawn there
         self.domain = reference_domain(spec, progress)
         self.skipped: list[str] = []  # cases whose values the reference refused (the screen missed them)
 
-    def prepare(self, case: Case, direction: str, lean: bool = False) -> CaseData:
+    def prepare(self, case: Case, direction: str, lean: bool = False, later: bool = False) -> CaseData:
         self.progress(f"{direction}: {case.describe()}")
-        return prepare(self.spec, case, direction, self.device, lean=lean)
+        return prepare(self.spec, case, direction, self.device, lean=lean, later=later)
 
     def stats(self, case: Case, direction: str, data: CaseData) -> dict:
         return self.tolerances.setdefault(f"{direction} {case.dtype}", {"spec_atol": data.spec_atol,
@@ -532,22 +535,40 @@ class Session:
             return
         elements = case_elements(self.spec.signature, case.dim_map, direction)
         where = f"{direction} past 2^{wraps} elements {case.describe()}"
-        if not on_gpu:  # the CPU stand-ins reach it only where a test lowers the mark
+        sampled = False  # the truth on sampled rows only (sampled_rows.py, version 14)
+        if not on_gpu:  # the CPU stand-ins reach it only where a test lowers the marks
             if elements > CPU_PAST_INT32_ELEMENTS:
-                return
+                if elements > CPU_SAMPLED_ELEMENTS:
+                    return
+                sampled = True
         else:
             fit = elements_that_fit(self.per_element(direction, case.dtype, lean=True), available_bytes(self.device))
             if elements > fit * PAST_INT32_ALLOWANCE:
-                self.not_run(where, f"{elements} elements, {fit} planned to fit the GPU memory free now")
-                return
-        self.progress(where)
+                bare = elements_that_fit(self.per_element(direction, case.dtype, lean=True, later=True),
+                                         available_bytes(self.device))
+                if elements > bare * PAST_INT32_ALLOWANCE:
+                    self.not_run(where, f"{elements} elements, {bare} planned to fit the GPU memory free now "
+                                        f"even without a truth")
+                    return
+                sampled = True
+        symbol = self.sampled_symbol(direction, case) if sampled else None
+        if sampled and symbol is None:
+            self.not_run(where, f"{elements} elements: its whole truth does not fit, and its outputs' rows are not "
+                                f"computed from their own input rows alone (sampled rows cannot stand for it)")
+            return
+        self.progress(where + (f" (the truth on sampled rows of {symbol})" if sampled else ""))
         data = None
         try:
-            data = self.prepare(case, direction, lean=True)  # a float32 truth, no working-dtype reference
+            # a float32 truth, no working-dtype reference; sampled: the truth of its rows when checked
+            data = self.prepare(case, direction, lean=True, later=sampled)
             stage(self.runner, data, snapshots=False)
             self.cases += 1
-            check_case(self.runner, data, deterministic=self.spec.deterministic, stats={},
-                       stream=FULL_SIZE_STREAMS[0])
+            if sampled:
+                check_sampled_rows(self.runner, self.spec, data, symbol, deterministic=self.spec.deterministic,
+                                   stream=FULL_SIZE_STREAMS[0])
+            else:
+                check_case(self.runner, data, deterministic=self.spec.deterministic, stats={},
+                           stream=FULL_SIZE_STREAMS[0])
         except (torch.OutOfMemoryError, ArenaError) as error:
             del data
             data = None
@@ -556,23 +577,36 @@ class Session:
             self.not_run(where, f"out of memory ({str(error).splitlines()[0][:200]})")
         del data
 
+    def sampled_symbol(self, direction: str, case: Case) -> str | None:
+        """The symbol `case`'s rows are sampled along, where the spec computes them row by row
+        (sampled_rows.separable, probed once a direction); None otherwise."""
+        from .sampled_rows import separable, sliced_symbol
+
+        symbol = sliced_symbol(self.spec, direction, case.dim_map)
+        if symbol is None:
+            return None
+        key = (direction, symbol)
+        if key not in self._separable:
+            self._separable[key] = separable(self.spec, direction, symbol, self.device, seed=self.options.seed + 730)
+        return symbol if self._separable[key] else None
+
     def not_run(self, where: str, why: str) -> None:
         self.progress(f"{where}: not run, {why}")
         self.shrunk.append(f"{where}: not run ({why})")
 
-    def per_element(self, direction: str, dtype: str, lean: bool = False) -> float:
+    def per_element(self, direction: str, dtype: str, lean: bool = False, later: bool = False) -> float:
         """Device bytes one case element costs in this spec, direction and dtype (memory.py),
-        measured once on a probe case (prepared `lean` or not: data.prepare)."""
+        measured once on a probe case (prepared `lean` or not, `later`: without its truth; data.prepare)."""
         from .memory import PROBE_ELEMENTS, bytes_per_element
         from .strategies import case_elements
 
-        key = (direction, dtype, lean)
+        key = (direction, dtype, lean, later)
         if key not in self._per_element:
             sig = self.spec.signature
             top = {s: self.spec.dims[s][1] for s in sig.symbols()}
             probe = make_case(fit_budget(sig, top, self.spec.dims, PROBE_ELEMENTS), dtype, seed=self.options.seed + 77)
             self._per_element[key] = bytes_per_element(lambda: prepare(self.spec, probe, direction, self.device,
-                                                                       lean=lean),
+                                                                       lean=lean, later=later),
                                                        case_elements(sig, probe.dim_map, direction), self.device)
         return self._per_element[key]
 
