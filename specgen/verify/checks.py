@@ -304,14 +304,21 @@ def check_case(runner, data: CaseData, *, deterministic: bool, stats: dict | Non
     `stream`: guards intact, inputs untouched, every element written, the same bits twice, then
     within tolerance. The case must be staged. Returns run A's outputs."""
     with called_on(stream):
-        out_a = run_once(runner, data, 0, stream=stream)
-        check_inputs_unchanged(data)
-        out_b = run_once(runner, data, 1, stream=stream)
-        check_inputs_unchanged(data)
-        check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
-        if deterministic:
-            check_same_bits(data, out_a, out_b)
+        out_a = checked_twice(runner, data, deterministic=deterministic, stream=stream)
         check_close(data, out_a, stats=stats)
+    return out_a
+
+
+def checked_twice(runner, data: CaseData, *, deterministic: bool, stream: str = "pool") -> dict:
+    """check_case's two runs (inside `called_on(stream)`), every check but the values': guards,
+    inputs, every element written, the same bits twice. Returns run A's outputs."""
+    out_a = run_once(runner, data, 0, stream=stream)
+    check_inputs_unchanged(data)
+    out_b = run_once(runner, data, 1, stream=stream)
+    check_inputs_unchanged(data)
+    check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
+    if deterministic:
+        check_same_bits(data, out_a, out_b)
     return out_a
 
 

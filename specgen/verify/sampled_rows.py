@@ -163,18 +163,10 @@ def separable(spec, direction: str, symbol: str, device, seed: int = 0) -> bool:
 def check_sampled_rows(runner, spec, data: CaseData, symbol: str, *, deterministic: bool, stream: str = "pool") -> None:
     """check_case's two runs on the whole staged case (`data` prepared with later=True: no truth),
     every element written and the same bits twice, then the sampled rows within tolerance."""
-    from .checks import called_on, check_all_written, check_close, check_inputs_unchanged, check_same_bits
-    from .runner import fills_of, run_once
+    from .checks import called_on, check_close, checked_twice
 
     with called_on(stream):
-        out_a = run_once(runner, data, 0, stream=stream)
-        check_inputs_unchanged(data)
-        out_b = run_once(runner, data, 1, stream=stream)
-        check_inputs_unchanged(data)
-        check_all_written(data, out_a, out_b, fills={0: fills_of(runner, 0), 1: fills_of(runner, 1)})
-        if deterministic:
-            check_same_bits(data, out_a, out_b)
-        del out_b
+        out_a = checked_twice(runner, data, deterministic=deterministic, stream=stream)
         ranges = row_ranges(data.dims[symbol], elements_per_row(spec, data.direction, data.dims))
         cut = rows_data(spec, data, symbol, ranges)
         if cut is None:
