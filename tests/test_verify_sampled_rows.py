@@ -92,3 +92,14 @@ def test_a_case_whose_rows_are_not_computed_alone_is_named_as_not_run(monkeypatc
     monkeypatch.setattr(engine, "CPU_PAST_INT32_ELEMENTS", 0)
     session.past_int32("backward", on_gpu=False, wraps=31)
     assert session.shrunk and "not computed from their own input rows alone" in session.shrunk[-1]
+
+
+def test_only_a_plain_symbol_is_sliced():
+    from specgen.signature import parse_tensor_type
+    from specgen.verify.sampled_rows import first_symbol
+
+    assert first_symbol(parse_tensor_type("Tensor[N, D]")) == "N"
+    assert first_symbol(parse_tensor_type("Tensor[*N, 2*H]")) == "N"  # swiglu's batch group
+    assert first_symbol(parse_tensor_type("Tensor[2*N, D]")) is None  # rows of 2*N are not N's
+    assert first_symbol(parse_tensor_type("Tensor[D]")) == "D"
+    assert first_symbol(parse_tensor_type("Tensor[4, D]")) is None

@@ -43,7 +43,8 @@ def tensor_types(spec, direction: str) -> dict:
 
 
 def first_symbol(tensor_type) -> str | None:
-    return tensor_type.dims[0].symbol if tensor_type.dims else None
+    """The symbol of the first dim where that dim is the plain symbol (not 2*N, N+1)."""
+    return tensor_type.dims[0].symbol if tensor_type.dims and tensor_type.dims[0].is_plain_symbol else None
 
 
 def sliced_symbol(spec, direction: str, dims: dict) -> str | None:
@@ -53,8 +54,9 @@ def sliced_symbol(spec, direction: str, dims: dict) -> str | None:
     symbol = first_symbol(largest)
     if symbol is None:
         return None
-    if any(symbol in {d.symbol for d in t.dims[1:]} for t in types.values()):
-        return None  # the symbol inside another tensor: a slice along it is not a slice of rows there
+    if any(symbol in {d.symbol for d in t.dims[1:]} or (t.dims and t.dims[0].symbol == symbol and
+                                                         not t.dims[0].is_plain_symbol) for t in types.values()):
+        return None  # the symbol elsewhere (another dim, an expression): a slice along it is not of rows there
     return symbol
 
 
