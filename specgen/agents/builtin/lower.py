@@ -30,7 +30,8 @@ LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-co
 
 PRIM_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "rsqrt": "rsqrt", "sqrt": "sqrt",
               "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1", "reciprocal": "reciprocal",
-              "sin": "sin", "cos": "cos", "exp2": "exp2", "floor": "floor", "ceil": "ceil", "sign": "sign",
+              "sin": "sin", "cos": "cos", "exp2": "exp2", "log2": "log2", "log10": "log10", "floor": "floor",
+              "ceil": "ceil", "sign": "sign",
               "bitwise_not": "not", "logical_not": "not", "sigmoid": "sigmoid"}
 PRIM_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
                "minimum": "minimum", "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
@@ -494,7 +495,8 @@ class Lowering:
             out_dtype = "bool"
         elif dtype is not None:
             out_dtype = dtype
-        elif any(a.dtype == "float" for a in args) or op in ("div", "exp", "log", "tanh", "rsqrt", "sqrt"):
+        elif any(a.dtype == "float" for a in args) or op in ("div", "exp", "log", "log2", "log10", "tanh", "rsqrt",
+                                                              "sqrt"):
             out_dtype = "float" if any(a.dtype == "float" for a in args) or op != "div" else "int"
         else:
             out_dtype = "int" if any(a.dtype == "int" for a in args) else "bool"
@@ -756,9 +758,7 @@ class Lowering:
         return result
 
     def sym_math(self, name: str, args: list[Node], fx_node) -> Node:
-        """A math function of sizes (float nodes of the global level): an op of ops.py, or log2."""
-        if name == "log2":
-            return self.pointwise("div", [self.pointwise("log", args, fx_node), const(math.log(2.0))], fx_node)
+        """A math function of sizes (float nodes of the global level): an op of ops.py."""
         return self.pointwise(name, args, fx_node)
 
     def elementwise(self, op: str, args, fx_node):

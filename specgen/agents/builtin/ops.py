@@ -39,6 +39,8 @@ OPS: dict[str, OpDef] = {
     "cos": OpDef(1, "cos((acc_t)({0}))", torch.cos),
     "not": OpDef(1, "(!{0})", torch.logical_not),
     "exp2": OpDef(1, "exp2((acc_t)({0}))", torch.exp2),
+    "log2": OpDef(1, "log2((acc_t)({0}))", torch.log2),
+    "log10": OpDef(1, "log10((acc_t)({0}))", torch.log10),  # decibels: 10 * log10(power)
     "floor": OpDef(1, "floor((acc_t)({0}))", torch.floor),
     "ceil": OpDef(1, "ceil((acc_t)({0}))", torch.ceil),
     "sign": OpDef(1, "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))", torch.sign),

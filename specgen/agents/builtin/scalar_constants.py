@@ -26,6 +26,7 @@ FORMS: dict[str, tuple] = {
     "sqrt": (math.sqrt, ("sqrt",)),
     "rsqrt": (lambda s: 1.0 / math.sqrt(s), ("rsqrt",)),
     "log": (math.log, ("log",)),
+    "log1p": (math.log1p, ("log1p",)),  # mu-law companding's log1p(mu) normalizer
     "one_minus": (lambda s: 1.0 - s, ("one_minus",)),  # a focal loss's 1 - alpha
     "one_plus": (lambda s: 1.0 + s, ("one_plus",)),
     "minus_one": (lambda s: s - 1.0, ("minus_one",)),  # pow's backward: x ** (gamma - 1)

@@ -19,7 +19,7 @@ import types
 import torch
 
 # math.<name> -> torch's symbolic function of the same meaning (torch/fx/experimental/sym_node.py), for
-# the functions the lowering computes (lower.SYM_MATH: ops.py's sqrt, cos, sin, tanh; log2 through log);
+# the functions the lowering computes (lower.SYM_MATH: ops.py's sqrt, cos, sin, tanh, log2);
 # any other math function of a size still fixes the size and is refused as before, naming it
 SYMBOLIC = {name: getattr(torch, f"_sym_{name}") for name in ("sqrt", "cos", "sin", "tanh", "log2")
             if hasattr(torch, f"_sym_{name}")}
