@@ -89,18 +89,18 @@ def test_the_past_2_31_case_is_tried_past_the_plan_and_an_out_of_memory_is_not_a
     monkeypatch.setattr(memory, "available_bytes", lambda device: available)
     prepared = []
 
-    def out_of_memory(case, direction, lean=False):
-        assert lean  # a float32 truth and no working-dtype reference: data.prepare
+    def out_of_memory(case, direction, lean=False, later=False):
+        assert lean and not later  # a float32 truth and no working-dtype reference: data.prepare
         prepared.append(case)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
 
     monkeypatch.setattr(session, "prepare", out_of_memory)
-    monkeypatch.setattr(session, "per_element", lambda direction, dtype, lean: per_element * 1.8)  # 1/1.8 of it planned
+    monkeypatch.setattr(session, "per_element", lambda direction, dtype, lean, later=False: per_element * 1.8)  # 1/1.8 of it planned
     session.past_int32("forward", on_gpu=True)
     assert len(prepared) == 1 and prepared[0].dim_map == case.dim_map  # tried whole, not shrunk
     assert session.shrunk == [f"forward past 2^31 elements {prepared[0].describe()}: not run (out of memory "
                               "(CUDA out of memory. Tried to allocate 17.00 GiB))"]
     monkeypatch.setattr(session, "per_element",
-                        lambda direction, dtype, lean: per_element * engine.PAST_INT32_ALLOWANCE * 1.1)
+                        lambda direction, dtype, lean, later=False: per_element * engine.PAST_INT32_ALLOWANCE * 1.1)
     session.past_int32("forward", on_gpu=True)
     assert len(prepared) == 1 and "planned to fit" in session.shrunk[-1]  # beyond the allowance: not tried
