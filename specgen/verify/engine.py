@@ -587,7 +587,11 @@ class Session:
             return None
         key = (direction, symbol)
         if key not in self._separable:
-            self._separable[key] = separable(self.spec, direction, symbol, self.device, seed=self.options.seed + 730)
+            try:
+                self._separable[key] = separable(self.spec, direction, symbol, self.device,
+                                                 seed=self.options.seed + 730)
+            except Exception:  # noqa: BLE001 - a probe that cannot be made says nothing: not sampled
+                self._separable[key] = False
         return symbol if self._separable[key] else None
 
     def not_run(self, where: str, why: str) -> None:
