@@ -60,7 +60,7 @@ def test_one_row_of_the_smallest_benchmark_shape_is_captured_too(gelu, monkeypat
     from specgen.verify import engine
 
     captured = []
-    monkeypatch.setattr(engine, "check_capture", lambda runner, data, fresh, deterministic: captured.append(data.case))
+    monkeypatch.setattr(engine, "check_capture", lambda runner, data, fresh, deterministic, later=(): captured.append(data.case))
     session = Session(gelu, LocalRunner(gelu, _kernel(), "cpu"), Options(), lambda text: None, device="cpu")
     session.capture_few_rows("forward")
     shapes = [c.dim_map for c in captured]

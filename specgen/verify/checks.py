@@ -151,8 +151,7 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
                 data.tolerance[slot.name] = tolerance
         mismatch = _compared(data, slot.name, got, truth, atol, ref, tolerance)
         if mismatch is not None and got.is_floating_point() and data.lean:
-            data.reference = working_reference_for_lean(data)  # the widening a lean case went without
-            data.lean = False  # once: the working-dtype reference now stands where the truth stood
+            _take_working_reference(data)  # the widening a lean case went without
             ref = data.reference.get(slot.name)
             rule, tolerance = _widened(data, got, truth, atol, ref)
             mismatch = _compared(data, slot.name, got, truth, atol, ref, tolerance)
@@ -174,6 +173,13 @@ def _check_outputs(data: CaseData, outputs: dict, *, reason: str, prefix: str, s
                                   data.reference.get(slot.name), reason=reason, prefix=prefix)
 
 
+def _take_working_reference(data: CaseData) -> None:
+    """A lean case's reference in the working dtype, computed now that a check needs it; once: it
+    then stands where the truth stood (data.working_reference_for_lean)."""
+    data.reference = working_reference_for_lean(data)
+    data.lean = False
+
+
 def _check_rounding_direction(data: CaseData, name: str, got, truth, ref, *, reason: str, prefix: str) -> None:
     """A 16-bit output within its tolerance whose errors all go one way (compare.rounding_bias,
     verifier version 13). A lean case gets its working-dtype reference first (its truth stood
@@ -182,8 +188,7 @@ def _check_rounding_direction(data: CaseData, name: str, got, truth, ref, *, rea
 
     bias = rounding_bias(got, truth, ref)
     if bias is not None and data.lean:
-        data.reference = working_reference_for_lean(data)
-        data.lean = False
+        _take_working_reference(data)
         bias = rounding_bias(got, truth, data.reference.get(name))
     if bias is None:
         return

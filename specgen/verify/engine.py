@@ -235,12 +235,7 @@ class Session:
             self.cases += 1
             del starved
         self.progress(f"{direction}: CUDA graph capture")
-        data = self.prepare(smoke, direction)
-        stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
-        fresh = self.prepare(fresh_case(smoke, smoke.seed + 1, self.domain), direction)
-        later = tuple(self.prepare(fresh_case(smoke, smoke.seed + k, self.domain), direction) for k in (2, 3))
-        check_capture(self.runner, data, fresh, deterministic=spec.deterministic, later=later)
-        del data, fresh, later
+        self.capture(smoke, direction, later_sets=2)
         if not opts.quick:
             self.capture_few_rows(direction)
             self.first_call_in_each_dtype(direction)
@@ -333,11 +328,18 @@ class Session:
             cases.append(one)
         for case in cases:
             self.progress(f"{direction}: CUDA graph capture on {case.describe()}")
-            data = self.prepare(case, direction)
-            stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
-            fresh = self.prepare(fresh_case(case, case.seed + 1, self.domain), direction)
-            check_capture(self.runner, data, fresh, deterministic=self.spec.deterministic)
+            self.capture(case, direction)
             self.cases += 1
+
+    def capture(self, case: Case, direction: str, later_sets: int = 0) -> None:
+        """`case` captured into a CUDA graph and replayed on fresh values (checks.check_capture),
+        then on `later_sets` more input sets."""
+        data = self.prepare(case, direction)
+        stage(self.runner, data, snapshots=not self.runner.readonly_inputs)
+        fresh = self.prepare(fresh_case(case, case.seed + 1, self.domain), direction)
+        later = tuple(self.prepare(fresh_case(case, case.seed + k, self.domain), direction)
+                      for k in range(2, 2 + later_sets))
+        check_capture(self.runner, data, fresh, deterministic=self.spec.deterministic, later=later)
 
     def first_call_in_each_dtype(self, direction: str) -> None:
         """For each dtype but the first, a process of its own whose first call is in that dtype,
@@ -524,16 +526,14 @@ class Session:
         import torch
 
         from .arena import ArenaError
+        from . import strategies  # (its INT32_ELEMENTS read at call time: tests lower it)
         from .memory import available_bytes, elements_that_fit
-        from .strategies import case_elements, past_int32_case
 
-        from . import strategies
-
-        case = past_int32_case(self.spec, self.options.seed + 700 + wraps - 31,
+        case = strategies.past_int32_case(self.spec, self.options.seed + 700 + wraps - 31,
                                limit=strategies.INT32_ELEMENTS << (wraps - 31))
         if case is None:
             return
-        elements = case_elements(self.spec.signature, case.dim_map, direction)
+        elements = strategies.case_elements(self.spec.signature, case.dim_map, direction)
         where = f"{direction} past 2^{wraps} elements {case.describe()}"
         sampled = False  # the truth on sampled rows only (sampled_rows.py, version 14)
         if not on_gpu:  # the CPU stand-ins reach it only where a test lowers the marks
