@@ -19,6 +19,7 @@ from specgen.agents.base import AgentRefused
 from specgen.agents.builtin.families import family_of
 from specgen.agents.builtin.families.axis_emit import AxisEmitter
 from specgen.agents.builtin.families.axis_reduce import AxisProgram, lower_axis, run_axis_program, validate
+from specgen.agents.builtin.families.axis_reduce import sweeps as axis_sweeps
 from specgen.agents.builtin.generator import build_source, lower_spec
 from specgen.inputs import make_inputs
 from specgen.spec import load_spec
@@ -29,7 +30,7 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "l1_loss", "smooth_l1_loss", "huber_loss_sum", "kl_div_loss", "bce_logits_loss", "hinge_loss",
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
           "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd",
-          "instance_norm_affine_fwd"]
+          "instance_norm_affine_fwd", "recentered_std_mean", "groupnorm_film"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
@@ -168,6 +169,9 @@ def test_layouts_and_plans():
     assert p["phases"] == [["max", "sum", "max", "sum"]]  # one sweep still
     # dependent sweeps: a variance (the mean, then the squared deviations), a softmax over channels
     assert plan("var_mid")[1]["phases"] == [["sum"], ["sum"]]
+    # four dependent sweeps in a backward (a std of values already centered by their mean: torch
+    # takes the mean again; each step reads the one before)
+    assert axis_sweeps(lower_axis(_spec("recentered_std_mean"))["backward"]) == 4
     layout, p = plan("softmax_mid")
     assert layout == "O = B, R = C, I = L" and p["phases"] == [["max"], ["sum"]] and p["elem"]
     assert p["kept_slots"] == 2  # the max and the sum, read by the elem pass
@@ -184,6 +188,11 @@ def test_layouts_and_plans():
     program = lower_spec(_spec("groupnorm_affine_fwd"))["forward"]
     parts = {n.attrs["field"]: n.attrs["atoms"] for n in program.nodes() if n.op == "load" and n.attrs["kind"] == "part"}
     assert parts == {"weight": (1, 2), "bias": (1, 2)}
+    # a FiLM after it: gamma's and beta's gradients [B, 4*G] are sums over L alone, returned as
+    # they are: part totals per (sample, group, channel), beside the weight's over B and L
+    stores = {s.field: (s.kind, s.value.attrs.get("atoms")) for s in lower_spec(_spec("groupnorm_film"))["backward"].stores}
+    assert stores == {"grad_x": ("elem", None), "grad_weight": ("part", (1, 2)), "grad_bias": ("part", (1, 2)),
+                      "grad_gamma": ("part", (0, 1, 2)), "grad_beta": ("part", (0, 1, 2))}
 
 
 def test_programs_validate_and_the_row_family_keeps_its_ops():
@@ -211,7 +220,8 @@ def test_outside_the_families_keeps_the_row_refusal(op):
 @pytest.mark.nvcc
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["sum_dim1", "max_dim_last", "mse_loss", "mean_hw_keepdim", "triplet_loss",
-                                "softmax_mid", "amax_dims02", "groupnorm_affine_fwd"])
+                                "softmax_mid", "amax_dims02", "groupnorm_affine_fwd",
+                                "recentered_std_mean"])
 def test_family_sources_compile(op):
     from specgen.agents.builtin.generator import compile_source
 

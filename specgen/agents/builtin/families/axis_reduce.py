@@ -569,6 +569,11 @@ class AxisLowering(Lowering):
         got = self.env[result] if isinstance(result, torch.fx.Node) else Val(const(result), ())
         if isinstance(got, Cat):
             raise self.refuse(fx_node, "a concatenated output")
+        if isinstance(got, PartialSum):  # a sum over part of the block returned as it is (a U-Net's
+            # per-(sample, channel) scale's gradient: over H and W of GroupNorm's [B, 32, G, H, W]):
+            # one total per element of the output's atoms
+            got = self.part_total(got.summand, set(got.atoms), got.shape, fx_node)
+            self.env[result] = got
         val = self.value(result, fx_node) if isinstance(result, torch.fx.Node) else got
         shape = tuple(d.resolve(self.t.dims) for d in self.types[field].dims)
         cls = self.shape_class(shape)
@@ -828,7 +833,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             v.copy_(outs[k].reshape(v.shape))
 
 
-MAX_SWEEPS = 3
+MAX_SWEEPS = 4
 
 
 def _streamed(program) -> set[str]:
