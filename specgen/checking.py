@@ -103,6 +103,7 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
 
     rng = random.Random(seed)
     runs = []
+    first_drawn = (None, None, {})  # the first float64 run at drawn sizes: (inputs, outputs, sizes)
     for dtype in spec.dtypes:
         for k in range(samples):
             dims = small_dims(spec, rng)
@@ -112,6 +113,8 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
             # to leave its inputs as they were, so the one upcast copy serves every float64 run)
             wide = upcast(args)
             truth = run_reference_checked(spec, wide, dims, "float64")
+            if first_drawn[1] is None:
+                first_drawn = (wide, truth, dims)
             if k == 0:
                 check_deterministic(spec, wide, truth, dims)
                 check_scalar_range_ends(spec, wide, truth, dims)
@@ -126,9 +129,48 @@ def reference_runs(spec: KernelSpec, samples: int, seed: int) -> list[str]:
     dims = smallest_dims(spec)
     if _largest_tensor(spec.signature, dims)[0] <= MAX_CHECK_ELEMENTS:
         dtype = spec.dtypes[0]
-        run_reference_checked(spec, make_inputs(spec.signature, dims, dtype, seed=seed), dims, dtype)
+        args = make_inputs(spec.signature, dims, dtype, seed=seed)
+        run_reference_checked(spec, args, dims, dtype)
+        check_smallest_sizes(spec, upcast(args), dims, first_drawn)
         runs.append(f"{dtype} {_sizes(dims)} (smallest sizes)")
     return runs
+
+
+def _finite(outputs) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(o).all()) for o in outputs if isinstance(o, torch.Tensor) and o.is_floating_point())
+
+
+def check_smallest_sizes(spec: KernelSpec, args: dict, dims: dict[str, int], drawn: tuple) -> None:
+    """The lower ends of dims are sizes the verifier runs: the reference must be defined there.
+    Outputs finite at drawn sizes that turn NaN or inf at the smallest ones (an unbiased variance or
+    a kurtosis over one element: 0 / 0) mean dims takes in a size the op is not defined at, and
+    every kernel would be checked against NaN there. The hint names the dims whose lower bound,
+    raised alone to its drawn size, makes the outputs finite."""
+    drawn_args, drawn_truth, drawn_dims = drawn
+    if drawn_truth is None or not _finite(drawn_truth):
+        return  # already non-finite on ordinary inputs: nothing to compare
+    if _finite(run_reference_checked(spec, args, dims, "float64")):
+        return
+    from .inputs import make_inputs, upcast
+
+    culprits = []
+    for name, size in dims.items():
+        raised = {**dims, name: drawn_dims.get(name, size)}
+        if raised[name] == size or _largest_tensor(spec.signature, raised)[0] > MAX_CHECK_ELEMENTS:
+            continue
+        wider = upcast(make_inputs(spec.signature, raised, "float64", seed=0))
+        if _finite(run_reference_checked(spec, wider, raised, "float64")):
+            culprits.append(name)
+    named = ", ".join(f"{n}: [{dims[n]}, ...]" for n in culprits) or ", ".join(f"{n}={v}" for n, v in dims.items())
+    raise SpecError(f"at the smallest sizes dims allows ({_sizes(dims)}) the reference's outputs are NaN or inf, "
+                    f"where they are finite at {_sizes(drawn_dims)} (inputs {_shapes(drawn_args)}); the verifier "
+                    f"runs every size at its lower bound",
+                    location=Location(spec.path or spec.name, spec.dims_line), field="dims",
+                    hint=f"raise the lower bound of {named} to a size where the op is defined (e.g. 2 for "
+                         f"an unbiased variance over it)" if culprits else
+                         "raise the lower bounds in dims to sizes where the op is defined")
 
 
 def _sizes(dims: dict[str, int]) -> str:
@@ -166,13 +208,7 @@ def check_scalar_range_ends(spec: KernelSpec, args: dict, truth: tuple, dims: di
     defined there. Outputs that are finite at the drawn values and turn NaN or inf at an end
     (`x / temperature` with temperature in [0, 2]) mean the range takes in a value the op is not
     defined at; every such kernel would be checked against NaN."""
-    import torch
-
-    def finite(outputs) -> bool:
-        return all(bool(torch.isfinite(o).all()) for o in outputs
-                   if isinstance(o, torch.Tensor) and o.is_floating_point())
-
-    if not finite(truth):
+    if not _finite(truth):
         return  # already non-finite on these inputs (log of a normal draw): nothing to compare
     for param in spec.signature.scalars:
         ends = param.value_range
@@ -185,9 +221,10 @@ def check_scalar_range_ends(spec: KernelSpec, args: dict, truth: tuple, dims: di
                 outputs = run_reference_checked(spec, {**args, param.name: end}, dims, "float64")
             except SpecError as error:
                 raise _range_end_error(spec, param, end, f": {error}") from None
-            if not finite(outputs):
+            if not _finite(outputs):
                 raise _range_end_error(spec, param, end, f" makes the reference's outputs NaN or inf on inputs "
-                                       f"{_shapes(args)} where they are finite at {param.name} = {args[param.name]:g}")
+                                       f"{_shapes({**args, param.name: end})} where they are finite at "
+                                       f"{param.name} = {args[param.name]:g}")
 
 
 def _range_end_error(spec: KernelSpec, param, end: float, what: str) -> SpecError:

@@ -89,6 +89,7 @@ class KernelSpec(BaseModel):
     path: Path | None = Field(default=None, exclude=True)
     reference_line: int = Field(default=1, exclude=True)  # YAML line of the reference's first line
     signature_line: int = Field(default=1, exclude=True)  # YAML line of the signature
+    dims_line: int = Field(default=1, exclude=True)  # YAML line of dims (the signature's when there is none)
     saved_lines: dict[str, int] = Field(default_factory=dict, exclude=True)  # YAML line of each saved value
 
     @cached_property
@@ -152,7 +153,7 @@ def _add_reference_fingerprint(spec: KernelSpec, data: dict) -> None:
 
 
 SPEC_FIELDS = [name if f.alias is None else f.alias for name, f in KernelSpec.model_fields.items()
-               if name not in ("path", "reference_line", "signature_line", "saved_lines")]
+               if name not in ("path", "reference_line", "signature_line", "dims_line", "saved_lines")]
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -419,7 +420,8 @@ def load_spec(path: str | Path) -> KernelSpec:
     saved_lines = {name: pos.values[("saved", name)][0] for name in saved if ("saved", name) in pos.values}
     try:
         spec = KernelSpec.model_validate({**data, "path": path, "reference_line": reference_line,
-                                          "signature_line": pos.values[("signature",)][0], "saved_lines": saved_lines})
+                                          "signature_line": pos.values[("signature",)][0], "saved_lines": saved_lines,
+                                          "dims_line": pos.values.get(("dims",), pos.values[("signature",)])[0]})
     except ValidationError as error:
         raise _pydantic_error(error, pos) from None
     try:
