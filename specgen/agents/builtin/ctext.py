@@ -13,6 +13,15 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
               "float64": "SPECGEN_FLOAT64"}
 
 
+def piece_index(field: str, piece: tuple, row: str = "row") -> str:
+    """Where kept element `row`'s value sits in `field`, a tensor of n size-1 pieces along dim d
+    (a concatenation of keepdim reductions): the kept index with the other pieces stepped over
+    (interp.piece_index on the CPU)."""
+    d, k, n = piece
+    span = f"A.{field}.strides[{d}]"
+    return f"((int64_t)({row}) + ((int64_t)({row}) / {span}) * {n - 1} * {span} + {k} * {span})"
+
+
 def entry_function(entry: str, args_t: str, kname: str, dispatch: str | None, dtypes) -> list[str]:
     """The extern "C" entry point `entry`: `<kname>_launch<T>` for the working dtype of the tensor
     field `dispatch` (float when the spec has no floating tensor to dispatch on)."""

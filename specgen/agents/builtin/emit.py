@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ... import abi
-from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, pitch_expr
+from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, piece_index, pitch_expr
 from .cwriter import UNIT, CWriter
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
@@ -166,6 +166,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             t = self.ctype_of(a["field"])
             conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
             return f"{conv}(((const {t}*)A.{a['field']}.data)[{self.row_index(a['row_div'])}])"
+        if op == "load" and a["kind"] == "piece":  # the axis family: position k of n along a dim
+            t = self.ctype_of(a["field"])
+            conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
+            return f"{conv}(((const {t}*)A.{a['field']}.data)[{piece_index(a['field'], a['piece'])}])"
         args = [self.expr(x, ctx) for x in node.args]
         return self.op_expr(node, args)
 

@@ -83,6 +83,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
                 return t.reshape(view).expand(full).reshape(rows, width)
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
+            if a["kind"] == "piece":  # the axis family: position k of n along a dim of the whole tensor
+                return t.reshape(-1)[piece_index(rows, t.shape, a["piece"])].unsqueeze(1)
             offset = int(ev(a["offset"])) if a.get("offset") is not None else 0
             flat = t.reshape(-1, math.prod(t.shape[-program.fold:]))[:, offset:offset + width]
             if a["kind"] == "col":
@@ -148,9 +150,21 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             out.copy_(value.reshape(out.shape))
         elif store.kind == "row":
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
+        elif store.kind == "piece":
+            out.view(-1)[piece_index(rows, out.shape, store.piece)] = value.expand(rows, 1).reshape(-1).to(out.dtype)
         elif store.kind == "elem":
             view = out.view(rows, -1)[:, offset:offset + width]
             view.copy_(value.expand(rows, width))
         else:  # col
             view = out.view(-1, math.prod(out.shape[-program.fold:]))[:, offset:offset + width]
             view.copy_(value.expand(view.shape))
+
+
+def piece_index(rows: int, shape, piece) -> torch.Tensor:
+    """Where each kept element's value sits in a tensor of n size-1 pieces along dim d (a
+    concatenation of keepdim reductions): the kept index with the other pieces stepped over
+    (axis_emit's piece_index in C)."""
+    d, k, n = piece
+    span = math.prod(shape[d + 1:])
+    r = torch.arange(rows)
+    return r + (r // span) * (n - 1) * span + k * span

@@ -95,8 +95,11 @@ def reciprocal_is_normal(divisor: Node) -> bool:
 class Store:
     field: str  # the ABI tensor written
     value: Node
-    kind: str  # elem | row | col | global
+    kind: str  # elem | row | col | global (the axis family: part, piece)
     offset: Node | None = None  # column offset (elem and col stores: cat pieces)
+    # a piece store (the axis family): kept values into piece k of n equal pieces along dim d of
+    # the field (torch.cat of keepdim reductions along that dim): (d, k, n)
+    piece: tuple | None = None
 
 
 @dataclass

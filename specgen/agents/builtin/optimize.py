@@ -84,7 +84,7 @@ def _rebuild(program: Program, replace) -> Program:
             memo[n.id] = replace(n, args, attrs)
         return memo[node.id]
 
-    stores = [Store(s.field, visit(s.value), s.kind, visit(s.offset) if s.offset is not None else None)
+    stores = [Store(s.field, visit(s.value), s.kind, visit(s.offset) if s.offset is not None else None, s.piece)
               for s in program.stores]
     return Program(program.op, program.direction, program.row_dims, visit(program.width), program.width_example,
                    stores, program.group_div, program.dims_example, program.fold)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from .... import abi
-from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
+from ..ctext import Ctx, dim_expr, entry_function, piece_index, launch_need_param, take_workspace, workspace_entry
 from ..cwriter import CWriter
 from ..emit import DirectionEmitter
 from ..ir import Node, Store
@@ -184,7 +184,7 @@ class AxisEmitter(DirectionEmitter):
         # sums swept a step at a time by their pair (their operands kept per step in <name>_x)
         self.pair_sums = {s1.id for s1, _ in self.pairs.values()} | {sg.id for _, sg in self.co.values()}
         self.elem_stores = [s for s in program.stores if s.kind == "elem"]
-        self.row_stores = [s for s in program.stores if s.kind == "row"]
+        self.row_stores = [s for s in program.stores if s.kind in ("row", "piece")]
         self.global_stores = [s for s in program.stores if s.kind == "global" and s.value.level != "post"]
         self.total_stores = [s for s in program.stores if s.kind == "global" and s.value.level == "post"]
         self.totals = [n for n in self.nodes if n.op == "globalreduce"]  # sums over every kept element
@@ -530,7 +530,8 @@ class AxisEmitter(DirectionEmitter):
         for t, n in enumerate(self.totals):
             w.line(f"{self.ws_ptr(self.total_slot(t), 'acc_t', False)}[row] = (acc_t)({self.expr(n.args[0], ctx)});")
         for s in self.row_stores:
-            w.line(f"(({self.ctype_of(s.field)}*)A.{s.field}.data)[row] = "
+            at = "row" if s.piece is None else piece_index(s.field, s.piece)
+            w.line(f"(({self.ctype_of(s.field)}*)A.{s.field}.data)[{at}] = "
                    f"{self.store_value(s.field, self.expr(s.value, ctx), s.value)};")
         if self.global_stores:
             with w.block("if (row == 0)"):

@@ -35,7 +35,7 @@ import torch
 
 from ...base import AgentRefused
 from ..ir import Node, Program, Store, const
-from ..lower import Cat, Lowering, TensorRef, Val, _raw_shape, _shape
+from ..lower import Cat, Lowering, TensorRef, Val, _contiguous_strides, _hint, _raw_shape, _shape
 from ..modules import Uninit
 from ..trace import trace
 from .scan import Rev
@@ -187,6 +187,17 @@ class PartialSum:
     atoms: frozenset
 
 
+@dataclass(frozen=True)
+class KeptPieces:
+    """torch.cat of kept values (keepdim reductions, [B, 1, H, W] each) along a dim where each
+    has size 1 (CBAM's channel pool: the max and the mean over C as [B, 2, H, W]): stored only,
+    each piece a `piece` store of its kept values."""
+
+    pieces: tuple
+    shape: tuple
+    dim: int
+
+
 class AxisLowering(Lowering):
     """The row lowering with the [O, R, I] layout's shape classification."""
 
@@ -293,6 +304,8 @@ class AxisLowering(Lowering):
     def value(self, arg, fx_node, defer: bool = False):
         # never pending (broadcast.py): a lower-rank input is a part load here, read at each
         # element's coordinates in its atoms, whatever is computed on it first
+        if isinstance(arg, torch.fx.Node) and isinstance(self.env.get(arg), KeptPieces):
+            raise self.refuse(fx_node, "a concatenation used before it is stored")
         got = super().value(arg, fx_node, False)
         if isinstance(got, PartialSum):
             raise self.refuse(fx_node, "a sum over part of the reduced axes used other than scaled and summed on")
@@ -339,7 +352,9 @@ class AxisLowering(Lowering):
             if self.shape_class(new_shape) is None:
                 raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
             return PartialSum(got.summand, new_shape, got.atoms)
-        if isinstance(got, Cat):
+        if isinstance(got, KeptPieces) and tuple(new_shape) == tuple(got.shape):
+            return got  # clone / view_of of the concatenation
+        if isinstance(got, (Cat, KeptPieces)):
             raise self.refuse(fx_node, "a concatenation")
         if isinstance(got, Rev):  # a flip awaits a scan; this family has none
             raise self.refuse(fx_node, "a view of a flipped value")
@@ -359,6 +374,44 @@ class AxisLowering(Lowering):
                 and not self.part_view(got.shape, new_shape):
             raise self.refuse(fx_node, f"a view from {got.shape} to {new_shape}")
         return Val(got.node, new_shape)
+
+    # ------------------------------------------------ pieces: a concatenation of kept values
+    def op_cat(self, fx_node, tensors, dim=0):
+        """torch.cat of kept values along a dim where each has size 1 (CBAM's [B, 2, H, W] of
+        the max and the mean over C): stored piece by piece, never read back."""
+        shape = _shape(fx_node)
+        d = dim % len(shape) if shape else 0
+        vals = [self.value(t, fx_node) for t in tensors]
+        rest = tuple(shape[:d]) + tuple(shape[d + 1:])
+        if len(vals) < 2 or not all(
+                v.node.level in ("row", "const", "global") and len(v.shape) == len(shape) and v.shape[d] == 1
+                and tuple(v.shape[:d]) + tuple(v.shape[d + 1:]) == rest and self.shape_class(v.shape) == "row"
+                for v in vals):
+            raise self.refuse(fx_node, "a concatenation")
+        return KeptPieces(tuple(vals), tuple(shape), d)
+
+    def input_piece(self, fx_node, src, stride, storage_offset) -> Val | None:
+        """Position k of an input along a dim of literal size n, one kept value per kept element
+        (a concatenation's backward reads grad_out[:, k:k+1] of [B, n, H, W]): a `piece` load."""
+        got = self.env.get(src) if isinstance(src, torch.fx.Node) else None
+        if not isinstance(got, TensorRef):
+            return None
+        old, new = tuple(got.shape), tuple(_shape(fx_node))
+        diff = [a for a in range(len(old)) if len(new) == len(old) and new[a] != old[a]]
+        if len(diff) != 1 or new[diff[0]] != 1 or self.shape_class(new) != "row":
+            return None
+        d = diff[0]
+        contiguous = _contiguous_strides(old)
+        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
+        offset = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset or 0
+        dims = self.types[got.field].dims
+        if strides != contiguous or offset % contiguous[d] or not 0 <= offset // contiguous[d] < old[d] \
+                or len(dims) != len(old) or dims[d].symbol is not None:
+            return None
+        dtype = "int" if got.is_int else ("bool" if got.ttype.dtype == "bool" else "float")
+        return Val(Node("load", level="row", dtype=dtype, name=got.field,
+                        attrs={"field": got.field, "kind": "piece", "row_div": [],
+                               "piece": (d, offset // contiguous[d], old[d])}), new)
 
     # ------------------------------------------------ reductions
     def reduced_atoms(self, shape, dims) -> set[int] | None:
@@ -540,13 +593,13 @@ class AxisLowering(Lowering):
     def op_empty_permuted(self, fx_node, *args, **kwargs):  # empty_like's: as empty_strided here
         return self.op_empty_strided(fx_node, *args, **kwargs)
 
-    def op_cat(self, fx_node, tensors, dim=0):
-        raise self.refuse(fx_node, "a concatenation")
-
     def op_gather(self, fx_node, *args, **kw):
         raise self.refuse(fx_node, "a gather")
 
     def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
+        piece = self.input_piece(fx_node, src, stride, storage_offset)
+        if piece is not None:
+            return piece
         got = self.env[src]
         if isinstance(got, TensorRef) and tuple(_shape(fx_node)) == got.shape and not storage_offset:
             return got
@@ -567,6 +620,11 @@ class AxisLowering(Lowering):
     # ------------------------------------------------ outputs
     def store(self, field: str, result, fx_node) -> list[Store]:
         got = self.env[result] if isinstance(result, torch.fx.Node) else Val(const(result), ())
+        if isinstance(got, KeptPieces):
+            if tuple(d.resolve(self.t.dims) for d in self.types[field].dims) != got.shape:
+                raise self.refuse(fx_node, f"output {field}: a concatenation of another shape")
+            return [Store(field, v.node, "piece", piece=(got.dim, k, len(got.pieces)))
+                    for k, v in enumerate(got.pieces)]
         if isinstance(got, Cat):
             raise self.refuse(fx_node, "a concatenated output")
         if isinstance(got, PartialSum):  # a sum over part of the block returned as it is (a U-Net's
@@ -654,10 +712,15 @@ def validate(program: AxisProgram) -> None:
             want = max((a.level for a in n.args), key=ir.LEVEL_RANK.__getitem__)
             assert ir.LEVEL_RANK[n.level] >= ir.LEVEL_RANK[want], f"axis program: {n!r} below its operands"
         if n.op == "load":
-            assert n.attrs["kind"] in ("elem", "row", "global", "part") and not n.attrs.get("row_div"), n
+            assert n.attrs["kind"] in ("elem", "row", "global", "part", "piece") and not n.attrs.get("row_div"), n
             assert n.attrs["kind"] != "part" or n.level == "elem", n
+            assert (n.attrs["kind"] == "piece") == (n.attrs.get("piece") is not None) and \
+                (n.attrs["kind"] != "piece" or n.level == "row"), n
     for s in program.stores:
-        assert s.kind in ("elem", "row", "global", "part") and s.offset is None, s
+        assert s.kind in ("elem", "row", "global", "part", "piece") and s.offset is None, s
+        assert (s.kind == "piece") == (s.piece is not None), s
+        if s.kind == "piece":
+            assert s.value.level in ("const", "global", "row"), s
         if s.kind == "part":
             assert s.value.level == "post" and _part_totals(s.value), s
         if s.kind == "global":
@@ -784,6 +847,8 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     read_as = {field: attrs["kind"] for field, attrs in loads.items()}
 
     def to_rows(t, name=None):
+        if read_as.get(name) == "piece":  # read at its pieces' places (interp.piece_index)
+            return t
         if t.dim() == 0 or (read_as.get(name) == "global" and t.numel() == 1):  # a [1] tensor is one value too
             return t.reshape(())
         if read_as.get(name) in ("elem", "part") or \
@@ -821,7 +886,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
         kind = next((s.kind for s in program.stores if s.field == k), None)
         outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
             torch.empty(O * I, dtype=v.dtype) if kind == "row" else \
-            torch.empty(v.shape, dtype=v.dtype) if kind == "part" else torch.empty((), dtype=v.dtype)
+            torch.empty(v.shape, dtype=v.dtype) if kind in ("part", "piece") else torch.empty((), dtype=v.dtype)
     run_program(program, ins, scalars, dims, outs, acc=acc, family_ops={"partreduce": partreduce})
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
@@ -829,7 +894,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             v.copy_(from_rows(outs[k], v.shape))
         elif kind == "row":
             v.copy_(outs[k].reshape(v.shape))
-        elif kind in ("global", "part"):
+        elif kind in ("global", "part", "piece"):
             v.copy_(outs[k].reshape(v.shape))
 
 
