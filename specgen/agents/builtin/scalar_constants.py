@@ -33,6 +33,48 @@ FORMS: dict[str, tuple] = {
     # the backward of a power at the reciprocal exponent (GeM's mean ** (1 / p)): x ** (1 / p - 1)
     "reciprocal_minus_one": (lambda s: 1.0 / s - 1.0, ("reciprocal", "minus_one")),
 }
+# an affine step first, then a unary one: a diffusion step's sqrt(1 - alpha_bar) and
+# 1 / sqrt(alpha_bar)'s kin, log(1 - p), 1 / (1 + beta) (held-out problems-v11's DDIM step)
+_INNER = ("one_minus", "one_plus", "minus_one")
+_OUTER = ("neg", "reciprocal", "neg_reciprocal", "square", "sqrt", "rsqrt", "log")
+
+
+def _same_function(f, g) -> bool:
+    """f and g agree wherever both are defined at a few points (-(1 - s) is s - 1)."""
+    agree = 0
+    for s in (0.3, 0.7, 2.5, 7.0):
+        try:
+            a, b = f(s), g(s)
+        except (ValueError, ZeroDivisionError):
+            continue
+        if abs(a - b) > 1e-12 * max(1.0, abs(a)):
+            return False
+        agree += 1
+    return agree > 0
+
+
+def _composed_forms() -> dict[str, tuple]:
+    """outer(inner(s)) for each pair that is defined at the tracer's small sentinels (sqrt(s - 1)
+    never is: the trace itself would raise) and is no form already listed."""
+    found: dict[str, tuple] = {}
+    for inner in _INNER:
+        for outer in _OUTER:
+            fn = (lambda s, fi=FORMS[inner][0], fo=FORMS[outer][0]: fo(fi(s)))
+            try:
+                fn(1e-4)
+            except (ValueError, ZeroDivisionError):
+                continue
+            if not any(_same_function(fn, known) for known, _ in [*FORMS.values(), *found.values()]):
+                found[f"{outer}_of_{inner}"] = (fn, FORMS[inner][1] + FORMS[outer][1])
+    return found
+
+
+FORMS.update(_composed_forms())
+# The sentinels are small (trace.SENTINEL_BASE), so 1 / (1 - s) and 1 + s differ by s^2, 3e-8 relative:
+# below float32's rounding. Python's math computes a composed form in double, exactly: composed forms
+# match only to double rounding (COMPOSED_REL), and `match` takes the closest form within reach.
+COMPOSED = frozenset(name for name in FORMS if "_of_" in name)
+COMPOSED_REL = 1e-12
 # small constant factors a decomposition puts on such a number (Huber: 0.5 * delta)
 SCALES = (1.0, 0.5, 2.0, 0.25, 4.0, 1.5, 3.0, 1.0 / 3.0)
 _REL = 1e-6  # the traced number is the form in double, or of the scalar rounded to float32 (CELU: 1 / alpha)
@@ -45,18 +87,24 @@ def forms_of(sentinels: dict[float, str]) -> dict[float, tuple[str, str, float]]
     for scale in SCALES:
         for value, name in sentinels.items():
             for form, (fn, _) in FORMS.items():
-                table.setdefault(scale * fn(value), (form, name, scale))
+                try:
+                    number = fn(value)
+                except (ValueError, ZeroDivisionError):  # outside the form's domain at this value
+                    continue
+                table.setdefault(scale * number, (form, name, scale))
     return table
 
 
 def match(value: float, table: dict[float, tuple[str, str, float]]) -> tuple[str, str, float] | None:
-    """The (form, scalar, scale) a traced float is, if any."""
+    """The (form, scalar, scale) a traced float is, if any: the closest within its form's reach."""
     if value in table:
         return table[value]
+    best, distance = None, math.inf
     for known, hit in table.items():
-        if known != 0.0 and abs(value - known) <= _REL * abs(known):
-            return hit
-    return None
+        reach = (COMPOSED_REL if hit[0] in COMPOSED else _REL) * abs(known)
+        if known != 0.0 and abs(value - known) <= reach and abs(value - known) < distance:
+            best, distance = hit, abs(value - known)
+    return best
 
 
 def _numbers(arg) -> list:
