@@ -31,7 +31,7 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
           "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd",
           "instance_norm_affine_fwd", "recentered_std_mean", "groupnorm_film",
-          "channel_stats_cat"]
+          "channel_stats_cat", "hw_chain_norm", "soft_argmax_mid"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
@@ -176,6 +176,14 @@ def test_layouts_and_plans():
     assert [(s.kind, s.piece) for s in programs["forward"].stores] == [("piece", (1, k, 3)) for k in range(3)]
     assert sorted(n.attrs["piece"] for n in programs["backward"].nodes()
                   if n.op == "load" and n.attrs["kind"] == "piece") == [(1, k, 3) for k in range(3)]
+    # torch.arange along the reduced axis: each element's coordinate there, a part value with no
+    # tensor behind it (torch traces arange(1, 2 * D + 1, 2) as an iota from 0, times 2, plus 1)
+    program = lower_spec(_spec("soft_argmax_mid"))["forward"]
+    aranges = [n.attrs for n in program.nodes() if n.op == "load" and n.attrs.get("arange")]
+    assert [(a["kind"], a["atoms"], a["arange"]) for a in aranges] == [("part", (1,), (0, 1))]
+    # chains of keepdim reductions (over W, then H) are one reduction over the block (H, W)
+    layout, p = plan("hw_chain_norm")
+    assert layout == "O = B * C, R = H * W, I = 1" and p["phases"] == [["sum"], ["sum"]]
     # four dependent sweeps in a backward (a std of values already centered by their mean: torch
     # takes the mean again; each step reads the one before)
     assert axis_sweeps(lower_axis(_spec("recentered_std_mean"))["backward"]) == 4
@@ -241,7 +249,8 @@ def test_family_sources_compile(op):
 GPU_CORE = ["sum_dim1", "mean_dim1_4d", "argmax_dim1", "max_dim_last", "min_mid", "sum_all", "mse_loss",
             "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd", "groupnorm_affine_fwd",
             # session 40, not yet run on a GPU: four sweeps, a part total returned, pieces of a concatenation
-            "recentered_std_mean", "groupnorm_film", "channel_stats_cat"]
+            "recentered_std_mean", "groupnorm_film", "channel_stats_cat", "hw_chain_norm",
+            "soft_argmax_mid"]
 
 
 @pytest.mark.gpu

@@ -404,6 +404,10 @@ class AxisEmitter(DirectionEmitter):
 
     def elem_load_expr(self, n: Node, index: str, raw: str | None = None) -> str:
         """Load `n`'s value at element `index` (or from `raw`, a value already read), as its type."""
+        if n.attrs.get("arange"):  # torch.arange over one atom: the element's coordinate along it
+            start, step = n.attrs["arange"]
+            coordinate = f"((int64_t){start} + (int64_t){step} * ({self.part_index(n, index)}))"
+            return f"(acc_t){coordinate}" if n.dtype == "float" else coordinate
         t = self.ctype_of(n.attrs["field"])
         if n.attrs["kind"] == "part":
             index = self.part_index(n, index)

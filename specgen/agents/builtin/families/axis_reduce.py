@@ -35,7 +35,7 @@ import torch
 
 from ...base import AgentRefused
 from ..ir import Node, Program, Store, const
-from ..lower import Cat, Lowering, TensorRef, Val, _contiguous_strides, _hint, _raw_shape, _shape
+from ..lower import Cat, Lowering, TensorRef, Val, _contiguous_strides, _raw_shape, _shape
 from ..modules import Uninit
 from ..trace import trace
 from .scan import Rev
@@ -134,7 +134,8 @@ def find_layout(spec, traced, others=()) -> Layout:
         raise AgentRefused(f"{spec.path}: no tensor input of rank >= 1")
     atoms, shape = refine(tuple(primary.type.dims), sig_shape, graph_shapes([traced] + list(others)))
     numel = math.prod(shape)
-    blocks, totals = set(), []
+    blocks, totals = {}, []  # reduction node -> its block of atoms (start, stop, ends)
+    reduced: dict = {}  # reduction node -> (the S-view its input was, the atoms it reduced): for chains
     for n in traced.graph.graph.nodes:
         if n.op != "call_function" or not hasattr(n.target, "_schema"):
             continue
@@ -151,28 +152,57 @@ def find_layout(spec, traced, others=()) -> Layout:
             raise AgentRefused(f"{spec.path}: a reduction of a constant")
         src_shape = _shape(src)
         spans = match(shape, src_shape) if math.prod(src_shape) == numel else None
-        if spans is None or covered(shape, spans) != {a for a, s in enumerate(shape) if s != 1}:
+        earlier = _keepdim_chain(src, reduced) if spans is None else None
+        if earlier is not None and len(reduced[earlier][0]) == len(src_shape):
+            # the rest of a reduction already begun, keepdim (x.sum(3, keepdim=True).sum(2, keepdim=True)):
+            # the chain reduces the union, one block (its partial sums: PartialSum in the lowering)
+            view, before = reduced[earlier]
+            spans = match(shape, view)
+        elif spans is None or covered(shape, spans) != {a for a, s in enumerate(shape) if s != 1}:
             # a total of kept values (a loss's mean over rows): checked by the lowering
             totals.append(src_shape)
             continue
+        else:
+            earlier, view, before = None, src_shape, set()
         # the reduced dims of the view, as atoms of S
         view_axes = range(len(src_shape)) if axes is None else {a % len(src_shape) for a in axes}
-        axes = sorted({a for q in view_axes for a in spans[q]})
+        axes = sorted({a for q in view_axes for a in spans[q]} | before)
         axes = [a for a in axes if shape[a] != 1] or axes
         if not axes:
             raise AgentRefused(f"{spec.path}: a reduction over size-1 dims only")
+        reduced[n] = (view, set(axes))
+        if earlier is not None:
+            blocks.pop(earlier, None)  # its block was only the chain's first part
         if axes == list(range(axes[0], axes[-1] + 1)):
-            blocks.add((axes[0], axes[-1] + 1, False))
+            blocks[n] = (axes[0], axes[-1] + 1, False)
             continue
         kept = [a for a in range(len(shape)) if a not in axes]
         if kept != list(range(kept[0], kept[-1] + 1)) or kept[0] == 0 or kept[-1] == len(shape) - 1:
             raise AgentRefused(f"{spec.path}: a reduction over axes {axes}: neither contiguous nor both ends")
-        blocks.add((kept[0], kept[-1] + 1, True))
-    if len(blocks) != 1:
-        raise AgentRefused(f"{spec.path}: {'no reduction' if not blocks else 'reductions over different axes'}")
-    start, stop, ends = blocks.pop()
+        blocks[n] = (kept[0], kept[-1] + 1, True)
+    distinct = set(blocks.values())
+    if len(distinct) != 1:
+        raise AgentRefused(f"{spec.path}: {'no reduction' if not distinct else 'reductions over different axes'}")
+    start, stop, ends = distinct.pop()
     d = list(atoms)
     return Layout(shape, start, stop, tuple(d[:start]), tuple(d[start:stop]), tuple(d[stop:]), ends)
+
+
+def _keepdim_chain(src, reduced: dict):
+    """The reduction `src` is the keepdim result of (through the broadcast that keeps its dims,
+    views, casts and a scale by a number: a mean's division), when it is one find_layout
+    recorded; else None."""
+    node = src
+    while isinstance(node, torch.fx.Node) and node not in reduced:
+        name = node.target._schema.name.split("::")[1] if hasattr(node.target, "_schema") else None
+        if name in ("div", "mul") and len(node.args) == 2 and not isinstance(
+                getattr(node.args[1], "meta", {}).get("val"), torch.Tensor):
+            node = node.args[0]
+            continue
+        if name not in ("broadcast_in_dim", "view_of", "convert_element_type", "clone") or not node.args:
+            return None
+        node = node.args[0]
+    return node if isinstance(node, torch.fx.Node) else None
 
 
 @dataclass(frozen=True)
@@ -210,10 +240,18 @@ class AxisLowering(Lowering):
     def trailing_fold(self, primary) -> list:
         return []  # the [O, R, I] layout says what a row is: no folding of trailing axes
 
-    def op_iota(self, fx_node, *_, **__):
-        # the row lowering's arange is its column index; here a "column" is the reduced block,
-        # whichever axes it spans, so an arange has no node that means it
-        raise self.refuse(fx_node, "an arange (torch.arange) in a reduction over a block of axes")
+    def op_iota(self, fx_node, length, *, start=0, step=1, dtype=torch.int64, **_):
+        """torch.arange over one atom of S (a soft-argmin's disparities arange(D) along the reduced
+        axis of [B, D, H, W]): each element's coordinate along that atom, read as a `part` value
+        with no tensor behind it (axis_emit.elem_load_expr computes it from the element's index)."""
+        (n,) = _shape(fx_node)
+        atoms = [a for a, size in enumerate(self.layout.shape) if size == n]
+        if n <= 1 or len(atoms) != 1 or not isinstance(start, int) or not isinstance(step, int):
+            raise self.refuse(fx_node, "an arange (torch.arange) that is not the coordinate along one axis")
+        a = atoms[0]
+        return Val(Node("load", level="elem", dtype="float" if dtype.is_floating_point else "int", name=f"arange_{a}",
+                        attrs={"field": f"arange_{a}", "kind": "part", "row_div": [], "offset": None,
+                               "atoms": (a,), "arange": (start, step)}), (n,))
 
     def refuse(self, fx_node, what: str) -> AgentRefused:
         from ..trace import where
@@ -866,6 +904,8 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
         return t.reshape([full[a] if a in atoms else 1 for a in range(len(full))]).expand(full)
 
     parts = {field: attrs["atoms"] for field, attrs in loads.items() if attrs["kind"] == "part"}
+    tensors = {**tensors, **{field: torch.arange(full[attrs["atoms"][0]]) * attrs["arange"][1] + attrs["arange"][0]
+                             for field, attrs in loads.items() if attrs.get("arange")}}  # an arange's coordinates
     # (inputs the program does not read are left out: a bias the backward never loads has no layout)
     ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items() if k in read_as}
     kept_atoms = [a for a in range(len(full)) if a not in lay.red_axes]
