@@ -31,7 +31,7 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
           "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd",
           "instance_norm_affine_fwd", "recentered_std_mean", "groupnorm_film",
-          "channel_stats_cat", "hw_chain_norm", "soft_argmax_mid"]
+          "channel_stats_cat", "hw_chain_norm", "soft_argmax_mid", "flat_argmax_divmod"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
@@ -39,7 +39,7 @@ FOLDED = {"mean_hw_keepdim": 2}
 # a 0-d tensor's broadcast is a global load (session 33); the family's programs still tested here
 ROW_TAKEN = {"triplet_loss", "cosine_loss"}
 REFUSED = {"sum_dims13": "a reduction over dims [1, 3]", "prod_mid_bwd": "prims.prod"}
-SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2, "G": 5}
+SHAPES = {"N": 6, "D": 40, "B": 3, "C": 9, "L": 12, "H": 4, "W": 6, "A": 2, "G": 5, "K": 4, "V": 7}
 
 
 def _spec(op):
@@ -250,7 +250,7 @@ GPU_CORE = ["sum_dim1", "mean_dim1_4d", "argmax_dim1", "max_dim_last", "min_mid"
             "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd", "groupnorm_affine_fwd",
             # session 40, not yet run on a GPU: four sweeps, a part total returned, pieces of a concatenation
             "recentered_std_mean", "groupnorm_film", "channel_stats_cat", "hw_chain_norm",
-            "soft_argmax_mid"]
+            "soft_argmax_mid", "flat_argmax_divmod"]
 
 
 @pytest.mark.gpu

@@ -194,6 +194,10 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             return f"((acc_t)({x[0]}) / (acc_t)({x[1]}))"
         if op == "floordiv":
             return f"({x[0]} / {x[1]})"  # sizes: non-negative
+        if op == "remainder":  # Python's %: C's remainder moved to the divisor's sign (torch.remainder)
+            a, b = (x[0], x[1]) if node.dtype == "int" else (f"(acc_t)({x[0]})", f"(acc_t)({x[1]})")
+            r = f"({a} % {b})" if node.dtype == "int" else f"fmod({a}, {b})"
+            return f"({r} + (({r} != 0 && (({r} < 0) != ({b} < 0))) ? {b} : ({b}) * 0))"
         if op == "pow":
             exponent = node.args[1]
             if exponent.op == "const" and exponent.attrs["value"] in (2, 2.0):

@@ -31,12 +31,12 @@ LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-co
 PRIM_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "rsqrt": "rsqrt", "sqrt": "sqrt",
               "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1", "reciprocal": "reciprocal",
               "sin": "sin", "cos": "cos", "exp2": "exp2", "log2": "log2", "log10": "log10", "floor": "floor",
-              "ceil": "ceil", "sign": "sign",
+              "ceil": "ceil", "sign": "sign", "signbit": "signbit",
               "bitwise_not": "not", "logical_not": "not", "sigmoid": "sigmoid"}
 PRIM_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
                "minimum": "minimum", "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",
                "ge": "ge", "bitwise_and": "and", "bitwise_or": "or", "logical_and": "and", "logical_or": "or",
-               "atan2": "atan2", "fmod": "fmod"}
+               "atan2": "atan2", "fmod": "fmod", "remainder": "remainder"}
 VIEW_OPS = {"broadcast_in_dim", "view_of", "clone", "squeeze", "reshape", "collapse_view", "split_dim",
             "expand", "alias", "view", "_unsafe_view", "unsqueeze", "expand_dims", "contiguous"}
 PY_INT_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
@@ -491,7 +491,7 @@ class Lowering:
         folded = self.fold_range(op, args)
         if folded is not None:
             return folded
-        if op in ir.COMPARE or op in ("and", "or", "not"):
+        if op in ir.COMPARE or op in ("and", "or", "not", "signbit"):
             out_dtype = "bool"
         elif dtype is not None:
             out_dtype = dtype
@@ -946,6 +946,12 @@ class Lowering:
         return Val(self.filled(value, fx_node), self.shape_of(fx_node))
 
     def op_scalar_tensor(self, fx_node, value, **kwargs):
+        if isinstance(value, torch.fx.Node):  # a size as a tensor (torch.div(i, n, rounding_mode="floor") by a size)
+            node = self.sym(value, fx_node)
+            want = kwargs.get("dtype")
+            if want is not None and want.is_floating_point and node.dtype != "float":
+                node = self.cast(node, want, fx_node)
+            return Val(node, ())
         return Val(self.filled(value, fx_node), ())
 
     def op_copy_(self, fx_node, dst, src, *args, **kwargs):

@@ -45,6 +45,7 @@ OPS: dict[str, OpDef] = {
     "ceil": OpDef(1, "ceil((acc_t)({0}))", torch.ceil),
     "sign": OpDef(1, "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))", torch.sign),
     "isfinite": OpDef(1, "isfinite((acc_t)({0}))", torch.isfinite),  # bool: optimize.centered_affine's guard
+    "signbit": OpDef(1, "signbit((acc_t)({0}))", torch.signbit),  # bool: torch.div(rounding_mode="floor") of ints
     # binary
     "add": OpDef(2, "({0} + {1})", torch.add),
     "sub": OpDef(2, "({0} - {1})", torch.sub),
@@ -64,6 +65,7 @@ OPS: dict[str, OpDef] = {
     "or": OpDef(2, "({0} || {1})", torch.logical_or),
     "atan2": OpDef(2, "atan2((acc_t)({0}), (acc_t)({1}))", torch.atan2),
     "fmod": OpDef(2, "fmod((acc_t)({0}), (acc_t)({1}))", torch.fmod),
+    "remainder": OpDef(2, None, torch.remainder),  # Python's %: the divisor's sign (emit.op_expr, by dtype)
     # ternary and conversions
     "where": OpDef(3, "({0} ? {1} : {2})", torch.where),
     "cast": OpDef(1, None, None),  # by the node's dtype
