@@ -31,7 +31,8 @@ FAMILY = ["sum_dim1", "mean_dim1_4d", "amax_dim1", "argmax_dim1", "max_dim_last"
           "triplet_loss", "cosine_loss", "amax_mid_bwd", "var_mid", "softmax_mid", "sum_dims02", "amax_dims02",
           "logsumexp_mid", "std_mid", "norm_mid", "l2normalize_mid", "prod_mid", "groupnorm_affine_fwd",
           "instance_norm_affine_fwd", "recentered_std_mean", "groupnorm_film",
-          "channel_stats_cat", "hw_chain_norm", "soft_argmax_mid", "flat_argmax_divmod"]
+          "channel_stats_cat", "hw_chain_norm", "soft_argmax_mid", "flat_argmax_divmod",
+          "softplus_gain_square_softmax"]
 # reductions over a trailing run of axes: the row lowering's now (their trailing axes folded into
 # one column axis, lower.trailing_fold); the family's own lowering of them is still tested here
 FOLDED = {"mean_hw_keepdim": 2}
@@ -181,6 +182,10 @@ def test_layouts_and_plans():
     program = lower_spec(_spec("soft_argmax_mid"))["forward"]
     aranges = [n.attrs for n in program.nodes() if n.op == "load" and n.attrs.get("arange")]
     assert [(a["kind"], a["atoms"], a["arange"]) for a in aranges] == [("part", (1,), (0, 1))]
+    # a head's gain through softplus: its gradient a part total over every atom but H, whose
+    # epilogue reads g at the output element (softplus's derivative)
+    stores = {s.field: s.kind for s in lower_spec(_spec("softplus_gain_square_softmax"))["backward"].stores}
+    assert stores == {"grad_x": "elem", "grad_g": "part"}
     # chains of keepdim reductions (over W, then H) are one reduction over the block (H, W)
     layout, p = plan("hw_chain_norm")
     assert layout == "O = B * C, R = H * W, I = 1" and p["phases"] == [["sum"], ["sum"]]
@@ -250,7 +255,7 @@ GPU_CORE = ["sum_dim1", "mean_dim1_4d", "argmax_dim1", "max_dim_last", "min_mid"
             "mean_hw_keepdim", "cosine_loss", "softmax_mid", "sum_dims02", "amax_mid_bwd", "groupnorm_affine_fwd",
             # session 40, not yet run on a GPU: four sweeps, a part total returned, pieces of a concatenation
             "recentered_std_mean", "groupnorm_film", "channel_stats_cat", "hw_chain_norm",
-            "soft_argmax_mid", "flat_argmax_divmod"]
+            "soft_argmax_mid", "flat_argmax_divmod", "softplus_gain_square_softmax"]
 
 
 @pytest.mark.gpu

@@ -146,8 +146,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
         offset = int(ev(store.offset)) if store.offset is not None else 0
         if store.kind == "global":
             out.reshape(()).copy_(value.reshape(()))
-        elif store.kind == "part":  # a family's per-parameter totals, already in the output's shape
-            out.copy_(value.reshape(out.shape))
+        elif store.kind == "part":  # the axis family's per-parameter totals, at every element they cover
+            out.copy_(torch.broadcast_to(value, out.shape))
         elif store.kind == "row":
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
         elif store.kind == "piece":

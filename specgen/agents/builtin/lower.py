@@ -983,7 +983,13 @@ class Lowering:
         return Val(self.cast(v.node, dtype, fx_node), self.shape_of(fx_node))
 
     def op_where(self, fx_node, cond, a, b):
-        c, x, y = (self.value(t, fx_node) for t in (cond, a, b))
+        vals = [self.value(t, fx_node, defer=True) for t in (cond, a, b)]
+        if any(isinstance(v, broadcast.Pending) for v in vals):  # a clamp of a [H] parameter before its broadcast
+            pending = broadcast.elementwise(self, "where", vals, self.shape_of(fx_node), fx_node)
+            if pending is not None:
+                return pending
+            vals = [broadcast.materialize(self, v, fx_node) if isinstance(v, broadcast.Pending) else v for v in vals]
+        c, x, y = vals
         return Val(self.where(c.node, x.node, y.node, fx_node), self.shape_of(fx_node))
 
     # -- reductions

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...base import AgentRefused
 from ..ctext import Ctx, dim_expr
 from ..cwriter import CWriter
 from ..ir import Node, Store
@@ -154,6 +155,11 @@ class PartWriter:
             ctx = Ctx()
             for t, s in zip(g.totals, self.sums(g)):
                 ctx.names[t.id] = s
+            for n in self.own_loads(g):  # a parameter over exactly the output's atoms: read at k
+                # (a per-head scale's clamp gradient: grad_logit_scale = total * exp(clamped) * mask)
+                t = em.ctype_of(n.attrs["field"]) if not n.attrs.get("arange") else None
+                ctx.loads[n.id] = (f"(acc_t)({n.attrs['arange'][0]} + {n.attrs['arange'][1]} * k)" if t is None
+                                   else em.elem_load_expr(n, "k", f"((const {t}*)A.{n.attrs['field']}.data)[k]"))
             for n in em.closure([s.value for s in g.stores], "post"):
                 if n.id not in ctx.names:
                     w.line(f"const {em.ctype_var(n)} {em.var(n)} = {em.expr(n, ctx)};")
@@ -161,6 +167,22 @@ class PartWriter:
             for s in g.stores:
                 w.line(f"(({em.ctype_of(s.field)}*)A.{s.field}.data)[k] = "
                        f"{em.store_value(s.field, em.expr(s.value, ctx), s.value)};")
+
+    def own_loads(self, g: PartGroup) -> list:
+        """The part loads the stores' epilogue reads: each over exactly the group's atoms (any
+        other would be a value of the summed elements, not of the output element)."""
+        found, seen, stack = [], set(), [s.value for s in g.stores]
+        while stack:
+            n = stack.pop()
+            if n.id in seen or n.op == "partreduce":
+                continue
+            seen.add(n.id)
+            if n.op == "load" and n.level == "elem":
+                if n.attrs["kind"] != "part" or tuple(n.attrs["atoms"]) != tuple(g.atoms):
+                    raise AgentRefused(f"the epilogue of a part total reads {n.attrs['field']} over other atoms")
+                found.append(n)
+            stack.extend(n.args)
+        return found
 
     def partial(self, q: int, t: int, index: str) -> str:
         return f"((acc_t*)((char*)ws + 8 * (poff + (size_t){t} * (size_t)GS * (size_t)KP)))[{index}]"

@@ -279,6 +279,12 @@ class AxisLowering(Lowering):
         from .axis_views import match
         return match(self.layout.shape, shape)
 
+    def kept_sizes(self, shape) -> bool:
+        """`shape` has the kept atoms' sizes, in order, with size-1 dims anywhere."""
+        lay = self.layout
+        kept = [s for a, s in enumerate(lay.shape) if a not in lay.red_axes and s != 1]
+        return [s for s in shape if s != 1] == kept
+
     def shape_class(self, shape) -> str | None:
         """elem: a view of S (every atom); row: of the kept atoms exactly, in order; part: a
         broadcast value's shape (some atoms absent: only a value constant over the absent
@@ -403,6 +409,11 @@ class AxisLowering(Lowering):
         if isinstance(got, TensorRef):
             got = self.load(got, fx_node)
         old_level, new_cls = got.node.level, self.shape_class(new_shape)
+        if new_cls is None and old_level == "row" and self.kept_sizes(new_shape):
+            # a kept value given its size-1 dims back where two atoms have one size (a softmax's max
+            # over the last axis of [B, H, N, N] kept as [B, H, N, 1]): the shape alone matches
+            # two ways, but a kept value spans the kept atoms
+            return Val(got.node, new_shape)
         # a value per row (or constant) may take any grouping of the atoms (a broadcast over
         # the absent ones); a value per element only another view of all of S
         if new_cls is None and old_level not in ("const", "global"):
@@ -884,6 +895,10 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     loads = {n.attrs["field"]: n.attrs for n in program.nodes() if n.op == "load"}
     read_as = {field: attrs["kind"] for field, attrs in loads.items()}
 
+    def s_rows(t):  # an S tensor as [O*I, R] (or, for `ends`, [O, RA*RB])
+        return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
+            t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
+
     def to_rows(t, name=None):
         if read_as.get(name) == "piece":  # read at its pieces' places (interp.piece_index)
             return t
@@ -891,8 +906,7 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             return t.reshape(())
         if read_as.get(name) in ("elem", "part") or \
                 (read_as.get(name) is None and t.numel() == S and (tuple(t.shape) == full or t.numel() != O * I)):
-            return t.reshape(view).permute(1, 0, 2).reshape(O, R) if lay.ends else \
-                t.reshape(O, R, I).permute(0, 2, 1).reshape(O * I, R)
+            return s_rows(t)
         return t.reshape(O * I)
 
     def from_rows(t, shape):
@@ -910,7 +924,10 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
     ins = {k: to_rows(expanded(v, parts[k]) if k in parts else v, k) for k, v in tensors.items() if k in read_as}
     kept_atoms = [a for a in range(len(full)) if a not in lay.red_axes]
 
-    def partreduce(node, args):  # sum over every atom but the output's ones
+    def partreduce(node, args):
+        """The sum over every atom but the output's, at every element it is constant over (so
+        that the epilogue's arithmetic with a parameter read per element lines up); a part
+        store then takes one element per output element."""
         x = args[0]
         if node.attrs["over"] == "elem":
             x = from_rows(x.expand(O * I, R), full)
@@ -919,22 +936,30 @@ def run_axis_program(program: AxisProgram, tensors: dict, scalars: dict, dims: d
             x = x.expand(O * I, 1).reshape([full[a] for a in kept_atoms])
             space = kept_atoms
         summed = [q for q, a in enumerate(space) if a not in node.attrs["atoms"]]
-        return x.sum(summed).reshape(-1) if summed else x.reshape(-1)
+        x = x.sum(summed, keepdim=True).expand(x.shape) if summed else x
+        return s_rows(x) if node.attrs["over"] == "elem" else x.reshape(O * I, 1)
+
+    def one_per_output(t, store):  # a part store's value at the first element of each output element
+        atoms = _part_totals(store.value)[0].attrs["atoms"]
+        return from_rows(t, full)[tuple(slice(None) if a in atoms else 0 for a in range(len(full)))]
 
     outs = {}
     for k, v in outputs.items():
         kind = next((s.kind for s in program.stores if s.field == k), None)
-        outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind == "elem" else \
+        outs[k] = torch.empty(O * I, R, dtype=v.dtype) if kind in ("elem", "part") else \
             torch.empty(O * I, dtype=v.dtype) if kind == "row" else \
-            torch.empty(v.shape, dtype=v.dtype) if kind in ("part", "piece") else torch.empty((), dtype=v.dtype)
+            torch.empty(v.shape, dtype=v.dtype) if kind == "piece" else torch.empty((), dtype=v.dtype)
     run_program(program, ins, scalars, dims, outs, acc=acc, family_ops={"partreduce": partreduce})
     for k, v in outputs.items():
-        kind = next((s.kind for s in program.stores if s.field == k), None)
+        store = next((s for s in program.stores if s.field == k), None)
+        kind = store.kind if store is not None else None
         if kind == "elem":
             v.copy_(from_rows(outs[k], v.shape))
+        elif kind == "part":
+            v.copy_(one_per_output(outs[k], store).reshape(v.shape))
         elif kind == "row":
             v.copy_(outs[k].reshape(v.shape))
-        elif kind in ("global", "part", "piece"):
+        elif kind in ("global", "piece"):
             v.copy_(outs[k].reshape(v.shape))
 
 
