@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from builtin_support import check_backward, check_forward, compiles_for_hopper, own_spec, verifies_on_the_gpu
-from specgen.agents.base import AgentRefused
-from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
 from specgen.agents.builtin.lower import lower
 from specgen.agents.builtin.trace import trace
@@ -47,15 +45,16 @@ def test_the_kernel_verifies_on_the_gpu():
     verifies_on_the_gpu(own_spec("length_masked_mean"))
 
 
-def test_the_axis_family_refuses_an_arange_it_would_read_as_its_reduced_index():
+def test_the_axis_family_reads_an_arange_along_a_kept_axis_as_that_coordinate():
     """softmax over the channels of [B, C, L] times arange(L): the axis family's column is the
-    channel axis, so its lowering refuses the arange (it was read as the channel index before:
-    a wrong program the interpreter showed, session 33); the spec is refused as a whole."""
+    channel axis, so the arange was read as the channel index once (a wrong program the
+    interpreter showed, session 33) and then refused; since session 40 an arange over one atom of
+    S is each element's coordinate along it (L's, a kept atom), and the program matches."""
     from specgen.agents.builtin.families.axis_reduce import lower_axis
 
     spec = own_spec("softmax_mid_ramp")
-    with pytest.raises(AgentRefused) as info:
-        lower_axis(spec)
-    assert "softmax_mid_ramp.yaml:12" in str(info.value) and "an arange" in str(info.value)
-    with pytest.raises(AgentRefused):
-        build_source(spec)
+    forward = lower_axis(spec)["forward"]
+    aranges = [n.attrs for n in forward.nodes() if n.op == "load" and n.attrs.get("arange")]
+    assert [(a["atoms"], a["arange"]) for a in aranges] == [((2,), (0, 1))]  # L, not C (atom 1)
+    for dims in ({"B": 2, "C": 5, "L": 7}, {"B": 1, "C": 1, "L": 1}, {"B": 3, "C": 7, "L": 5}):
+        check_forward(spec, dims)

@@ -166,6 +166,11 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             t = self.ctype_of(a["field"])
             conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
             return f"{conv}(((const {t}*)A.{a['field']}.data)[{self.row_index(a['row_div'])}])"
+        if op == "load" and a["kind"] == "colpick":  # column k of a row (a box's coordinate of [N, 4])
+            t = self.ctype_of(a["field"])
+            conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
+            index = f"{self.row_index(a['row_div'])} * {pitch_expr(self.p, self.types[a['field']])} + {a['col']}"
+            return f"{conv}(((const {t}*)A.{a['field']}.data)[{index}])"
         if op == "load" and a["kind"] == "piece":  # the axis family: position k of n along a dim
             t = self.ctype_of(a["field"])
             conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"

@@ -83,6 +83,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
                 return t.reshape(view).expand(full).reshape(rows, width)
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
+            if a["kind"] == "colpick":  # column k of each row
+                return t.reshape(-1, math.prod(t.shape[-program.fold:]))[row_index(a["row_div"]), a["col"]].unsqueeze(1)
             if a["kind"] == "piece":  # the axis family: position k of n along a dim of the whole tensor
                 return t.reshape(-1)[piece_index(rows, t.shape, a["piece"])].unsqueeze(1)
             offset = int(ev(a["offset"])) if a.get("offset") is not None else 0

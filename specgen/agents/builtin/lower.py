@@ -454,7 +454,7 @@ class Lowering:
             if isinstance(got, Node):  # a SymInt / SymFloat used as a tensor operand
                 return Val(got, ())
             if isinstance(got, Cat):
-                raise self.refuse(fx_node, "a concatenation used before it is stored")
+                return self.cat_by_column(got, fx_node)
             if isinstance(got, Uninit):
                 raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
             if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
@@ -888,6 +888,9 @@ class Lowering:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
+        picked = self.column_pick(got, new_shape, strides, storage_offset)
+        if picked is not None:
+            return picked
         if not is_const(offset, 0):
             hint = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset
             suffix = scan.lower_suffix(self, fx_node, got, new_shape, hint, strides) \
@@ -900,6 +903,53 @@ class Lowering:
             if prefix is not None:
                 return prefix
         return self.view(src, fx_node)
+
+    def op_select(self, fx_node, src, dim, index):
+        """x[..., k] along the columns when they are a literal few (a box's coordinates of
+        [N, 4]): column k of each row (`column_pick`); any other select is refused."""
+        got = self.env.get(src) if isinstance(src, torch.fx.Node) else None
+        shape = tuple(got.shape) if isinstance(got, (TensorRef, Val)) else ()
+        if not shape or dim % len(shape) != len(shape) - 1 or not isinstance(index, int) \
+                or any(d.symbol is not None for d in self.col_dims) or self.fold_dims:
+            raise self.refuse(fx_node, "the op aten.select")
+        k = index % shape[-1]
+        if isinstance(got, TensorRef):
+            if shape[:-1] != self.rows:
+                raise self.refuse(fx_node, "the op aten.select")
+            self.set_width(shape[-1], fx_node)
+            dtype = "int" if got.is_int else ("bool" if got.ttype.dtype == "bool" else "float")
+            return Val(Node("load", level="row", dtype=dtype, name=f"{got.field}_c{k}",
+                            attrs={"field": got.field, "kind": "colpick", "row_div": [], "col": k}), shape[:-1])
+        picked = self.column_pick(got, shape[:-1] + (1,), _contiguous_strides(shape), k)
+        if picked is None:
+            raise self.refuse(fx_node, "the op aten.select")
+        return Val(picked.node, shape[:-1])
+
+    def cat_by_column(self, cat: Cat, fx_node) -> Val:
+        """A concatenation of one-column pieces read as a value (the gradient of a box's four
+        coordinates, stacked back into [N, 4]): piece k where the column index is its offset."""
+        if not cat.shape or cat.shape[-1] != self.width or any(
+                not v.shape or v.shape[-1] != 1 or not is_const(off) for off, v in cat.pieces):
+            raise self.refuse(fx_node, "a concatenation used before it is stored")
+        node = cat.pieces[-1][1].node
+        for off, v in reversed(cat.pieces[:-1]):
+            column = self.pointwise("eq", [self.column_iota(), off], fx_node)
+            node = self.where(column, v.node, node, fx_node)
+        return Val(node, tuple(cat.shape))
+
+    def column_pick(self, got, new_shape, strides, storage_offset):
+        """Column k of a computed value whose columns are a literal few (a box's cx, cy, w, h of
+        [N, 4]: `boxes.unbind(-1)`, `boxes[:, 2]`): the value's expression at column k, one per
+        row; None when this is not such a pick."""
+        k = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else (storage_offset or 0)
+        if not isinstance(got, Val) or got.node.level != "elem" or not got.shape or len(new_shape) != len(got.shape) \
+                or tuple(new_shape[:-1]) != tuple(got.shape[:-1]) or new_shape[-1] != 1 or self.fold_dims \
+                or got.shape[-1] != self.width or strides != _contiguous_strides(got.shape) \
+                or not isinstance(k, int) or not 0 <= k < got.shape[-1] \
+                or any(d.symbol is not None for d in self.col_dims):
+            return None
+        node = at_column(got.node, k)
+        return None if node is None else Val(node, tuple(new_shape))
 
     def is_reshape(self, fx_node, src, stride, storage_offset) -> bool:
         """An as_strided that only reshapes a contiguous value: offset 0, the same element
@@ -927,9 +977,11 @@ class Lowering:
             # was stored as wide as the others, over the next row (a helper's size fuzz, session 22)
             raise self.refuse(fx_node, "a concatenation of pieces of different widths")
         pieces, offset = [], 0
+        literal = all(d.symbol is None for d in self.col_dims)  # [N, 4] boxes: offsets are numbers
         for t in tensors:
             v = self.value(t, fx_node)
-            pieces.append((self.dim_node(offset, fx_node) if offset else const(0), v))
+            at = const(offset) if literal else self.dim_node(offset, fx_node) if offset else const(0)
+            pieces.append((at, v))
             offset += self.shape_of(t)[-1]
         return Cat(pieces, shape)
 
@@ -1122,6 +1174,35 @@ class Lowering:
 def _reads_per_row_values(node: Node) -> bool:
     """Does `node` read a value per row: a row reduction, a gather or a per-row input."""
     return any(n.level == "row" for n in ir.walk(node))
+
+
+def at_column(node: Node, k: int) -> Node | None:
+    """`node`'s value at column k, as one value per row: its elem loads read that column, the
+    column index is k. None where an elem value needs the whole row (a reduction, a scan, a
+    gather) or a [W] parameter (not read per row)."""
+    memo: dict[int, Node | None] = {}
+
+    def go(n: Node) -> Node | None:
+        if n.id in memo:
+            return memo[n.id]
+        if n.level != "elem":
+            out = n
+        elif n.op == "load" and n.attrs.get("kind") == "elem" and n.attrs.get("offset") is None:
+            out = Node("load", level="row", dtype=n.dtype, name=f"{n.name}_c{k}",
+                       attrs={"field": n.attrs["field"], "kind": "colpick", "row_div": n.attrs.get("row_div", []),
+                              "col": k})
+        elif n.op == "iota":
+            out = const(k)
+        elif n.op in ("load", "rowreduce", "scan", "gather") or not n.args:
+            out = None
+        else:
+            args = [go(a) for a in n.args]
+            out = None if any(a is None for a in args) else \
+                Node(n.op, tuple(args), level=level_of(*args), dtype=n.dtype, attrs=dict(n.attrs), name=n.name)
+        memo[n.id] = out
+        return out
+
+    return go(node)
 
 
 def _contiguous_strides(shape):

@@ -348,7 +348,7 @@ class AxisLowering(Lowering):
     def value(self, arg, fx_node, defer: bool = False):
         # never pending (broadcast.py): a lower-rank input is a part load here, read at each
         # element's coordinates in its atoms, whatever is computed on it first
-        if isinstance(arg, torch.fx.Node) and isinstance(self.env.get(arg), KeptPieces):
+        if isinstance(arg, torch.fx.Node) and isinstance(self.env.get(arg), (KeptPieces, Cat)):
             raise self.refuse(fx_node, "a concatenation used before it is stored")
         got = super().value(arg, fx_node, False)
         if isinstance(got, PartialSum):
@@ -644,6 +644,9 @@ class AxisLowering(Lowering):
 
     def op_gather(self, fx_node, *args, **kw):
         raise self.refuse(fx_node, "a gather")
+
+    def op_select(self, fx_node, *args, **kw):  # the row lowering's column pick: its columns are not R
+        raise self.refuse(fx_node, "the op aten.select")
 
     def op_as_strided(self, fx_node, src, size, stride, storage_offset=0):
         piece = self.input_piece(fx_node, src, stride, storage_offset)
