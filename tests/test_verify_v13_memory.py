@@ -129,11 +129,18 @@ def test_the_endurance_run_rejects_host_memory_leaked_per_call(impl, reason):
 
 # ------------------------------------------------------------------ scratch parked in the default pool
 
-def test_the_parked_bound_is_64_mib_above_the_bytes_in_use_before():
+def test_the_candidate_reports_what_it_parked_and_the_judge_holds_it_to_64_mib(softmax):
+    """One place decides (session 40 review): the candidate's process reports the bytes parked above
+    those in use before, whatever the amount; the judge applies the bound."""
     assert pool.PARKED_BYTES_LIMIT == 64 * MiB
-    assert pool.parked_report(10 * MiB, 10 * MiB + 64 * MiB, "call") is None
-    assert pool.parked_report(10 * MiB, 10 * MiB + 64 * MiB + 1, "call") == {"bytes": 64 * MiB + 1, "op": "call"}
+    message = {"op": "call", "calls": [{"direction": "forward"}]}
+    at_bound = pool.parked_report(10 * MiB, 10 * MiB + 64 * MiB, "call")
+    assert at_bound == {"bytes": 64 * MiB, "op": "call"} and parked_memory_failure(softmax, message, at_bound) is None
+    above = pool.parked_report(10 * MiB, 10 * MiB + 64 * MiB + 1, "call")
+    assert above == {"bytes": 64 * MiB + 1, "op": "call"}
+    assert parked_memory_failure(softmax, message, above).reason == LEAKED_MEMORY
     assert pool.parked_report(None, 600 * MiB, "call") is None and pool.parked_report(0, None, "call") is None
+    assert pool.parked_report(10 * MiB, 10 * MiB, "call") is None  # nothing parked
 
 
 def test_scratch_parked_in_the_pool_is_leaked_memory(softmax):
@@ -153,7 +160,7 @@ def test_the_honest_scratch_of_the_test_kernels_stays_under_the_bound():
     # spec's benchmark (16384 rows) that is 64 KiB
     for name in ("rmsnorm.cu", "rmsnorm__warp_per_row.cu"):
         assert "a->N * sizeof(float)" in (REPO / "tests" / "kernels" / name).read_text()
-    assert pool.parked_report(0, 16384 * 4, "call") is None
+    assert parked_memory_failure(None, {"op": "call"}, pool.parked_report(0, 16384 * 4, "call")) is None
 
 
 def test_the_candidate_reads_no_pool_peak_where_there_is_no_gpu():
@@ -225,20 +232,31 @@ def test_the_stack_limit_is_read_with_cu_limit_stack_size(monkeypatch):
 H100_THREADS = 2048 * 132
 
 
-@pytest.mark.parametrize("limit, baseline, reported", [
-    (1024, 1024, False),  # the default
-    (4096, 1024, False),  # the bound itself
-    (8192, 8192, False),  # no higher than when the context was made (not the kernel's doing)
-    (16384, 1024, True),  # a 16 KiB per-thread array
-    (8192, None, True),  # no baseline read: the bound alone
-    (None, 1024, False),  # not read
+def test_a_stack_grown_below_the_bound_then_past_it_is_reported_again():
+    """Reported as it grows: a first growth below the bound does not hide a later one past it."""
+    first = local_memory.stack_report(2048, 1024, 1024, H100_THREADS, "call")
+    assert first is not None and local_memory_failure(None, {"op": "call"}, first) is None
+    assert local_memory.stack_report(2048, first["stack_bytes"], 1024, H100_THREADS, "call") is None
+    later = local_memory.stack_report(16384, first["stack_bytes"], 1024, H100_THREADS, "call")
+    assert local_memory_failure(None, {"op": "call"}, later) is not None
+
+
+@pytest.mark.parametrize("limit, baseline, reported, failed", [
+    (1024, 1024, False, False),  # the default: no growth, no report
+    (4096, 1024, True, False),  # grown, to the bound itself: reported, the judge lets it pass
+    (8192, 8192, False, False),  # no higher than when the context was made (not the kernel's doing)
+    (16384, 1024, True, True),  # a 16 KiB per-thread array
+    (8192, None, True, True),  # no baseline read: the bound alone
+    (None, 1024, False, False),  # not read
 ])
-def test_the_stack_bounds(limit, baseline, reported, softmax):
-    report = local_memory.stack_report(limit, baseline, H100_THREADS, "call")
+def test_the_stack_bounds(limit, baseline, reported, failed, softmax):
+    """The candidate reports the limit as it grows; the judge alone applies the bound and the
+    baseline (one place decides: session 40 review)."""
+    report = local_memory.stack_report(limit, baseline, baseline, H100_THREADS, "call")
     assert (report is not None) == reported
     failure = local_memory_failure(softmax, {"op": "call", "direction": "forward"}, report)
-    assert (failure is not None) == reported
-    if reported:
+    assert (failure is not None) == failed
+    if failed:
         assert report["reserved_bytes"] == limit * H100_THREADS
         assert failure.reason == LEAKED_MEMORY
         assert f"{limit} bytes of local memory per thread" in failure.detail
@@ -247,7 +265,7 @@ def test_the_stack_bounds(limit, baseline, reported, softmax):
 
 
 def test_a_16_kib_stack_on_an_h100_reserves_4_4_gb(softmax):
-    report = local_memory.stack_report(16384, 1024, H100_THREADS, "load")
+    report = local_memory.stack_report(16384, 1024, 1024, H100_THREADS, "load")
     failure = local_memory_failure(softmax, {"op": "load"}, report)
     assert "reserve 4.4 GB of device memory" in failure.detail and "loading the kernel library" in failure.detail
     # the judge applies the bounds itself too: a report at the baseline is no failure
@@ -307,7 +325,8 @@ def test_a_16_kib_local_array_raises_the_stack_limit(tmp_path):
     before, after, code = map(int, run.stdout.split()[-3:])
     assert code == 0
     assert before <= local_memory.STACK_BYTES_LIMIT < 16384 <= after
-    assert local_memory.stack_report(after, before, 2048 * 132, "call") is not None
+    assert local_memory_failure(None, {"op": "call"}, local_memory.stack_report(after, before, before, 2048 * 132,
+                                                                                "call")) is not None
 
 
 @pytest.mark.gpu
@@ -329,7 +348,7 @@ def test_the_pool_peak_sees_scratch_taken_and_freed():
     assert pool.used_bytes(device) == before  # freed: the leak check sees nothing
     peak = pool.peak_bytes(device)
     assert peak is not None and peak - before >= 128 * MiB
-    assert pool.parked_report(before, peak, "call") is not None
+    assert parked_memory_failure(None, {"op": "call"}, pool.parked_report(before, peak, "call")) is not None
     assert pool.reset_peak(device) and pool.peak_bytes(device) == before  # reset to the bytes in use now
 
 

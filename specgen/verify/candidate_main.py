@@ -150,11 +150,12 @@ def serve(fd: int) -> int:
                 reply["leaked"] = {"bytes": after - pool_before, "op": op}
             if (parked := parked_in_pool(device, pool_before, op)) is not None:  # freed, but kept by the pool
                 reply["parked"] = parked
-        if op != "arenas" and not state.get("stack_reported") and reply.get("type") not in ("fatal", "error"):
+        if op != "arenas" and reply.get("type") not in ("fatal", "error"):
             # (the judge reads the arenas' reply itself, not through IsolatedRunner._request)
-            if (grown := stack_report(stack_limit(), stack_baseline, threads_resident, op)) is not None:
-                reply["local_memory"] = grown  # reported once: the limit never shrinks
-                state["stack_reported"] = True
+            last = state.get("stack_last", stack_baseline)
+            if (grown := stack_report(stack_limit(), last, stack_baseline, threads_resident, op)) is not None:
+                reply["local_memory"] = grown  # reported as it grows (it never shrinks); the judge decides
+                state["stack_last"] = grown["stack_bytes"]
         channel.send(reply)
         if reply["type"] == "fatal":
             return 0  # the CUDA context is unusable: this process is done
@@ -323,9 +324,9 @@ def pool_in_use(torch, device: int) -> int | None:
 
 
 def parked_in_pool(device: int, before: int, op: str) -> dict | None:
-    """(verifier version 13) The scratch a request took from the default pool at its peak, when more
-    than pool.PARKED_BYTES_LIMIT above the `before` bytes in use (pool.parked_report); the pool keeps it
-    reserved after it is freed, where PyTorch's allocator cannot use it."""
+    """(verifier version 13) The scratch a request took from the default pool at its peak above the
+    `before` bytes in use (pool.parked_report; the judge holds it to pool.PARKED_BYTES_LIMIT); the pool
+    keeps it reserved after it is freed, where PyTorch's allocator cannot use it."""
     from .pool import parked_report, peak_bytes
 
     return parked_report(before, peak_bytes(device), op)

@@ -41,11 +41,13 @@ def resident_threads(torch, device: int) -> int | None:
     return int(per_sm) * int(props.multi_processor_count)
 
 
-def stack_report(limit: int | None, baseline: int | None, threads: int | None, op: str) -> dict | None:
-    """The candidate's process's report of a stack-size limit grown past the bound: {"stack_bytes",
-    "baseline", "reserved_bytes", "op"} when `limit` is above both `baseline` and STACK_BYTES_LIMIT;
-    None otherwise, or where the limit was not read."""
-    if limit is None or limit <= STACK_BYTES_LIMIT or (baseline is not None and limit <= baseline):
+def stack_report(limit: int | None, last: int | None, baseline: int | None, threads: int | None,
+                 op: str) -> dict | None:
+    """The candidate's process's report of the stack-size limit after a request that grew it above
+    `last` (the size it last reported, the baseline at first): {"stack_bytes", "baseline",
+    "reserved_bytes", "op"}, whatever the size (the judge alone applies STACK_BYTES_LIMIT and the
+    baseline: isolation.local_memory_failure); None where it did not grow or was not read."""
+    if limit is None or (last is not None and limit <= last):
         return None
     return {"stack_bytes": limit, "baseline": baseline, "reserved_bytes": limit * threads if threads else None,
             "op": op}

@@ -84,9 +84,10 @@ def peak_bytes(device: int) -> int | None:
 
 def parked_report(before: int | None, peak: int | None, op: str) -> dict | None:
     """The candidate's process's report of scratch parked in the pool by a request: {"bytes", "op"}
-    when the pool's peak since the request began is more than PARKED_BYTES_LIMIT above the bytes in
-    use before it; None otherwise, or where either was not read."""
-    if before is None or peak is None or peak - before <= PARKED_BYTES_LIMIT:
+    when the pool's peak since the request began is above the bytes in use before it, whatever the
+    amount (the judge alone applies PARKED_BYTES_LIMIT: isolation.parked_memory_failure); None where
+    nothing was parked or either was not read."""
+    if before is None or peak is None or peak <= before:
         return None
     return {"bytes": peak - before, "op": op}
 
