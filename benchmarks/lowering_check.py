@@ -29,6 +29,7 @@ SAMPLES = 2  # random small sizes a direction, besides the smallest
 # The interpreter runs in float64 but keeps the IR's float32 constants (hardsigmoid's backward
 # multiplies by 1/6 rounded to float32: 3e-8 relative); a lowering bug is off by far more
 TOL = 1e-6
+SCALAR_POINTS = (0.37, 0.81)  # where in its range a float scalar is, past the first size (its default there)
 
 
 def check_directions(spec, programs: dict, seed: int) -> dict[str, str]:
@@ -46,7 +47,9 @@ def check_directions(spec, programs: dict, seed: int) -> dict[str, str]:
         state = "match"
         for k, dims in enumerate(sizes):
             try:
-                checks[direction](spec, dims, seed=seed + k, tol=TOL, programs=programs)
+                # the first size at the scalars' defaults, the others at points of their ranges
+                checks[direction](spec, dims, seed=seed + k, tol=TOL, programs=programs,
+                                  scalar_point=None if k == 0 else SCALAR_POINTS[k % len(SCALAR_POINTS)])
             except AssertionError as error:
                 state = f"mismatch at {dims}: {str(error).strip().splitlines()[0][:300]}"
                 break

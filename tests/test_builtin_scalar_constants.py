@@ -178,3 +178,43 @@ def test_composed_forms_follow_the_scalar(tmp_path, alpha):
     got = {"out": torch.full_like(x, float("nan"))}
     run_program(lower_spec(spec)["forward"], {"x": x}, {"alpha": alpha}, {"N": 3, "D": 7}, got)
     torch.testing.assert_close(got["out"], spec.reference_fn()(x, alpha), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("expression", [
+    "x * (a + a ** 4)",  # a at the small sentinels, to 1e-11
+    "x * (2 * math.sin(a / 2))",  # a chord: a - a^3 / 24
+    "x * math.log((1 + a / 2) / (1 - a / 2))",  # 2 atanh(a / 2): a + a^3 / 12
+    "x * (math.sqrt(1 - a) + a ** 6)",  # a composed form plus a^6
+    "x / (1 + a + a ** 6)",
+])
+def test_near_misses_of_a_form_are_refused(tmp_path, expression):
+    """Numbers that equal a form of the scalar to within its reach at the small sentinels, where a
+    Taylor series makes many functions alike, were baked in as that form (a red team, session 40:
+    2 sin(a / 2) lowered as a, 3.5% off at a = 0.9). The second trace takes each ranged scalar
+    inside its range (trace.in_range_value), where they differ."""
+    path = tmp_path / "near_miss.yaml"
+    path.write_text(
+        "name: near_miss\n"
+        "description: a number computed from the scalar that is close to a form of it only near 0\n"
+        'signature: "near_miss(x: Tensor[N, D], a: float = 0.9 in [0.01, 0.99]) -> Tensor[N, D]"\n'
+        "dtypes: [float32]\n"
+        "dims: {N: [1, 64], D: [1, 256]}\n"
+        "reference: |\n"
+        "  import math\n\n"
+        "  def reference(x, a=0.9):\n"
+        f"      return {expression}\n")
+    with pytest.raises(AgentRefused, match=r"computed from a scalar.*LLM agent"):
+        lower_spec(load_spec(path))
+
+
+def test_the_cpu_check_takes_scalars_inside_their_ranges_too():
+    """check_forward(scalar_point=...) runs a ranged scalar at that point of its range, not its
+    default: a program right only at the default fails there."""
+    from specgen.agents.builtin.cpu_check import _inputs
+
+    spec = own_spec("huber_delta")  # delta: float = 1.0 in [0.1, 10.0]
+    (param,) = spec.signature.scalars
+    lo, hi = param.value_range
+    args = _inputs(spec, {"N": 2, "D": 3}, seed=0, scalar_point=0.5)
+    assert args[param.name] == pytest.approx(lo + (hi - lo) * 0.5)
+    assert _inputs(spec, {"N": 2, "D": 3}, seed=0, scalar_point=None)[param.name] == param.default

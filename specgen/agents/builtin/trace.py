@@ -114,14 +114,23 @@ def _example_inputs(spec, dims: dict[str, int]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _scalars(spec, base: float = SENTINEL_BASE) -> tuple[dict[str, object], dict[float, str]]:
+def in_range_value(param, index: int) -> float:
+    """A float scalar with a range, inside it (between 30% and 70% of the way, at a point from the
+    square root of a prime): the second trace's value. At the small sentinels a number computed
+    from the scalar can look like a form of it (2 sin(a / 2) like a, sqrt(1 - a) + a^6 like
+    sqrt(1 - a): a red team, session 40); at a value of the range it cannot."""
+    lo, hi = param.value_range
+    return lo + (hi - lo) * (0.3 + 0.4 * (math.sqrt(OTHER_SENTINEL_PRIMES[index]) % 1.0))
+
+
+def _scalars(spec, base: float = SENTINEL_BASE, in_range: bool = False) -> tuple[dict[str, object], dict[float, str]]:
     values, sentinels = {}, {}
     if len(spec.signature.scalars) > len(SENTINEL_PRIMES):
         raise AgentRefused(f"{spec.path}: more than {len(SENTINEL_PRIMES)} scalars; the builtin generator traces at "
                            f"most that many. Use an LLM agent (--agent openai|anthropic|openai-compatible)")
     for index, p in enumerate(spec.signature.scalars):
         if p.type.kind == "float":
-            value = sentinel(base, index)
+            value = in_range_value(p, index) if in_range and p.value_range is not None else sentinel(base, index)
             values[p.name] = value
             sentinels[value] = p.name
         else:
@@ -187,13 +196,15 @@ def decompositions() -> dict:
     return table
 
 
-def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked: bool = True) -> Traced:
+def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked: bool = True,
+          in_range: bool = False) -> Traced:
     """`checked`: the refusals of sizes and scalars run; False for the second trace, made at the
-    same sizes only to compare its constants with the first's."""
+    same sizes only to compare its constants with the first's (`in_range`: at values inside the
+    scalars' ranges, where they have one)."""
     sig = spec.signature
     dims = trace_dims(spec)
     examples = _example_inputs(spec, dims)
-    scalars, sentinels = _scalars(spec, sentinel_base)
+    scalars, sentinels = _scalars(spec, sentinel_base, in_range)
     fn = spec.reference_fn()
     names = [p.name for p in sig.inputs]
     floating = [n for n, p in zip(names, sig.inputs) if p.type.differentiable]  # what the backward differentiates
@@ -265,7 +276,10 @@ def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
     """Traced again with other sentinels: every number that changed must be one the lowering
     writes as an expression of its scalar (scalar_constants), or the graph is refused."""
     spec, direction = traced.spec, traced.direction
-    other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, checked=False)
+    try:  # at values inside the scalars' ranges (in_range_value), where a near-miss of a form shows
+        other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, checked=False, in_range=True)
+    except AgentRefused:  # the reference raises there (two scalars' ranges in an order it checks): as before
+        other = trace(spec, direction, sentinel_base=OTHER_SENTINEL_BASE, checked=False)
     why = differing_constants(traced.graph, other.graph, traced.scalar_forms, other.scalar_forms)
     if why:
         raise AgentRefused(f"{spec.path}: the {direction} of the reference: {why}; the kernel would hold the "
