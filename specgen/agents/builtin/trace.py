@@ -115,12 +115,16 @@ def _example_inputs(spec, dims: dict[str, int]) -> dict[str, torch.Tensor]:
 
 
 def in_range_value(param, index: int) -> float:
-    """A float scalar with a range, inside it (between 30% and 70% of the way, at a point from the
-    square root of a prime): the second trace's value. At the small sentinels a number computed
+    """The second trace's value of a float scalar: inside its range (between 30% and 70% of the
+    way, at a point from the square root of a prime), or without one a moderate number (0.3 and
+    up, increasing with the index, as the sentinels do). At the small sentinels a number computed
     from the scalar can look like a form of it (2 sin(a / 2) like a, sqrt(1 - a) + a^6 like
-    sqrt(1 - a): a red team, session 40); at a value of the range it cannot."""
+    sqrt(1 - a): a red team, session 40); at such a value it cannot."""
+    frac = math.sqrt(OTHER_SENTINEL_PRIMES[index]) % 1.0
+    if param.value_range is None:
+        return 0.3 + 0.02 * index + 0.01 * frac
     lo, hi = param.value_range
-    return lo + (hi - lo) * (0.3 + 0.4 * (math.sqrt(OTHER_SENTINEL_PRIMES[index]) % 1.0))
+    return lo + (hi - lo) * (0.3 + 0.4 * frac)
 
 
 def _scalars(spec, base: float = SENTINEL_BASE, in_range: bool = False) -> tuple[dict[str, object], dict[float, str]]:
@@ -130,7 +134,7 @@ def _scalars(spec, base: float = SENTINEL_BASE, in_range: bool = False) -> tuple
                            f"most that many. Use an LLM agent (--agent openai|anthropic|openai-compatible)")
     for index, p in enumerate(spec.signature.scalars):
         if p.type.kind == "float":
-            value = in_range_value(p, index) if in_range and p.value_range is not None else sentinel(base, index)
+            value = in_range_value(p, index) if in_range else sentinel(base, index)
             values[p.name] = value
             sentinels[value] = p.name
         else:
@@ -273,7 +277,7 @@ def trace(spec, direction: str, *, sentinel_base: float = SENTINEL_BASE, checked
 
 
 def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
-    """Traced again with other sentinels: every number that changed must be one the lowering
+    """Traced again at other values (in_range_value): every number that changed must be one the lowering
     writes as an expression of its scalar (scalar_constants), or the graph is refused."""
     spec, direction = traced.spec, traced.direction
     try:  # at values inside the scalars' ranges (in_range_value), where a near-miss of a form shows
