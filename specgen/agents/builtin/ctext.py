@@ -13,6 +13,14 @@ DTYPE_ENUM = {"float32": "SPECGEN_FLOAT32", "float16": "SPECGEN_FLOAT16", "bfloa
               "float64": "SPECGEN_FLOAT64"}
 
 
+def arange_value(node, coordinate: str) -> str:
+    """An arange load's value (the axis family: its attrs' start and step) at a coordinate along
+    its atom, in the node's type."""
+    start, step = node.attrs["arange"]
+    value = f"((int64_t){start} + (int64_t){step} * ({coordinate}))"
+    return f"(acc_t){value}" if node.dtype == "float" else value
+
+
 def piece_index(field: str, piece: tuple, row: str = "row") -> str:
     """Where kept element `row`'s value sits in `field`, a tensor of n size-1 pieces along dim d
     (a concatenation of keepdim reductions): the kept index with the other pieces stepped over

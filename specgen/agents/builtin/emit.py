@@ -162,19 +162,15 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             return self.pretotal_expr(node)
         if op == "load" and a["kind"] == "global":
             return f"(acc_t)sg::to_acc(*(const {self.ctype_of(a['field'])}*)A.{a['field']}.data)"
-        if op == "load" and a["kind"] == "row":
-            t = self.ctype_of(a["field"])
+        if op == "load" and a["kind"] in ("row", "colpick", "piece"):  # one value per row, at its index
+            if a["kind"] == "row":
+                index = self.row_index(a["row_div"])
+            elif a["kind"] == "colpick":  # column k of a row (a box's coordinate of [N, 4])
+                index = f"{self.row_index(a['row_div'])} * {pitch_expr(self.p, self.types[a['field']])} + {a['col']}"
+            else:  # the axis family: position k of n along a dim
+                index = piece_index(a["field"], a["piece"])
             conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
-            return f"{conv}(((const {t}*)A.{a['field']}.data)[{self.row_index(a['row_div'])}])"
-        if op == "load" and a["kind"] == "colpick":  # column k of a row (a box's coordinate of [N, 4])
-            t = self.ctype_of(a["field"])
-            conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
-            index = f"{self.row_index(a['row_div'])} * {pitch_expr(self.p, self.types[a['field']])} + {a['col']}"
-            return f"{conv}(((const {t}*)A.{a['field']}.data)[{index}])"
-        if op == "load" and a["kind"] == "piece":  # the axis family: position k of n along a dim
-            t = self.ctype_of(a["field"])
-            conv = "(acc_t)sg::to_acc" if node.dtype == "float" else "(int64_t)"
-            return f"{conv}(((const {t}*)A.{a['field']}.data)[{piece_index(a['field'], a['piece'])}])"
+            return f"{conv}(((const {self.ctype_of(a['field'])}*)A.{a['field']}.data)[{index}])"
         args = [self.expr(x, ctx) for x in node.args]
         return self.op_expr(node, args)
 

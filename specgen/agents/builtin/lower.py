@@ -79,6 +79,12 @@ def _hint(size) -> int:
     return int(size)
 
 
+def _example(arg):
+    """An as_strided argument (a stride, an offset) at the traced example: a traced size's hint,
+    or the number itself."""
+    return _hint(arg.meta["val"]) if isinstance(arg, torch.fx.Node) else arg
+
+
 def _shape(fx_node) -> tuple[int, ...]:
     val = fx_node.meta.get("val")
     return tuple(_hint(s) for s in val.shape)
@@ -887,12 +893,12 @@ class Lowering:
             if is_const(offset, 0) and new_shape == got.shape:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
-        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
+        strides = [_example(s) for s in stride]
         picked = self.column_pick(got, new_shape, strides, storage_offset)
         if picked is not None:
             return picked
         if not is_const(offset, 0):
-            hint = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset
+            hint = _example(storage_offset)
             suffix = scan.lower_suffix(self, fx_node, got, new_shape, hint, strides) \
                 if isinstance(got, (Val, scan.ScanSuffix)) else None  # a reversed scan from its second element
             if suffix is None:
@@ -941,7 +947,7 @@ class Lowering:
         """Column k of a computed value whose columns are a literal few (a box's cx, cy, w, h of
         [N, 4]: `boxes.unbind(-1)`, `boxes[:, 2]`): the value's expression at column k, one per
         row; None when this is not such a pick."""
-        k = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else (storage_offset or 0)
+        k = _example(storage_offset) or 0
         if not isinstance(got, Val) or got.node.level != "elem" or not got.shape or len(new_shape) != len(got.shape) \
                 or tuple(new_shape[:-1]) != tuple(got.shape[:-1]) or new_shape[-1] != 1 or self.fold_dims \
                 or got.shape[-1] != self.width or strides != _contiguous_strides(got.shape) \
@@ -957,7 +963,7 @@ class Lowering:
         val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
         if val is None or not hasattr(val, "is_contiguous") or storage_offset not in (None, 0):
             return False
-        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
+        strides = [_example(s) for s in stride]
         raw = _shape(fx_node)
         try:
             contiguous = bool(val.is_contiguous())

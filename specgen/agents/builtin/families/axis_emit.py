@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from .... import abi
-from ..ctext import Ctx, dim_expr, entry_function, piece_index, launch_need_param, take_workspace, workspace_entry
+from ..ctext import Ctx, arange_value, dim_expr, entry_function, piece_index, launch_need_param, take_workspace, workspace_entry
 from ..cwriter import CWriter
 from ..emit import DirectionEmitter
 from ..ir import Node, Store
@@ -405,9 +405,7 @@ class AxisEmitter(DirectionEmitter):
     def elem_load_expr(self, n: Node, index: str, raw: str | None = None) -> str:
         """Load `n`'s value at element `index` (or from `raw`, a value already read), as its type."""
         if n.attrs.get("arange"):  # torch.arange over one atom: the element's coordinate along it
-            start, step = n.attrs["arange"]
-            coordinate = f"((int64_t){start} + (int64_t){step} * ({self.part_index(n, index)}))"
-            return f"(acc_t){coordinate}" if n.dtype == "float" else coordinate
+            return arange_value(n, self.part_index(n, index))
         t = self.ctype_of(n.attrs["field"])
         if n.attrs["kind"] == "part":
             index = self.part_index(n, index)

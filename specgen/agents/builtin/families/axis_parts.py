@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...base import AgentRefused
-from ..ctext import Ctx, dim_expr
+from ..ctext import Ctx, arange_value, dim_expr
 from ..cwriter import CWriter
 from ..ir import Node, Store
 
@@ -157,9 +157,8 @@ class PartWriter:
                 ctx.names[t.id] = s
             for n in self.own_loads(g):  # a parameter over exactly the output's atoms: read at k
                 # (a per-head scale's clamp gradient: grad_logit_scale = total * exp(clamped) * mask)
-                t = em.ctype_of(n.attrs["field"]) if not n.attrs.get("arange") else None
-                ctx.loads[n.id] = (f"(acc_t)({n.attrs['arange'][0]} + {n.attrs['arange'][1]} * k)" if t is None
-                                   else em.elem_load_expr(n, "k", f"((const {t}*)A.{n.attrs['field']}.data)[k]"))
+                ctx.loads[n.id] = arange_value(n, "k") if n.attrs.get("arange") else em.elem_load_expr(
+                    n, "k", f"((const {em.ctype_of(n.attrs['field'])}*)A.{n.attrs['field']}.data)[k]")
             for n in em.closure([s.value for s in g.stores], "post"):
                 if n.id not in ctx.names:
                     w.line(f"const {em.ctype_var(n)} {em.var(n)} = {em.expr(n, ctx)};")

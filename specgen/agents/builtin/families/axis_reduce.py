@@ -35,7 +35,7 @@ import torch
 
 from ...base import AgentRefused
 from ..ir import Node, Program, Store, const
-from ..lower import Cat, Lowering, TensorRef, Val, _contiguous_strides, _raw_shape, _shape
+from ..lower import Cat, Lowering, TensorRef, Val, _contiguous_strides, _example, _raw_shape, _shape
 from ..modules import Uninit
 from ..trace import trace
 from .scan import Rev
@@ -451,8 +451,8 @@ class AxisLowering(Lowering):
             return None
         d = diff[0]
         contiguous = _contiguous_strides(old)
-        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else s for s in stride]
-        offset = _hint(storage_offset.meta["val"]) if isinstance(storage_offset, torch.fx.Node) else storage_offset or 0
+        strides = [_example(s) for s in stride]
+        offset = _example(storage_offset) or 0
         dims = self.types[got.field].dims
         if strides != contiguous or offset % contiguous[d] or not 0 <= offset // contiguous[d] < old[d] \
                 or len(dims) != len(old) or dims[d].symbol is not None:
@@ -657,7 +657,7 @@ class AxisLowering(Lowering):
             return got
         # contiguous strides over the whole source (GroupNorm's [B, g, C/g, 1] back to [B, C]): a view
         new_shape = _shape(fx_node)
-        strides = [_hint(s.meta["val"]) if isinstance(s, torch.fx.Node) else int(s) for s in stride]
+        strides = [int(_example(s)) for s in stride]
         old_shape = _raw_shape(src)
         contiguous, acc = [], 1
         for n in reversed(new_shape):
@@ -708,9 +708,6 @@ class AxisLowering(Lowering):
     def set_width(self, width, fx_node):  # the width is the block's size, fixed by the layout
         return None
 
-
-def _hint(size) -> int:
-    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
 
 
 def _part_totals(node: Node) -> list[Node]:
