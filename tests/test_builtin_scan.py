@@ -24,6 +24,8 @@ CASES = {  # spec -> CPU dims (not the trace's example sizes)
     "cummax_middle": {"B": 2, "L": 9, "D": 5},
     "cummin_reverse_last": {"N": 3, "D": 37},
     "suffix_exclusive_pad": {"B": 2, "L": 9, "D": 5},
+    "scan_column_grads": {"B": 2, "L": 9, "D": 5},
+    "scan_column_grads_heads": {"B": 2, "L": 7, "H": 3, "P": 4},
 }
 FORWARD_ONLY = ("cumprod_last", "cumsum_exclusive_pad", "cummax_middle", "cummin_reverse_last", "suffix_exclusive_pad")
 BACKWARD = [n for n in CASES if n not in FORWARD_ONLY]
@@ -57,6 +59,18 @@ def test_kernel_choice_follows_the_axis():
     assert middle.kernel(inner=64, lanes=64, length=8) == "lanes"  # too short to split
 
 
+@pytest.mark.parametrize("name, sums", [("scan_column_grads", 2), ("scan_column_grads_heads", 1)])
+def test_parameter_gradients_of_a_scan_are_column_sums_of_its_lanes(name, sums):
+    """A [W] parameter's gradient (a sum over every row per column) rides the scan kernels: each lane
+    one column's, its running sum a slot's partial; never the rows kernel, whose block is a row."""
+    programs = lower_spec(own_spec(name))
+    assert scan.plan_of(programs["forward"]).column_sums == 0
+    plan = scan.plan_of(programs["backward"])
+    assert plan.column_sums == sums
+    assert plan.kernel(inner=1) == "lanes"  # a last dim of 1 at run time: still a lane per column
+    assert plan.kernel(inner=64, lanes=64, length=4096) == "segments"
+
+
 def test_logcumsumexp_backward_reads_the_forward_output_to_keep_one_direction():
     bwd = lower_spec(own_spec("logcumsumexp_last"))["backward"]
     plan = scan.plan_of(bwd)
@@ -69,6 +83,7 @@ def test_logcumsumexp_backward_reads_the_forward_output_to_keep_one_direction():
     ("cumsum_gelu", "both directions"),  # its backward needs the forward scan and a reversed one
     ("flip_only", "a flip"),
     ("cummax_indices", "the indices of a running max or min"),
+    ("scan_last_column_grad", "a scan fused with row reductions"),  # no lane holds a scanned position's column
 ])
 def test_scans_outside_the_family_are_refused(name, why):
     with pytest.raises(AgentRefused) as info:

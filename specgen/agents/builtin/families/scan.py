@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ...base import AgentRefused
-from ..ctext import Ctx, dim_expr, entry_function
+from ..ctext import Ctx, dim_expr, entry_function, launch_need_param, take_workspace, workspace_entry
 from ..cwriter import CWriter
 from ..ir import Node, Program, walk
 
@@ -222,13 +222,14 @@ class ScanPlan:
     kinds: tuple  # one per scan node, in program order
     chained: bool  # a scan reads another scan's values (lanes kernel only)
     block: int = BLOCK
+    column_sums: int = 0  # sums over every row per column (a [W] parameter's gradient): no rows kernel
 
     def kernel(self, inner: int, lanes: int | None = None, length: int = 0, sms: int = 132) -> str:
         """rows | segments | lanes: the kernel the host runs for a scanned tensor of `inner`
         trailing elements, `lanes` = outer * inner lanes of `length` along the axis, on `sms` SMs."""
         if self.chained:
             return "lanes"
-        if inner == 1:
+        if inner == 1 and not self.column_sums:
             return "rows"
         few = lanes is not None and lanes * 2 <= sms * RESIDENT_THREADS and length >= SEGMENTS_MIN_LENGTH
         return "segments" if few else "lanes"
@@ -246,14 +247,18 @@ def plan_of(program: Program) -> ScanPlan | None:
                            f"{program.direction} kernel: outside the builtin generator's scan family; use an "
                            f"LLM agent (--agent openai|anthropic|openai-compatible)")
     axis, rank, reverse = axes.pop()
-    # the rest must be flat: every value per element (or global), inputs of the scanned shape
-    if not _flat_but_scans(program, flat):
+    # the rest must be flat: every value per element (or global), inputs of the scanned shape, and
+    # sums over every row per column where a lane is one column's (_column_sums_fit)
+    column_sums = [n for n in program.nodes() if n.op == "colreduce"]
+    if not _flat_but_scans(program, flat, bool(column_sums)) or (
+            column_sums and not _column_sums_fit(program, column_sums, axis, rank)):
         raise AgentRefused(f"{program.op}: a scan fused with row reductions, per-row values or sliced "
                            f"inputs in one {program.direction} kernel: outside the builtin generator's scan "
                            f"family; use an LLM agent (--agent openai|anthropic|openai-compatible)")
     ids = {n.id for n in scans}
     chained = any(_reaches(n.args[0], ids) for n in scans)
-    return ScanPlan(axis, rank, reverse, tuple(n.attrs["kind"] for n in scans), chained)
+    return ScanPlan(axis, rank, reverse, tuple(n.attrs["kind"] for n in scans), chained,
+                    column_sums=len(column_sums))
 
 
 def scan_directions(program: Program) -> int:
@@ -261,18 +266,33 @@ def scan_directions(program: Program) -> int:
     return len({(n.attrs["axis"], n.attrs["reverse"]) for n in program.nodes() if n.op == "scan"})
 
 
+def _column_sums_fit(program: Program, column_sums: list, axis: int, rank: int) -> bool:
+    """Sums over every row of each column (Mamba-2's per-head parameters' gradients): a lane of
+    the lanes and segments kernels is one column's, so each thread sums its own elements and
+    writes one slot's partial, and the finalize sums the slots in order. It needs the columns to be
+    the scanned shape's last axis alone, the scan along another one, and one group of all rows."""
+    grouped = program.group_div is not None and [str(d) for d in program.group_div] != [
+        str(d) for d in program.row_dims]
+    return (all(n.attrs.get("kind") == "sum" and n.args[0].level == "elem" for n in column_sums)
+            and program.fold == 1 and axis < rank - 1 and not grouped)
+
+
 def _reaches(node: Node, ids: set) -> bool:
     return any(n.id in ids for n in walk(node))
 
 
-def _flat_but_scans(program: Program, flat) -> bool:
-    if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
+def _flat_but_scans(program: Program, flat, column_sums: bool = False) -> bool:
+    """Every value per element (or global) but the scans' own; with column_sums, also sums over
+    the rows per column and the column values computed from them (stored as [W] outputs)."""
+    store_kinds = ("elem", "col") if column_sums else ("elem",)
+    if not program.stores or any(s.kind not in store_kinds or s.offset is not None for s in program.stores):
         return False
     positions = _position_values(program)
+    allowed = {"scan", "colreduce"} if column_sums else {"scan"}
     for n in program.nodes():
         if n.id in positions:
             continue
-        if n.op in flat._NOT_FLAT - {"scan"} or n.level in ("row", "post"):
+        if n.op in flat._NOT_FLAT - allowed or n.level == "row" or (n.level == "post" and not column_sums):
             return False
         if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
                                                      or n.attrs["kind"] == "bcast"):
@@ -386,28 +406,60 @@ class ScanEmitter(_base()):
             fld = key[0]
             lines.append(f"const {self.ctype_of(fld)}* __restrict__ {self.pointer_name(key)} = "
                          f"(const {self.ctype_of(fld)}*)A.{fld}.data;")
-        for i, s in enumerate(self.p.stores):
+        for i, s in self.elem_stores():
             t = self.ctype_of(s.field)
             lines.append(f"{t}* __restrict__ o_{i} = ({t}*)A.{s.field}.data;")
         return lines
 
-    def _positions(self, inner: Ctx) -> None:
+    def elem_stores(self) -> list:
+        """(index, store) of the per-element outputs (the column sums' [W] outputs are the finalize's)."""
+        return [(i, s) for i, s in enumerate(self.p.stores) if s.kind == "elem"]
+
+    def element_roots(self) -> list[Node]:
+        """The values a kernel's last pass computes at each element: the outputs, the column sums' terms."""
+        return [s.value for _, s in self.elem_stores()] + [c.args[0] for c in self.colreduces]
+
+    def column_sums_open(self) -> list[str]:
+        """Each column sum's running total over this thread's elements, in double: a lane of 65535
+        elements summed in float would lose about 1e-5 relative."""
+        return [f"double cacc_{k} = 0;" for k in range(len(self.colreduces))]
+
+    def column_sums_out(self, slot: str, cslots: str) -> list[str]:
+        """This thread's partial of each column sum into its slot (lane % W is its column)."""
+        return [f"partials[({k} * ({cslots}) + {slot}) * W + lane % W] = (float)cacc_{k};"
+                for k in range(len(self.colreduces))]
+
+    def partials_param(self) -> str:
+        return ", float* __restrict__ partials" if self.colreduces else ""
+
+    def lane_keeps_its_column(self) -> bool:
+        """A lane (outer o, inner i) stays in one column along the axis when the columns are the
+        last axis and the scan runs along another (inner is a multiple of W): its column i % W,
+        computed once, saves an int64 modulo per element (a call to a division routine)."""
+        return self.p.fold == 1 and self.plan.axis < self.plan.rank - 1
+
+    def lane_column_line(self) -> list[str]:
+        return ["const int64_t col = i % W;  // the lane's column along the whole axis"] \
+            if self.lane_keeps_its_column() else []
+
+    def _positions(self, inner: Ctx, column: str = "e % W") -> None:
         """Element e's index along each axis, where the program reads one (a cumulative mean divides
         by the position along the scan axis): the column e % W, row dim k's (e / W / span) % size."""
         dims = self.p.row_dims
         for n in self.nodes:
             if n.op == "iota":
-                inner.names[n.id] = "(e % W)"
+                inner.names[n.id] = f"({column})"
             elif n.op == "rowiota":
                 span = " * ".join(dim_expr(d) for d in dims[n.attrs["axis"] + 1:]) or "1"
                 inner.names[n.id] = f"((e / W / ({span})) % {dim_expr(dims[n.attrs['axis']])})"
 
     def _element_ctx(self, ctx: Ctx) -> Ctx:
-        """Names for element `e` of the scanned tensor: its loads ([W] parameters by e % W)."""
+        """Names for element `e` of a lane: its loads ([W] parameters at its column)."""
+        column = "col" if self.lane_keeps_its_column() else "e % W"
         inner = Ctx(dict(ctx.names))
-        self._positions(inner)
+        self._positions(inner, column)
         for key, ns in self.elem_loads.items():
-            index = "e % W" if key[1] == "col" else "e"
+            index = column if key[1] == "col" else "e"
             for n in ns:
                 inner.loads[n.id] = f"(acc_t)sg::to_acc({self.pointer_name(key)}[{index}])" \
                     if n.dtype == "float" else f"({self.ctype_var(n)})({self.pointer_name(key)}[{index}])"
@@ -419,14 +471,15 @@ class ScanEmitter(_base()):
         inner = self._element_ctx(ctx)
         lines = self.elem_statements(roots, inner)
         if write:
-            for i, s in enumerate(self.p.stores):
+            for i, s in self.elem_stores():
                 t = self.ctype_of(s.field)
                 lines.append(f"o_{i}[e] = sg::from_acc<{t}>((acc_t)({self.expr(s.value, inner)}));")
+            lines += [f"cacc_{k} += (double)({self.expr(c.args[0], inner)});" for k, c in enumerate(self.colreduces)]
         return lines
 
     def emit_row_kernel(self) -> str:
         plan = self.plan
-        roots = [s.value for s in self.p.stores]
+        roots = self.element_roots()
         walk = "L - 1 - t" if plan.reverse else "t"
         w = CWriter()
         w.line(HELPERS)
@@ -441,15 +494,19 @@ class ScanEmitter(_base()):
             with w.block("for (int64_t lane = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; lane < lanes; "
                          "lane += (int64_t)gridDim.x * blockDim.x)"):
                 w.line("const int64_t o = lane / inner, i = lane % inner;")
+                w.lines(self.lane_column_line())
                 w.lines(f"{self.scan_t} {self.state[n.id]} = {self.ident(n)};" for n in self.scans)
+                w.lines(self.column_sums_open())
                 with w.block("for (int64_t t = 0; t < L; ++t)"):
                     w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
                     w.lines(self._element(ctx, roots, True))
+                w.lines(self.column_sums_out("lane / W", "lanes / W"))
         if not plan.chained:
             w.line()
             self.write_segments(w, roots)
-            w.line()
-            self.write_tiles(w)
+            if not self.colreduces:  # a block per row has no lane of one column: column sums never take it
+                w.line()
+                self.write_tiles(w)
         return w.text()
 
     def write_lanes_head(self, w: CWriter, comment: list[str], kernel: str, bounds: str) -> None:
@@ -457,7 +514,8 @@ class ScanEmitter(_base()):
         w.lines(f"// {line}" for line in comment)
         w.line("template <typename T>")
         w.line(f"__global__ void __launch_bounds__({bounds})")
-        w.line(f"{self.kname}_scan_{kernel}(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner)")
+        w.line(f"{self.kname}_scan_{kernel}(const {self.args_t} A, int64_t outer, int64_t L, int64_t inner"
+               f"{self.partials_param()})")
 
     def write_segments(self, w: CWriter, roots: list[Node]) -> None:
         """The lanes kernel for too few lanes to fill the GPU (a cumsum down the columns of
@@ -479,6 +537,7 @@ class ScanEmitter(_base()):
             w.line("const int64_t lanes = outer * inner, lane = (int64_t)blockIdx.x * 32 + threadIdx.x;")
             w.line("const bool live = lane < lanes;")
             w.line("const int64_t o = live ? lane / inner : 0, i = live ? lane % inner : 0;")
+            w.lines(self.lane_column_line())
             w.line(f"const int64_t len = (L + {SEGMENTS} - 1) / {SEGMENTS}, t0 = (int64_t)threadIdx.y * len;")
             w.line("const int64_t t1 = t0 + len < L ? t0 + len : L;  // this segment, in scan order")
             w.lines(f"{self.scan_t} total_{k} = {self.ident(n)};" for k, n in enumerate(self.scans))
@@ -495,10 +554,14 @@ class ScanEmitter(_base()):
                 w.line(f"{self.scan_t} {self.state[n.id]} = {self.ident(n)};  // the segments before, in order")
                 w.line(f"for (int y = 0; y < (int)threadIdx.y; ++y) {self.state[n.id]} = "
                        f"sg_scan_op<{KIND_ID[n.attrs['kind']]}>({self.state[n.id]}, seg_total[{k}][y][threadIdx.x]);")
+            w.lines(self.column_sums_open())
             w.directive("#pragma unroll 8")
             with w.block("for (int64_t t = t0; live && t < t1; ++t)", comment="pass 2: the scan from the carry"):
                 w.line(f"const int64_t e = (o * L + ({walk})) * inner + i;")
                 w.lines(self._element(ctx, roots, True))
+            if self.colreduces:  # a slot per (lanes of a column's group, segment)
+                with w.block("if (live)"):
+                    w.lines(self.column_sums_out(f"(lane / W) * {SEGMENTS} + threadIdx.y", f"lanes / W * {SEGMENTS}"))
 
     def write_tiles(self, w: CWriter) -> None:
         """The rows kernel: a block per row, the row in tiles of BLOCK * VEC elements; each thread
@@ -618,7 +681,9 @@ class ScanEmitter(_base()):
         w.lines(f"if (live) sg::store_vec<VEC>(o_{i} + c0, st_{i});" for i in range(len(self.p.stores)))
 
     def emit_finalize(self) -> str:
-        return ""
+        """The column sums' finalize (the row family's: the slots' partials summed in order, in
+        double, then the [W] outputs' epilogue), or nothing."""
+        return super().emit_finalize() if self.colreduces else ""
 
     def emit_host(self, dtypes: list[str]) -> str:
         from .... import abi
@@ -631,22 +696,62 @@ class ScanEmitter(_base()):
         inner = " * ".join(f"(int64_t){s}" for s in size[plan.axis + 1:]) or "(int64_t)1"
         w = CWriter()
         w.line("template <typename T>")
-        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream)")
+        w.line(f"static cudaError_t {self.kname}_launch(const {self.args_t}& A, cudaStream_t stream"
+               f"{launch_need_param(bool(self.colreduces))})")
         with w.block():
             w.line(f"const int64_t outer = {outer}, L = (int64_t){size[plan.axis]}, inner = {inner};")
-            w.line("if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;")
-            w.line(f"const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave")
-            if not plan.chained:
-                self.write_rows_launch(w)
-                self.write_segments_launch(w)
-            w.line(f"const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};")
-            w.line("const int64_t gx = need < cap ? need : cap;")
-            w.line(f"{self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);")
+            if self.colreduces:
+                self.write_column_sums_launch(w)
+            else:
+                w.line("if (outer == 0 || L == 0 || inner == 0) return cudaSuccess;")
+                w.line(f"const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave")
+                if not plan.chained:
+                    self.write_rows_launch(w)
+                    self.write_segments_launch(w)
+                w.line(f"const int64_t need = (outer * inner + {plan.block} - 1) / {plan.block};")
+                w.line("const int64_t gx = need < cap ? need : cap;")
+                w.line(f"{self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner);")
             w.line("return cudaGetLastError();")
         w.line()
-        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname,
-                               self.dispatch_field(), dtypes))
+        dispatch = self.dispatch_field()
+        w.lines(entry_function(abi.entry_point(self.spec, self.direction), self.args_t, self.kname, dispatch, dtypes))
+        if self.colreduces:
+            w.line()
+            w.lines(workspace_entry(self.kname, abi.workspace_function(self.spec, self.direction), self.args_t,
+                                    dispatch, dtypes))
         return w.text()
+
+    def write_column_sums_launch(self, w: CWriter) -> None:
+        """With column sums: the lanes or segments kernel writing a partial per slot into the
+        workspace, then the finalize summing the slots of each column (no rows kernel: a column
+        sum needs a lane per column). No rows or an empty scan axis still write the [W] outputs."""
+        plan, ncol = self.plan, len(self.colreduces)
+        w.line(f"const int64_t W = {self.expr(self.p.width, Ctx())};")
+        w.line("if (inner == 0 || W == 0) return cudaSuccess;")
+        w.line("const bool empty = outer == 0 || L == 0;  // the sums are 0: the finalize alone")
+        if plan.chained:
+            w.line("const bool segmented = false;  // scans that feed each other: the lanes kernel")
+        else:
+            w.line(f"const bool segmented = outer * inner * 2 <= (int64_t)sg::sm_count() * {RESIDENT_THREADS} "
+                   f"&& L >= {SEGMENTS_MIN_LENGTH};  // too few lanes: each lane's axis in segments")
+        w.line(f"const int64_t cslots = empty ? 0 : outer * inner / W * (segmented ? {SEGMENTS} : 1);")
+        w.line("// per-slot partials of the column sums, summed in slot order by the finalize")
+        w.line(f"const size_t partial_bytes = sizeof(float) * (size_t)cslots * {ncol} * (size_t)W;")
+        w.lines(take_workspace("partial_bytes"))
+        w.line("float* partials = (float*)A.workspace;")
+        with w.block("if (!empty && segmented)"):
+            w.line("const int64_t gx = (outer * inner + 31) / 32;")
+            w.line(f"{self.kname}_scan_segments<T><<<(unsigned)gx, dim3(32, {SEGMENTS}), 0, stream>>>"
+                   f"(A, outer, L, inner, partials);")
+        with w.chain("else if (!empty)"):
+            w.line(f"const int64_t cap = (int64_t)sg::sm_count() * (2048 / {plan.block});  // one wave")
+            w.line(f"const int64_t blocks = (outer * inner + {plan.block} - 1) / {plan.block};")
+            w.line("const int64_t gx = blocks < cap ? blocks : cap;")
+            w.line(f"{self.kname}_scan_lanes<T><<<(unsigned)gx, {plan.block}, 0, stream>>>(A, outer, L, inner, partials);")
+        w.line("{ const cudaError_t e_ = cudaGetLastError(); if (e_ != cudaSuccess) return e_; }")
+        w.line("const int64_t groups = 1;  // one group of all rows")
+        w.line(f"const {self.args_t} args = A;")
+        w.line(self.finalize_cols_launch())
 
     def write_segments_launch(self, w: CWriter) -> None:
         """The segments kernel's launch, taken when the lanes alone would not fill the GPU."""
