@@ -30,6 +30,14 @@ def piece_index(field: str, piece: tuple, row: str = "row") -> str:
     return f"((int64_t)({row}) + ((int64_t)({row}) / {span}) * {n - 1} * {span} + {k} * {span})"
 
 
+def rows_piece_index(piece: tuple, row_dims: list, row: str = "row") -> str:
+    """The row of a tensor of n equal pieces along row dim d that row `row` of piece k is (a
+    channel chunk of [B, n*C, T] read or written as rows [B, C]; interp.rows_piece_index)."""
+    d, k, n = piece
+    span = " * ".join(dim_expr(x) for x in row_dims[d:])
+    return f"((int64_t)({row}) + ((int64_t)({row}) / ({span})) * {n - 1} * ({span}) + (int64_t){k} * ({span}))"
+
+
 def entry_function(entry: str, args_t: str, kname: str, dispatch: str | None, dtypes) -> list[str]:
     """The extern "C" entry point `entry`: `<kname>_launch<T>` for the working dtype of the tensor
     field `dispatch` (float when the spec has no floating tensor to dispatch on)."""

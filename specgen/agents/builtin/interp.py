@@ -91,6 +91,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             flat = t.reshape(-1, math.prod(t.shape[-program.fold:]))[:, offset:offset + width]
             if a["kind"] == "col":
                 return flat.reshape(1, width)
+            if a.get("rows_piece"):  # piece k of n along a row dim (a channel chunk)
+                return flat[rows_piece_index(program, rows, dims, a["rows_piece"])]
             return flat[row_index(a["row_div"])]
         args = [ev(x) for x in node.args]
         if op in _UNARY:
@@ -154,12 +156,25 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
         elif store.kind == "piece":
             out.view(-1)[piece_index(rows, out.shape, store.piece)] = value.expand(rows, 1).reshape(-1).to(out.dtype)
+        elif store.kind == "elem" and store.piece is not None:  # piece k of n along a row dim
+            index = rows_piece_index(program, rows, dims, store.piece)
+            out.view(-1, math.prod(out.shape[-program.fold:]))[index, offset:offset + width] = \
+                value.expand(rows, width).to(out.dtype)
         elif store.kind == "elem":
             view = out.view(rows, -1)[:, offset:offset + width]
             view.copy_(value.expand(rows, width))
         else:  # col
             view = out.view(-1, math.prod(out.shape[-program.fold:]))[:, offset:offset + width]
             view.copy_(value.expand(view.shape))
+
+
+def rows_piece_index(program: Program, rows: int, dims: dict, piece) -> torch.Tensor:
+    """The row of a tensor of n equal pieces along row dim d that row r of piece k is (a channel
+    chunk of [B, n*C, T] read or written as rows [B, C]): ctext.rows_piece_index in C."""
+    d, k, n = piece
+    span = math.prod(x.resolve(dims) for x in program.row_dims[d:])
+    r = torch.arange(rows)
+    return r + (r // span) * (n - 1) * span + k * span
 
 
 def piece_index(rows: int, shape, piece) -> torch.Tensor:

@@ -73,6 +73,16 @@ class Cat:
     shape: tuple[int, ...]
 
 
+@dataclass
+class RowCat:
+    """n equal pieces of the row space concatenated along row dim `dim` (the gradient of a
+    channel chunk, torch.chunk(x, 2, dim=1)'s backward): stored piece by piece (Store.piece)."""
+
+    pieces: list  # [Val], each of the row space's shape
+    dim: int
+    shape: tuple[int, ...]
+
+
 def _hint(size) -> int:
     if isinstance(size, torch.SymInt):
         return int(size.node.hint)
@@ -98,7 +108,7 @@ def _raw_shape(arg) -> tuple[int, ...] | None:
 
 
 class Lowering:
-    def __init__(self, traced: Traced, totals_in_rows: bool = False):
+    def __init__(self, traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False):
         self.t = traced
         # a sum over every axis of element values alone as row sums then their sum (else the axis
         # family's, which splits the elements over many blocks): the retry where that family refuses
@@ -118,6 +128,10 @@ class Lowering:
         for value in self.spec.saved_values:  # the forward writes them, the backward may read them
             self.types[value.field] = value.type
         primary = max(sig.inputs, key=lambda p: p.type.ndim)
+        if rows_of_output and sig.outputs and sig.outputs[0].type.ndim == primary.type.ndim:
+            # the retry for an input read in row pieces (a GLU over channels: [B, 2C, T] -> [B, C, T]):
+            # the rows are the output's, and each piece of the input is a load of its own
+            primary = sig.outputs[0]
         if primary.type.ndim < 1:
             raise AgentRefused(f"{self.spec.path}: the builtin generator needs a tensor input of rank >= 1")
         # example size -> signature Dim, for every dim of every tensor
@@ -407,7 +421,8 @@ class Lowering:
                                        f"computed together")
 
     # ---------------------------------------------------------------- loads
-    def load(self, ref: TensorRef, fx_node, *, width: int | None = None, offset: Node | None = None) -> Val:
+    def load(self, ref: TensorRef, fx_node, *, width: int | None = None, offset: Node | None = None,
+             rows_piece: tuple | None = None) -> Val:
         shape = ref.shape
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
         if len(shape) == 0 or (_one_element(ref.ttype) and all(s == 1 for s in shape)):  # a 0-d tensor (any view)
@@ -441,9 +456,13 @@ class Lowering:
         kind = "col" if all(p == 1 for p in padded) and self.rows != padded else "elem"
         if kind == "col":
             div = []
-        node = Node("load", level="elem", dtype=dtype,
-                    attrs={"field": ref.field, "kind": kind, "row_div": div or [], "offset": offset},
-                    name=ref.field if offset is None else f"{ref.field}_at")
+        attrs = {"field": ref.field, "kind": kind, "row_div": div or [], "offset": offset}
+        if rows_piece is not None:  # piece k of n along a row dim: its rows are the row space's
+            if kind != "elem" or div:
+                raise self.refuse(fx_node, f"a piece of input {ref.field} along a row dim that is not the row space")
+            attrs["rows_piece"] = rows_piece
+        node = Node("load", level="elem", dtype=dtype, attrs=attrs,
+                    name=ref.field if offset is None and rows_piece is None else f"{ref.field}_at")
         return Val(node, padded + (width,))
 
     def value(self, arg, fx_node, defer: bool = False) -> Val:
@@ -461,6 +480,8 @@ class Lowering:
                 return Val(got, ())
             if isinstance(got, Cat):
                 return self.cat_by_column(got, fx_node)
+            if isinstance(got, RowCat):
+                raise self.refuse(fx_node, "a concatenation along a row dim used before it is stored")
             if isinstance(got, Uninit):
                 raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
             if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
@@ -792,6 +813,10 @@ class Lowering:
         new_shape = self.shape_of(fx_node)
         if isinstance(got, Cat):
             return Cat(got.pieces, new_shape)
+        if isinstance(got, RowCat):
+            if tuple(new_shape) != got.shape:
+                raise self.refuse(fx_node, "a view of a concatenation along a row dim")
+            return got
         if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
             raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
         if isinstance(got, scan.Rev):  # a flip awaits the scan that takes it; viewed first, it has no layout
@@ -889,7 +914,11 @@ class Lowering:
                        for s in stride]
             contiguous = _contiguous_strides(got.shape)
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
-                raise self.refuse(fx_node, "a strided view of an input other than a column slice")
+                piece = self.row_piece(got, new_shape, strides, storage_offset)
+                if piece is None:
+                    raise self.refuse(fx_node, "a strided view of an input other than a column slice")
+                return self.load(TensorRef(got.field, tuple(new_shape), got.ttype, got.is_int), fx_node,
+                                 rows_piece=piece)
             if is_const(offset, 0) and new_shape == got.shape:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
@@ -957,6 +986,29 @@ class Lowering:
         node = at_column(got.node, k)
         return None if node is None else Val(node, tuple(new_shape))
 
+    def row_piece(self, got: TensorRef, new_shape, strides, storage_offset) -> tuple | None:
+        """(d, k, n) when the view is piece k of n equal pieces of the input along row dim d, the
+        pieces of the row space (torch.chunk(x, n, dim=d), F.glu over channels); else None. The
+        input's dim d must be n times the row dim symbolically, not only in the example."""
+        new_shape = tuple(new_shape)
+        if len(new_shape) != len(got.shape) or new_shape[:-1] != self.rows or self.fold_dims \
+                or strides != _contiguous_strides(got.shape) or new_shape[-1] != got.shape[-1]:
+            return None
+        differ = [d for d, (a, b) in enumerate(zip(new_shape, got.shape)) if a != b]
+        if len(differ) != 1 or not new_shape[differ[0]] or got.shape[differ[0]] % new_shape[differ[0]]:
+            return None
+        d = differ[0]
+        n = got.shape[d] // new_shape[d]
+        whole, part = self.types[got.field].dims[d], self.row_dims[d]
+        if whole.symbol is None or whole.symbol != part.symbol or whole.add or part.add \
+                or whole.mul * part.div != n * part.mul * whole.div:
+            return None
+        block = new_shape[d] * strides[d]  # one piece's elements per index of the dims before d
+        offset = _example(storage_offset) if storage_offset is not None else 0
+        if not isinstance(offset, int) or offset % block or not 0 <= offset // block < n:
+            return None
+        return (d, offset // block, n)
+
     def is_reshape(self, fx_node, src, stride, storage_offset) -> bool:
         """An as_strided that only reshapes a contiguous value: offset 0, the same element
         count, the contiguous strides of its new shape."""
@@ -978,7 +1030,10 @@ class Lowering:
             return exclusive
         shape = self.shape_of(fx_node)
         if dim % len(shape) != len(shape) - 1:
-            raise self.refuse(fx_node, "a concatenation along a dim other than the last")
+            row_cat = self.row_cat(fx_node, tensors, dim % len(shape), shape)
+            if row_cat is None:
+                raise self.refuse(fx_node, "a concatenation along a dim other than the last")
+            return row_cat
         if len({self.shape_of(t)[-1] for t in tensors}) > 1:  # a row holds one width: a [N, 1] piece
             # was stored as wide as the others, over the next row (a helper's size fuzz, session 22)
             raise self.refuse(fx_node, "a concatenation of pieces of different widths")
@@ -990,6 +1045,14 @@ class Lowering:
             pieces.append((at, v))
             offset += self.shape_of(t)[-1]
         return Cat(pieces, shape)
+
+    def row_cat(self, fx_node, tensors, dim: int, shape) -> RowCat | None:
+        """Equal pieces of the row space along row dim `dim` (a channel chunk's gradient), or None."""
+        if self.fold_dims or dim >= len(self.rows) or len(shape) != len(self.rows) + 1:
+            return None
+        if any(tuple(self.shape_of(t)) != self.rows + (shape[-1],) for t in tensors):
+            return None
+        return RowCat([self.value(t, fx_node) for t in tensors], dim, tuple(shape))
 
     def filled(self, value, fx_node) -> Node:
         """A fill value: a number computed from a float scalar is its expression (torch.full_like(x,
@@ -1124,6 +1187,8 @@ class Lowering:
         if got is None:
             got = Val(const(result), ())
         ttype = self.types[field]
+        if isinstance(got, RowCat):
+            return self.store_row_pieces(field, got, fx_node)
         pieces = got.pieces if isinstance(got, Cat) else [(None, self.value(result, fx_node))]
         # a 0-d output, or one of one element ([1]: a scalar parameter's gradient) holding a total
         if ttype.ndim == 0 or (_one_element(ttype) and pieces[0][1].node.level in ("post", "global", "const")):
@@ -1164,6 +1229,24 @@ class Lowering:
                 stores.append(Store(field, node, "col", off))
         return stores
 
+
+    def store_row_pieces(self, field: str, got: RowCat, fx_node) -> list[Store]:
+        """Each piece into its rows of the output (piece k of n along row dim d): checked against
+        the output's dims symbolically, as the input's pieces are (row_piece)."""
+        d, n = got.dim, len(got.pieces)
+        whole, part = self.types[field].dims[d], self.row_dims[d]
+        if whole.symbol is None or whole.symbol != part.symbol or whole.add or part.add \
+                or whole.mul * part.div != n * part.mul * whole.div or tuple(got.shape[:-1]) == self.rows:
+            raise self.refuse(fx_node, f"output {field}: a concatenation along a row dim that is not n pieces "
+                                       f"of the row space")
+        self.set_width(got.shape[-1], fx_node)
+        stores = []
+        for k, val in enumerate(got.pieces):
+            node = self.before_the_rows(val.node, field, fx_node)
+            if node.level not in ("elem", "row", "const", "global"):
+                raise self.refuse(fx_node, f"output {field}: a piece that is a sum over rows")
+            stores.append(Store(field, node, "elem", piece=(d, k, n)))
+        return stores
 
     def before_the_rows(self, node: Node, field: str, fx_node) -> Node:
         """A per-row or per-element output's value with its sums over rows computed before the
@@ -1224,5 +1307,5 @@ def _one_element(ttype) -> bool:
     return all(d.is_literal and d.add == 1 for d in ttype.dims)
 
 
-def lower(traced: Traced, totals_in_rows: bool = False) -> Program:
-    return Lowering(traced, totals_in_rows).run()
+def lower(traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False) -> Program:
+    return Lowering(traced, totals_in_rows, rows_of_output).run()

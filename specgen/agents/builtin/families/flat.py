@@ -55,8 +55,9 @@ _NOT_FLAT = {"rowreduce", "gather", "colreduce", "globalreduce", "iota", "scan"}
 
 def plan_of(program: Program, variant=None) -> FlatPlan | None:
     """The flat plan of `program`, or None when it needs the row machinery."""
-    if not program.stores or any(s.kind != "elem" or s.offset is not None for s in program.stores):
-        return None
+    if not program.stores or any(s.kind != "elem" or s.offset is not None or s.piece is not None
+                                 for s in program.stores):
+        return None  # (a store into row pieces of its field: the row form's addressing)
     if program.group_div:
         return None
     loads, bcasts = [], []
@@ -64,7 +65,8 @@ def plan_of(program: Program, variant=None) -> FlatPlan | None:
         if n.op in _NOT_FLAT or n.level in ("row", "post"):
             return None
         if n.op == "load" and n.level == "elem":
-            if n.attrs.get("offset") is not None or n.attrs.get("row_div") or n.attrs["kind"] == "col":
+            if n.attrs.get("offset") is not None or n.attrs.get("row_div") or n.attrs.get("rows_piece") \
+                    or n.attrs["kind"] == "col":
                 return None  # (a [W] parameter: the row form keeps it in registers, see above)
             target = bcasts if n.attrs["kind"] == "bcast" else loads
             if n.attrs["field"] not in target:

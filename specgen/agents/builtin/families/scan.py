@@ -285,7 +285,8 @@ def _flat_but_scans(program: Program, flat, column_sums: bool = False) -> bool:
     """Every value per element (or global) but the scans' own; with column_sums, also sums over
     the rows per column and the column values computed from them (stored as [W] outputs)."""
     store_kinds = ("elem", "col") if column_sums else ("elem",)
-    if not program.stores or any(s.kind not in store_kinds or s.offset is not None for s in program.stores):
+    if not program.stores or any(s.kind not in store_kinds or s.offset is not None or s.piece is not None
+                                 for s in program.stores):
         return False
     positions = _position_values(program)
     allowed = {"scan", "colreduce"} if column_sums else {"scan"}
@@ -295,6 +296,7 @@ def _flat_but_scans(program: Program, flat, column_sums: bool = False) -> bool:
         if n.op in flat._NOT_FLAT - allowed or n.level == "row" or (n.level == "post" and not column_sums):
             return False
         if n.op == "load" and n.level == "elem" and (n.attrs.get("offset") is not None or n.attrs.get("row_div")
+                                                     or n.attrs.get("rows_piece")
                                                      or n.attrs["kind"] == "bcast"):
             return False
     return True
