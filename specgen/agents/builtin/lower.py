@@ -74,6 +74,15 @@ class Cat:
 
 
 @dataclass
+class Narrowed:
+    """The first few elements along one axis of a value (`alpha[:, :1]`), kept only for its
+    shape: `torch.ones_like(alpha[:, :1])` reads nothing of it; any read is refused."""
+
+    val: object
+    shape: tuple
+
+
+@dataclass
 class RowCat:
     """n equal pieces of the row space concatenated along row dim `dim` (the gradient of a
     channel chunk, torch.chunk(x, 2, dim=1)'s backward): stored piece by piece (Store.piece)."""
@@ -361,6 +370,9 @@ class Lowering:
         run = self.dims_run(size)
         if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]), a numel: their product
             return self.dims_product(run, "rows_merged")
+        if size - 1 in self.size_dims and self.size_dims[size - 1].symbol is not None:  # one element longer (a value after cat([the identity, y])): dim + 1
+            return Node("add", (self.dim_node(size - 1, fx_node), const(1)), level="global", dtype="int",
+                        name=f"dim_{size}")
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
 
     def dims_run(self, size: int) -> list | None:
@@ -482,6 +494,10 @@ class Lowering:
                 return self.cat_by_column(got, fx_node)
             if isinstance(got, RowCat):
                 raise self.refuse(fx_node, "a concatenation along a row dim used before it is stored")
+            if isinstance(got, Narrowed):
+                raise self.refuse(fx_node, f"a view from {got.val.shape} to {got.shape} of a computed value")
+            if isinstance(got, (scan.Prepended, scan.PrependedScan)):
+                raise self.refuse(fx_node, "a concatenation before a scan, or that scan's last element, used as a value")
             if isinstance(got, Uninit):
                 raise self.refuse(fx_node, "a tensor from torch.empty read before it is written")
             if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
@@ -817,6 +833,10 @@ class Lowering:
             if tuple(new_shape) != got.shape:
                 raise self.refuse(fx_node, "a view of a concatenation along a row dim")
             return got
+        if isinstance(got, (scan.Prepended, scan.PrependedScan, Narrowed)):
+            if tuple(new_shape) != tuple(got.shape):
+                raise self.refuse(fx_node, "a view of a slice or a concatenation of computed values")
+            return got
         if isinstance(got, (scan.ScanPrefix, scan.ScanSuffix)):
             raise self.refuse(fx_node, "a slice of a scan other than its exclusive form")
         if isinstance(got, scan.Rev):  # a flip awaits the scan that takes it; viewed first, it has no layout
@@ -915,6 +935,8 @@ class Lowering:
             contiguous = _contiguous_strides(got.shape)
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
                 piece = self.row_piece(got, new_shape, strides, storage_offset)
+                if piece is None and is_const(offset, 0) and self.is_narrowing(got, new_shape, strides):
+                    return Narrowed(got, tuple(new_shape))  # a template's shape (zeros_like(x[:, :1]))
                 if piece is None:
                     raise self.refuse(fx_node, "a strided view of an input other than a column slice")
                 return self.load(TensorRef(got.field, tuple(new_shape), got.ttype, got.is_int), fx_node,
@@ -923,6 +945,10 @@ class Lowering:
                 return got  # the whole input: still a reference, loaded per use
             return self.load(got, fx_node, width=new_shape[-1], offset=None if is_const(offset, 0) else offset)
         strides = [_example(s) for s in stride]
+        if isinstance(got, (scan.Prepended, scan.PrependedScan)):
+            return scan.lower_prepended_view(self, fx_node, got, new_shape, strides, _example(storage_offset) or 0)
+        if isinstance(got, Narrowed):
+            raise self.refuse(fx_node, "a view of a slice of a computed value")
         picked = self.column_pick(got, new_shape, strides, storage_offset)
         if picked is not None:
             return picked
@@ -937,7 +963,21 @@ class Lowering:
             prefix = scan.lower_prefix(self, fx_node, got, new_shape, strides)  # an exclusive scan's slice
             if prefix is not None:
                 return prefix
+            if self.is_narrowing(got, new_shape, strides):
+                try:
+                    return self.view(src, fx_node)  # a per-row value narrowed is that value
+                except AgentRefused:
+                    return Narrowed(got, tuple(new_shape))  # kept for its shape: any read is refused
         return self.view(src, fx_node)
+
+    @staticmethod
+    def is_narrowing(got, new_shape, strides) -> bool:
+        """The first few elements along one axis of a value (computed, or an input), at its own
+        strides (the caller checks the offset is 0)."""
+        shape, new_shape = tuple(got.shape), tuple(new_shape)
+        differ = [d for d, (a, b) in enumerate(zip(new_shape, shape)) if a != b]
+        return len(new_shape) == len(shape) > 0 and len(differ) == 1 and new_shape[differ[0]] < shape[differ[0]] \
+            and list(strides) == _contiguous_strides(shape)
 
     def op_select(self, fx_node, src, dim, index):
         """x[..., k] along the columns when they are a literal few (a box's coordinates of

@@ -70,17 +70,24 @@ def lower_rev(lw, fx_node, x, dims):
 
 
 def lower_scan(lw, fx_node, kind: str, x, dim):
-    from ..lower import Val
-
     got = lw.env[x] if isinstance(x, torch.fx.Node) else None
+    if isinstance(got, Prepended):
+        return _scan_of_prepended(lw, fx_node, kind, got, dim)
     reverse = isinstance(got, Rev)
     val = got.val if reverse else lw.value(x, fx_node)
-    shape = val.shape
-    if not shape:
+    if not val.shape:
         return val
-    axis = dim % len(shape)
+    axis = dim % len(val.shape)
     if reverse and got.axis != axis:
         raise lw.refuse(fx_node, "a scan of a tensor flipped along another dim")
+    return _scan(lw, fx_node, kind, val, axis, reverse)
+
+
+def _scan(lw, fx_node, kind: str, val, axis: int, reverse: bool, exclusive: bool = False):
+    """The scan node of `val` along `axis` (a Val, or a Rev of it when reversed)."""
+    from ..lower import Val
+
+    shape = val.shape
     if val.node.level != "elem" or val.node.dtype != "float":
         raise lw.refuse(fx_node, f"a {kind} scan of a {val.node.level} {val.node.dtype} value (scans of "
                                  f"per-element float values only)")
@@ -88,8 +95,8 @@ def lower_scan(lw, fx_node, kind: str, x, dim):
         raise lw.refuse(fx_node, f"a scan of a broadcast value (shape {tuple(shape)}, rows {lw.rows})")
     lw.set_width(shape[-1], fx_node)
     dims = [lw.dim_node(s, fx_node) for s in shape]
-    node = Node("scan", (val.node,), level="elem", dtype="float",
-                attrs={"kind": kind, "axis": axis, "shape": dims, "reverse": reverse}, name=fx_node.name)
+    attrs = {"kind": kind, "axis": axis, "shape": dims, "reverse": reverse, **({"exclusive": True} if exclusive else {})}
+    node = Node("scan", (val.node,), level="elem", dtype="float", attrs=attrs, name=fx_node.name)
     lw.scan_shapes[node.id] = tuple(shape)
     out = Val(node, shape)
     return Rev(out, axis) if reverse else out
@@ -106,6 +113,49 @@ def _own_slice(lw, got, new_shape, strides) -> int | None:
         return None
     axis = node.attrs["axis"]
     return axis if tuple(new_shape) == shape[:axis] + (shape[axis] - 1,) + shape[axis + 1:] else None
+
+
+@dataclass
+class Prepended:
+    """cat([the identity, y], axis): one element of a constant before y along `axis`, awaiting
+    the scan along that axis that makes it y's exclusive scan and then y's total (NeRF's
+    transmittance, cumprod(cat([ones, 1 - alpha + 1e-10], -1), -1)[..., :-1])."""
+
+    fill: object  # the constant's Val, one element along axis
+    val: object  # y
+    axis: int
+    shape: tuple  # y's shape, one longer along axis
+
+
+@dataclass
+class PrependedScan:
+    """The scan of a Prepended: its first L elements along the axis are y's exclusive scan
+    (`val`); any other use of it (its last element, y's total) is refused."""
+
+    val: object
+    axis: int
+    shape: tuple
+
+
+def _scan_of_prepended(lw, fx_node, kind: str, got: Prepended, dim):
+    fill = got.fill.node
+    if dim % len(got.shape) != got.axis or fill.op != "const" or \
+            float(fill.attrs["value"]) != IDENTITY_VALUE[kind]:
+        raise lw.refuse(fx_node, "a scan of a concatenation other than the identity before the values")
+    return PrependedScan(_scan(lw, fx_node, kind, got.val, got.axis, False, exclusive=True), got.axis, got.shape)
+
+
+def lower_prepended_view(lw, fx_node, got, new_shape, strides, offset):
+    """A view of a Prepended or of its scan: as it is (same shape, its own strides), or the scan's
+    first L elements along the axis (the exclusive scan); anything else refused."""
+    from ..lower import _contiguous_strides
+
+    own = list(strides) == _contiguous_strides(got.shape) and offset == 0
+    if own and tuple(new_shape) == tuple(got.shape):
+        return got
+    if own and isinstance(got, PrependedScan) and tuple(new_shape) == tuple(got.val.shape):
+        return got.val
+    raise lw.refuse(fx_node, "a slice of a scan other than its exclusive form")
 
 
 @dataclass
@@ -183,6 +233,8 @@ def lower_cat(lw, fx_node, tensors, dim):
     (F.pad(x.cumsum(-1)[..., :-1], (1, 0))); cat([reversed scan[..., 1:], identity fill]): the
     exclusive reversed scan (a suffix sum of the elements after each one); None for any other
     concatenation."""
+    from ..lower import Val
+
     if len(tensors) != 2 or not all(isinstance(t, torch.fx.Node) for t in tensors):
         return None
     first, second = lw.env.get(tensors[0]), lw.env.get(tensors[1])
@@ -190,6 +242,15 @@ def lower_cat(lw, fx_node, tensors, dim):
         return _exclusive(second.val.node, first, second.val.shape, second.axis, dim)
     if isinstance(first, ScanSuffix):
         return _exclusive(first.val.node, second, first.val.shape, first.axis, dim)
+    if isinstance(first, Val) and first.node.op == "const" and not isinstance(second, Val):
+        second = lw.value(tensors[1], fx_node)  # an input, loaded (a refusal names it)
+    if isinstance(first, Val) and first.node.op == "const" and isinstance(second, Val) and second.shape \
+            and len(first.shape) == len(second.shape):  # a constant before the values: a scan may take it
+        axis = dim % len(second.shape)
+        one = tuple(second.shape[:axis]) + (1,) + tuple(second.shape[axis + 1:])
+        if tuple(first.shape) == one:
+            longer = tuple(second.shape[:axis]) + (second.shape[axis] + 1,) + tuple(second.shape[axis + 1:])
+            return Prepended(first, second, axis, longer)
     return None
 
 
@@ -777,5 +838,5 @@ class ScanEmitter(_base()):
             w.line("return cudaGetLastError();")
 
 
-__all__ = ["scan_directions", "Rev", "ValuesOnly", "lower_extreme", "ScanSuffix", "lower_suffix", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
+__all__ = ["Prepended", "PrependedScan", "lower_prepended_view", "scan_directions", "Rev", "ValuesOnly", "lower_extreme", "ScanSuffix", "lower_suffix", "ScanPlan", "ScanEmitter", "plan_of", "lower_scan", "lower_rev", "interp_scan",
            "trace_decompositions"]
