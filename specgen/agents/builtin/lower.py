@@ -370,7 +370,8 @@ class Lowering:
         run = self.dims_run(size)
         if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]), a numel: their product
             return self.dims_product(run, "rows_merged")
-        if size - 1 in self.size_dims and self.size_dims[size - 1].symbol is not None:  # one element longer (a value after cat([the identity, y])): dim + 1
+        if size - 1 in self.size_dims and self.size_dims[size - 1].symbol is not None:
+            # one element longer than a dim (a scan of cat([the identity, y]), scan.Prepended): dim + 1
             return Node("add", (self.dim_node(size - 1, fx_node), const(1)), level="global", dtype="int",
                         name=f"dim_{size}")
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
@@ -495,7 +496,7 @@ class Lowering:
             if isinstance(got, RowCat):
                 raise self.refuse(fx_node, "a concatenation along a row dim used before it is stored")
             if isinstance(got, Narrowed):
-                raise self.refuse(fx_node, f"a view from {got.val.shape} to {got.shape} of a computed value")
+                raise self.refuse(fx_node, f"a slice from {tuple(got.val.shape)} to {got.shape} read as a value")
             if isinstance(got, (scan.Prepended, scan.PrependedScan)):
                 raise self.refuse(fx_node, "a concatenation before a scan, or that scan's last element, used as a value")
             if isinstance(got, Uninit):
@@ -1268,7 +1269,6 @@ class Lowering:
                     self.group_div = div
                 stores.append(Store(field, node, "col", off))
         return stores
-
 
     def store_row_pieces(self, field: str, got: RowCat, fx_node) -> list[Store]:
         """Each piece into its rows of the output (piece k of n along row dim d): checked against
