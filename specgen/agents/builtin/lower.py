@@ -370,10 +370,6 @@ class Lowering:
         run = self.dims_run(size)
         if run is not None:  # rows merged by a view (logits.view(-1, V) of [B, T, V]), a numel: their product
             return self.dims_product(run, "rows_merged")
-        if size - 1 in self.size_dims and self.size_dims[size - 1].symbol is not None:
-            # one element longer than a dim (a scan of cat([the identity, y]), scan.Prepended): dim + 1
-            return Node("add", (self.dim_node(size - 1, fx_node), const(1)), level="global", dtype="int",
-                        name=f"dim_{size}")
         raise self.refuse(fx_node, f"a size ({size} in the example) that is none of the signature's dims")
 
     def dims_run(self, size: int) -> list | None:
@@ -438,6 +434,9 @@ class Lowering:
              rows_piece: tuple | None = None) -> Val:
         shape = ref.shape
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+        if rows_piece is not None and (len(shape) == 0 or self.is_row_shape(shape)):
+            # a piece one column wide ([B, 2C, 1]) would be a row load, which has no piece's rows (red team, session 41)
+            raise self.refuse(fx_node, f"a piece of input {ref.field} along a row dim that is one value per row")
         if len(shape) == 0 or (_one_element(ref.ttype) and all(s == 1 for s in shape)):  # a 0-d tensor (any view)
             return Val(Node("load", level="global", dtype=dtype, attrs={"field": ref.field, "kind": "global"},
                             name=ref.field), shape)
@@ -683,8 +682,23 @@ class Lowering:
                 raise self.refuse(fx_node, f"fx {fx_node.op} {fx_node.target}")
             self.env[fx_node] = self.call(fx_node)
         width_node = self.dim_node(self.width, None) if self.width else const(1)
+        self.check_width_is_a_column(width_node)
         return Program(self.spec.name, self.t.direction, self.row_dims, width_node, self.width or 1, stores,
                        self.group_div, dict(self.t.dims), max(1, len(self.fold_dims)))
+
+    def check_width_is_a_column(self, width_node: Node) -> None:
+        """The width is named by its example size; a size that only happens to equal another dim's
+        example (x[:, 2:] - x[:, :-2] of [N, D]: D - 2 = 5 = N at the trace's sizes) would be read
+        as that dim. A width that is one dim must be the primary input's columns, or a dim that is
+        no row dim and some tensor's last (or the folded columns); else refused (red team, session 41)."""
+        if width_node.op != "dim" or self.fold_dims:
+            return
+        dim = width_node.attrs["dim"]
+        if dim == self.col_dims[-1]:
+            return  # the primary input's own columns (also a row dim's size in a square [N, N])
+        if dim in self.row_dims or not any(t.dims and t.dims[-1] == dim for t in self.types.values()):
+            raise self.refuse(None, f"a row width ({self.width} in the example) that no tensor of the signature has "
+                                    f"as its columns (a slice of the columns, its size no dim of the signature)")
 
     # scans (families/scan.py): cumsum, cumprod, logcumsumexp, cummax/cummin values (scan.SCAN_OPS,
     # dispatched in `call`) and the flips around them
@@ -906,7 +920,14 @@ class Lowering:
 
     # -- sizes
     def op_sym_size(self, fx_node, tensor, dim):
-        return self.dim_node(_hint(fx_node.meta["val"]), fx_node)
+        size = _hint(fx_node.meta["val"])
+        got = self.env.get(tensor) if isinstance(tensor, torch.fx.Node) else None
+        if isinstance(got, (scan.Prepended, scan.PrependedScan)) and dim % len(got.shape) == got.axis:
+            # the one-longer axis of cat([the identity, y]) (and of its scan): y's size + 1, named from
+            # y's own shape (a size one past *any* dim's example was a width D - 1 read as N + 1)
+            inner = self.dim_node(got.val.shape[got.axis], fx_node)
+            return Node("add", (inner, const(1)), level="global", dtype="int", name=f"dim_{size}")
+        return self.dim_node(size, fx_node)
 
     def op_sym_stride(self, fx_node, tensor, dim):
         return Node("stride", level="global", dtype="int", attrs={"value": _hint(fx_node.meta["val"])},

@@ -458,7 +458,7 @@ def _stack_anchor(filename: str):
 def reference_line(spec, node) -> int | None:
     """The YAML line of the reference that produced an fx node (the reference is compiled
     with the YAML file as its filename and YAML line numbers)."""
-    stack = node.meta.get("stack_trace") or ""
+    stack = (node.meta.get("stack_trace") or "") if node is not None else ""  # None: no one op (the width)
     filename = str(spec.path or f"<{spec.name}>")
     line = None
     for m in re.finditer(r'File "([^"]+)", line (\d+)', stack):
