@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from builtin_support import OWN, check_backward, check_forward, own_spec
+from builtin_support import check_backward, check_forward, own_spec, verifies_on_the_gpu
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.generator import lower_spec
@@ -71,9 +71,4 @@ def test_row_piece_sources_compile(name):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", list(CASES))
 def test_row_piece_kernels_verify_on_the_gpu(name):
-    from specgen.spec import load_spec
-    from specgen.verify import verify_kernel
-
-    spec = load_spec(OWN / f"{name}.yaml")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec(name))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builtin_support import OWN, check_backward, check_forward, logcumsumexp_backward_as_the_kernel, own_spec
+from builtin_support import check_backward, check_forward, logcumsumexp_backward_as_the_kernel, own_spec, verifies_on_the_gpu
 from specgen.agents.base import AgentRefused
 from specgen.agents.builtin import build_source
 from specgen.agents.builtin.families import scan
@@ -125,12 +125,7 @@ def test_scan_sources_compile(name):
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", list(CASES))
 def test_scan_kernels_verify_on_the_gpu(name):
-    from specgen.spec import load_spec
-    from specgen.verify import verify_kernel
-
-    spec = load_spec(OWN / f"{name}.yaml")
-    verdict = verify_kernel(spec, build_source(spec))
-    assert verdict.passed, verdict.summary()
+    verifies_on_the_gpu(own_spec(name))
 
 
 def test_pad_of_a_scan_prefix_is_an_exclusive_scan():

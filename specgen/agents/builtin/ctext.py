@@ -26,8 +26,7 @@ def piece_index(field: str, piece: tuple, row: str = "row") -> str:
     (a concatenation of keepdim reductions): the kept index with the other pieces stepped over
     (interp.piece_index on the CPU)."""
     d, k, n = piece
-    span = f"A.{field}.strides[{d}]"
-    return f"((int64_t)({row}) + ((int64_t)({row}) / {span}) * {n - 1} * {span} + {k} * {span})"
+    return _other_pieces_stepped_over(row, f"A.{field}.strides[{d}]", str(k), n)
 
 
 def rows_piece_index(piece: tuple, row_dims: list, row: str = "row") -> str:
@@ -35,7 +34,13 @@ def rows_piece_index(piece: tuple, row_dims: list, row: str = "row") -> str:
     channel chunk of [B, n*C, T] read or written as rows [B, C]; interp.rows_piece_index)."""
     d, k, n = piece
     span = " * ".join(dim_expr(x) for x in row_dims[d:])
-    return f"((int64_t)({row}) + ((int64_t)({row}) / ({span})) * {n - 1} * ({span}) + (int64_t){k} * ({span}))"
+    return _other_pieces_stepped_over(row, f"({span})", f"(int64_t){k}", n)
+
+
+def _other_pieces_stepped_over(index: str, span: str, k: str, n: int) -> str:
+    """Index `index` of piece k (of n, each `span` long per index of the dims before them) in the
+    whole tensor: the pieces before k, and the other n - 1 of every earlier block, stepped over."""
+    return f"((int64_t)({index}) + ((int64_t)({index}) / {span}) * {n - 1} * {span} + {k} * {span})"
 
 
 def entry_function(entry: str, args_t: str, kname: str, dispatch: str | None, dtypes) -> list[str]:

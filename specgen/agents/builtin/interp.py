@@ -172,9 +172,7 @@ def rows_piece_index(program: Program, rows: int, dims: dict, piece) -> torch.Te
     """The row of a tensor of n equal pieces along row dim d that row r of piece k is (a channel
     chunk of [B, n*C, T] read or written as rows [B, C]): ctext.rows_piece_index in C."""
     d, k, n = piece
-    span = math.prod(x.resolve(dims) for x in program.row_dims[d:])
-    r = torch.arange(rows)
-    return r + (r // span) * (n - 1) * span + k * span
+    return _other_pieces_stepped_over(rows, math.prod(x.resolve(dims) for x in program.row_dims[d:]), k, n)
 
 
 def piece_index(rows: int, shape, piece) -> torch.Tensor:
@@ -182,6 +180,11 @@ def piece_index(rows: int, shape, piece) -> torch.Tensor:
     concatenation of keepdim reductions): the kept index with the other pieces stepped over
     (axis_emit's piece_index in C)."""
     d, k, n = piece
-    span = math.prod(shape[d + 1:])
+    return _other_pieces_stepped_over(rows, math.prod(shape[d + 1:]), k, n)
+
+
+def _other_pieces_stepped_over(rows: int, span: int, k: int, n: int) -> torch.Tensor:
+    """Index r (of `rows`) of piece k of n, each `span` long per index of the dims before them, in
+    the whole tensor (ctext._other_pieces_stepped_over in C)."""
     r = torch.arange(rows)
     return r + (r // span) * (n - 1) * span + k * span

@@ -1061,15 +1061,19 @@ class Lowering:
             return None
         d = differ[0]
         n = got.shape[d] // new_shape[d]
-        whole, part = self.types[got.field].dims[d], self.row_dims[d]
-        if whole.symbol is None or whole.symbol != part.symbol or whole.add or part.add \
-                or whole.mul * part.div != n * part.mul * whole.div:
+        if not self.n_pieces_of_a_row_dim(got.field, d, n):
             return None
         block = new_shape[d] * strides[d]  # one piece's elements per index of the dims before d
         offset = _example(storage_offset) if storage_offset is not None else 0
         if not isinstance(offset, int) or offset % block or not 0 <= offset // block < n:
             return None
         return (d, offset // block, n)
+
+    def n_pieces_of_a_row_dim(self, field: str, d: int, n: int) -> bool:
+        """Dim d of `field` is n times row dim d symbolically (2*C against C), not only in the example."""
+        whole, part = self.types[field].dims[d], self.row_dims[d]
+        return whole.symbol is not None and whole.symbol == part.symbol and not whole.add and not part.add \
+            and whole.mul * part.div == n * part.mul * whole.div
 
     def is_reshape(self, fx_node, src, stride, storage_offset) -> bool:
         """An as_strided that only reshapes a contiguous value: offset 0, the same element
@@ -1295,9 +1299,7 @@ class Lowering:
         """Each piece into its rows of the output (piece k of n along row dim d): checked against
         the output's dims symbolically, as the input's pieces are (row_piece)."""
         d, n = got.dim, len(got.pieces)
-        whole, part = self.types[field].dims[d], self.row_dims[d]
-        if whole.symbol is None or whole.symbol != part.symbol or whole.add or part.add \
-                or whole.mul * part.div != n * part.mul * whole.div or tuple(got.shape[:-1]) == self.rows:
+        if not self.n_pieces_of_a_row_dim(field, d, n) or tuple(got.shape[:-1]) == self.rows:
             raise self.refuse(fx_node, f"output {field}: a concatenation along a row dim that is not n pieces "
                                        f"of the row space")
         self.set_width(got.shape[-1], fx_node)

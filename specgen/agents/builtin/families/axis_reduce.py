@@ -709,7 +709,6 @@ class AxisLowering(Lowering):
         return None
 
 
-
 def _part_totals(node: Node) -> list[Node]:
     """The partreduce nodes a post value is computed from (through post-level arithmetic)."""
     found, stack, seen = [], [node], set()
