@@ -164,8 +164,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         if op == "load" and a["kind"] == "global":
             return f"(acc_t)sg::to_acc(*(const {self.ctype_of(a['field'])}*)A.{a['field']}.data)"
         if op == "load" and a["kind"] in ("row", "colpick", "piece"):  # one value per row, at its index
-            if a["kind"] == "row":
-                index = self.row_index(a["row_div"])
+            if a["kind"] == "row":  # a per-row piece ([B, 2C] read as rows [B, C]) at its rows of the field
+                index = rows_piece_index(a["rows_piece"], self.p.row_dims) if a.get("rows_piece") \
+                    else self.row_index(a["row_div"])
             elif a["kind"] == "colpick":  # column k of a row (a box's coordinate of [N, 4])
                 index = f"{self.row_index(a['row_div'])} * {pitch_expr(self.p, self.types[a['field']])} + {a['col']}"
             else:  # the axis family: position k of n along a dim
@@ -641,7 +642,8 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
             self.write_pass(w, [], ctx, elem_stores, self.colreduces)
         for s in (s for s in p.stores if s.kind == "row"):
             t = self.ctype_of(s.field)
-            w.line(f"if (lane == 0) (({t}*)A.{s.field}.data)[row] = sg::from_acc<{t}>({self.expr(s.value, ctx)});")
+            at = rows_piece_index(s.piece, p.row_dims) if s.piece else "row"  # per-row pieces: [B, 2C] of rows [B, C]
+            w.line(f"if (lane == 0) (({t}*)A.{s.field}.data)[{at}] = sg::from_acc<{t}>({self.expr(s.value, ctx)});")
         w.lines(f"gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});" for i, g in enumerate(self.globalreduces))
 
     def write_row_scope(self, w: CWriter, ctx: Ctx) -> None:

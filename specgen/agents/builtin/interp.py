@@ -81,6 +81,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
                 full = [d.resolve(dims) for d in program.row_dims] + [width]
                 view = [n if p else 1 for n, p in zip(full, a["present"])]
                 return t.reshape(view).expand(full).reshape(rows, width)
+            if a["kind"] == "row" and a.get("rows_piece"):  # a per-row piece at its rows of the field
+                return t.reshape(-1)[rows_piece_index(program, rows, dims, a["rows_piece"])].unsqueeze(1)
             if a["kind"] == "row":
                 return t.reshape(-1)[row_index(a["row_div"])].unsqueeze(1)  # rows as [R, 1]
             if a["kind"] == "colpick":  # column k of each row
@@ -152,6 +154,8 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             out.reshape(()).copy_(value.reshape(()))
         elif store.kind == "part":  # the axis family's per-parameter totals, at every element they cover
             out.copy_(torch.broadcast_to(value, out.shape))
+        elif store.kind == "row" and store.piece is not None:  # per-row piece k of n along a row dim
+            out.view(-1)[rows_piece_index(program, rows, dims, store.piece)] = value.expand(rows, 1).reshape(-1).to(out.dtype)
         elif store.kind == "row":
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
         elif store.kind == "piece":

@@ -90,6 +90,7 @@ class RowCat:
     pieces: list  # [Val], each of the row space's shape
     dim: int
     shape: tuple[int, ...]
+    per_row: bool = False  # pieces of one value per row (row stores), not rows of columns
 
 
 def _hint(size) -> int:
@@ -434,6 +435,9 @@ class Lowering:
              rows_piece: tuple | None = None) -> Val:
         shape = ref.shape
         dtype = "int" if ref.is_int else ("bool" if ref.ttype.dtype == "bool" else "float")
+        if rows_piece is not None and tuple(shape) == self.rows:  # one value per row of the piece's rows
+            return Val(Node("load", level="row", dtype=dtype, name=f"{ref.field}_at",
+                            attrs={"field": ref.field, "kind": "row", "row_div": [], "rows_piece": rows_piece}), shape)
         if rows_piece is not None and (len(shape) == 0 or self.is_row_shape(shape)):
             # a piece one column wide ([B, 2C, 1]) would be a row load, which has no piece's rows (red team, session 41)
             raise self.refuse(fx_node, f"a piece of input {ref.field} along a row dim that is one value per row")
@@ -845,6 +849,8 @@ class Lowering:
         if isinstance(got, Cat):
             return Cat(got.pieces, new_shape)
         if isinstance(got, RowCat):
+            if got.per_row and tuple(new_shape) in (got.shape + (1,), got.shape[:len(self.rows)]):
+                return RowCat(got.pieces, got.dim, tuple(new_shape), per_row=True)  # its keepdim 1 added or dropped
             if tuple(new_shape) != got.shape:
                 raise self.refuse(fx_node, "a view of a concatenation along a row dim")
             return got
@@ -914,6 +920,12 @@ class Lowering:
                 # an intermediate broadcast ([C] -> [1, C] -> [1, C, 1, 1]): the input stays a
                 # reference, loaded where the dims it spans are known
                 return TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int)
+            if len(new_shape) <= len(self.rows) and broadcast.should_defer(self, ref):
+                # a [B] input broadcast in steps below the full rank (lengths[:, None] against an
+                # arange(T)[None, :]): pending until the rank where the dims it spans are known
+                moved = broadcast.view(self, broadcast.defer(self, ref), fx_node, new_shape)
+                if moved is not None:
+                    return moved
             return Val(self.load(TensorRef(ref.field, tuple(aligned), ref.ttype, ref.is_int), fx_node).node,
                        new_shape)
         raise self.refuse(fx_node, f"a view of input {ref.field} from {ref.shape} to {new_shape}")
@@ -955,6 +967,10 @@ class Lowering:
             strides = [_hint(s) if not isinstance(s, torch.fx.Node) else self.env[s].attrs.get("value")
                        for s in stride]
             contiguous = _contiguous_strides(got.shape)
+            per_row = self.row_piece(got, new_shape, strides, storage_offset) if tuple(new_shape) == self.rows else None
+            if per_row is not None:  # [B, 2C] (a concatenation's gradient) read as two [B, C] of per-row values
+                return self.load(TensorRef(got.field, tuple(new_shape), got.ttype, got.is_int), fx_node,
+                                 rows_piece=per_row)
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
                 piece = self.row_piece(got, new_shape, strides, storage_offset)
                 if piece is None and is_const(offset, 0) and self.is_narrowing(got, new_shape, strides):
@@ -1053,8 +1069,9 @@ class Lowering:
         pieces of the row space (torch.chunk(x, n, dim=d), F.glu over channels); else None. The
         input's dim d must be n times the row dim symbolically, not only in the example."""
         new_shape = tuple(new_shape)
-        if len(new_shape) != len(got.shape) or new_shape[:-1] != self.rows or self.fold_dims \
-                or strides != _contiguous_strides(got.shape) or new_shape[-1] != got.shape[-1]:
+        per_row = new_shape == self.rows  # [B, 2C] read as two [B, C] of one value per row
+        if len(new_shape) != len(got.shape) or self.fold_dims or strides != _contiguous_strides(got.shape) \
+                or not per_row and (new_shape[:-1] != self.rows or new_shape[-1] != got.shape[-1]):
             return None
         differ = [d for d, (a, b) in enumerate(zip(new_shape, got.shape)) if a != b]
         if len(differ) != 1 or not new_shape[differ[0]] or got.shape[differ[0]] % new_shape[differ[0]]:
@@ -1095,6 +1112,9 @@ class Lowering:
         if exclusive is not None:
             return exclusive
         shape = self.shape_of(fx_node)
+        per_row = self.per_row_cat(fx_node, tensors, dim % len(shape), shape)
+        if per_row is not None:
+            return per_row
         if dim % len(shape) != len(shape) - 1:
             row_cat = self.row_cat(fx_node, tensors, dim % len(shape), shape)
             if row_cat is None:
@@ -1119,6 +1139,18 @@ class Lowering:
         if any(tuple(self.shape_of(t)) != self.rows + (shape[-1],) for t in tensors):
             return None
         return RowCat([self.value(t, fx_node) for t in tensors], dim, tuple(shape))
+
+    def per_row_cat(self, fx_node, tensors, dim: int, shape) -> RowCat | None:
+        """Per-row values (a pool's mean and std over [B, C]) concatenated along a row dim, [B, 2C]
+        or [B, 2C, 1]: each a row store into its piece of the output's rows, or None."""
+        if self.fold_dims or dim >= len(self.rows) or not self.rows:
+            return None
+        if any(tuple(self.shape_of(t)) not in (self.rows, self.rows + (1,)) for t in tensors):
+            return None
+        vals = [self.value(t, fx_node) for t in tensors]
+        if any(v.node.level not in ("row", "const", "global") for v in vals):
+            return None
+        return RowCat(vals, dim, tuple(shape), per_row=True)
 
     def filled(self, value, fx_node) -> Node:
         """A fill value: a number computed from a float scalar is its expression (torch.full_like(x,
@@ -1302,6 +1334,12 @@ class Lowering:
         if not self.n_pieces_of_a_row_dim(field, d, n) or tuple(got.shape[:-1]) == self.rows:
             raise self.refuse(fx_node, f"output {field}: a concatenation along a row dim that is not n pieces "
                                        f"of the row space")
+        if got.per_row:
+            if self.types[field].ndim not in (len(self.rows), len(self.rows) + 1) or \
+                    self.types[field].ndim == len(self.rows) + 1 and got.shape[-1] != 1:
+                raise self.refuse(fx_node, f"output {field}: per-row pieces stored at another rank")
+            return [Store(field, self.before_the_rows(val.node, field, fx_node), "row", piece=(d, k, n))
+                    for k, val in enumerate(got.pieces)]
         self.set_width(got.shape[-1], fx_node)
         stores = []
         for k, val in enumerate(got.pieces):

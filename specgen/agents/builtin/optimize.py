@@ -171,7 +171,7 @@ def reuse_forward_outputs(forward: Program, backward: Program, output_fields: se
     canon = _Canon()
     stored: dict[tuple, str] = {}
     for s in forward.stores:
-        if s.kind == "elem" and s.offset is None and s.field in output_fields and s.value.level == "elem" \
+        if s.kind == "elem" and s.offset is None and s.piece is None and s.field in output_fields and s.value.level == "elem" \
                 and s.value.op != "load" and s.value.dtype == "float":
             stored.setdefault(canon.key(s.value), s.field)
     if not stored:

@@ -48,7 +48,7 @@ def _row_stores(spec, forward: Program) -> dict[str, Node]:
     """Saved field -> the forward's row expression stored there (the readable ones)."""
     readable = {v.field for v in spec.saved_values if holds_exactly(spec, v)}
     return {s.field: s.value for s in forward.stores
-            if s.field in readable and s.kind == "row" and s.value.level == "row" and s.value.dtype == "float"}
+            if s.field in readable and s.kind == "row" and s.piece is None and s.value.level == "row" and s.value.dtype == "float"}
 
 
 def _is_reduce(node: Node, kind: str) -> bool:

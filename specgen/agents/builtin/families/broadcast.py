@@ -106,6 +106,7 @@ def elementwise(lw, op: str, vals: list, out_shape, fx_node):
     at one shape (scalars aside), else None (the caller materializes them)."""
     from ..lower import Val
 
+    vals = [_column_index_as_pending(v) for v in vals]
     pend = [v for v in vals if isinstance(v, Pending)]
     if len({tuple(p.val.shape) for p in pend}) != 1 or tuple(pend[0].val.shape) != tuple(out_shape):
         return None
@@ -114,6 +115,18 @@ def elementwise(lw, op: str, vals: list, out_shape, fx_node):
     nodes = [v.val.node if isinstance(v, Pending) else v.node for v in vals]
     maps = {k: m for p in pend for k, m in p.maps.items()}
     return Pending(Val(lw.pointwise(op, nodes, fx_node), tuple(out_shape)), maps)
+
+
+def _column_index_as_pending(v):
+    """The column index (an arange of the columns' width, placed last) beside a pending value
+    (arange(T)[None, :] < lengths[:, None]): pending too, so that the two meet at the rank where
+    the lengths' dims are known; placed there it is the column index again (iota_at)."""
+    if isinstance(v, Pending) or v.node.op != "iota" or not v.shape:
+        return v
+    node = Node("load", level="elem", dtype="int", attrs={"field": "arange", "kind": "pending"}, name="arange")
+    from ..lower import Val
+
+    return Pending(Val(node, tuple(v.shape)), {node.id: (IotaRef(v.shape[-1]), [len(v.shape) - 1])})
 
 
 def view(lw, p: Pending, fx_node, new_shape):
