@@ -118,7 +118,7 @@ def test_a_program_that_fails_its_invariants_is_a_refusal_not_a_crash(tmp_path, 
     from specgen.agents.builtin.ir import Node, Program, Store, const
     from specgen.spec import load_spec
 
-    def broken_lowering(traced, totals_in_rows=False, rows_of_output=False):  # lower.lower's signature
+    def broken_lowering(traced, *options):  # lower.lower's signature: the traced graph and the retries' flags
         x = Node("load", level="elem", attrs={"field": "x", "kind": "elem", "row_div": []}, name="x")
         total = Node("globalreduce", (Node("rowreduce", (x,), level="row", attrs={"kind": "sum"}),), level="post",
                      attrs={"kind": "sum"})

@@ -643,7 +643,9 @@ class DirectionEmitter(HostEmitter, FinalizeEmitter, PretotalEmitter):
         for s in (s for s in p.stores if s.kind == "row"):
             t = self.ctype_of(s.field)
             at = rows_piece_index(s.piece, p.row_dims) if s.piece else "row"  # per-row pieces: [B, 2C] of rows [B, C]
-            w.line(f"if (lane == 0) (({t}*)A.{s.field}.data)[{at}] = sg::from_acc<{t}>({self.expr(s.value, ctx)});")
+            # an int expression (an index) is cast; from_acc takes floats (a row reduction's acc_t, any dtype)
+            put = f"({t})" if s.value.dtype != "float" and s.value.op != "rowreduce" else f"sg::from_acc<{t}>"
+            w.line(f"if (lane == 0) (({t}*)A.{s.field}.data)[{at}] = {put}({self.expr(s.value, ctx)});")
         w.lines(f"gacc_{i} += (acc_t)({self.expr(g.args[0], ctx)});" for i, g in enumerate(self.globalreduces))
 
     def write_row_scope(self, w: CWriter, ctx: Ctx) -> None:

@@ -43,26 +43,40 @@ def lower_spec(spec) -> dict:
             try:
                 programs = lower_family(spec, refusal)
             except AgentRefused:
-                # the families refuse it too: the row family once more, a sum over every axis of element
-                # values taken as row sums then their sum (DyT's backward: grad_x per element, its [D]
-                # weight's gradient over the rows and its scalar alpha's over everything; held-out v8)
-                try:
-                    programs = _row_programs(spec, totals_in_rows=True)
-                except (AgentRefused, IRError):
-                    # the rows of the output: an input read in pieces along a row dim (a GLU over
-                    # channels, [B, 2C, T] -> [B, C, T]; held-out v8's WaveNet gate)
-                    try:
-                        programs = _row_programs(spec, rows_of_output=True)
-                    except (AgentRefused, IRError):
-                        raise refusal from None
+                programs = _row_retries(spec, refusal)
         _programs[key] = programs
     return _programs[key]
 
 
-def _row_programs(spec, totals_in_rows: bool = False, rows_of_output: bool = False) -> dict:
+# where the families refuse too, the row family once more, each way in turn:
+ROW_RETRIES = (
+    # a sum over every axis of element values taken as row sums then their sum (DyT's backward:
+    # grad_x per element, its [D] weight's gradient over the rows and its scalar alpha's over
+    # everything; held-out v8)
+    {"totals_in_rows": True},
+    # the rows of the output: an input read in pieces along a row dim (a GLU over channels,
+    # [B, 2C, T] -> [B, C, T]; held-out v8's WaveNet gate)
+    {"rows_of_output": True},
+    # torch.max's indices over the columns as a second sweep (the axis family takes arg-reductions
+    # it can; this is for those inside a row computation it refuses)
+    {"indices_in_rows": True},
+)
+
+
+def _row_retries(spec, refusal: AgentRefused) -> dict:
+    for options in ROW_RETRIES:
+        try:
+            return _row_programs(spec, **options)
+        except (AgentRefused, IRError):
+            continue
+    raise refusal from None
+
+
+def _row_programs(spec, totals_in_rows: bool = False, rows_of_output: bool = False,
+                  indices_in_rows: bool = False) -> dict:
     """The row family's program of each direction, after the IR passes."""
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
-    programs = {d: run_passes(lower(trace(spec, d), totals_in_rows, rows_of_output), (negated_compares, row_broadcasts, cse,
+    programs = {d: run_passes(lower(trace(spec, d), totals_in_rows, rows_of_output, indices_in_rows), (negated_compares, row_broadcasts, cse,
                                                                       onehot_sums, lone_norms, centered_affine, cse))
                 for d in directions}
     if spec.saved_values:  # its log-sum-exp shares log-softmax's sweep

@@ -93,6 +93,13 @@ class RowCat:
     per_row: bool = False  # pieces of one value per row (row stores), not rows of columns
 
 
+@dataclass(frozen=True)
+class IndexRefused:
+    """The indices of torch.max / min where the row family has none: refused where they are read."""
+
+    why: str
+
+
 def _hint(size) -> int:
     if isinstance(size, torch.SymInt):
         return int(size.node.hint)
@@ -118,11 +125,13 @@ def _raw_shape(arg) -> tuple[int, ...] | None:
 
 
 class Lowering:
-    def __init__(self, traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False):
+    def __init__(self, traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False,
+                 indices_in_rows: bool = False):
         self.t = traced
         # a sum over every axis of element values alone as row sums then their sum (else the axis
         # family's, which splits the elements over many blocks): the retry where that family refuses
         self.totals_in_rows = totals_in_rows
+        self.indices_in_rows = indices_in_rows  # torch.max's indices as a second sweep: the last retry
         self.spec = traced.spec
         self.scan_shapes: dict[int, tuple] = {}  # a scan node's own shape (families/scan.py)
         sig = self.spec.signature
@@ -790,7 +799,10 @@ class Lowering:
         if target is torch.sym_max:  # a fill's strides (F.pad's decomposition)
             return self.pointwise("maximum", [self.sym(a, fx_node) for a in args], fx_node, dtype="int")
         if target is operator.getitem:
-            return self.env[args[0]][args[1]]
+            got = self.env[args[0]][args[1]]
+            if isinstance(got, IndexRefused):
+                raise self.refuse(fx_node, got.why)
+            return got
         schema = getattr(target, "_schema", None)
         if schema is None:
             raise self.refuse(fx_node, f"the call {getattr(target, '__name__', target)}")
@@ -1226,6 +1238,46 @@ class Lowering:
     def op_amin(self, fx_node, src, dims, **kw):
         return self.reduce("min", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node)
 
+    def op_max(self, fx_node, src, dim=None, keepdim=False):
+        return self.extreme_with_index("max", fx_node, src, dim, keepdim)
+
+    def op_min(self, fx_node, src, dim=None, keepdim=False):
+        return self.extreme_with_index("min", fx_node, src, dim, keepdim)
+
+    def extreme_with_index(self, kind: str, fx_node, src, dim, keepdim: bool):
+        """torch.max / torch.min over one dim: (values, indices). The values are amax's; the index,
+        over the columns only, is the first column holding the value, or the first NaN (torch's
+        ties and NaN): the least column of where(x == m or x != x, col, W), a second dependent
+        sweep. Indices over another dim are refused where they are used."""
+        if dim is None:  # torch.max(x): one value, no index
+            return self.reduce(kind, self.value(src, fx_node), list(range(len(_shape(src)))), fx_node)
+        v = self.value(src, fx_node)
+        axes = self.reduce_axes(src, [dim], fx_node)
+        values = self.reduce(kind, v, axes, fx_node)
+        shape = tuple(1 if i in axes else s for i, s in enumerate(v.shape)) if keepdim else values.shape
+        values = Val(values.node, shape)
+        if not self.indices_in_rows:  # the axis family's arg-reduction first (one sweep of (value, index))
+            return values, IndexRefused(f"the indices of a {kind} inside a row computation")
+        if axes != [len(v.shape) - 1] or v.node.level != "elem" or self.is_row_shape(v.shape):
+            return values, IndexRefused(f"the indices of a {kind} over a dim other than the columns")
+        width = self.dim_node(v.shape[-1], fx_node)
+        if width.op != "dim" or self.largest(width.attrs["dim"]) > 1 << 24:
+            return values, IndexRefused(f"the indices of a {kind} over columns that may pass 2^24 (the row "
+                                        f"reductions carry floats: a column index is exact below 2^24)")
+        # the least column in a float row reduction (the row sweeps accumulate acc_t): exact below 2^24
+        hit = self.pointwise("or", [self.pointwise("eq", [v.node, values.node], fx_node),
+                                    self.pointwise("ne", [v.node, v.node], fx_node)], fx_node)
+        at = self.pointwise("where", [hit, self.cast(self.column_iota(), torch.float32, fx_node),
+                                      self.cast(width, torch.float32, fx_node)], fx_node, dtype="float")
+        first = Node("rowreduce", (at,), level="row", dtype="float", attrs={"kind": "min"}, name=f"{fx_node.name}_at")
+        return values, Val(self.cast(first, torch.int64, fx_node), shape)
+
+    def largest(self, dim) -> int:
+        """A signature dim's largest size that the spec's dims allow."""
+        if dim.symbol is None:
+            return dim.resolve({})
+        return self.spec.dims[dim.symbol][1] * dim.mul // dim.div + dim.add
+
     def op_var(self, fx_node, src, dims, correction=0.0, **kw):
         return self.reduce("var", self.value(src, fx_node), self.reduce_axes(src, dims, fx_node), fx_node,
                            correction=correction)
@@ -1244,12 +1296,17 @@ class Lowering:
         if self.fold_sizes:
             self.unfoldable(fx_node, "a scatter")
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
-        if not isinstance(value, (int, float)) or not self.is_last_axis(dim, base, b.shape) \
+        # a per-row source (aten.scatter.src: torch.max's backward puts each row's gradient at its index)
+        src = self.value(value, fx_node) if isinstance(value, torch.fx.Node) else None
+        if src is None and not isinstance(value, (int, float)) or src is not None and (
+                src.node.level not in ("row", "const", "global") or not self.one_per_row(value)) \
+                or not self.is_last_axis(dim, base, b.shape) \
                 or idx.node.level not in ("row", "const", "global") or not self.one_per_row(index):
-            raise self.refuse(fx_node, "a scatter other than one constant per row (a one-hot)")
+            raise self.refuse(fx_node, "a scatter other than one value per row at one column per row (a one-hot)")
         self.set_width(b.shape[-1], fx_node)
         hit = self.column_hit(idx.node, fx_node)
-        return Val(self.where(hit, self.filled(value, fx_node), b.node, fx_node), self.shape_of(fx_node))
+        put = src.node if src is not None else self.filled(value, fx_node)
+        return Val(self.where(hit, put, b.node, fx_node), self.shape_of(fx_node))
 
     def column_hit(self, index: Node, fx_node) -> Node:
         """column == index: where a scatter of one value per row writes (the column is the
@@ -1408,5 +1465,6 @@ def _one_element(ttype) -> bool:
     return all(d.is_literal and d.add == 1 for d in ttype.dims)
 
 
-def lower(traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False) -> Program:
-    return Lowering(traced, totals_in_rows, rows_of_output).run()
+def lower(traced: Traced, totals_in_rows: bool = False, rows_of_output: bool = False,
+          indices_in_rows: bool = False) -> Program:
+    return Lowering(traced, totals_in_rows, rows_of_output, indices_in_rows).run()
