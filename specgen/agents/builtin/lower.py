@@ -15,6 +15,7 @@ import math
 import operator
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from ..base import AgentRefused
@@ -979,12 +980,13 @@ class Lowering:
             strides = [_hint(s) if not isinstance(s, torch.fx.Node) else self.env[s].attrs.get("value")
                        for s in stride]
             contiguous = _contiguous_strides(got.shape)
-            per_row = self.row_piece(got, new_shape, strides, storage_offset) if tuple(new_shape) == self.rows else None
+            per_row = self.row_piece(got, new_shape, strides, storage_offset, fx_node) \
+                if tuple(new_shape) == self.rows else None
             if per_row is not None:  # [B, 2C] (a concatenation's gradient) read as two [B, C] of per-row values
                 return self.load(TensorRef(got.field, tuple(new_shape), got.ttype, got.is_int), fx_node,
                                  rows_piece=per_row)
             if strides[-1] != 1 or list(new_shape[:-1]) != list(got.shape[:-1]) or strides[:-1] != contiguous[:-1]:
-                piece = self.row_piece(got, new_shape, strides, storage_offset)
+                piece = self.row_piece(got, new_shape, strides, storage_offset, fx_node)
                 if piece is None and is_const(offset, 0) and self.is_narrowing(got, new_shape, strides):
                     return Narrowed(got, tuple(new_shape))  # a template's shape (zeros_like(x[:, :1]))
                 if piece is None:
@@ -1076,7 +1078,7 @@ class Lowering:
         node = at_column(got.node, k)
         return None if node is None else Val(node, tuple(new_shape))
 
-    def row_piece(self, got: TensorRef, new_shape, strides, storage_offset) -> tuple | None:
+    def row_piece(self, got: TensorRef, new_shape, strides, storage_offset, fx_node) -> tuple | None:
         """(d, k, n) when the view is piece k of n equal pieces of the input along row dim d, the
         pieces of the row space (torch.chunk(x, n, dim=d), F.glu over channels); else None. The
         input's dim d must be n times the row dim symbolically, not only in the example."""
@@ -1096,7 +1098,28 @@ class Lowering:
         offset = _example(storage_offset) if storage_offset is not None else 0
         if not isinstance(offset, int) or offset % block or not 0 <= offset // block < n:
             return None
+        if not self.offset_is_pieces(fx_node, got.field, d, offset // block):
+            return None  # x.narrow(1, B + 2, C): k pieces only where B + 2 = C (the example; red team, session 42)
         return (d, offset // block, n)
+
+    def offset_is_pieces(self, fx_node, field: str, d: int, k: int) -> bool:
+        """Is the as_strided view's storage offset k pieces along dim d at other sizes than the
+        example too: its traced expression, at dims each scaled by a different factor, against k
+        times the row dim d times the field's dims after d there."""
+        offset = fx_node.args[3] if len(fx_node.args) > 3 else fx_node.kwargs.get("storage_offset", 0)
+        alt = {symbol: value * (i + 2) for i, (symbol, value) in enumerate(sorted(self.t.dims.items()))}
+        at_alt: dict = {}  # the trace's size symbols at those dims (each input's dims say which is which)
+        for placeholder, name in zip((n for n in self.t.graph.graph.nodes if n.op == "placeholder"), self.t.inputs):
+            sizes = getattr(placeholder.meta.get("val"), "shape", ())
+            for size, dim in zip(sizes, self.types[name].dims if name in self.types else ()):
+                if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                    at_alt[size.node.expr] = dim.resolve(alt)
+        got = offset.meta["val"] if isinstance(offset, torch.fx.Node) else (offset or 0)
+        expr = got.node.expr if isinstance(got, torch.SymInt) else sympy.Integer(int(got))
+        if not expr.free_symbols <= set(at_alt):
+            return False
+        want = k * self.row_dims[d].resolve(alt) * math.prod(x.resolve(alt) for x in self.types[field].dims[d + 1:])
+        return int(expr.subs(at_alt)) == want
 
     def n_pieces_of_a_row_dim(self, field: str, d: int, n: int) -> bool:
         """Dim d of `field` is n times row dim d symbolically (2*C against C), not only in the example."""
@@ -1295,6 +1318,8 @@ class Lowering:
     def op_scatter(self, fx_node, base, dim, index, value=None, **kw):
         if self.fold_sizes:
             self.unfoldable(fx_node, "a scatter")
+        if kw.get("reduce") is not None:  # scatter(..., reduce="add" / "multiply") combines with the base
+            raise self.refuse(fx_node, f"a scatter with reduce={kw['reduce']!r}")
         b, idx = self.value(base, fx_node), self.value(index, fx_node)
         # a per-row source (aten.scatter.src: torch.max's backward puts each row's gradient at its index)
         src = self.value(value, fx_node) if isinstance(value, torch.fx.Node) else None

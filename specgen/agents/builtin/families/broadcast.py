@@ -129,6 +129,19 @@ def _column_index_as_pending(v):
     return Pending(Val(node, tuple(v.shape)), {node.id: (IotaRef(v.shape[-1]), [len(v.shape) - 1])})
 
 
+def _fresh(p: Pending) -> Pending:
+    """`p` with new placeholder nodes: a placement is its own, so one pending value placed at two
+    positions and combined (ar[:, None] >= ar[None, :], p[:, None] - p[None, :]) keeps both
+    (keyed by one node, the second placement overwrote the first: a red team, session 42)."""
+    from ..ir import walk
+    from ..lower import Val
+
+    olds = {n.id: n for n in walk(p.val.node) if n.id in p.maps}
+    repl = {nid: Node("load", level="elem", dtype=n.dtype, attrs=dict(n.attrs), name=n.name) for nid, n in olds.items()}
+    maps = {repl[nid].id: placement for nid, placement in p.maps.items() if nid in repl}
+    return Pending(Val(substitute(p.val.node, repl), p.val.shape), maps)
+
+
 def view(lw, p: Pending, fx_node, new_shape):
     from ..lower import Val
 
@@ -146,7 +159,7 @@ def view(lw, p: Pending, fx_node, new_shape):
         if any(pos not in bdims for _, positions in p.maps.values() for pos in positions):
             return None
     maps = {k: (ref, [bdims[pos] for pos in positions]) for k, (ref, positions) in p.maps.items()}
-    moved = Pending(Val(p.val.node, tuple(new_shape)), maps)
+    moved = _fresh(Pending(Val(p.val.node, tuple(new_shape)), maps))
     if len(new_shape) == len(lw.rows) + 1:
         return materialize(lw, moved, fx_node)
     return moved
