@@ -95,7 +95,7 @@ def test_a_host_plan_shared_by_threads_is_caught(gelu):
     with pytest.raises(Failure) as caught:
         check(gelu, fakes.PyKernel(gelu, planned_forward), {"N": 64, "D": 129}, {"N": 3, "D": 37})
     assert caught.value.reason == "wrong-result", caught.value.detail
-    assert caught.value.detail.startswith("called from two host threads at the same time (call ")
+    assert caught.value.detail.startswith("called from host threads at the same time (call ")
     assert "`static` struct" in caught.value.detail
 
 
@@ -105,7 +105,7 @@ def test_a_host_plan_is_caught_at_one_shape_too(gelu):
     with pytest.raises(Failure) as caught:
         check(gelu, fakes.PyKernel(gelu, planned_forward), {"N": 8, "D": 37}, {"N": 8, "D": 37})
     assert caught.value.reason == "wrong-result"
-    assert "called from two host threads at the same time" in caught.value.detail
+    assert "called from host threads at the same time" in caught.value.detail
 
 
 def test_the_single_thread_checks_pass_a_host_plan(gelu, monkeypatch):
@@ -118,7 +118,7 @@ def test_the_single_thread_checks_pass_a_host_plan(gelu, monkeypatch):
 def test_the_engine_runs_it(gelu):
     verdict = run_verification(gelu, fakes.PyKernel(gelu, planned_forward), SMALL, device="cpu")
     assert verdict.reason == "wrong-result", verdict.summary()
-    assert "called from two host threads at the same time" in verdict.detail
+    assert "called from host threads at the same time" in verdict.detail
     assert run_verification(gelu, fakes.PyKernel(gelu, fakes.gelu_forward), SMALL, device="cpu").passed
 
 
@@ -128,7 +128,7 @@ def test_a_call_skipped_mid_loop_is_seen(gelu):
     with pytest.raises(Failure) as caught:
         check(gelu, SkipsOneCallOffTheMainThread(gelu), {"N": 8, "D": 37}, {"N": 4, "D": 65})
     assert caught.value.reason == "wrong-result"
-    assert "called from two host threads at the same time" in caught.value.detail
+    assert "called from host threads at the same time" in caught.value.detail
 
 
 def test_output_sets_are_bounded_by_the_record_bytes(gelu):

@@ -201,7 +201,7 @@ def test_the_backward_alone_runs_no_forward(gelu, quick, monkeypatch):
     verdict = run_verification(gelu, fakes.PyKernel(gelu, fakes.gelu_forward),
                                dataclasses.replace(quick, directions=("backward",)), device="cpu")
     assert verdict.passed, verdict.summary()
-    assert seen and set(seen) == {("backward", "backward")}
+    assert seen and {way for calls in seen for way in calls} == {"backward"}  # pairs and the groups of three
 
 
 # ------------------------------------------------------------------ native threads (nvcc, no GPU)

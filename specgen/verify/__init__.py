@@ -13,7 +13,7 @@ from pathlib import Path
 from .verdict import COMPILE_ERROR, PASSED, REASONS, Counterexample, Failure, Verdict
 
 DEFAULT_EXAMPLES = 30
-VERIFIER_VERSION = "14"  # bump when a check changes meaning: lock records are keyed by it
+VERIFIER_VERSION = "15"  # bump when a check changes meaning: lock records are keyed by it
 # 2: every dtype at the widest row and half of it (schedules switch by row width)
 # 3: the candidate in its own process (read-only inputs, guard bytes), CUDA-graph capture, timed
 #    calls checked output by output, the physics floor, full-size cases, value classes, drawn

@@ -91,6 +91,16 @@ def stream_of_kind(kind: str, pool_stream):
     raise ValueError(f"unknown stream kind {kind!r} (one of {', '.join(STREAM_KINDS)})")
 
 
+def thread_streams(pool: list, count: int, kind: str = "pool") -> list:
+    """The streams of `count` host threads calling at once: each a stream of `pool` of its own, or
+    for "legacy" / "per_thread" every thread the same handle (0, or cudaStreamPerThread's 2: the
+    handle is shared, the per-thread stream behind it is each thread's), as every thread of a
+    program that never makes a stream calls on (a Flask/FastAPI worker, a thread-pool harness)."""
+    if kind == "pool":
+        return streams_from(pool, count)
+    return [stream_of_kind(kind, None)] * count
+
+
 def streams_from(pool: list, count: int) -> list:
     """`count` streams of `pool`, made when first needed and kept (as a caller's streams are)."""
     import torch

@@ -94,10 +94,11 @@ class RunnerBase:
         item is a call (direction, tensors with its own workspace, scalars, dims)."""
         raise NotImplementedError
 
-    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+    def threads(self, items: list, repeat: int, driver: str | None = None, stream: str = "pool") -> Outcome:
         """Calls from host threads at the same time: items[i] is thread i's call (as side_by_side's
         items) or a list of calls it makes in turn (each its own outputs); each thread makes
-        `repeat` calls on a stream of its own. `driver`: threaded.DRIVER_SOURCE compiled (the calls of a
+        `repeat` calls on a stream of its own (`stream` "pool"), or all on one handle ("legacy",
+        "per_thread": graphs.thread_streams). `driver`: threaded.DRIVER_SOURCE compiled (the calls of a
         compiled library then come from native threads, graphs.call_from_native_threads), else
         Python threads (graphs.call_from_threads). `failed_call`: the thread whose call failed."""
         raise NotImplementedError
@@ -126,12 +127,13 @@ class CpuStream(int):
     kind: str
 
     @classmethod
-    def of(cls, kind: str) -> "CpuStream":
+    def of(cls, kind: str, thread: int = 0) -> "CpuStream":
+        """`thread`: a host thread's own pool stream (another address) where each has its own."""
         from .graphs import PER_THREAD_HANDLE, STREAM_KINDS
 
         if kind not in STREAM_KINDS:
             raise ValueError(f"unknown stream kind {kind!r}")
-        stream = cls({"pool": 0x7F3A5C000010, "legacy": 0, "per_thread": PER_THREAD_HANDLE}[kind])
+        stream = cls({"pool": 0x7F3A5C000010 + 0x100 * thread, "legacy": 0, "per_thread": PER_THREAD_HANDLE}[kind])
         stream.kind = kind
         return stream
 
@@ -516,17 +518,18 @@ class LocalRunner(RunnerBase):
         return self._finished(launch_side_by_side(launches, streams, leads))
 
     @fp_watched
-    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+    def threads(self, items: list, repeat: int, driver: str | None = None, stream: str = "pool") -> Outcome:
         """A stand-in's calls in real Python threads (GIL permitting); a compiled library's from
         native threads when `driver` is given."""
         from .candidate_main import native_fp_reports, watch_threads
-        from .graphs import call_from_native_threads, call_from_threads, streams_from
+        from .graphs import call_from_native_threads, call_from_threads, thread_streams
         from .library import KernelLibrary
 
         self.scramble_workspace()
         lists = per_thread(items)
         on_gpu = self.device.type == "cuda"
-        streams = streams_from(self._streams, len(lists)) if on_gpu else [self._stream()] * len(lists)
+        streams = thread_streams(self._streams, len(lists), stream) if on_gpu else \
+            [CpuStream.of(stream, thread=i) for i in range(len(lists))]
         if driver and isinstance(self.lib, KernelLibrary):
             resolved = [[{**c, "tensors": self._tensors(c["tensors"])} for c in calls] for calls in lists]
             code, failed = call_from_native_threads(driver, self.lib, resolved, repeat, streams)
@@ -783,11 +786,12 @@ class IsolatedRunner(RunnerBase):
         wire = [_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in items]
         return self._request({"op": "side_by_side", "calls": wire, "leads": list(leads)})
 
-    def threads(self, items: list, repeat: int, driver: str | None = None) -> Outcome:
+    def threads(self, items: list, repeat: int, driver: str | None = None, stream: str = "pool") -> Outcome:
         self.scramble_workspace()
         lists = per_thread(items)
         wire = [[_call_message(c["direction"], c["tensors"], c["scalars"], c["dims"]) for c in calls] for calls in lists]
-        return self._request({"op": "threads", "threads": wire, "repeat": int(repeat), "driver": driver},
+        return self._request({"op": "threads", "threads": wire, "repeat": int(repeat), "driver": driver,
+                              "stream": stream},
                              timeout=self.call_timeout + repeat * len(lists) * 1e-4)
 
     def timed(self, calls: list[dict], flush_bytes: int = 0, stream: str = "pool") -> Outcome:

@@ -59,11 +59,12 @@ SEED_OFFSET = 5000  # the pairs' values: other draws than every other check's
 DIRECTIONS_SEED_OFFSET = 5100  # the forward-beside-backward pairs' values
 FORWARD_BESIDE_BACKWARD = True  # the pairs of a forward and a backward (a switch for the tests)
 
-THREADS_HINT = ("called from two host threads at the same time ({call}, {other} called from the other thread "
-                "meanwhile, as a multi-threaded server or nn.DataParallel calls an op: both threads run the kernel's "
+THREADS_HINT = ("called from host threads at the same time ({call}, {other} called from the other threads "
+                "meanwhile, as a multi-threaded server or nn.DataParallel calls an op: the threads run the kernel's "
                 "host code at once, so state kept in host memory between calls, e.g. a launch plan with the "
-                "pointers in a `static` struct, is shared by both and one call launches with the other's "
-                "arguments. Keep everything a call needs on the stack of the call), ")
+                "pointers in a `static` struct, a record per stream handle, or buffers for two callers, is shared "
+                "and one call launches with another's arguments. Keep everything a call needs on the stack of the "
+                "call), ")
 DIRECTIONS_HINT = ("called from two host threads at the same time, a forward beside a backward ({call}, while "
                    "{other} meanwhile, as a pipeline-parallel schedule runs one micro-batch's forward beside "
                    "another's backward from two stage threads, or a trainer thread's backward runs beside a serving "
@@ -288,6 +289,24 @@ def direction_pairs(big: Case, launch_bound: list[Case]) -> list[tuple[tuple[Cas
             for k, ((a, one), (b, other)) in enumerate(pairs)]
 
 
+GROUP_SEED_OFFSET = 5300  # the groups' values
+GROUP_THREADS = 3  # more than two at once: a pool of two host buffers "for the model's thread and autograd's"
+GROUP_STREAMS = ("pool", "legacy", "per_thread")  # every thread its own stream, then one handle for all
+
+
+def thread_groups(launch_bound: list[Case], direction: str) -> list[tuple[tuple, str]]:
+    """Three threads at once on the first launch-bound case (each on values of its own), first
+    each on a stream of its own, then all on the legacy default stream (handle 0), then all on
+    cudaStreamPerThread (handle 2), as the threads of a program that never makes a stream call an
+    op (verifier version 15): host state kept per stream handle ("one stream's calls run in
+    order") is then shared by threads, and host buffers sized for two callers meet a third
+    (held-out attacks-v11's log_softmax and swiglu). As ((case, direction), ...), stream kind."""
+    small = launch_bound[0]
+    calls = tuple((dataclasses.replace(small, seed=small.seed + GROUP_SEED_OFFSET + k), direction)
+                  for k in range(GROUP_THREADS))
+    return [(calls, kind) for kind in GROUP_STREAMS]
+
+
 def thread_calls(big: Case, launch_bound: list[Case], direction: str, forward_too: bool = True
                  ) -> list[tuple[tuple[Case, str], tuple[Case, str]]]:
     """What two threads call at the same time in `direction`'s checks, as ((case, direction),
@@ -334,14 +353,20 @@ def _nbytes(shape, dtype: torch.dtype) -> int:
     return count * torch.empty((), dtype=dtype).element_size()
 
 
+STREAM_WORDS = {"pool": "", "legacy": " all on the legacy default stream (handle 0)",
+                "per_thread": " all on cudaStreamPerThread (handle 2)"}
+
+
 def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bool,
-                             repeat: int = THREAD_CALLS, driver: str | None = None, fresh: bool = False) -> None:
+                             repeat: int = THREAD_CALLS, driver: str | None = None, fresh: bool = False,
+                             stream: str = "pool") -> None:
     """Each case called alone (its results, and its bits), then every case from a host thread of
     its own, `repeat` calls each, all at once: every call's outputs must be its own inputs'
     results (and, for a deterministic spec, the bits it gives alone). The cases may be of either
     direction (direction_pairs: a forward beside a backward). Stages the cases itself
     (stage_apart). The threads are native (`driver`, by default native_driver() on a GPU) or,
-    without one, Python's. `fresh` (fresh_pairs): the threads' calls come first, on shapes the
+    without one, Python's; each on a stream of its own, or all on one handle (`stream`:
+    graphs.thread_streams). `fresh` (fresh_pairs): the threads' calls come first, on shapes the
     process has not met, and each case is called alone after them (for its bits)."""
     sets = stage_apart(runner, cases, repeat)
     alone = [] if fresh else [solo_call(runner, data, mine) for data, mine in zip(cases, sets)]
@@ -358,13 +383,14 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
     if mixed:  # the threads named: which thread called which direction on which case
         both = "; ".join(f"thread {i + 1}: the {data.direction} on {data.case.describe()}"
                          for i, data in enumerate(cases))
-        what = f"calls from {len(cases)} host threads at the same time, a forward beside a backward ({both})"
+        what = f"calls from {len(cases)} host threads at the same time{STREAM_WORDS[stream]}, a forward beside a " \
+               f"backward ({both})"
     else:
         both = " and ".join(data.case.describe() for data in cases)
-        what = f"calls from {len(cases)} host threads at the same time ({both})"
+        what = f"calls from {len(cases)} host threads at the same time{STREAM_WORDS[stream]} ({both})"
     if driver is None and cases[0].device.type == "cuda":
         driver = native_driver()
-    outcome = runner.threads(items, repeat, driver)
+    outcome = runner.threads(items, repeat, driver, stream)
     failed = cases[outcome.failed_call or 0]
     try:
         raise_outcome(runner.spec, failed, outcome, what=what)
@@ -401,7 +427,8 @@ def check_calls_from_threads(runner, cases: list[CaseData], *, deterministic: bo
                     other=" and ".join(f"thread {j + 1} called the {d.direction} on {d.case.describe()}"
                                        for j, d in enumerate(cases) if j != index))
             else:
-                prefix = THREADS_HINT.format(call=f"call {last + 1} of {repeat} this thread made", other=others)
+                prefix = THREADS_HINT.format(call=f"call {last + 1} of {repeat} this thread made{STREAM_WORDS[stream]}",
+                                             other=others)
             check_close(data, together, prefix=prefix)
             if deterministic:
                 check_same_bits(data, solo, together, what=f"a call alone and the same call {prefix[:-2]}")
