@@ -1,5 +1,5 @@
 """Three host threads at once, each on a stream of its own and then all on one stream handle (the
-legacy default stream, cudaStreamPerThread), verifier version 15: host state kept per stream
+legacy default stream), verifier version 15: host state kept per stream
 handle ("one stream's calls run in order") is shared by threads that never make a stream, and
 host buffers sized for two callers meet a third (held-out attacks-v11's log_softmax and swiglu,
 which version 14 passed on an H100, session 42). The nvcc tests run the native threads driver on
@@ -116,7 +116,7 @@ def test_the_groups_are_three_threads_on_each_stream_kind():
 
     small = Case(dims=(("N", 3), ("D", 37)), dtype="float32", seed=9)
     groups = thread_groups([small], "backward")
-    assert [kind for _, kind in groups] == list(GROUP_STREAMS) == ["pool", "legacy", "per_thread"]
+    assert [kind for _, kind in groups] == list(GROUP_STREAMS) == ["pool", "legacy"]
     for calls, _ in groups:
         assert len(calls) == GROUP_THREADS == 3 and {way for _, way in calls} == {"backward"}
         assert len({case.seed for case, _ in calls}) == 3 and {case.dims for case, _ in calls} == {small.dims}
