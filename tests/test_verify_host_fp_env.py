@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import verify_fakes as fakes
+from host_only_kernels import compiled_library, scale_spec
 from specgen.spec import load_spec
 from specgen.verify import candidate_main, engine
 from specgen.verify.candidate_main import ThreadFpWatch, fp_change_detail, fp_report, fp_save, fp_state
@@ -284,17 +285,6 @@ def test_the_words_of_other_registers():
 
 # ------------------------------------------------------------------ compiled entry points (nvcc, no GPU)
 
-SCALE_SPEC = """\
-name: scale
-description: Multiply by alpha.
-signature: "scale(x: Tensor[N, D], alpha: float = 2.0) -> Tensor[N, D]"
-dtypes: [float32]
-dims: {N: [1, 64], D: [1, 256]}
-reference: |
-  def reference(x, alpha=2.0):
-      return x * alpha
-"""
-
 # Host-only "kernels" (the CPU runner's tensors are host memory) whose host code sets FTZ and DAZ
 # as held-out attacks-v8's gelu_tanh does: in every call (`everywhere`), or only off the thread
 # that asked first (the judge's: the calls alone pass, the threads' calls do not); `restore` puts
@@ -344,18 +334,12 @@ extern "C" cudaError_t scale_forward(const scale_args* a, cudaStream_t stream) {
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec") / "scale.yaml"
-    path.write_text(SCALE_SPEC)
-    return load_spec(path)
+    return scale_spec(tmp_path_factory)
 
 
 def host_library(spec, tmp_path, *, everywhere: bool, restore: bool):
-    from specgen.verify import static_checks
-
-    source = HOST_KERNEL % {"everywhere": str(everywhere).lower(), "restore": str(restore).lower()}
-    verdict, compiled = static_checks(spec, source, arch="sm_90", cache_dir=tmp_path)
-    assert verdict is None, verdict.summary()
-    return compiled.library
+    return compiled_library(spec, HOST_KERNEL % {"everywhere": str(everywhere).lower(),
+                                                 "restore": str(restore).lower()}, tmp_path)
 
 
 def scale_pair(spec):

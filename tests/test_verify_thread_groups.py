@@ -9,23 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.spec import load_spec
+from host_only_kernels import compiled_library, scale_spec
 from specgen.verify.data import prepare
 from specgen.verify.isolation import CpuStream, LocalRunner
 from specgen.verify.strategies import make_case
 from specgen.verify.threaded import GROUP_STREAMS, GROUP_THREADS, check_calls_from_threads, thread_groups
 from specgen.verify.verdict import Failure
-
-SCALE_SPEC = """\
-name: scale
-description: Multiply by alpha.
-signature: "scale(x: Tensor[N, D], alpha: float = 2.0) -> Tensor[N, D]"
-dtypes: [float32]
-dims: {N: [1, 64], D: [1, 256]}
-reference: |
-  def reference(x, alpha=2.0):
-      return x * alpha
-"""
 
 # A launch record per stream handle, read and rewritten without a lock: right while one thread
 # calls on a handle (each pool stream is another handle), wrong when threads share one.
@@ -74,17 +63,7 @@ extern "C" cudaError_t scale_forward(const scale_args* a, cudaStream_t stream) {
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec") / "scale.yaml"
-    path.write_text(SCALE_SPEC)
-    return load_spec(path)
-
-
-def host_library(spec, source: str, tmp_path):
-    from specgen.verify import static_checks
-
-    verdict, compiled = static_checks(spec, source, arch="sm_90", cache_dir=tmp_path)
-    assert verdict is None, verdict.summary()
-    return compiled.library
+    return scale_spec(tmp_path_factory)
 
 
 def scale_group(spec, threads: int):
@@ -124,7 +103,7 @@ def test_the_groups_are_three_threads_on_each_stream_kind():
 
 @pytest.mark.nvcc
 def test_a_record_per_stream_handle_is_caught_when_threads_share_the_handle(scale, tmp_path):
-    runner = LocalRunner(scale, host_library(scale, PER_STREAM_RECORD, tmp_path), "cpu")
+    runner = LocalRunner(scale, compiled_library(scale, PER_STREAM_RECORD, tmp_path), "cpu")
     assert caught_within(runner, scale, 3, "pool") is None  # each thread's own handle: right
     failure = caught_within(runner, scale, 3, "legacy")
     assert failure is not None, "a record per stream handle passed three threads on the legacy stream"
@@ -134,7 +113,7 @@ def test_a_record_per_stream_handle_is_caught_when_threads_share_the_handle(scal
 
 @pytest.mark.nvcc
 def test_buffers_for_two_callers_are_caught_by_a_third(scale, tmp_path):
-    runner = LocalRunner(scale, host_library(scale, TWO_BUFFERS, tmp_path), "cpu")
+    runner = LocalRunner(scale, compiled_library(scale, TWO_BUFFERS, tmp_path), "cpu")
     assert caught_within(runner, scale, 2, "pool") is None  # two threads: each owns a buffer
     failure = caught_within(runner, scale, 3, "pool")
     assert failure is not None, "buffers for two callers passed three threads at once"

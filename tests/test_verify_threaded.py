@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import verify_fakes as fakes
+from host_only_kernels import compiled_library, scale_spec
 from specgen.spec import load_spec
 from specgen.verify import engine, isolation
 from specgen.verify.data import prepare
@@ -174,17 +175,6 @@ def test_lone_calls_are_lists_of_one():
 
 # ------------------------------------------------------------------ native threads (nvcc, no GPU)
 
-SCALE_SPEC = """\
-name: scale
-description: Multiply by alpha.
-signature: "scale(x: Tensor[N, D], alpha: float = 2.0) -> Tensor[N, D]"
-dtypes: [float32]
-dims: {N: [1, 64], D: [1, 256]}
-reference: |
-  def reference(x, alpha=2.0):
-      return x * alpha
-"""
-
 # Host-only "kernels" (the CPU runner's tensors are host memory): the calls' host code is all
 # there is, which is where a plan race lives. `plan` keeps the launch plan in a static struct.
 HOST_KERNEL = """\
@@ -206,19 +196,12 @@ extern "C" cudaError_t scale_forward(const scale_args* a, cudaStream_t stream) {
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec") / "scale.yaml"
-    path.write_text(SCALE_SPEC)
-    return load_spec(path)
+    return scale_spec(tmp_path_factory)
 
 
 def host_library(spec, tmp_path, shared: bool):
-    from specgen.verify import static_checks
-
-    source = HOST_KERNEL % ({"plan": "static Plan plan;", "local": ""} if shared else
-                            {"plan": "", "local": "Plan plan;"})
-    verdict, compiled = static_checks(spec, source, arch="sm_90", cache_dir=tmp_path)
-    assert verdict is None, verdict.summary()
-    return compiled.library
+    return compiled_library(spec, HOST_KERNEL % ({"plan": "static Plan plan;", "local": ""} if shared else
+                                                 {"plan": "", "local": "Plan plan;"}), tmp_path)
 
 
 def scale_pair(spec):
