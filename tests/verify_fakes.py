@@ -209,10 +209,11 @@ def idle_after_calls(k, t, dims):
 
 
 def wrong_after_many_calls(k, t, dims):
-    """Honest for the first 3000 calls of the process, then the output is off by 1% (a time
-    bomb: after a verification's worth of calls, a long run gets a wrong op)."""
+    """Honest for the first 6000 calls of the process, then the output is off by 1% (a time
+    bomb: after a verification's worth of calls, a long run gets a wrong op; a quick forward-only
+    verification makes about 3600 since version 15's groups of three threads)."""
     gelu_forward(k, t, dims)
-    if k.calls > 3000:
+    if k.calls > 6000:
         t["out"].mul_(1.01)
 
 
