@@ -17,10 +17,11 @@ reference: |
 """
 
 
-def scale_spec(tmp_path_factory):
-    """The `scale` spec, written where a module-scoped fixture keeps it."""
+def scale_spec(tmp_path_factory, backward: bool = False):
+    """The `scale` spec (with `backward: kernel` where asked), written where a module-scoped fixture
+    keeps it."""
     path = tmp_path_factory.mktemp("spec") / "scale.yaml"
-    path.write_text(SCALE_SPEC)
+    path.write_text(SCALE_SPEC + ("backward: kernel\n" if backward else ""))
     return load_spec(path)
 
 

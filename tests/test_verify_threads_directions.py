@@ -14,6 +14,7 @@ import time
 import pytest
 
 import verify_fakes as fakes
+from host_only_kernels import compiled_library, scale_spec
 from specgen.spec import load_spec
 from specgen.verify import engine, threaded
 from specgen.verify.data import prepare
@@ -206,18 +207,6 @@ def test_the_backward_alone_runs_no_forward(gelu, quick, monkeypatch):
 
 # ------------------------------------------------------------------ native threads (nvcc, no GPU)
 
-SCALE_SPEC = """\
-name: scale
-description: Multiply by alpha.
-signature: "scale(x: Tensor[N, D], alpha: float = 2.0) -> Tensor[N, D]"
-dtypes: [float32]
-dims: {N: [1, 64], D: [1, 256]}
-reference: |
-  def reference(x, alpha=2.0):
-      return x * alpha
-backward: kernel
-"""
-
 # Host-only entry points (the CPU runner's tensors are host memory), swiglu_fwd_bwd_threads.cu's
 # shape: each stores its "kernel" in one static, then a shared launcher does its host work and
 # runs what the static holds. The backward's kernel with the forward's NULL grad_out returns
@@ -255,21 +244,14 @@ extern "C" cudaError_t scale_backward(const scale_bwd_args* a, cudaStream_t stre
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory):
-    path = tmp_path_factory.mktemp("spec") / "scale.yaml"
-    path.write_text(SCALE_SPEC)
-    return load_spec(path)
+    return scale_spec(tmp_path_factory, backward=True)
 
 
 def scale_library(spec, tmp_path, shared: bool):
-    from specgen.verify import static_checks
-
-    source = SHARED_LAUNCHER % (
+    return compiled_library(spec, SHARED_LAUNCHER % (
         {"slot": "static kernel_fn g_kernel;", "store": "__atomic_store_n(&g_kernel, mine, __ATOMIC_RELAXED);",
          "load": "__atomic_load_n(&g_kernel, __ATOMIC_RELAXED)"} if shared else
-        {"slot": "", "store": "", "load": "mine"})
-    verdict, compiled = static_checks(spec, source, arch="sm_90", cache_dir=tmp_path)
-    assert verdict is None, verdict.summary()
-    return compiled.library
+        {"slot": "", "store": "", "load": "mine"}), tmp_path)
 
 
 @pytest.mark.nvcc

@@ -29,7 +29,7 @@ from .starved import check_allocation_failure
 from .sampled_rows import check_sampled_rows
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
-from .threaded import check_calls_from_threads, fresh_pairs, thread_calls, thread_groups
+from .threaded import STREAM_WORDS, check_calls_from_threads, fresh_pairs, thread_calls, thread_groups
 from .strategies import (DEFAULT_BUDGET_ELEMENTS, Case, boundary_cases, case_strategy, classes_at_scale, scalars_at_scale,
                          fewer_rows_case, fit_budget, more_rows_case, fresh_case, full_size_cases, large_case, make_case,
                          one_row_case, row_symbol, smoke_case)
@@ -305,8 +305,8 @@ class Session:
             check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic)
             self.cases += 2
         for group, kind in thread_groups(self.launch_bound_cases(), direction):  # three at once, own or one stream
-            self.progress(f"{direction}: calls from {len(group)} host threads at the same time"
-                          f"{' on one ' + kind + ' stream' if kind != 'pool' else ''}, {group[0][0].describe()}")
+            self.progress(f"{direction}: calls from {len(group)} host threads at the same time{STREAM_WORDS[kind]}, "
+                          f"{group[0][0].describe()}")
             threaded = [prepare(self.spec, case, way, self.device) for case, way in group]
             check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic, stream=kind)
             self.cases += len(group)

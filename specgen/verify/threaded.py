@@ -300,9 +300,10 @@ GROUP_STREAMS = ("pool", "legacy")
 def thread_groups(launch_bound: list[Case], direction: str) -> list[tuple[tuple, str]]:
     """Three threads at once on the first launch-bound case (each on values of its own), first
     each on a stream of its own, then all on the legacy default stream (handle 0), as the threads
-    of a program that never makes a stream call an op (verifier version 15): host state kept per stream handle ("one stream's calls run in
-    order") is then shared by threads, and host buffers sized for two callers meet a third
-    (held-out attacks-v11's log_softmax and swiglu). As ((case, direction), ...), stream kind."""
+    of a program that never makes a stream call an op (verifier version 15): host state kept per
+    stream handle ("one stream's calls run in order") is then shared by threads, and host buffers
+    sized for two callers meet a third (held-out attacks-v11's log_softmax and swiglu).
+    As ((case, direction), ...), stream kind."""
     small = launch_bound[0]
     calls = tuple((dataclasses.replace(small, seed=small.seed + GROUP_SEED_OFFSET + k), direction)
                   for k in range(GROUP_THREADS))

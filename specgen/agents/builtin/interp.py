@@ -154,12 +154,13 @@ def run_program(program: Program, tensors: dict[str, torch.Tensor], scalars: dic
             out.reshape(()).copy_(value.reshape(()))
         elif store.kind == "part":  # the axis family's per-parameter totals, at every element they cover
             out.copy_(torch.broadcast_to(value, out.shape))
-        elif store.kind == "row" and store.piece is not None:  # per-row piece k of n along a row dim
-            out.view(-1)[rows_piece_index(program, rows, dims, store.piece)] = value.expand(rows, 1).reshape(-1).to(out.dtype)
+        elif store.kind in ("row", "piece") and store.piece is not None:  # one value per row, into its piece:
+            # a per-row piece along a row dim (row family), or of size-1 pieces of the whole tensor (axis family)
+            index = rows_piece_index(program, rows, dims, store.piece) if store.kind == "row" \
+                else piece_index(rows, out.shape, store.piece)
+            out.view(-1)[index] = value.expand(rows, 1).reshape(-1).to(out.dtype)
         elif store.kind == "row":
             out.reshape(rows, 1).copy_(value.expand(rows, 1))
-        elif store.kind == "piece":
-            out.view(-1)[piece_index(rows, out.shape, store.piece)] = value.expand(rows, 1).reshape(-1).to(out.dtype)
         elif store.kind == "elem" and store.piece is not None:  # piece k of n along a row dim
             index = rows_piece_index(program, rows, dims, store.piece)
             out.view(-1, math.prod(out.shape[-program.fold:]))[index, offset:offset + width] = \
