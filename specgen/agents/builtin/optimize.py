@@ -17,13 +17,15 @@
   torch's vector_norm has it; the square underflows or overflows in float32 where |a| does not.
 - `centered_affine`: x * a + ((-m) * a + c) is (x - m) * a + c where that is finite (GroupNorm's
   decomposition folds the mean into the shift, and the products cancel when a is large).
+- `centred_cross_sums`: (sum(a * x) - sum(a) * mean) * rstd is sum(a * (x - mean) * rstd), whose
+  terms stay O(|a|) (GroupNorm's backward overflowed float32 on values near 1e15).
 - `negated_compares`: not(a == b) is a != b (and not(a != b) is a == b), so cse sees one mask
   where torch's decompositions write it both ways (cross-entropy with label smoothing counts
   its kept rows twice: one count, one prologue sum; pretotal.py).
 """
 from __future__ import annotations
 
-from .ir import Node, Program, Store, const, is_const, level_of
+from .ir import Node, Program, Store, const, is_const, level_of, walk
 
 
 class _Canon:
@@ -323,6 +325,142 @@ def centered_affine(program: Program) -> Program:
     return _rebuild(program, replace)
 
 
+def _signed_terms(node: Node) -> list[tuple[int, Node]]:
+    """`node` as a signed sum of row values: add, sub and neg opened, other nodes one term each."""
+    if node.level == "row" and node.op in ("add", "sub"):
+        a, b = _signed_terms(node.args[0]), _signed_terms(node.args[1])
+        return a + ([(-s, t) for s, t in b] if node.op == "sub" else b)
+    if node.level == "row" and node.op == "neg":
+        return [(-s, t) for s, t in _signed_terms(node.args[0])]
+    return [(1, node)]
+
+
+def _factors(node: Node) -> list[Node]:
+    """`node` as a product: mul opened, factors of exactly 1 dropped (torch writes db * 1.0)."""
+    if node.op == "mul" and node.dtype == "float":
+        return _factors(node.args[0]) + _factors(node.args[1])
+    return [] if is_const(node) and node.attrs["value"] == 1 else [node]
+
+
+def _same_factors(a: list[Node], b: list[Node]) -> bool:
+    return sorted(n.id for n in a) == sorted(n.id for n in b)
+
+
+def _is_sum(node: Node) -> bool:
+    return node.op == "rowreduce" and node.attrs.get("kind") == "sum" and node.dtype == "float"
+
+
+def _mean_of(m: Node) -> Node | None:
+    """x when `m` is the row mean rowreduce(sum, x) / count of an elem value x, else None."""
+    if m.op == "div" and m.level == "row" and _is_sum(m.args[0]) and m.args[1].level in ("const", "global"):
+        x = m.args[0].args[0]
+        return x if x.level == "elem" and x.dtype == "float" else None
+    return None
+
+
+def _uncentred_difference(node: Node) -> tuple[int, Node, Node, Node] | None:
+    """(sign, a, x, m) when `node` is sign * (sum(a * x) - sum(a) * m) with m = sum(x) / count the
+    row mean of x (the product's factors in any order and grouping), else None. GroupNorm's
+    backward (torch's decomposition of native_group_norm_backward) has db * mean - ds with
+    ds = sum(dy * w * x) and db = sum(dy * w)."""
+    terms = _signed_terms(node)
+    if len(terms) != 2:
+        return None
+    for (sign, ds), (other_sign, scaled) in (terms, terms[::-1]):
+        if sign != -other_sign or not _is_sum(ds):
+            continue
+        pair = _factors(scaled)
+        if len(pair) != 2:
+            continue
+        for db, m in (pair, pair[::-1]):
+            x = _mean_of(m) if _is_sum(db) else None
+            if x is not None and _same_factors(_factors(ds.args[0]), _factors(db.args[0]) + [x]):
+                return sign, db.args[0], x, m
+    return None
+
+
+def _count_factors(n: Node) -> tuple | None:
+    """A count (through casts and products of ints) as (its constants' product, its dims sorted), so
+    that 8 * (H * W) and (8 * H) * W compare equal; None for anything else."""
+    if n.op == "cast":
+        return _count_factors(n.args[0])
+    if n.op == "const" and n.dtype == "int":
+        return n.attrs["value"], ()
+    if n.op == "dim":
+        return 1, (str(n.attrs["dim"]),)
+    if n.op == "mul" and n.dtype == "int":
+        a, b = _count_factors(n.args[0]), _count_factors(n.args[1])
+        return None if a is None or b is None else (a[0] * b[0], tuple(sorted(a[1] + b[1])))
+    return None
+
+
+def _same_mean(m: Node, other: Node) -> bool:
+    """One row mean: one node, or the same sum over counts that are the same product (torch's
+    decomposition writes GroupNorm's group size two ways: the forward's and the backward's)."""
+    if m is other:
+        return True
+    if m.op != "div" or other.op != "div" or m.args[0] is not other.args[0]:
+        return False
+    count = _count_factors(m.args[1])
+    return count is not None and count == _count_factors(other.args[1])
+
+
+def _reciprocal_std(r: Node, m: Node) -> Node | None:
+    """The mean of the squared deviations sum((x - mean)^2) that `r` is 1 / sqrt(.) of a value of
+    (GroupNorm's rstd = rsqrt(var + eps)), when that mean is `m`'s; else None. Then (x - m) * r
+    is O(1)."""
+    if r.level != "row":
+        return None
+    if r.op == "rsqrt":
+        root = r.args[0]
+    elif r.op == "reciprocal" and r.args[0].op == "sqrt":
+        root = r.args[0].args[0]
+    elif r.op == "div" and is_const(r.args[0]) and r.args[0].attrs["value"] == 1 and r.args[1].op == "sqrt":
+        root = r.args[1].args[0]
+    else:
+        return None
+    for n in walk(root):
+        found = squared_deviations(n) if n.op == "rowreduce" else None
+        if found is not None and _same_mean(found[1], m):
+            return found[1]
+    return None
+
+
+def _normalized_cross_sum(sign: int, a: Node, x: Node, m: Node, r: Node, name: str) -> Node:
+    """sign * rowreduce(sum, a * ((x - m) * r)): the centred sum with each term scaled by r."""
+    xhat = Node("mul", (Node("sub", (x, m), level="elem", dtype="float"), r), level="elem", dtype="float")
+    total = Node("rowreduce", (Node("mul", (a, xhat), level="elem", dtype="float"),), level="row", dtype="float",
+                 attrs={"kind": "sum"}, name=f"{name}_centred" if name else "")
+    return total if sign > 0 else Node("neg", (total,), level="row", dtype="float", name=name)
+
+
+def centred_cross_sums(program: Program) -> Program:
+    """(sum(a * x) - sum(a) * m) * r -> sum(a * ((x - m) * r)), m = sum(x) / count and r the
+    reciprocal standard deviation of x about m (any sign of the difference, its factors in any
+    order).
+
+    torch's decomposition of native_group_norm_backward takes c2 = (db * mean - ds) * rstd^3 / n
+    with ds = sum(dy * w * x) over the raw x: with values near 1e15 (the verifier's `huge`
+    class, and FiLM's gamma folded into dy) each term of ds is ~1e45 and float32 overflows, so
+    grad_x was inf/NaN where the float64 truth is finite (groupnorm_film on the GPU). The
+    identity is exact: the terms of the rewritten sum are a times the normalized x, O(|a|), and
+    the difference's cancellation goes too. The cost: the sum reads rstd, one sweep later than
+    ds did. Run after cse (the mean's and the variance's x one node)."""
+    def replace(n: Node, args: tuple, attrs: dict) -> Node:
+        built = _same(n, args, attrs)
+        if built.op != "mul" or built.level != "row" or built.dtype != "float":
+            return built
+        for d, r in (built.args, built.args[::-1]):
+            found = _uncentred_difference(d)
+            mean = _reciprocal_std(r, found[3]) if found is not None else None
+            if mean is not None:  # the variance's own mean: (x - mean) is its deviation node, shared
+                sign, a, x, _ = found
+                return _normalized_cross_sum(sign, a, x, mean, r, built.name)
+        return built
+
+    return _rebuild(program, replace)
+
+
 def _online_max(total: Node) -> Node | None:
     """m when `total` is rowreduce(sum, exp(a - m)) with m = rowreduce(max, a), else None."""
     term = total.args[0]
@@ -386,5 +524,5 @@ def mark_fused_pairs(program: Program) -> Program:
     return program
 
 
-__all__ = ["cse", "lone_norms", "mark_fused_pairs", "negated_compares", "onehot_sums", "reuse_forward_outputs",
+__all__ = ["centred_cross_sums", "cse", "lone_norms", "mark_fused_pairs", "negated_compares", "onehot_sums", "reuse_forward_outputs",
            "row_broadcasts"]

@@ -848,7 +848,8 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
     programs = {}
     for d in directions:
         traced = traces[d]
-        program = with_layout(cse(centered_affine(lone_norms(cse(AxisLowering(traced, layout).run())))), layout)
+        lowered = _centred_within_sweeps(cse(AxisLowering(traced, layout).run()))
+        program = with_layout(cse(centered_affine(lone_norms(lowered))), layout)
         validate(program)
         if any(n.op == "globalreduce" for n in program.nodes()) and not any(n.op == "rowreduce"
                                                                               for n in program.nodes()):
@@ -871,6 +872,16 @@ def lower_axis(spec) -> dict[str, AxisProgram]:
         validate(backward)
         programs["backward"] = backward
     return programs
+
+
+def _centred_within_sweeps(program: Program) -> Program:
+    """optimize.centred_cross_sums (GroupNorm's backward: its sum of dy * w * x over the raw x
+    overflowed float32), kept where the program still needs at most MAX_SWEEPS sweeps: the
+    centred sum reads the reciprocal standard deviation, a sweep later than the raw sum."""
+    from ..optimize import centred_cross_sums
+
+    centred = centred_cross_sums(program)
+    return centred if sweeps(centred) <= MAX_SWEEPS else program
 
 
 # ---------------------------------------------------------------- CPU interpreter
