@@ -375,6 +375,31 @@ def _with_outliers(base: torch.Tensor, gen: torch.Generator, dtype_name: str) ->
     return flat.view(base.shape)
 
 
+# Integers in a declared range [lo, hi) are uniform but for their ends: a vocabulary's last token is
+# every document's last target (GPT-2's end-of-text is C - 1), and a kernel that splits a row into
+# whole vectors and a tail can miss a target in the tail alone; uniform targets land there with
+# probability tail / C (held-out attacks-v11's cross-entropy: 0.03 tail targets a verification).
+RANGE_END_FRACTION = 1 / 16  # of the elements each: exactly hi - 1; within the top RANGE_TOP_WINDOW; exactly lo
+RANGE_TOP_WINDOW = 64
+
+
+def ranged_integers(lo: int, hi: int, shape, gen: torch.Generator) -> torch.Tensor:
+    """int64 values in [lo, hi): uniform, with RANGE_END_FRACTION of them each at hi - 1, in the
+    top RANGE_TOP_WINDOW values and at lo, and the first element at hi - 1, so every case with an
+    index meets the range's last value (a few-row case too)."""
+    tensor = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64, device=gen.device)
+    flat = tensor.view(-1)
+    if flat.numel() == 0 or hi - lo < 2:
+        return tensor
+    u = torch.rand(flat.shape, generator=gen, device=gen.device)
+    window = torch.randint(0, min(RANGE_TOP_WINDOW, hi - lo), flat.shape, generator=gen, device=gen.device)
+    flat.copy_(torch.where(u < RANGE_END_FRACTION, hi - 1, flat))
+    flat.copy_(torch.where((u >= RANGE_END_FRACTION) & (u < 2 * RANGE_END_FRACTION), hi - 1 - window, flat))
+    flat.copy_(torch.where((u >= 2 * RANGE_END_FRACTION) & (u < 3 * RANGE_END_FRACTION), lo, flat))
+    flat[0] = hi - 1
+    return tensor
+
+
 def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribution: str,
                 gen: torch.Generator, device: str | torch.device = "cpu") -> torch.Tensor:
     shape = ttype.shape(dims)
@@ -382,7 +407,7 @@ def make_tensor(ttype: TensorType, dims: dict[str, int], dtype: str, *, distribu
     if ttype.value_range is not None:
         lo, hi = (d.resolve(dims) for d in ttype.value_range)
         hi = max(hi, lo + 1)
-        tensor = torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64, device=gen.device)
+        tensor = ranged_integers(lo, hi, shape, gen)
     elif name == "bool":
         tensor = torch.rand(shape, generator=gen, device=gen.device) < 0.5
     elif name in ("int64", "int32", "int16", "int8", "uint8"):

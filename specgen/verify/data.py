@@ -366,7 +366,14 @@ def output_gradient(shape, dtype: torch.dtype, distribution: str, gen: torch.Gen
     "zeros" (version 13): exactly 0 everywhere, a scalar loss's included, as `loss * 0` hands it (a
     rank or micro-batch with no valid tokens kept in the graph, a loss weight scheduled from 0): a
     fast path for it must still write every gradient (held-out attacks-v10's cross-entropy cleared
-    half of each float32 row)."""
+    half of each float32 row). "first-only" and "first-zero" (version 16, specs of two or more
+    floating outputs): every output's gradient but the first exactly zero, or the first's alone
+    exactly zero, the others N(0, 1): a model that discards one of a fused op's outputs
+    (`hidden, _ = norm(hidden, residual)`) hands autograd's zeros for it, and a fast path that takes a
+    zero gradient for "output unused" must still carry the gradient that reaches the same input
+    through the other output (held-out attacks-v11's add + RMSNorm dropped the residual path)."""
+    if (distribution == "first-only" and index > 0) or (distribution == "first-zero" and index == 0):
+        return torch.zeros(shape, dtype=dtype, device=gen.device)
     if distribution == "ones":
         return torch.ones(shape, dtype=dtype, device=gen.device)
     if distribution == "zeros":

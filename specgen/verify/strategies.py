@@ -256,7 +256,7 @@ def boundary_cases(spec, budget: int = DEFAULT_BUDGET_ELEMENTS, seed: int = 0, d
     # Normal inputs with special (NaN/inf) and loss-scaled output gradients (a backward's; a
     # forward ignores them): whole tiles of finite activations meet non-finite gradients, which a
     # fast path that skips "zero" gradients with a `> 0` test drops (held-out attacks-v6)
-    for gradients in GRADIENT_CLASSES:
+    for gradients in gradient_classes(spec):
         for dtype in spec.dtypes:
             cases.append(make_case(aligned, dtype, seed=seed + k, gradients=gradients))
             k += 1
@@ -299,6 +299,15 @@ VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantiz
 # exactly one (a plain loss.backward()), whole rows of zeros (padded or loss-masked positions), one
 # non-zero element per row (a gathered token's log-probability)
 GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows", "one-hot", "zeros")
+# one output's gradient zero and another's not (data.output_gradient): only where there are two
+OUTPUT_CHOICE_CLASSES = ("first-only", "first-zero")
+
+
+def gradient_classes(spec) -> tuple[str, ...]:
+    """The output-gradient classes a spec's backward cases draw: OUTPUT_CHOICE_CLASSES too where the
+    spec has two or more floating outputs (with one, they repeat "normal" and "zeros")."""
+    floating = [o for o in spec.signature.outputs if o.type.is_floating]
+    return GRADIENT_CLASSES + (OUTPUT_CHOICE_CLASSES if len(floating) >= 2 else ())
 IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
 SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
 SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
@@ -648,10 +657,11 @@ CLASSES_AT_SCALE = ("specials", "huge", "masked", "repeated", "mask-min", "offse
 CLASSES_AT_OTHER_SHAPES = ("masked", "mask-min", "specials", "repeated", "huge")
 
 
-def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int) -> list[Case]:
+def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int, backward: bool = False) -> list[Case]:
     """The first of `shapes` (the benchmark shapes' full-size cases) again in each class of
     CLASSES_AT_SCALE the screen draws in its dtype, the spec's dtypes in turn; each other shape
-    again in one class of CLASSES_AT_OTHER_SHAPES, in turn (in the first dtype that draws it)."""
+    again in one class of CLASSES_AT_OTHER_SHAPES, in turn (in the first dtype that draws it); for
+    a backward, the first shape again in each of OUTPUT_CHOICE_CLASSES where the spec draws them."""
     shapes = [shapes] if isinstance(shapes, Case) else shapes  # (the first shape alone, as version 8 took it)
     if not shapes:
         return []
@@ -667,6 +677,11 @@ def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int) -> lis
         if dtype is not None:
             cases.append(replace(shape, dtype=dtype, distribution=cls, seed=seed + 100 + number,
                                  overrides=domain.overrides(cls, dtype)))
+    # one output's gradient zero at full size too (a schedule for large calls keeps its own fast paths)
+    choices = OUTPUT_CHOICE_CLASSES if backward and OUTPUT_CHOICE_CLASSES[0] in gradient_classes(spec) else ()
+    for number, gradients in enumerate(choices):
+        cases.append(replace(shapes[0], dtype=spec.dtypes[number % len(spec.dtypes)], distribution="normal",
+                             seed=seed + 200 + number, overrides=(), gradients=gradients))
     return cases
 
 
@@ -755,11 +770,11 @@ def case_strategy(draw, spec, budget: int = DEFAULT_BUDGET_ELEMENTS, domain=EVER
     offset = draw(st.sampled_from(ELEMENT_OFFSETS))
     seed = draw(st.integers(0, 2**31 - 1))
     scalars = scalar_values(spec, seed) if draw(st.booleans()) else ()
-    gradients = draw(st.sampled_from(("",) + GRADIENT_CLASSES))  # "" (the inputs' class) first: shrinks to it
+    gradients = draw(st.sampled_from(("",) + gradient_classes(spec)))  # "" (the inputs' class) first: shrinks to it
     return make_case(dims, dtype, distribution=distribution, seed=seed, offset=offset, scalars=scalars,
                      overrides=domain.overrides(distribution, dtype), gradients=gradients)
 
 
-__all__ = ["Case", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
+__all__ = ["Case", "GRADIENT_CLASSES", "OUTPUT_CHOICE_CLASSES", "gradient_classes", "DEFAULT_BUDGET_ELEMENTS", "ELEMENT_OFFSETS", "input_offset", "boundary_cases", "boundary_sizes", "case_strategy",
            "case_elements", "fit_budget", "fresh_case", "full_size_cases", "scalars_at_scale", "INT32_ELEMENTS", "large_case", "legal_sizes", "make_case", "one_row_case", "past_int32_case",
            "scalar_values", "smoke_case", "sweep_cases", "sweep_sizes"]
