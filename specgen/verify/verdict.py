@@ -65,7 +65,8 @@ class Counterexample:
         dims = " ".join(f"{k}={v}" for k, v in self.case["dims"].items())
         parts = [f"{self.direction} {dims} {self.case['dtype']} ({self.case['distribution']} values, "
                  f"seed {self.case['seed']}" + (f", inputs offset by {self.case['offset']} element(s)"
-                                                if self.case.get("offset") else "") + ")"
+                                                if self.case.get("offset") else "")
+                 + (f", {self.case['gradients']} output gradients" if self.case.get("gradients") else "") + ")"
                  + (f", called {STREAM_WORDS.get(self.stream, self.stream)}" if self.stream else "")]
         if self.output is not None:
             text = f"{self.tensor_role} {self.output!r}"
