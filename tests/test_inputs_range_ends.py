@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import verify_fakes as fakes
 from specgen.inputs import RANGE_END_FRACTION, RANGE_TOP_WINDOW, ranged_integers
