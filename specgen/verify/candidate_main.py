@@ -228,9 +228,9 @@ def _side_by_side(torch, state, message: dict, prepare_call) -> dict:
 def _threads(torch, state, message: dict, prepare_call, tensors) -> dict:
     """Calls from host threads at the same time: thread i, on a stream of its own (made once and
     kept, as side_by_side's) or all on one handle (message "stream": graphs.thread_streams),
-    makes `repeat` calls in turn through its list of calls (each its own outputs); from native threads when the judge sends the driver it compiled
-    (graphs.call_from_native_threads), else from Python threads (graphs.call_from_threads). The
-    failing call's thread is `failed_call`."""
+    makes `repeat` calls in turn through its list of calls (each its own outputs); from native
+    threads when the judge sends the driver it compiled (graphs.call_from_native_threads), else
+    from Python threads (graphs.call_from_threads). The failing call's thread is `failed_call`."""
     from .graphs import call_from_native_threads, call_from_threads, thread_streams
 
     threads, repeat = message["threads"], int(message["repeat"])

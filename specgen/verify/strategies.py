@@ -301,6 +301,9 @@ VALUE_CLASSES = ("specials", "huge", "denormal", "outliers", "rounded", "quantiz
 GRADIENT_CLASSES = ("specials", "large", "ones", "zero-rows", "one-hot", "zeros")
 # one output's gradient zero and another's not (data.output_gradient): only where there are two
 OUTPUT_CHOICE_CLASSES = ("first-only", "first-zero")
+IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
+SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
+SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
 
 def gradient_classes(spec) -> tuple[str, ...]:
@@ -308,9 +311,6 @@ def gradient_classes(spec) -> tuple[str, ...]:
     spec has two or more floating outputs (with one, they repeat "normal" and "zeros")."""
     floating = [o for o in spec.signature.outputs if o.type.is_floating]
     return GRADIENT_CLASSES + (OUTPUT_CHOICE_CLASSES if len(floating) >= 2 else ())
-IDENTITY_PATTERNS_MAX = 8  # "identity" cases at the mid shape: every combination of up to 3 constants
-SWEEP_RATIO = 1.18  # consecutive sizes of a dim's sweep differ by at most 18%: no band of 20% is missed
-SWEEP_FROM = 48  # below this, the edge sizes already cover every size class
 
 
 def sweep_sizes(lo: int, hi: int, step: int = 1) -> list[int]:
@@ -678,7 +678,7 @@ def classes_at_scale(spec, shapes: list[Case], domain: Domain, seed: int, backwa
             cases.append(replace(shape, dtype=dtype, distribution=cls, seed=seed + 100 + number,
                                  overrides=domain.overrides(cls, dtype)))
     # one output's gradient zero at full size too (a schedule for large calls keeps its own fast paths)
-    choices = OUTPUT_CHOICE_CLASSES if backward and OUTPUT_CHOICE_CLASSES[0] in gradient_classes(spec) else ()
+    choices = [g for g in gradient_classes(spec) if g in OUTPUT_CHOICE_CLASSES] if backward else []
     for number, gradients in enumerate(choices):
         cases.append(replace(shapes[0], dtype=spec.dtypes[number % len(spec.dtypes)], distribution="normal",
                              seed=seed + 200 + number, overrides=(), gradients=gradients))
