@@ -14,7 +14,8 @@ import verify_fakes as fakes
 from specgen.spec import load_spec
 from specgen.verify.data import output_gradient, reference_gradients
 from specgen.verify.engine import Options, run_verification
-from specgen.verify.strategies import DEFAULT_BUDGET_ELEMENTS, OUTPUT_CHOICE_CLASSES, boundary_cases, gradient_classes
+from specgen.verify.strategies import (DEFAULT_BUDGET_ELEMENTS, EVERY_CLASS, OUTPUT_CHOICE_CLASSES, boundary_cases,
+                                      classes_at_scale, full_size_cases, gradient_classes)
 
 SMALL = Options(examples=4, budget=1 << 13, seed=1, endurance=0, directions=("backward",))
 TILE = 4  # rows per backward block in the stand-in's fast path
@@ -83,6 +84,15 @@ def test_the_classes_are_drawn_only_for_two_floating_outputs(add_rmsnorm):
     # on a GPU's budget, at a shape with whole tiles of many rows and wide rows
     wide = [c for c in boundary_cases(add_rmsnorm, DEFAULT_BUDGET_ELEMENTS, 0) if c.gradients in OUTPUT_CHOICE_CLASSES]
     assert wide and all(c.dim_map["D"] >= 64 and c.dim_map["N"] >= 16 for c in wide)
+
+
+def test_a_backward_meets_them_at_the_first_benchmark_shape_too(add_rmsnorm):
+    shapes = full_size_cases(add_rmsnorm, 0)[:len(add_rmsnorm.benchmark)]
+    backward = classes_at_scale(add_rmsnorm, shapes, EVERY_CLASS, 0, backward=True)
+    chosen = [c for c in backward if c.gradients]
+    assert [c.gradients for c in chosen] == list(OUTPUT_CHOICE_CLASSES)
+    assert all(c.dim_map == shapes[0].dim_map for c in chosen)
+    assert not any(c.gradients for c in classes_at_scale(add_rmsnorm, shapes, EVERY_CLASS, 0))
 
 
 @pytest.mark.parametrize("cls", OUTPUT_CHOICE_CLASSES)

@@ -450,7 +450,8 @@ class Session:
         # the screen (each of its cases is screened on the CPU first: too slow at full size, and a
         # refusal on the GPU is a device-side assert in the judge)
         if cases and not self.domain.rejected:
-            cases += classes_at_scale(self.spec, cases[:len(self.spec.benchmark)], self.domain, self.options.seed + 600)
+            cases += classes_at_scale(self.spec, cases[:len(self.spec.benchmark)], self.domain, self.options.seed + 600,
+                                      backward=direction == "backward")
         if cases and self.spec.benchmark:
             cases += scalars_at_scale(self.spec, cases[0], self.domain, self.options.seed + 650)
         if not on_gpu:  # the CPU stand-ins of the unit tests: the same phases at small sizes
