@@ -66,6 +66,24 @@ def _run_task(fn: Callable, label: str, args: tuple, kwargs: dict):
     return result
 
 
+def tolerate_repeated_removes(cluster):
+    """Keep a cluster's worker watch alive when the scheduler reports a worker gone twice.
+
+    A worker that dies mid-task can be removed twice (its stream closes, then its nanny reports);
+    distributed's SpecCluster looks the second removal up and raises KeyError, which ends the
+    watch task and surfaces at `cluster.close()`, leaving the close half done (dask/distributed
+    issue 5407). A removal of an address the cluster no longer knows is a no-op here."""
+    update = cluster._update_worker_status
+
+    def update_ignoring_unknown_removal(op, msg):
+        if op == "remove" and msg not in cluster.scheduler_info.get("workers", {}):
+            return
+        update(op, msg)
+
+    cluster._update_worker_status = update_ignoring_unknown_removal
+    return cluster
+
+
 def _local_cluster(gpus: list[str]):
     """One worker per GPU on this host, each pinned to its GPU and holding the resource GPU=1."""
     import dask
@@ -76,9 +94,10 @@ def _local_cluster(gpus: list[str]):
         except ImportError:
             LocalCUDACluster = None
         if LocalCUDACluster is not None:
-            return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1,
-                                    resources={"GPU": 1}, dashboard_address=None,
-                                    silence_logs=logging.ERROR)
+            return tolerate_repeated_removes(
+                LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1,
+                                 resources={"GPU": 1}, dashboard_address=None,
+                                 silence_logs=logging.ERROR))
         from distributed import Nanny, Scheduler, SpecCluster
 
         workers = {gpu_label(g): {"cls": Nanny, "options": {"nthreads": 1, "resources": {"GPU": 1}, "silence_logs": logging.ERROR,
@@ -86,8 +105,8 @@ def _local_cluster(gpus: list[str]):
                                                                   "SPECGEN_WORKER_SLOT": gpu_label(g)}}}
                    for g in gpus}
         scheduler = {"cls": Scheduler, "options": {"dashboard": False, "dashboard_address": ":0"}}
-        return SpecCluster(workers=workers, scheduler=scheduler,
-                           asynchronous=False, silence_logs=logging.ERROR)
+        return tolerate_repeated_removes(SpecCluster(workers=workers, scheduler=scheduler,
+                                                     asynchronous=False, silence_logs=logging.ERROR))
 
 
 class DaskExecutor(Executor):
