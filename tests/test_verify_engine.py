@@ -119,12 +119,14 @@ def test_an_offset_that_wraps_past_2_31_elements_fails_on_the_case_past_the_mark
 
     from specgen.verify import strategies
 
-    from specgen.verify import engine
+    from specgen.verify import engine, starved
 
     mark = 1 << 14  # above every other case of SMALL's budget (2^13 elements over all tensors)
     monkeypatch.setattr(strategies, "INT32_ELEMENTS", mark)
     # (but the call on more rows doubles the large case, past the lowered mark)
     monkeypatch.setattr(engine, "more_rows_case", lambda *args, **kw: None)
+    # and so do the starved calls' widest row and many rows (starved.py): the smoke shape alone
+    monkeypatch.setattr(starved, "starved_cases", lambda spec, seed, budget: [strategies.smoke_case(spec, seed)])
     wrapped = verdict_of(gelu, fakes.wraps_offsets_at(mark))
     assert wrapped.reason == "wrong-result", wrapped.summary()
     assert math.prod(wrapped.counterexample.case["dims"].values()) > mark

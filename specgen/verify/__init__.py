@@ -13,7 +13,7 @@ from pathlib import Path
 from .verdict import COMPILE_ERROR, PASSED, REASONS, Counterexample, Failure, Verdict
 
 DEFAULT_EXAMPLES = 30
-VERIFIER_VERSION = "15"  # bump when a check changes meaning: lock records are keyed by it
+VERIFIER_VERSION = "16"  # bump when a check changes meaning: lock records are keyed by it
 # 2: every dtype at the widest row and half of it (schedules switch by row width)
 # 3: the candidate in its own process (read-only inputs, guard bytes), CUDA-graph capture, timed
 #    calls checked output by output, the physics floor, full-size cases, value classes, drawn
@@ -94,6 +94,14 @@ def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int =
             return Verdict.from_failure(failure, timings=timings, **label)
     worker = worker or shared_worker()
     options = {"examples": examples, "seed": seed, "budget": budget or DEFAULT_BUDGET_ELEMENTS}
+    try:  # (version 16) the build with plain char unsigned, as on aarch64 hosts; cached like this one (char_abi.py)
+        from .char_abi import build_unsigned_char
+
+        unsigned = build_unsigned_char(spec, kernel, arch=compiled.arch, cache_dir=cache_dir)
+        timings["compile_unsigned_char_s"] = round(unsigned.seconds, 3)
+        options["unsigned_char_library"] = str(unsigned.library)
+    except Failure as failure:
+        return Verdict.from_failure(failure, timings=timings, **label)
     verdict = worker.verify(spec.path, compiled.library, options, idle_timeout=idle_timeout or IDLE_TIMEOUT_S,
                             on_progress=on_progress)
     verdict.timings = {**timings, **verdict.timings, "total_s": round(time.perf_counter() - started, 3)}

@@ -34,6 +34,7 @@ def serve(fd: int) -> int:
         from .graphs import stream_of_kind
         from .layout import view
         from .local_memory import resident_threads, stack_limit, stack_report
+        from .pending_error import PENDING_KEY, pending_report
         from .pool import keep_freed_memory, reset_peak
 
         torch.empty(1, device="cuda")
@@ -82,6 +83,10 @@ def serve(fd: int) -> int:
                     arena = Arena.attach(fd_, nbytes, device, readonly=readonly)
                     state["arenas"][name] = (arena, arena.tensor())
                 reply = {"type": "ok"}
+            elif op == "far_arenas":  # (version 16) tensors GiB apart in one sparse arena (far_inputs.py)
+                from .sparse_arena import serve_far_arenas
+
+                reply = serve_far_arenas(state["arenas"], message, fds, device)  # ok, or refused (not fatal)
             elif op == "load":
                 from ..spec import load_spec
                 from .library import KernelLibrary
@@ -112,6 +117,15 @@ def serve(fd: int) -> int:
                     else:
                         reply = _after(torch, state, {"type": "done", "code": call(message, on_stream)})
                         state["lib"].clear_error()  # a failed allocation it ignored: not the next call's error
+            elif op == "dirty_call":  # one call after the default pool was left dirty by another user (dirty_pool.py)
+                from .dirty_pool import dirty_default_pool
+
+                on_stream = stream_of_kind(message.get("stream", "pool"), stream)
+                torch.cuda.synchronize()
+                if problem := dirty_default_pool(device, on_stream.cuda_stream, int(message.get("seed", 0))):
+                    reply = {"type": "done", "code": 0, "skipped": problem}
+                else:
+                    reply = _after(torch, state, {"type": "done", "code": call(message, on_stream)})
             elif op == "capture":
                 reply = _capture(torch, state, message, call)
             elif op == "replay":
@@ -120,6 +134,12 @@ def serve(fd: int) -> int:
                 reply = _after(torch, state, {"type": "done", "code": 0})
             elif op == "endure":
                 reply = _endure(torch, state, message, prepare_call, stream)
+            elif op in ("thread_exit", "new_addresses"):  # (version 16) the heap over threads / new addresses
+                from . import new_addresses, thread_exit
+
+                served = thread_exit.serve if op == "thread_exit" else new_addresses.serve
+                reply = _after(torch, state, served(message, prepare_call,
+                                                    stream_of_kind(message.get("stream", "legacy"), stream)))
             elif op == "timed":
                 on_stream = stream_of_kind(message.get("stream", "pool"), stream)
                 reply = _timed(torch, state, message, prepare_call, on_stream, tensors)
@@ -140,6 +160,8 @@ def serve(fd: int) -> int:
             oom = "out of memory" in str(error).lower()
             reply = {"type": "fatal" if "cuda" in str(error).lower() and not oom else "error",
                      "message": text[0] if text else type(error).__name__, "trace": traceback.format_exc()[-2000:]}
+        if state["lib"] is not None and (pending := pending_report(state["lib"], op, reply)) is not None:
+            reply[PENDING_KEY] = pending  # a call returned success with a CUDA error left pending (pending_error.py)
         if (changed := fp_report(fp_before, fp_saved)) is not None:  # the calls this thread made left it changed
             reply["host_fp"] = [changed, *reply.get("host_fp", [])]
         if thread_before is not None and (moved := thread_report(thread_before)) is not None:  # CPUs, priority, signals

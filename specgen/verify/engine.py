@@ -24,9 +24,15 @@ from .checks import (AFTER_SMALLER_HINT, check_on_the_workspace_left, check_call
                      check_repeated_calls, check_stale_output_loop, run_first_calls)
 from .bad_indices import check_out_of_range_indices, ranged_inputs
 from .host_memory import host_leak_failure
+from .new_addresses import check_heap_over_new_addresses
+from .thread_exit import check_heap_over_threads
 from .chained import check_backward_on_own_saved
-from .starved import check_allocation_failure
+from .starved import check_starved_calls
+from .dirty_pool import check_dirty_pool_calls
+from .refused_setup import check_refused_setup, refused_runner
 from .sampled_rows import check_sampled_rows
+from .far_inputs import check_far_inputs
+from .char_abi import check_unsigned_char, unsigned_char_runner
 from .data import CaseData, prepare, stage
 from .domain import reference_domain, refuses
 from .threaded import STREAM_WORDS, check_calls_from_threads, fresh_pairs, thread_calls, thread_groups
@@ -81,6 +87,7 @@ class Options:
     quick: bool = False  # the small run for compute-sanitizer: smoke, a few boundary cases, one large case
     full_size: bool = True  # cases at the benchmark shapes and the tops of the ranges, and the timed phase
     endurance: int | None = None  # calls in a row before the checks run again (None: ENDURANCE_CALLS on a GPU)
+    unsigned_char_library: str | None = None  # (version 16) the build with plain char unsigned (char_abi.py)
 
 
 Progress = Callable[[str], None]
@@ -226,20 +233,22 @@ class Session:
                 stage(self.runner, bad, snapshots=False)
                 self.cases += check_out_of_range_indices(self.runner, bad)
                 del bad
-            # no GPU memory left to allocate: an unchecked cudaMallocAsync faults (starved.py)
-            self.progress(f"{direction}: a call with no GPU memory left to allocate")
-            starved = self.prepare(dataclasses.replace(smoke, seed=smoke.seed + 7100), direction)
-            stage(self.runner, starved, snapshots=False)
-            if (skipped := check_allocation_failure(self.runner, starved)) is not None:
-                self.not_run(f"{direction}: the call with no GPU memory left", skipped)
-            self.cases += 1
-            del starved
+            # no GPU memory left to allocate: an unchecked cudaMallocAsync faults; at the smoke shape, the
+            # widest row and many rows, each followed by normal calls that must finish (starved.py, version 16)
+            self.cases += check_starved_calls(self, direction, smoke, SMOKE_STREAM)  # the same thread's calls
+            # cudaMallocAsync scratch that other users of the default pool left dirty (dirty_pool.py, version 16)
+            self.cases += check_dirty_pool_calls(self, direction, SMOKE_STREAM)
         self.progress(f"{direction}: CUDA graph capture")
         self.capture(smoke, direction, later_sets=2)
         if not opts.quick:
             self.capture_few_rows(direction)
             self.first_call_in_each_dtype(direction)
+            check_refused_setup(self, direction)  # (version 16) the set-aside refused, as under MPS (refused_setup.py)
         t = self.phase("smoke+capture", t)
+        if not opts.quick:  # (version 16) tensors 9-17 GiB apart (far_inputs.py); plain char unsigned (char_abi.py)
+            check_far_inputs(self, direction)
+            check_unsigned_char(self, direction)
+            t = self.phase("far-inputs+unsigned-char", t)
         boundary = boundary_cases(spec, opts.budget, opts.seed, self.domain)
         for index, case in enumerate(boundary[:4] if opts.quick else boundary):
             self.run_case(case, direction, boundary_stream(index))
@@ -419,6 +428,9 @@ class Session:
             raise Failure(NOT_CAPTURABLE, f"{what}: {graph_calls} calls could not be captured into one CUDA graph "
                                           f"({outcome.problem})")
         check_guards(self.runner, data, f"in {what}: ")
+        # (version 16) the host heap over short-lived calling threads, then over calls at new addresses
+        check_heap_over_threads(self, data)  # (thread_exit.py)
+        check_heap_over_new_addresses(self, data)  # (new_addresses.py: stages `data` anew)
         for case, stream in again:
             try:
                 self.run_case(case, direction, stream)
@@ -747,11 +759,11 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
     separate = options.quick and not isolated  # the sanitizer's run: one allocation per tensor
     directions = options.directions or (("forward", "backward") if spec.backward == "kernel" else ("forward",))
 
-    def isolated_runner(readonly: bool = True):
+    def isolated_runner(readonly: bool = True, build=None):  # build: another build of it (char_abi.py)
         runner = started_runner(spec, readonly_inputs=readonly)
         runner.wait_ready(heartbeat=lambda seconds: progress(f"starting the kernel's own process ({seconds:.0f} s; "
                                                              "none of its code runs before it is ready)"))
-        outcome = runner.load(library)
+        outcome = runner.load(build or library)
         if outcome.fatal:
             runner.close()
             raise Failure(CRASH, f"loading the kernel library: {outcome.fatal}", fatal=True)
@@ -764,6 +776,8 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
         session = Session(spec, runner, options, progress, device, waiting=waiting,
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None,
                           fresh_runner=isolated_runner if isolated else None)
+        session.refused_runner = refused_runner(spec, library, progress) if isolated else None  # (version 16)
+        session.unsigned_char_runner = unsigned_char_runner(spec, options, device, isolated, isolated_runner)  # (v16)
         for direction in directions:
             session.direction(direction)
         verdict = Verdict(PASSED, f"{session.cases} cases over {', '.join(directions)} passed every check"

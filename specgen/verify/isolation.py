@@ -297,6 +297,7 @@ def fp_watched(method):
     @functools.wraps(method)
     def watched(self, *args, **kw):
         from .candidate_main import fp_report, fp_save, fp_state, thread_report, thread_state
+        from .pending_error import local_pending_failure, take_pending
 
         saved = fp_save()
         before = fp_state(saved)
@@ -307,11 +308,14 @@ def fp_watched(method):
         except BaseException:
             fp_report(before, saved)
             thread_report(scheduling)
+            take_pending(self.lib)  # (the next request starts clean)
             raise
         if (report := fp_report(before, saved)) is not None:
             raise host_fp_failure(self.spec, method.__name__, _direction_of(args), report)
         if (moved := thread_report(scheduling)) is not None:
             raise host_thread_failure(self.spec, method.__name__, _direction_of(args), moved)
+        if (pending := local_pending_failure(self, method.__name__, _direction_of(args), result)) is not None:
+            raise pending  # a call returned success with a CUDA error left pending (version 16, pending_error.py)
         return result
     return watched
 
@@ -446,6 +450,16 @@ class LocalRunner(RunnerBase):
             self.lib.allocations_fail = False
 
     @fp_watched
+    def dirty_call(self, direction, refs, scalars, dims, stream: str = "pool", seed: int = 0) -> Outcome:
+        """One call right after the default memory pool was left dirty by another user (dirty_pool.py):
+        on a GPU the device's pool, on the CPU the stand-in's CpuDevicePool."""
+        from .dirty_pool import dirty_before_call
+
+        if problem := dirty_before_call(self.lib, self.device, self._stream(stream), seed):
+            return Outcome(skipped=problem)
+        return self.call(direction, refs, scalars, dims, stream=stream)
+
+    @fp_watched
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
         refs = self.with_workspace(refs)
@@ -499,6 +513,20 @@ class LocalRunner(RunnerBase):
             if code:
                 return Outcome(code=code, error=self._error_name(code))
         return Outcome(host_heap=growth_report(heap_before, heap_in_use(), calls))
+
+    @fp_watched
+    def thread_exit(self, direction, refs, scalars, dims, *, threads: int, at_once: int, calls: int) -> Outcome:
+        """(version 16) Calls from short-lived host threads, the heap around them (thread_exit.py)."""
+        from .thread_exit import local
+
+        return local(self, direction, refs, scalars, dims, threads=threads, at_once=at_once, calls=calls)
+
+    @fp_watched
+    def new_addresses(self, direction, refs, scalars, dims, *, calls: int, step: int) -> Outcome:
+        """(version 16) Calls each `step` bytes further on, the heap around them (new_addresses.py)."""
+        from .new_addresses import local
+
+        return local(self, direction, refs, scalars, dims, calls=calls, step=step)
 
     @fp_watched
     def side_by_side(self, items: list[dict], leads: list[int]) -> Outcome:
@@ -626,7 +654,9 @@ class IsolatedRunner(RunnerBase):
     """A candidate's own process. `readonly_inputs=False` only to tell an input write from a crash."""
 
     def __init__(self, spec, *, readonly_inputs: bool = True, startup_timeout: float = STARTUP_TIMEOUT_S,
-                 call_timeout: float = CALL_TIMEOUT_S, eager_modules: bool = False):
+                 call_timeout: float = CALL_TIMEOUT_S, eager_modules: bool = False,
+                 extra_env: dict[str, str] | None = None):
+        """`extra_env`: set in the process's environment too (refused_setup.py's LD_PRELOAD)."""
         from .channel import Channel
 
         self.spec = spec
@@ -641,7 +671,8 @@ class IsolatedRunner(RunnerBase):
         self.log_path = Path(log.name)
         self.process = subprocess.Popen([sys.executable, "-m", "specgen.verify.candidate_main", str(theirs.fileno())],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        pass_fds=(theirs.fileno(),), env=_child_env(eager_modules),
+                                        pass_fds=(theirs.fileno(),),
+                                        env={**_child_env(eager_modules), **(extra_env or {})},
                                         cwd=self._scratch.name,
                                         start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
@@ -760,6 +791,12 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "starved_call", **_call_message(direction, self.with_workspace(refs), scalars,
                                                                      dims)})
 
+    def dirty_call(self, direction, refs, scalars, dims, stream: str = "pool", seed: int = 0) -> Outcome:
+        """One call right after the default memory pool was left dirty by another user (dirty_pool.py)."""
+        self.scramble_workspace()
+        return self._request({"op": "dirty_call", **_call_message(direction, self.with_workspace(refs), scalars, dims),
+                              "stream": stream, "seed": int(seed)})
+
     def capture(self, direction, refs, scalars, dims) -> Outcome:
         self.scramble_workspace()
         return self._request({"op": "capture", **_call_message(direction, self.with_workspace(refs), scalars, dims)})
@@ -775,6 +812,20 @@ class IsolatedRunner(RunnerBase):
         return self._request({"op": "endure", **_call_message(direction, refs, scalars, dims),
                               "host_calls": host_calls, "graph_calls": graph_calls, "replays": replays},
                              timeout=self.call_timeout + calls * 1e-4)
+
+    def thread_exit(self, direction, refs, scalars, dims, *, threads: int, at_once: int, calls: int) -> Outcome:
+        """(version 16) candidate_main's `thread_exit` (thread_exit.py); up to 0.1 s a thread more."""
+        return self._request({"op": "thread_exit", **_call_message(direction, self.with_workspace(refs), scalars, dims),
+                              "threads": threads, "at_once": at_once, "calls": calls, "stream": "legacy"},
+                             timeout=self.call_timeout + threads * 0.1)
+
+    def new_addresses(self, direction, refs, scalars, dims, *, calls: int, step: int) -> Outcome:
+        """(version 16) candidate_main's `new_addresses` (new_addresses.py); up to 1 ms a call more
+        (each call's argument struct is made first)."""
+        return self._request({"op": "new_addresses", **_call_message(direction, self.with_workspace(refs), scalars,
+                                                                     dims),
+                              "calls": calls, "step": step, "stream": "legacy"},
+                             timeout=self.call_timeout + calls * 1e-3)
 
     def then_copy(self, direction, refs, scalars, dims, copies: list[tuple[TensorRef, TensorRef]]) -> Outcome:
         self.scramble_workspace()
@@ -820,6 +871,10 @@ class IsolatedRunner(RunnerBase):
         if reply.get("type") == "error":
             raise RuntimeError(f"the candidate's process failed a {message['op']} request: "
                                f"{reply.get('message')}\n{reply.get('trace', '')}")
+        if reply.get("pending_error"):  # a call returned success with a CUDA error left pending (version 16)
+            from .pending_error import pending_error_failure
+
+            raise pending_error_failure(self.spec, message, reply["pending_error"])
         if reply.get("leaked"):  # device memory the calls took from the default pool and never gave back
             raise leaked_memory_failure(self.spec, message, reply["leaked"])
         if (parked := parked_memory_failure(self.spec, message, reply.get("parked"))) is not None:

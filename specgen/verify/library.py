@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import abi
+from .pending_error import ErrorWatch
 
 # cudaError_t codes after which the CUDA context is unusable: the worker must be replaced.
 STICKY_ERRORS = {
@@ -37,6 +38,7 @@ class KernelLibrary:
         self.spec = spec
         self.path = Path(path)
         self.lib = ctypes.CDLL(str(self.path))
+        self.watch = ErrorWatch(self.lib)  # an error left pending by a call that returned success (version 16)
         self._entries, self._sizes = {}, {}
         self.short: str | None = None  # the last WORKSPACE_SHORT call's words
         for direction in abi.DIRECTIONS:
@@ -69,6 +71,10 @@ class KernelLibrary:
             return fn(code).decode()
         except (AttributeError, OSError):
             return STICKY_ERRORS.get(code, f"cudaError {code}")
+
+    def take_pending(self) -> dict | None:
+        """The first call since the last take that returned success with an error pending (pending_error.py)."""
+        return self.watch.take()
 
     def clear_error(self) -> None:
         """Reset the runtime's last error so torch's next launch check does not blame itself."""
@@ -110,7 +116,7 @@ class KernelLibrary:
 
             def launch(keep=args) -> int:  # `keep`: the struct lives as long as the launcher
                 return int(entry(address, handle))
-            return launch
+            return self.watch.wrap(launch, direction)
         have = 0 if placed is None else placed.numel()
         start = 0 if placed is None or not have else placed.data_ptr()
 
@@ -122,4 +128,4 @@ class KernelLibrary:
                 return WORKSPACE_SHORT
             keep.workspace, keep.workspace_bytes = (start or None) if asked else None, asked
             return int(entry(address, handle))
-        return asked_then_launch
+        return self.watch.wrap(asked_then_launch, direction)
