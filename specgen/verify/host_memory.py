@@ -71,17 +71,24 @@ def growth_report(before: tuple[int, str] | None, after: tuple[int, str] | None,
     return {"growth": after[0] - before[0], "host_calls": int(host_calls), "measure": after[1]}
 
 
+def grown_past(report: dict | None, per: str, floor: int, limit: int) -> tuple[int, int, float] | None:
+    """(growth, count, growth per count) of a heap report whose growth is above `floor` in all and
+    above `limit` per `per` (the report's count: "host_calls", "threads"); None where it is not."""
+    count = int((report or {}).get(per) or 0)
+    if count <= 0:
+        return None
+    growth = int(report["growth"])
+    return (growth, count, growth / count) if growth > floor and growth / count > limit else None
+
+
 def host_leak_failure(entry: str, report: dict | None, what: str):
     """The leaked-memory Failure for the heap grown over `what` (the endurance run of `entry`), or
     None: a growth counts above HOST_GROWTH_LIMIT and above HOST_BYTES_PER_CALL_LIMIT per host call."""
     from .verdict import LEAKED_MEMORY, Failure
 
-    if not report or int(report.get("host_calls") or 0) <= 0:
+    if (grown := grown_past(report, "host_calls", HOST_GROWTH_LIMIT, HOST_BYTES_PER_CALL_LIMIT)) is None:
         return None
-    growth, calls = int(report["growth"]), int(report["host_calls"])
-    per_call = growth / calls
-    if growth <= HOST_GROWTH_LIMIT or per_call <= HOST_BYTES_PER_CALL_LIMIT:
-        return None
+    growth, calls, per_call = grown
     measure = ("its malloc heap's bytes in use (mallinfo2)" if report.get("measure") == "mallinfo2"
                else "its resident set (VmRSS)")
     projected = per_call * PROJECTED_CALLS / 1e9

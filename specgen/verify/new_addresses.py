@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .host_memory import HOST_BYTES_PER_CALL_LIMIT, PROJECTED_CALLS
+from .host_memory import HOST_BYTES_PER_CALL_LIMIT, PROJECTED_CALLS, grown_past
 from .layout import ALIGN, Layout, TensorRef
 
 NEW_ADDRESS_CALLS = 3000  # calls on a GPU (a few ms of launches; the argument structs take ~0.1 s to make)
@@ -144,12 +144,9 @@ def new_address_failure(entry: str, report: dict | None, what: str):
     counts above NEW_ADDRESS_GROWTH_FLOOR and above HOST_BYTES_PER_CALL_LIMIT per call."""
     from .verdict import LEAKED_MEMORY, Failure
 
-    if not report or int(report.get("host_calls") or 0) <= 0:
+    if (grown := grown_past(report, "host_calls", NEW_ADDRESS_GROWTH_FLOOR, HOST_BYTES_PER_CALL_LIMIT)) is None:
         return None
-    growth, calls = int(report["growth"]), int(report["host_calls"])
-    per_call = growth / calls
-    if growth <= NEW_ADDRESS_GROWTH_FLOOR or per_call <= HOST_BYTES_PER_CALL_LIMIT:
-        return None
+    growth, calls, per_call = grown
     projected = per_call * PROJECTED_CALLS / 1e9
     return Failure(LEAKED_MEMORY, f"{what}: the host memory of the process making the calls grew by {growth} bytes "
                    f"over {calls} calls of {entry}, each with its inputs and outputs at addresses no earlier call of "

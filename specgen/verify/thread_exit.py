@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import threading
 
+from .host_memory import grown_past
+
 THREADS = 64  # short-lived calling threads measured
 AT_ONCE = 4  # threads alive at a time (a few requests served at once)
 CALLS_PER_THREAD = 2  # calls each thread makes before it exits
@@ -121,12 +123,9 @@ def thread_exit_failure(entry: str, report: dict | None, what: str):
     counts above THREAD_GROWTH_FLOOR and above THREAD_BYTES_LIMIT per thread."""
     from .verdict import LEAKED_MEMORY, Failure
 
-    if not report or int(report.get("threads") or 0) <= 0:
+    if (grown := grown_past(report, "threads", THREAD_GROWTH_FLOOR, THREAD_BYTES_LIMIT)) is None:
         return None
-    growth, threads = int(report["growth"]), int(report["threads"])
-    per_thread = growth / threads
-    if growth <= THREAD_GROWTH_FLOOR or per_thread <= THREAD_BYTES_LIMIT:
-        return None
+    growth, threads, per_thread = grown
     calls = int(report.get("host_calls") or threads) // threads
     hourly = per_thread * REQUESTS_PER_SECOND * 3600 / 1e9
     return Failure(LEAKED_MEMORY, f"{what}: the host memory of the process making the calls grew by {growth} bytes "
