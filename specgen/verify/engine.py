@@ -30,6 +30,7 @@ from .chained import check_backward_on_own_saved
 from .starved import check_starved_calls
 from .dirty_pool import check_dirty_pool_calls
 from .refused_setup import check_refused_setup, refused_runner
+from .slow_runtime import check_threads_on_a_slow_runtime, slow_runner
 from .sampled_rows import check_sampled_rows
 from .far_inputs import check_far_inputs
 from .char_abi import check_unsigned_char, unsigned_char_runner
@@ -319,6 +320,7 @@ class Session:
             threaded = [prepare(self.spec, case, way, self.device) for case, way in group]
             check_calls_from_threads(self.runner, threaded, deterministic=spec.deterministic, stream=kind)
             self.cases += len(group)
+        check_threads_on_a_slow_runtime(self, direction)  # (version 16) four shapes at once, runtime slowed
         for pair in fresh_pairs(spec, opts.seed, opts.budget):  # shapes no call has met yet, no call alone first
             self.progress(f"{direction}: calls from two host threads at the same time on new shapes, "
                           + " and ".join(case.describe() for case in pair))
@@ -777,6 +779,7 @@ def run_verification(spec, library, options: Options, progress: Progress = lambd
                           writable_runner=(lambda: isolated_runner(False)) if isolated else None,
                           fresh_runner=isolated_runner if isolated else None)
         session.refused_runner = refused_runner(spec, library, progress) if isolated else None  # (version 16)
+        session.slow_runner = slow_runner(spec, library, progress) if isolated else None  # (version 16)
         session.unsigned_char_runner = unsigned_char_runner(spec, options, device, isolated, isolated_runner)  # (v16)
         for direction in directions:
             session.direction(direction)

@@ -28,29 +28,16 @@ it costs nothing there; else one process start per direction and five calls.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from .shims import build_shim, c_compiler, cudart_soname, preload_env  # noqa: F401 (c_compiler: the tests')
 
 SHIM_SOURCE = Path(__file__).with_name("refused_setup_shim.c")
 INTERCEPTED = "cudaDeviceSetLimit"
 PERSISTING_L2 = 6  # cudaLimitPersistingL2CacheSize
-SHIM_FLAGS = ("-shared", "-fPIC", "-O2", "-std=gnu11")
 WHERE = ("where the persisting-L2 set-aside is refused (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize) fails, as "
          "under MPS or a vGPU profile that refuses it; a process of its own, the refusal made by an LD_PRELOAD shim)")
-
-
-def c_compiler() -> str | None:
-    """The system's C compiler ($CC, cc, gcc, clang), or None."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and (found := shutil.which(name)):
-            return found
-    return None
 
 
 def imports_set_limit(library) -> bool:
@@ -60,52 +47,10 @@ def imports_set_limit(library) -> bool:
     return INTERCEPTED in undefined_symbols(Path(library))
 
 
-def cudart_soname(library) -> str | None:
-    """The CUDA runtime the library links (its DT_NEEDED libcudart), e.g. libcudart.so.13."""
-    from ..toolchain.symbols import needed_libraries
-
-    return next((name for name in needed_libraries(Path(library)) if name.startswith("libcudart.so")), None)
-
-
 def shim_library(soname: str = "libcudart.so.13", cache_dir: Path | None = None) -> tuple[Path | None, str | None]:
-    """(the shim built for the runtime `soname`, None) or (None, why it could not be built). Cached
-    by content (source, flags, compiler): a second verification reuses the file."""
-    from ..toolchain.compile import default_cache_dir
-
-    compiler = c_compiler()
-    if compiler is None:
-        return None, "no C compiler (cc, gcc or clang) to build the shim that refuses the set-aside"
-    source = SHIM_SOURCE.read_text()
-    flags = [*SHIM_FLAGS, f'-DCUDART_SONAME="{soname}"']
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    key = hashlib.sha256(json.dumps({"source": source, "flags": flags, "compiler": [compiler, version]},
-                                    sort_keys=True).encode()).hexdigest()[:24]
-    folder = Path(cache_dir or default_cache_dir()) / "refused-setup"
-    target = folder / f"refused_setup_{key}.so"
-    if target.is_file():
-        return target, None
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        partial = Path(scratch) / target.name
-        command = [compiler, *flags, "-o", str(partial), str(SHIM_SOURCE), "-ldl"]
-        try:
-            built = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as error:
-            return None, f"the shim did not build ({error})"
-        if built.returncode != 0:
-            tail = (built.stderr or built.stdout).strip().splitlines()[-3:]
-            return None, f"the shim did not build ({compiler}: {' '.join(tail)})"
-        os.replace(partial, target)  # atomic: a verification beside this one sees a whole file or none
-    return target, None
-
-
-def preload_env(shim: Path, environ: dict | None = None) -> dict[str, str]:
-    """The environment entries that preload `shim` ahead of what the environment preloads already."""
-    existing = (os.environ if environ is None else environ).get("LD_PRELOAD", "")
-    return {"LD_PRELOAD": ":".join(p for p in (str(shim), existing) if p)}
+    """(the shim built for the runtime `soname`, None) or (None, why it could not be built); cached by
+    content (shims.build_shim): a second verification reuses the file."""
+    return build_shim(SHIM_SOURCE, "refused-setup", {"CUDART_SONAME": f'"{soname}"'}, cache_dir)
 
 
 def refused_runner(spec, library, progress: Callable[[str], None] = lambda text: None,
