@@ -229,3 +229,50 @@ def test_without_a_shim_the_check_is_named_as_not_run(gelu):
 def test_stand_ins_get_no_slowed_process(gelu):
     assert slow_runner(gelu, fakes.PyKernel(gelu, fakes.gelu_forward)) is None
     assert callable(slow_runner(gelu, "/nonexistent/kernel.so"))  # a library: started only when checked
+
+
+class OwnerSkipsLock(fakes.PyKernel):
+    """GELU whose rows-to-write plan is read and written under a lock by every thread but the first
+    that ever called (held-out attacks-v11's rmsnorm_a): that owner races with the others."""
+
+    def __init__(self, spec):
+        import threading
+
+        super().__init__(spec, fakes.gelu_forward)
+        self.owner, self.rows = None, 0
+        self.lock, self.first = threading.Lock(), threading.Lock()
+
+    def call(self, direction, tensors, scalars, dims, stream) -> int:
+        import threading
+
+        if direction != "forward":
+            return super().call(direction, tensors, scalars, dims, stream)
+        self.calls += 1
+        with self.first:
+            self.owner = self.owner or threading.get_ident()
+        owner = self.owner == threading.get_ident()
+        x, out = tensors["x"].reshape(-1, tensors["x"].shape[-1]), tensors["out"].reshape(-1, tensors["x"].shape[-1])
+        if not owner:
+            self.lock.acquire()
+        try:
+            self.rows = x.shape[0]
+            time.sleep(0.0002)
+            rows = self.rows
+        finally:
+            if not owner:
+                self.lock.release()
+        out[:rows].copy_(fakes._gelu(x[:rows]))
+        return 0
+
+
+def test_the_first_caller_is_one_of_the_threads(gelu):
+    """The threads' calls are the slowed process's first: its owner races with the others and is
+    caught; had the request thread called first (the owner then never calls beside them) it passes."""
+    session = session_with(gelu, OwnerSkipsLock(gelu), [])
+    with pytest.raises(Failure) as caught:
+        check_threads_on_a_slow_runtime(session, "forward")
+    assert caught.value.detail.startswith(WHERE)
+    kernel = OwnerSkipsLock(gelu)
+    kernel.owner = -1  # an owner that is none of the threads: every thread locks
+    session = session_with(gelu, kernel, [])
+    check_threads_on_a_slow_runtime(session, "forward")

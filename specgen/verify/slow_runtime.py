@@ -17,7 +17,9 @@ device and its attributes, occupancy, function attributes, stream-ordered memory
 window of a few instructions becomes tens of microseconds. There, SLOW_THREADS native threads
 (threaded.check_calls_from_threads) call at once, each on a row count of its own past any one-wave
 grid's block count (SLOW_ROWS: row ranges differ between them), SLOW_CALLS calls each, every output
-set checked against its thread's truth. Not run for CPU stand-ins (no runtime to slow).
+set checked against its thread's truth. Their calls are the process's first (each case is called alone
+after them, for its bits), so the process's first caller is one of the threads and calls beside the
+others (rmsnorm_a's owner). Not run for CPU stand-ins (no runtime to slow).
 """
 from __future__ import annotations
 
@@ -120,7 +122,9 @@ def check_threads_on_a_slow_runtime(session, direction: str) -> None:
         return
     try:
         threaded = [prepare(spec, case, direction, session.device) for case in cases]
-        check_calls_from_threads(runner, threaded, deterministic=spec.deterministic, repeat=SLOW_CALLS)
+        # fresh: the threads' calls are the process's first (each case alone after them), so one of them is
+        # the first caller: state a first caller keeps for itself (a plan it reads without the lock) is met
+        check_calls_from_threads(runner, threaded, deterministic=spec.deterministic, repeat=SLOW_CALLS, fresh=True)
         session.cases += len(threaded)
     except Failure as failure:
         raise Failure(failure.reason, f"{WHERE}: {failure.detail}", failure.counterexample,
