@@ -13,7 +13,7 @@ import torch
 import verify_fakes as fakes
 from conftest import SPECS
 from specgen.spec import load_spec
-from specgen.verify import engine, sampled_rows, strategies
+from specgen.verify import engine, sampled_rows, starved, strategies
 from specgen.verify.engine import Options, run_verification
 from specgen.verify.sampled_rows import row_ranges, separable, sliced_symbol
 
@@ -58,6 +58,8 @@ def lowered_marks(monkeypatch, mark: int) -> None:
     monkeypatch.setattr(sampled_rows, "WRAP_MARKS", (mark, 2 * mark))
     monkeypatch.setattr(engine, "CPU_PAST_INT32_ELEMENTS", 0)  # no whole truth past the marks
     monkeypatch.setattr(engine, "more_rows_case", lambda *args, **kw: None)  # (it would pass the mark itself)
+    # (and so would the starved calls' widest row and many rows: starved.py) the smoke shape alone
+    monkeypatch.setattr(starved, "starved_cases", lambda spec_, seed, budget: [strategies.smoke_case(spec_, seed)])
 
 
 def test_an_offset_that_wraps_is_caught_on_the_sampled_rows(monkeypatch):

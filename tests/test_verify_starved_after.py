@@ -31,6 +31,7 @@ from specgen.verify.verdict import Failure
 
 QUICK = Options(examples=3, budget=1 << 13, seed=1, endurance=0, directions=("forward",))
 WATCH_S = 3.0
+GIVE_UP_S = 4 * WATCH_S  # a stand-in blocked on the lock gives up then (std::mutex would wait forever)
 SPLIT_ABOVE = 32768  # softmax_a's: wider rows are split over blocks with pool scratch
 
 
@@ -63,7 +64,8 @@ class PlanLockSoftmax(fakes.PyKernel):
         if k.raii:
             with k.plan_lock:
                 return k.compute(t, dims)
-        k.plan_lock.acquire()
+        if not k.plan_lock.acquire(timeout=GIVE_UP_S):  # (the test process's stuck thread ends, long after the
+            return 999                                   # watch reported it: its kernel_running count drops)
         code = k.compute(t, dims)
         if code == 0:  # unlock() on the paths that got their scratch (or needed none) only
             k.plan_lock.release()
