@@ -173,3 +173,21 @@ def test_attacks_v11_layernorm_gelu_a_is_rejected_built_with_unsigned_char(tmp_p
         assert caught.value.reason in ("wrong-result", "cuda-error", "crash") and caught.value.detail.startswith(PREFIX)
     finally:
         normal.runner.close()
+
+
+def test_the_tuner_compiles_the_unsigned_builds_with_the_variants(monkeypatch, tmp_path):
+    """compile_many(unsigned_char=True) (the tuner's prepare) leaves each source's unsigned-char build
+    in the cache, so the verification's own build_unsigned_char is a cache hit."""
+    from conftest import SPECS
+    from specgen.agents.builtin.generator import build_source, compile_many
+    from specgen.spec import load_spec
+
+    monkeypatch.setenv("SPECGEN_CACHE_DIR", str(tmp_path))
+    spec = load_spec(SPECS / "gelu_tanh.yaml")
+    source = build_source(spec)
+    (compiled,) = compile_many([(spec, source)], unsigned_char=True)
+    assert not isinstance(compiled, Exception), compiled
+    again = build_unsigned_char(spec, source, arch=compiled.arch)
+    assert again.cached and again.library.is_file()
+    other = source.replace("// ", "//  ", 1)  # another source: nothing cached for it
+    assert not build_unsigned_char(spec, other, arch=compiled.arch).cached

@@ -155,17 +155,27 @@ def compile_source(spec, source: str, *, arch: str | None = None):
                               source_name=f"kernels/{spec.name}.cu")
 
 
-def compile_many(jobs: list[tuple]) -> list:
+def compile_many(jobs: list[tuple], unsigned_char: bool = False) -> list:
     """Compile (spec, source[, arch]) jobs at once (nvcc is single-threaded); each result is the
     compiled kernel or the exception its compile raised. The compile cache is keyed by
-    content, so compiling one of these sources again is a cache hit."""
+    content, so compiling one of these sources again is a cache hit. `unsigned_char`: each
+    source's build with plain char unsigned too, the one verify_kernel runs (verify/char_abi.py),
+    so the verifications after it find it cached instead of compiling it one at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(job):
         try:
-            return compile_source(job[0], job[1], arch=job[2] if len(job) > 2 else None)
+            compiled = compile_source(job[0], job[1], arch=job[2] if len(job) > 2 else None)
         except Exception as error:  # the caller decides: the tuner reports it per variant
             return error
+        if unsigned_char:
+            from ...verify.char_abi import build_unsigned_char
+
+            try:
+                build_unsigned_char(job[0], job[1], arch=compiled.arch)
+            except Exception:  # noqa: BLE001 - the verification compiles it again and reports it
+                pass
+        return compiled
 
     with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
         return list(pool.map(one, jobs))

@@ -160,7 +160,7 @@ class GpuBackend(TuneBackend):
         from .generator import compile_many
 
         if len(sources) > 1:
-            compile_many([(spec, s, self.arch_option) for s in sources])
+            compile_many([(spec, s, self.arch_option) for s in sources], unsigned_char=True)
 
     def verify(self, spec, source: str) -> Check:
         from ...verify import verify_kernel
