@@ -98,3 +98,14 @@ def host_leak_failure(entry: str, report: dict | None, what: str):
                    f"{projected:.1f} GB until the host runs out of memory. Free every host allocation before "
                    f"returning (or keep one allocation per process and reuse it), and take per-call scratch from the "
                    f"workspace the ABI hands each call")
+
+
+def heap_reply(code: int, failed: int | None, host_heap: dict | None) -> dict:
+    """The candidate's process's reply to a measured run of calls (thread_exit.py, new_addresses.py):
+    its code, the failing call or thread where one failed, and the heap report where there is one."""
+    reply = {"type": "done", "code": code}
+    if failed is not None:
+        reply["failed_call"] = failed
+    if host_heap is not None:
+        reply["host_heap"] = host_heap
+    return reply

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .host_memory import HOST_BYTES_PER_CALL_LIMIT, PROJECTED_CALLS, grown_past
+from .host_memory import HOST_BYTES_PER_CALL_LIMIT, PROJECTED_CALLS, grown_past, heap_reply
 from .layout import ALIGN, Layout, TensorRef
 
 NEW_ADDRESS_CALLS = 3000  # calls on a GPU (a few ms of launches; the argument structs take ~0.1 s to make)
@@ -80,12 +80,7 @@ def serve(message: dict, prepare_call, stream) -> dict:
     launchers = [prepare_call({**message, "tensors": shifted(message["tensors"], k * step)}, stream)
                  for k in range(int(message["calls"]))]
     run = measured(launchers)
-    reply = {"type": "done", "code": run["code"]}
-    if run["failed_call"] is not None:
-        reply["failed_call"] = run["failed_call"]
-    if run["host_heap"] is not None:
-        reply["host_heap"] = run["host_heap"]
-    return reply
+    return heap_reply(run["code"], run["failed_call"], run["host_heap"])
 
 
 def local(runner, direction, refs, scalars, dims, *, calls: int, step: int, stream: str = "legacy"):

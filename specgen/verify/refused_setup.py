@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from .shims import build_shim, c_compiler, cudart_soname, preload_env  # noqa: F401 (c_compiler: the tests')
+from .shims import build_shim, c_compiler, cudart_soname, preload_env, preloaded_process  # noqa: F401 (the tests')
 
 SHIM_SOURCE = Path(__file__).with_name("refused_setup_shim.c")
 INTERCEPTED = "cudaDeviceSetLimit"
@@ -68,20 +68,10 @@ def refused_runner(spec, library, progress: Callable[[str], None] = lambda text:
         return None
 
     def start():
-        from .isolation import IsolatedRunner
-        from .verdict import CRASH, Failure
-
         shim, why = shim_library(soname, cache_dir)
         if shim is None:
             return None, why
-        runner = IsolatedRunner(spec, extra_env=preload_env(shim))
-        runner.wait_ready(heartbeat=lambda seconds: progress(
-            f"starting the kernel's process with the set-aside refused ({seconds:.0f} s)"))
-        outcome = runner.load(library)
-        if outcome.fatal:
-            runner.close()
-            raise Failure(CRASH, f"loading the kernel library {WHERE}: {outcome.fatal}", fatal=True)
-        return runner, None
+        return preloaded_process(spec, library, shim, "the set-aside refused", WHERE, progress), None
     return start
 
 

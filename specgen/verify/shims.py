@@ -75,3 +75,20 @@ def preload_env(shim: Path, environ: dict | None = None) -> dict[str, str]:
     """The environment entries that preload `shim` ahead of what the environment preloads already."""
     existing = (os.environ if environ is None else environ).get("LD_PRELOAD", "")
     return {"LD_PRELOAD": ":".join(p for p in (str(shim), existing) if p)}
+
+
+def preloaded_process(spec, library, shim: Path, situation: str, where: str, progress):
+    """The candidate's process started with `shim` preloaded and `library` loaded: the runner.
+    `situation` for the progress line ("the CUDA runtime slowed"), `where` for a load failure's
+    detail (a crash, as any process's load)."""
+    from .isolation import IsolatedRunner
+    from .verdict import CRASH, Failure
+
+    runner = IsolatedRunner(spec, extra_env=preload_env(shim))
+    runner.wait_ready(heartbeat=lambda seconds: progress(
+        f"starting the kernel's process with {situation} ({seconds:.0f} s)"))
+    outcome = runner.load(library)
+    if outcome.fatal:
+        runner.close()
+        raise Failure(CRASH, f"loading the kernel library {where}: {outcome.fatal}", fatal=True)
+    return runner

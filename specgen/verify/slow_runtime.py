@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .shims import build_shim, cudart_soname, preload_env
+from .shims import build_shim, cudart_soname, preloaded_process
 
 SHIM_SOURCE = Path(__file__).with_name("slow_runtime_shim.c")
 MAX_DELAY_US = 40  # the most one runtime call waits (a call makes a few: ~0.1 ms a call in all)
@@ -84,21 +84,11 @@ def slow_runner(spec, library, progress: Callable[[str], None] = lambda text: No
         soname = "libcudart.so.13"
 
     def start():
-        from .isolation import IsolatedRunner
-        from .verdict import CRASH, Failure
-
         shim, why = build_shim(SHIM_SOURCE, "slow-runtime",
                                {"CUDART_SONAME": f'"{soname}"', "MAX_DELAY_US": str(MAX_DELAY_US)}, cache_dir)
         if shim is None:
             return None, why
-        runner = IsolatedRunner(spec, extra_env=preload_env(shim))
-        runner.wait_ready(heartbeat=lambda seconds: progress(
-            f"starting the kernel's process with the CUDA runtime slowed ({seconds:.0f} s)"))
-        outcome = runner.load(library)
-        if outcome.fatal:
-            runner.close()
-            raise Failure(CRASH, f"loading the kernel library {WHERE}: {outcome.fatal}", fatal=True)
-        return runner, None
+        return preloaded_process(spec, library, shim, "the CUDA runtime slowed", WHERE, progress), None
     return start
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 
-from .host_memory import grown_past
+from .host_memory import grown_past, heap_reply
 
 THREADS = 64  # short-lived calling threads measured
 AT_ONCE = 4  # threads alive at a time (a few requests served at once)
@@ -95,12 +95,7 @@ def serve(message: dict, prepare_call, stream) -> dict:
     """candidate_main's `thread_exit` request: the reply before the device is waited for."""
     run = measured(lambda: prepare_call(message, stream), int(message["threads"]), int(message["at_once"]),
                    int(message["calls"]))
-    reply = {"type": "done", "code": run["code"]}
-    if run["failed_thread"] is not None:
-        reply["failed_call"] = run["failed_thread"]
-    if run["host_heap"] is not None:
-        reply["host_heap"] = run["host_heap"]
-    return reply
+    return heap_reply(run["code"], run["failed_thread"], run["host_heap"])
 
 
 def local(runner, direction, refs, scalars, dims, *, threads: int, at_once: int, calls: int):
