@@ -407,7 +407,10 @@ def standins(monkeypatch):
     monkeypatch.setattr(generator, "compile_source",
                         lambda spec, source, arch=None: SimpleNamespace(library=Path("/x/lib.so"), arch="sm_90",
                                                                         source=source))
-    monkeypatch.setattr(generator, "compile_many", lambda jobs: calls.append(("compile", len(jobs))))
+    # (unsigned_char: the variants' second builds for verifier 16's char_abi, compiled with them)
+    monkeypatch.setattr(generator, "compile_many",
+                        lambda jobs, unsigned_char=False: calls.append(("compile", len(jobs))) if unsigned_char else
+                        calls.append(("compile without the unsigned-char builds", len(jobs))))
 
     def verify_kernel(spec, source, **options):
         calls.append(("verify", options))
