@@ -30,7 +30,7 @@ import torch
 
 from .. import abi
 from ..inputs import DTYPE_NAMES
-from .layout import ALIGN, GUARD, Layout, Memory, TensorRef
+from .layout import ALIGN, GUARD, Layout, Memory, TensorRef, shape_bytes
 
 GIB = 1 << 30
 GAPS = (9 * GIB, 17 * GIB)  # address space between one tensor's piece and the next, in turn
@@ -113,18 +113,11 @@ def plans_for(datas: list, order: str, granule: int) -> dict[str, FarPlan]:
     holds the largest of the cases' tensors at that place)."""
     first = datas[0]
     inputs = [max(d.inputs[name].numel() * d.inputs[name].element_size() for d in datas) for name in first.inputs]
-    outputs = [max(_slot_bytes(d.outputs[i]) for d in datas) for i in range(len(first.outputs))]
+    outputs = [max(shape_bytes(d.outputs[i].shape, d.outputs[i].dtype) for d in datas) for i in range(len(first.outputs))]
     dtypes = [t.dtype for d in datas for t in d.inputs.values()] + [s.dtype for d in datas for s in d.outputs]
     scale = gap_scale(dtypes)
     return {FAR_ARENAS["inputs"]: plan_far(inputs, order, granule, scale=scale),
             FAR_ARENAS["outputs"]: plan_far(outputs, order, granule, scale=scale)}
-
-
-def _slot_bytes(slot) -> int:
-    count = 1
-    for size in slot.shape:
-        count *= size
-    return count * torch.empty((), dtype=slot.dtype).element_size()
 
 
 def describe(plan: FarPlan, names: list[str]) -> str:

@@ -26,6 +26,14 @@ ALIGN = 256  # every tensor region starts on this boundary (the data may start l
 ARENAS = ("inputs", "outputs", "workspace")  # the kernel's workspace: its own arena, placed last (stage)
 
 
+def shape_bytes(shape, dtype: torch.dtype) -> int:
+    """The bytes of a contiguous tensor of `shape` in `dtype`."""
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count * torch.empty((), dtype=dtype).element_size()
+
+
 @dataclass(frozen=True)
 class TensorRef:
     arena: str  # inputs | outputs
@@ -35,10 +43,7 @@ class TensorRef:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * torch.empty((), dtype=TORCH_DTYPES[self.dtype]).element_size()
+        return shape_bytes(self.shape, TORCH_DTYPES[self.dtype])
 
     def to_json(self) -> list:
         return [self.arena, self.offset, list(self.shape), self.dtype]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .host_memory import HOST_BYTES_PER_CALL_LIMIT, PROJECTED_CALLS, grown_past, heap_reply
-from .layout import ALIGN, Layout, TensorRef
+from .layout import ALIGN, Layout, TensorRef, shape_bytes
 
 NEW_ADDRESS_CALLS = 3000  # calls on a GPU (a few ms of launches; the argument structs take ~0.1 s to make)
 NEW_ADDRESS_CPU_CALLS = 1000  # the CPU stand-ins'
@@ -112,11 +112,7 @@ def stage_sliding(runner, data, calls: int, step: int = ADDRESS_STEP) -> None:
               for name, t in values.items()}
     outputs = {}
     for slot in data.outputs:
-        size = torch.empty((), dtype=slot.dtype).element_size()
-        count = 1
-        for extent in slot.shape:
-            count *= extent
-        region = layout.place("outputs", (count * size + span,), torch.uint8)
+        region = layout.place("outputs", (shape_bytes(slot.shape, slot.dtype) + span,), torch.uint8)
         outputs[slot.name] = TensorRef("outputs", region.offset, tuple(slot.shape), DTYPE_NAMES[slot.dtype])
     runner.ensure({arena: layout.needed(arena) for arena in ("inputs", "outputs")})
     runner.memory.layout = layout

@@ -48,7 +48,7 @@ import torch
 from .. import abi
 from .checks import check_close, check_same_bits
 from .data import CaseData, asked_workspace, bind_inputs, place_inputs, place_workspaces, staged_calls
-from .layout import Layout, TensorRef
+from .layout import Layout, TensorRef, shape_bytes
 from .runner import check_guards, fill_outputs, raise_outcome, run_once, synchronize
 from .strategies import Case
 from .verdict import Failure
@@ -331,7 +331,7 @@ def stage_apart(runner, cases: list[CaseData], repeat: int = THREAD_CALLS) -> li
         place_inputs(layout, item)
     sets = []
     for item in cases:
-        one = sum(_nbytes(slot.shape, slot.dtype) for slot in item.outputs)
+        one = sum(shape_bytes(slot.shape, slot.dtype) for slot in item.outputs)
         count = max(1, min(repeat, RECORD_BYTES // max(one, 1)))
         sets.append([{slot.name: layout.place("outputs", slot.shape, slot.dtype) for slot in item.outputs}
                      for _ in range(count)])
@@ -347,13 +347,6 @@ def stage_apart(runner, cases: list[CaseData], repeat: int = THREAD_CALLS) -> li
         item.output_refs = mine[0]
         item.snapshots = {}
     return sets
-
-
-def _nbytes(shape, dtype: torch.dtype) -> int:
-    count = 1
-    for size in shape:
-        count *= int(size)
-    return count * torch.empty((), dtype=dtype).element_size()
 
 
 STREAM_WORDS = {"pool": "", "legacy": " all on the legacy default stream (handle 0)",
