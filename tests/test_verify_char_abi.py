@@ -170,7 +170,9 @@ def test_attacks_v11_layernorm_gelu_a_is_rejected_built_with_unsigned_char(tmp_p
         normal.unsigned_char_runner = lambda: runner_of(unsigned)
         with pytest.raises(Failure) as caught:
             check_unsigned_char(normal, "forward")
-        assert caught.value.reason in ("wrong-result", "cuda-error", "crash") and caught.value.detail.startswith(PREFIX)
+        failure = caught.value
+        assert failure.reason in ("wrong-result", "cuda-error", "crash") and failure.detail.startswith(PREFIX), \
+            (failure.reason, failure.detail[:600])
     finally:
         normal.runner.close()
 

@@ -280,11 +280,12 @@ def test_a_sparse_arena_shared_by_fd_maps_pieces_gib_apart():
 
     device = torch.cuda.current_device()
     plan = plan_far([4096, 4096, 4096], "below", granularity(device))
-    free_before = torch.cuda.mem_get_info()[0]
     judge = SparseArena.create(plan.span, plan.ranges(), device)
     arenas: dict = {}
     try:
-        assert free_before - torch.cuda.mem_get_info()[0] < 64 << 20  # GiBs reserved, a few MB mapped
+        # GiBs reserved, a few MB mapped (the arena's own count: the device's free memory moves with
+        # whatever else runs on the GPU, as the other gputests shard did on the H100 in session 45)
+        assert plan.span > 9 * GIB and judge.mapped_bytes < 64 << 20, (plan.span, judge.mapped_bytes)
         for message, fds in far_messages("far_inputs", judge, plan.ranges(), readonly=True):
             copies = [os.dup(fd) for fd in fds]  # (what the channel hands the candidate's process)
             assert serve_far_arenas(arenas, message, copies, device) == {"type": "ok"}

