@@ -297,6 +297,7 @@ def test_a_killed_compile_takes_its_children_and_build_folder_with_it(tmp_path):
 class FakeVerdict:
     def __init__(self, passed: bool, reason: str):
         self.passed, self.reason = passed, reason
+        self.timings = {"compile_s": 1.5, "verify_s": 42.0}
 
     def summary(self) -> str:
         return f"{self.reason}: {'all cases passed' if self.passed else 'max abs error 3.2 at x[0, 7]'}\ndetail"
@@ -326,7 +327,9 @@ def test_verify_locked_reverifies_every_locked_kernel_and_fails_on_any(locked_fo
     assert "max abs error 3.2 at x[0, 7]" in out  # why it failed, not only that it did
     json_out = locked_folder / "verdicts.json"
     assert main(["verify", "--locked", str(locked_folder), "--json", str(json_out)]) == 1
-    assert "max abs error 3.2" in json.loads(json_out.read_text())["cross_entropy"]["detail"]
+    written = json.loads(json_out.read_text())
+    assert "max abs error 3.2" in written["cross_entropy"]["detail"]
+    assert written["swiglu"]["timings"] == {"compile_s": 1.5, "verify_s": 42.0}  # each verdict's phase seconds
 
     capsys.readouterr()
     assert main(["verify", "--locked", str(locked_folder), "--json", "-"]) == 1  # JSON alone on stdout
@@ -336,6 +339,24 @@ def test_verify_locked_reverifies_every_locked_kernel_and_fails_on_any(locked_fo
     monkeypatch.setattr("specgen.verify.verify_kernel", lambda spec, kernel, **o: FakeVerdict(True, "passed"))
     assert main(["verify", "--locked", str(locked_folder)]) == 0
     assert "all 2 locked kernel(s) verified" in capsys.readouterr().out
+
+
+def test_verify_locked_keeps_the_verdicts_so_far_when_stopped(locked_folder, monkeypatch):
+    """A run stopped mid-way (a GPU call's budget) leaves the verdicts it reached in --json."""
+    monkeypatch.setattr(lock_module, "gpu_available", lambda: True)
+    json_out = locked_folder / "verdicts.json"
+    done = []
+
+    def verify_then_stop(spec, kernel, **options):
+        if done:
+            raise KeyboardInterrupt  # the second kernel is stopped before its verdict
+        done.append(spec.name)
+        return FakeVerdict(True, "passed")
+
+    monkeypatch.setattr("specgen.verify.verify_kernel", verify_then_stop)
+    assert main(["verify", "--locked", str(locked_folder), "--json", str(json_out)]) == 130  # interrupted
+    written = json.loads(json_out.read_text())
+    assert list(written) == done and written[done[0]]["passed"] and written[done[0]]["timings"]["verify_s"] == 42.0
 
 
 def test_verify_locked_verifies_an_edited_kernel_as_it_is(locked_folder, monkeypatch, capsys):

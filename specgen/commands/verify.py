@@ -115,6 +115,10 @@ def run_locked(args) -> int:
             first = (why.splitlines() or [""])[0]
         report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded,
                              "detail": why}
+        if not (args.record and status.state not in notes):  # each phase's seconds (compile_s, ...)
+            report[spec.name]["timings"] = dict(getattr(verdict, "timings", None) or {})
+        if args.json and args.json != "-":  # the verdicts so far, kept if the run is stopped (a budget)
+            emit_json(args.json, report)
         if passed:
             out.print(f"[bold green]ok[/] {escape(spec.name)}: {escape(first)}"
                       + (f" [dim](recorded: {escape(recorded)})[/]" if recorded else ""), soft_wrap=True)
