@@ -171,7 +171,10 @@ def test_attacks_v11_layernorm_gelu_a_is_rejected_built_with_unsigned_char(tmp_p
         with pytest.raises(Failure) as caught:
             check_unsigned_char(normal, "forward")
         failure = caught.value
-        assert failure.reason in ("wrong-result", "cuda-error", "crash") and failure.detail.startswith(PREFIX), \
+        # (its rows are planned with a char: unsigned, some are skipped; the H100 of session 45 said
+        # unwritten-output, 9472 of 47360 elements)
+        assert failure.reason in ("wrong-result", "unwritten-output", "cuda-error", "crash") \
+            and failure.detail.startswith(PREFIX), \
             (failure.reason, failure.detail[:600])
     finally:
         normal.runner.close()
