@@ -6,6 +6,7 @@ check. The result is a `Verdict` with one stable reason (see verdict.REASONS).
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -65,6 +66,30 @@ def gpu_available() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def unsigned_char_build_beside(spec, kernel, arch: str | None, cache_dir: Path | None):
+    """Yields build(arch) -> the unsigned-char CompiledKernel (char_abi.build_unsigned_char). Where a
+    GPU will run it, nvcc starts on it now, beside the normal build (one more nvcc process: 9-11 s
+    of a verification on the H100, session 45), and build() waits for it; where no GPU is visible,
+    nothing starts and build() compiles then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..toolchain import detect_gpu_arch
+    from .char_abi import build_unsigned_char
+
+    def build_now(resolved: str):
+        return build_unsigned_char(spec, kernel, arch=resolved, cache_dir=cache_dir)
+
+    if not gpu_available():
+        yield build_now
+        return
+    # compile_kernel's own default, so the two builds are for one architecture
+    target = arch or detect_gpu_arch() or "sm_90"
+    with ThreadPoolExecutor(1, thread_name_prefix="specgen-unsigned-char") as pool:
+        started = pool.submit(build_now, target)
+        yield lambda resolved: started.result() if resolved == target else build_now(resolved)
+
+
 def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int = 0, sanitize: bool = False,
                   arch: str | None = None, worker=None, budget: int | None = None, idle_timeout: float | None = None,
                   cache_dir: Path | None = None, on_progress=None) -> Verdict:
@@ -78,30 +103,29 @@ def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int =
     from .worker import IDLE_TIMEOUT_S, shared_worker
 
     started = time.perf_counter()
-    verdict, compiled = static_checks(spec, kernel, arch=arch, cache_dir=cache_dir)
     label = {"spec": str(spec.path), "kernel": str(kernel) if "\n" not in str(kernel) else "<source>"}
-    if verdict is not None:
-        verdict.spec, verdict.kernel = label["spec"], label["kernel"]
-        return verdict
-    timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
-    if not gpu_available():
-        raise EnvironmentMissing("no CUDA GPU is visible: the kernel compiled and its symbols are clean, but "
-                                 "verifying it means running it. Run `specgen verify` on a machine with a GPU")
+    with unsigned_char_build_beside(spec, kernel, arch, cache_dir) as unsigned_build:
+        verdict, compiled = static_checks(spec, kernel, arch=arch, cache_dir=cache_dir)
+        if verdict is not None:
+            verdict.spec, verdict.kernel = label["spec"], label["kernel"]
+            return verdict
+        timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
+        if not gpu_available():
+            raise EnvironmentMissing("no CUDA GPU is visible: the kernel compiled and its symbols are clean, but "
+                                     "verifying it means running it. Run `specgen verify` on a machine with a GPU")
+        try:  # (version 16) the build with plain char unsigned, as on aarch64 hosts (char_abi.py)
+            unsigned = unsigned_build(compiled.arch)
+        except Failure as failure:
+            return Verdict.from_failure(failure, timings=timings, **label)
+    timings["compile_unsigned_char_s"] = round(unsigned.seconds, 3)
     if sanitize:
         try:
             timings["sanitize_s"] = run_sanitizer(spec, compiled.library, seed=seed)
         except Failure as failure:
             return Verdict.from_failure(failure, timings=timings, **label)
     worker = worker or shared_worker()
-    options = {"examples": examples, "seed": seed, "budget": budget or DEFAULT_BUDGET_ELEMENTS}
-    try:  # (version 16) the build with plain char unsigned, as on aarch64 hosts; cached like this one (char_abi.py)
-        from .char_abi import build_unsigned_char
-
-        unsigned = build_unsigned_char(spec, kernel, arch=compiled.arch, cache_dir=cache_dir)
-        timings["compile_unsigned_char_s"] = round(unsigned.seconds, 3)
-        options["unsigned_char_library"] = str(unsigned.library)
-    except Failure as failure:
-        return Verdict.from_failure(failure, timings=timings, **label)
+    options = {"examples": examples, "seed": seed, "budget": budget or DEFAULT_BUDGET_ELEMENTS,
+               "unsigned_char_library": str(unsigned.library)}
     verdict = worker.verify(spec.path, compiled.library, options, idle_timeout=idle_timeout or IDLE_TIMEOUT_S,
                             on_progress=on_progress)
     verdict.timings = {**timings, **verdict.timings, "total_s": round(time.perf_counter() - started, 3)}
