@@ -107,16 +107,16 @@ def run_locked(args) -> int:
         if status.state in notes:
             out.print(f"[yellow]note[/] {escape(spec.name)}: {notes[status.state]}")
         options = dict(examples=args.examples, seed=args.seed, sanitize=args.sanitize, idle_timeout=args.timeout)
+        timings = None  # each phase's seconds (compile_s, ...), where a verdict is at hand
         if args.record and status.state not in notes:
             passed, reason, first, recorded, why = _verify_and_record(spec, lock, status, options, args.arch)
         else:
             verdict, recorded = verifier.verify_kernel(spec, status.kernel_path, arch=args.arch, **options), None
             passed, reason, why = bool(verdict.passed), str(verdict.reason), verdict.summary()
             first = (why.splitlines() or [""])[0]
+            timings = dict(getattr(verdict, "timings", None) or {})
         report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded,
-                             "detail": why}
-        if not (args.record and status.state not in notes):  # each phase's seconds (compile_s, ...)
-            report[spec.name]["timings"] = dict(getattr(verdict, "timings", None) or {})
+                             "detail": why, **({"timings": timings} if timings is not None else {})}
         if args.json and args.json != "-":  # the verdicts so far, kept if the run is stopped (a budget)
             emit_json(args.json, report)
         if passed:
