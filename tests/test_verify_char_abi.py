@@ -201,10 +201,9 @@ def test_the_tuner_compiles_the_unsigned_builds_with_the_variants(monkeypatch, t
 def test_verify_kernel_starts_the_unsigned_build_beside_the_normal_one(monkeypatch):
     """Where a GPU will run it, verify_kernel's unsigned-char build is under way while the normal
     build compiles (nvcc is one process a build): the normal build here waits until it has started.
-    Without a GPU nothing starts until asked."""
+    Without a GPU (start_now False) nothing starts until asked."""
     import threading
 
-    import specgen.verify as verify_module
     from specgen.verify import char_abi, unsigned_char_build_beside
 
     began, calls = threading.Event(), []
@@ -215,15 +214,13 @@ def test_verify_kernel_starts_the_unsigned_build_beside_the_normal_one(monkeypat
         return f"built for {arch}"
 
     monkeypatch.setattr(char_abi, "build_unsigned_char", fake_build)
-    monkeypatch.setattr(verify_module, "gpu_available", lambda: True)
-    with unsigned_char_build_beside(object(), "k.cu", "sm_90", None) as build:
+    with unsigned_char_build_beside(object(), "k.cu", "sm_90", None, start_now=True) as build:
         assert began.wait(10)  # started before anything asked for it
         assert build("sm_90") == "built for sm_90" and calls == ["sm_90"]
         assert build("sm_100") == "built for sm_100"  # another architecture: built then
     assert calls == ["sm_90", "sm_100"]
 
     calls.clear()
-    monkeypatch.setattr(verify_module, "gpu_available", lambda: False)
-    with unsigned_char_build_beside(object(), "k.cu", "sm_90", None) as build:
+    with unsigned_char_build_beside(object(), "k.cu", "sm_90", None, start_now=False) as build:
         assert calls == []
         assert build("sm_90") == "built for sm_90" and calls == ["sm_90"]

@@ -114,7 +114,7 @@ def run_locked(args) -> int:
             verdict, recorded = verifier.verify_kernel(spec, status.kernel_path, arch=args.arch, **options), None
             passed, reason, why = bool(verdict.passed), str(verdict.reason), verdict.summary()
             first = (why.splitlines() or [""])[0]
-            timings = dict(getattr(verdict, "timings", None) or {})
+            timings = dict(verdict.timings)
         report[spec.name] = {"passed": passed, "reason": reason, "summary": first, "recorded": recorded,
                              "detail": why, **({"timings": timings} if timings is not None else {})}
         if args.json and args.json != "-":  # the verdicts so far, kept if the run is stopped (a budget)

@@ -67,10 +67,10 @@ def gpu_available() -> bool:
 
 
 @contextlib.contextmanager
-def unsigned_char_build_beside(spec, kernel, arch: str | None, cache_dir: Path | None):
-    """Yields build(arch) -> the unsigned-char CompiledKernel (char_abi.build_unsigned_char). Where a
-    GPU will run it, nvcc starts on it now, beside the normal build (one more nvcc process: 9-11 s
-    of a verification on the H100, session 45), and build() waits for it; where no GPU is visible,
+def unsigned_char_build_beside(spec, kernel, arch: str | None, cache_dir: Path | None, start_now: bool):
+    """Yields build(arch) -> the unsigned-char CompiledKernel (char_abi.build_unsigned_char). With
+    `start_now` (a GPU will run it), nvcc starts on it now, beside the normal build (one more nvcc
+    process: 9-11 s of a verification on the H100, session 45), and build() waits for it; without,
     nothing starts and build() compiles then."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -80,7 +80,7 @@ def unsigned_char_build_beside(spec, kernel, arch: str | None, cache_dir: Path |
     def build_now(resolved: str):
         return build_unsigned_char(spec, kernel, arch=resolved, cache_dir=cache_dir)
 
-    if not gpu_available():
+    if not start_now:
         yield build_now
         return
     # compile_kernel's own default, so the two builds are for one architecture
@@ -104,13 +104,14 @@ def verify_kernel(spec, kernel, *, examples: int = DEFAULT_EXAMPLES, seed: int =
 
     started = time.perf_counter()
     label = {"spec": str(spec.path), "kernel": str(kernel) if "\n" not in str(kernel) else "<source>"}
-    with unsigned_char_build_beside(spec, kernel, arch, cache_dir) as unsigned_build:
+    on_gpu = gpu_available()
+    with unsigned_char_build_beside(spec, kernel, arch, cache_dir, start_now=on_gpu) as unsigned_build:
         verdict, compiled = static_checks(spec, kernel, arch=arch, cache_dir=cache_dir)
         if verdict is not None:
             verdict.spec, verdict.kernel = label["spec"], label["kernel"]
             return verdict
         timings = {"compile_s": round(compiled.seconds, 3), "compile_cached": compiled.cached}
-        if not gpu_available():
+        if not on_gpu:
             raise EnvironmentMissing("no CUDA GPU is visible: the kernel compiled and its symbols are clean, but "
                                      "verifying it means running it. Run `specgen verify` on a machine with a GPU")
         try:  # (version 16) the build with plain char unsigned, as on aarch64 hosts (char_abi.py)
