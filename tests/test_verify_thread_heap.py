@@ -439,5 +439,8 @@ def test_a_compiled_per_thread_leak_is_measured_to_the_bytes_it_keeps(scale, tmp
     stage(runner, data, snapshots=False)
     outcome = runner.thread_exit("forward", {**data.input_refs, **data.output_refs}, data.scalars, data.dims,
                                  threads=32, at_once=4, calls=2)
-    per_thread = outcome.host_heap["growth"] / 32
-    assert 65536 <= per_thread < 65536 + 1024, outcome.host_heap  # its `new` and malloc's chunk header
+    growth = outcome.host_heap["growth"]
+    # Each thread keeps its `new` and malloc's chunk header. The reading is the whole process's heap,
+    # so Python's own frees between the two readings can take a little off (CI once read 848 bytes
+    # under 32 x 64 KiB): within 1 KiB a thread either way.
+    assert 32 * (65536 - 1024) <= growth < 32 * (65536 + 1024), outcome.host_heap
