@@ -136,7 +136,7 @@ def test_a_program_that_fails_its_invariants_is_a_refusal_not_a_crash(tmp_path, 
         "  def reference(x):\n"
         "      return x * 2\n")
     monkeypatch.setattr(generator, "lower", broken_lowering)
-    monkeypatch.setattr(generator, "lower_family", lambda spec, refusal: (_ for _ in ()).throw(refusal))
+    monkeypatch.setattr(generator, "lower_family", lambda spec, refusal, last=False: (_ for _ in ()).throw(refusal))
     with pytest.raises(AgentRefused) as info:
         generator.build_source(load_spec(path))
     assert "irerr.yaml" in str(info.value) and "internal check" in str(info.value)

@@ -15,7 +15,13 @@ from .generator import lower_spec
 from .interp import run_program
 
 
-def _run(program, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
+def run_lowered(program, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
+    """Any family's program on the CPU: the interpreter (a staged one stage by stage)."""
+    from .families.staged import StagedProgram
+
+    if isinstance(program, StagedProgram):
+        program.run(tensors, scalars, dims, outputs)
+        return
     (run_axis_program if isinstance(program, AxisProgram) else run_program)(program, tensors, scalars, dims, outputs)
 
 
@@ -45,7 +51,7 @@ def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9, programs: 
     scalars = {p.name: args[p.name] for p in spec.signature.scalars}
     outs = {o.name: torch.full(o.type.shape(dims), float("nan"), dtype=torch.float64)
             for o in spec.signature.outputs}
-    _run(program, tensors, scalars, dims, outs)
+    run_lowered(program, tensors, scalars, dims, outs)
     for o, want in zip(spec.signature.outputs, _as_tuple(spec.reference_fn()(**args))):
         torch.testing.assert_close(outs[o.name], want.double(), rtol=tol, atol=tol, equal_nan=True)
 
@@ -72,7 +78,7 @@ def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9, programs:
     forward_outputs = {o.name: r.detach() for o, r in zip(sig.outputs, result)}
     tensors = {p.name: args[p.name] for p in sig.inputs} | forward_outputs | grads
     outs = {f"grad_{n}": torch.full(args[n].shape, float("nan"), dtype=torch.float64) for n in floating}
-    _run(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
+    run_lowered(program, tensors, {p.name: args[p.name] for p in sig.scalars}, dims, outs)
     for n, want in zip(floating, expected):
         want = torch.zeros_like(args[n]) if want is None else want
         torch.testing.assert_close(outs[f"grad_{n}"], want, rtol=tol, atol=tol, equal_nan=True)

@@ -30,7 +30,18 @@ _programs: dict[str, dict] = {}
 
 
 def lower_spec(spec) -> dict:
-    """The row program of each direction the spec asks a kernel for (cached per spec hash)."""
+    """The program of each direction the spec asks a kernel for (cached per spec hash): one
+    kernel's, else stages of them (families/staged.py)."""
+    return _lowered(spec, staged=True)
+
+
+def lower_whole(spec) -> dict:
+    """As lower_spec, but one kernel per direction or AgentRefused: how the staged family asks
+    whether a stage lowers (a stage is never staged again)."""
+    return _lowered(spec, staged=False)
+
+
+def _lowered(spec, staged: bool) -> dict:
     key = spec.hash()
     if key not in _programs:
         try:
@@ -43,7 +54,12 @@ def lower_spec(spec) -> dict:
             try:
                 programs = lower_family(spec, refusal)
             except AgentRefused:
-                programs = _row_retries(spec, refusal)
+                try:
+                    programs = _row_retries(spec, refusal)
+                except AgentRefused:
+                    if not staged:
+                        raise
+                    programs = lower_family(spec, refusal, last=True)
         _programs[key] = programs
     return _programs[key]
 

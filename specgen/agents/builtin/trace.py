@@ -291,7 +291,7 @@ def _refuse_unexpressed_scalar_numbers(traced: Traced) -> None:
                            f"(--agent openai|anthropic|openai-compatible)")
 
 
-def _size_symbols(traced: Traced) -> tuple[dict, object]:
+def size_symbols(traced: Traced) -> tuple[dict, object]:
     """The sympy symbol of each placeholder size -> its Dim of the signature, and the shape env."""
     import sympy
 
@@ -322,7 +322,7 @@ def _refuse_specialized_sizes(traced: Traced) -> None:
     import sympy
 
     spec, direction = traced.spec, traced.direction
-    symbolic, shape_env = _size_symbols(traced)
+    symbolic, shape_env = size_symbols(traced)
     if shape_env is None:
         return
     fixed = [(symbolic[sym], int(value)) for sym, value in shape_env.replacements.items()

@@ -20,6 +20,9 @@
                 to a scalar), arg-reductions, losses reduced to a scalar; axis_views.py:
                 the same through views that merge or split contiguous dims (Layer/Group/
                 Instance/BatchNorm over several axes).
+    staged      staged.py (+ staged_cut, staged_spec, staged_emit): last of all, a graph cut
+                into stages where its reductions change layout, each stage lowered whole by
+                the others, one kernel file running them in order.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ class Family:
     program_type: type
     lower: Callable
     emit: Callable
+    last: bool = False  # tried only after the row lowering's retries (generator.ROW_RETRIES) refuse too
 
 
 def _axis_reduce() -> Family:
@@ -63,15 +67,25 @@ def _axis_reduce() -> Family:
     return Family("axis_reduce", AxisProgram, lower_axis, emit_axis_source)
 
 
-FAMILIES: list[Callable[[], Family]] = [_axis_reduce]
+def _staged() -> Family:
+    from .staged import StagedProgram, lower_staged
+    from .staged_emit import emit_staged_source
+
+    return Family("staged", StagedProgram, lower_staged, emit_staged_source, last=True)
 
 
-def lower_family(spec, refusal: AgentRefused) -> dict:
-    """The first family's programs for `spec`, or `refusal` (the row lowering's) raised."""
+FAMILIES: list[Callable[[], Family]] = [_axis_reduce, _staged]
+
+
+def lower_family(spec, refusal: AgentRefused, last: bool = False) -> dict:
+    """The first family's programs for `spec`, or `refusal` (the row lowering's) raised. `last`:
+    the families tried after the row lowering's retries (staged), else the others."""
     import os
 
     for make in FAMILIES:
         family = make()
+        if family.last != last:
+            continue
         try:
             return family.lower(spec)
         except AgentRefused:
