@@ -77,7 +77,11 @@ def check_one(path: Path, seed: int) -> dict:
     except Exception as error:  # noqa: BLE001 - reported, the suite goes on
         row.update(state="error", message=f"{type(error).__name__}: {str(error)[:1000]}")
     else:
+        from specgen.agents.builtin.families.staged import StagedProgram
+
         row["state"] = "lowered"
+        # stages per direction where the staged family took it (families/staged.py)
+        row["stages"] = {d: len(p.stages) for d, p in programs.items() if isinstance(p, StagedProgram)}
         row["checks"] = check_directions(spec, programs, seed)
         row["matched"] = all(v == "match" for v in row["checks"].values())
     row["seconds"] = round(time.perf_counter() - started, 2)
@@ -90,6 +94,8 @@ def summary(rows: list[dict]) -> dict:
     return {"specs": len(rows), "lowered": len(lowered), "refused": sum(r["state"] == "refused" for r in rows),
             "errors": sum(r["state"] == "error" for r in rows),
             "lowered_and_matched": sum(r["matched"] for r in lowered),
+            "staged": sum(bool(r.get("stages")) for r in lowered),
+            "staged_and_matched": sum(bool(r.get("stages")) and r["matched"] for r in lowered),
             "directions": {"match": checks["match"], "mismatch": checks["mismatch"], "not run": checks["not"]},
             "by_family": {f: {"specs": sum(r["family"] == f for r in rows),
                               "lowered": sum(r["family"] == f for r in lowered),
@@ -134,7 +140,8 @@ def main(argv=None) -> int:
     d = total["directions"]
     print(f"{total['lowered']} of {total['specs']} lowered ({total['refused']} refused, {total['errors']} errors); "
           f"{total['lowered_and_matched']} of {total['lowered']} lowered specs match in every direction "
-          f"(directions: {d['match']} match, {d['mismatch']} mismatch, {d['not run']} not run)")
+          f"(directions: {d['match']} match, {d['mismatch']} mismatch, {d['not run']} not run); "
+          f"{total['staged']} lowered in stages, {total['staged_and_matched']} of them matching")
     return 0
 
 

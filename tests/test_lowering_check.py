@@ -15,20 +15,23 @@ from specgen.spec import load_spec  # noqa: E402
 
 DEV = REPO / "benchmarks" / "level1" / "specs"
 REDUCE = Path(__file__).resolve().parent / "reduce_specs"
+STAGED = Path(__file__).resolve().parent / "staged_specs" / "router_balance.yaml"
 
 
 def test_a_suite_is_counted_and_a_held_out_summary_names_no_problem(tmp_path, capsys):
     suite = tmp_path / "suite"
     suite.mkdir()
-    for path in (DEV / "hardsigmoid.yaml", DEV / "amax_last.yaml", REDUCE / "sum_dims13.yaml"):
-        shutil.copy(path, suite / path.name)  # two that lower, one the family refuses
+    for path in (DEV / "hardsigmoid.yaml", DEV / "amax_last.yaml", REDUCE / "sum_dims13.yaml", STAGED):
+        shutil.copy(path, suite / path.name)  # three that lower (one in stages), one the family refuses
     out = tmp_path / "lc.json"
     assert lowering_check.main(["--specs", str(suite), "--json", str(out), "--summary-only"]) == 0
     printed = capsys.readouterr().out
-    assert "2 of 3 lowered (1 refused, 0 errors); 2 of 2 lowered specs match in every direction" in printed
-    assert not any(name in printed for name in ("hardsigmoid", "amax_last", "sum_dims13"))
+    assert "3 of 4 lowered (1 refused, 0 errors); 3 of 3 lowered specs match in every direction" in printed
+    assert "1 lowered in stages, 1 of them matching" in printed
+    assert not any(name in printed for name in ("hardsigmoid", "amax_last", "sum_dims13", "router_balance"))
     data = json.loads(out.read_text())
     rows = {r["name"]: r for r in data["rows"]}
+    assert rows["router_balance"]["stages"] == {"forward": 2, "backward": 2}
     assert rows["sum_dims13"]["state"] == "refused" and "dims [1, 3]" in rows["sum_dims13"]["message"]
     # hardsigmoid's backward multiplies by a float32 1/6: within the check's tolerance, not a mismatch
     assert rows["hardsigmoid"]["checks"] == {"forward": "match", "backward": "match"}
