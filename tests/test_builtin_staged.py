@@ -8,6 +8,7 @@ composite's entry points with C linkage. Not yet run on a GPU.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -148,3 +149,116 @@ def test_the_composite_source_compiles_and_exports_only_its_entry_points():
     exported = {s for s in defined_symbols(compiled.library) if s.startswith("loudness_normalize")}
     assert exported == {f"loudness_normalize_{d}{w}" for d in ("forward", "backward") for w in ("", "_workspace")}
 
+
+
+@pytest.mark.gpu
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", STAGED)
+def test_staged_kernels_verify_on_the_gpu(op):
+    """The whole kernel file (its stages, the workspace layout, the host code that runs them)
+    through the verifier, as `specgen generate` would ship it."""
+    from specgen.verify import verify_kernel
+
+    spec = _spec(op)
+    verdict = verify_kernel(spec, build_source(spec))
+    assert verdict.passed, verdict.summary()
+
+
+def _stub_host_library(spec, folder: Path, workspace_of) -> tuple:
+    """The composite's host code (staged_emit.DirectionDriver) built with g++ around stub stages
+    that record the arguments they are called with: the workspace layout and the stage calls
+    checked on the CPU, no GPU. Returns (the library, the programs)."""
+    import ctypes
+    import subprocess
+
+    from specgen import abi
+    from specgen.agents.builtin.families.staged_emit import HOST_HELPERS, DirectionDriver, stage_structs
+    from specgen.toolchain.cuda import find_cuda_toolkit
+
+    programs = lower_spec(spec)
+    parts = [f'#include "{abi.header_filename(spec)}"', "#include <string.h>",
+             'extern "C" { int order[16]; int calls = 0; }']
+    drivers = []
+    for program in programs.values():
+        sources = []
+        for k, stage in enumerate(program.stages):
+            sub, struct = stage.spec, abi.struct_name(stage.spec, "forward")
+            parts.append(stage_structs(sub))
+            parts.append(
+                f'extern "C" {{ unsigned char recorded_{sub.name}[sizeof({struct})]; }}\n'
+                f"namespace stage_{sub.name} {{\n"
+                f"size_t {sub.name}_forward_workspace(const {struct}* a) {{ return {workspace_of(sub.name)}; }}\n"
+                f"cudaError_t {sub.name}_forward(const {struct}* a, cudaStream_t) {{\n"
+                f"  memcpy(recorded_{sub.name}, a, sizeof *a); order[calls++] = {k}; return cudaSuccess; }}\n}}")
+            sources.append(f"{sub.name}_forward_workspace")  # its size function, named as a source names it
+        drivers.append(DirectionDriver(spec, program, sources).text())
+    (folder / "host.cpp").write_text("\n\n".join([*parts, HOST_HELPERS, *drivers]) + "\n")
+    abi.write_header(spec, folder)
+    subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-I", str(folder), "-I",
+                    str(find_cuda_toolkit().include_dir), str(folder / "host.cpp"), "-o", str(folder / "host.so")],
+                   check=True)
+    return ctypes.CDLL(str(folder / "host.so")), programs
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("op", ["router_balance", "loudness_normalize"])
+def test_the_host_code_lays_out_the_workspace_and_calls_each_stage_with_its_fields(op, tmp_path):
+    import ctypes
+
+    from specgen import abi
+    from specgen.inputs import make_inputs
+
+    spec = _spec(op)
+    workspace_of = {}
+    library, programs = _stub_host_library(spec, tmp_path, lambda name: workspace_of.setdefault(
+        name, 1000 + 72 * len(workspace_of)))  # not multiples of 256
+    # sizes whose handed-over values span several 256-byte blocks (a layout off by a factor shows)
+    dims = {s: 37 + 6 * i for i, s in enumerate(spec.signature.symbols())} | {"C": 2}
+    dims = {s: v for s, v in dims.items() if s in spec.signature.symbols()}
+    args = make_inputs(spec.signature, dims, "float32", seed=0)
+    sig = spec.signature
+    tensors = {p.name: args[p.name] for p in sig.inputs}
+    tensors |= {o.name: torch.empty(o.type.shape(dims)) for o in sig.outputs}
+    tensors |= {f"grad_{o.name}": torch.randn(o.type.shape(dims)) for o in sig.outputs if o.type.is_floating}
+    tensors |= {f"grad_{p.name}": torch.empty(p.type.shape(dims)) for p in sig.inputs if p.type.differentiable}
+    scalars = {p.name: 0.25 for p in sig.scalars}
+    for direction, program in programs.items():
+        struct = abi.pack_args(spec, direction, tensors, scalars, dims)
+        size_function = getattr(library, abi.workspace_function(spec, direction))
+        size_function.restype = ctypes.c_size_t
+        need = size_function(ctypes.byref(struct))
+        mids = {name: math.prod(t.shape(dims)) * 4 for name, t in program.mids.items()}
+        mid_bytes = sum(-(-b // 256) * 256 for b in mids.values())
+        assert need == mid_bytes + max(workspace_of[s.spec.name] for s in program.stages)
+        buffer = ctypes.create_string_buffer(need + 256)
+        base = -(-ctypes.addressof(buffer) // 256) * 256
+        entry = getattr(library, abi.entry_point(spec, direction))
+        struct.workspace, struct.workspace_bytes = base, need - 1  # one byte short: refused, no stage runs
+        ctypes.c_int.in_dll(library, "calls").value = 0
+        assert entry(ctypes.byref(struct), None) == 1 and ctypes.c_int.in_dll(library, "calls").value == 0
+        struct.workspace_bytes = need
+        assert entry(ctypes.byref(struct), None) == 0
+        assert list((ctypes.c_int * 16).in_dll(library, "order"))[:len(program.stages)] == list(range(len(program.stages)))
+        placed = {}
+        for stage in program.stages:
+            sub = stage.spec
+            raw = (ctypes.c_ubyte * ctypes.sizeof(abi.ctypes_struct(sub))).in_dll(library, f"recorded_{sub.name}")
+            got = abi.ctypes_struct(sub).from_buffer_copy(bytes(raw))
+            assert got.workspace == base + mid_bytes and got.workspace_bytes == need - mid_bytes
+            for f in abi.fields(sub, "forward"):
+                value = getattr(got, f.name)
+                if f.role == "dim":
+                    assert value == dims[f.name]
+                elif f.role == "scalar":
+                    assert value == 0.25
+                elif f.is_tensor and f.name in program.mids:
+                    shape = program.mids[f.name].shape(dims)
+                    assert value.data % 256 == 0 and base <= value.data <= base + mid_bytes - mids[f.name]
+                    assert list(value.sizes[:value.ndim]) == list(shape) and value.dtype == 0
+                    assert list(value.strides[:value.ndim]) == abi.canonical_strides(shape)
+                    placed.setdefault(f.name, value.data)
+                    assert placed[f.name] == value.data  # every stage finds a value where it was written
+                elif f.is_tensor:
+                    assert value.data == getattr(struct, f.name).data  # the composite's own tensor
+        spans = sorted((placed[n], placed[n] + mids[n]) for n in placed)
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))  # no overlap
