@@ -17,9 +17,10 @@ from .interp import run_program
 
 def run_lowered(program, tensors: dict, scalars: dict, dims: dict, outputs: dict) -> None:
     """Any family's program on the CPU: the interpreter (a staged one stage by stage)."""
+    from .families.specialized import SpecializedProgram
     from .families.staged import StagedProgram
 
-    if isinstance(program, StagedProgram):
+    if isinstance(program, (StagedProgram, SpecializedProgram)):
         program.run(tensors, scalars, dims, outputs)
         return
     (run_axis_program if isinstance(program, AxisProgram) else run_program)(program, tensors, scalars, dims, outputs)
@@ -29,11 +30,12 @@ def _as_tuple(value) -> tuple:
     return value if isinstance(value, tuple) else (value,)
 
 
-def _inputs(spec, dims: dict, seed: int, scalar_point: float | None) -> dict:
+def _inputs(spec, dims: dict, seed: int, scalar_point: float | None, scalars: dict | None = None) -> dict:
     """make_inputs' float64 inputs; with `scalar_point` (a fraction), each float scalar with a
     range at that point of it instead of its default (a number baked in from the traced value
-    can match at the default by chance: a red team's 2 sin(a / 2) taken as a, session 40)."""
-    args = make_inputs(spec.signature, dims, "float64", seed=seed)
+    can match at the default by chance: a red team's 2 sin(a / 2) taken as a, session 40);
+    `scalars`: values given outright (an int or bool scalar's, for specialized kernels)."""
+    args = make_inputs(spec.signature, dims, "float64", seed=seed) | dict(scalars or {})
     if scalar_point is not None:
         for p in spec.signature.scalars:
             if p.type.kind == "float" and p.value_range is not None:
@@ -43,9 +45,9 @@ def _inputs(spec, dims: dict, seed: int, scalar_point: float | None) -> dict:
 
 
 def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9, programs: dict | None = None,
-                  scalar_point: float | None = None) -> None:
+                  scalar_point: float | None = None, scalars: dict | None = None) -> None:
     """The forward program's outputs equal the reference's at `dims` (AssertionError otherwise)."""
-    args = _inputs(spec, dims, seed, scalar_point)
+    args = _inputs(spec, dims, seed, scalar_point, scalars)
     program = (programs or lower_spec(spec))["forward"]
     tensors = {p.name: args[p.name] for p in spec.signature.inputs}
     scalars = {p.name: args[p.name] for p in spec.signature.scalars}
@@ -57,10 +59,10 @@ def check_forward(spec, dims: dict, seed: int = 3, tol: float = 1e-9, programs: 
 
 
 def check_backward(spec, dims: dict, seed: int = 4, tol: float = 1e-9, programs: dict | None = None,
-                   scalar_point: float | None = None) -> None:
+                   scalar_point: float | None = None, scalars: dict | None = None) -> None:
     """The backward program's input gradients equal autograd's through the reference at `dims`."""
     sig = spec.signature
-    args = _inputs(spec, dims, seed, scalar_point)
+    args = _inputs(spec, dims, seed, scalar_point, scalars)
     differentiable = {p.name for p in sig.inputs if p.type.differentiable}  # no_grad inputs take no grad
     leaves = {k: (v.clone().requires_grad_() if k in differentiable and v.is_floating_point() else v)
               for k, v in args.items()}

@@ -32,7 +32,9 @@ LLM_HINT = "use an LLM agent for this op (--agent openai | anthropic | openai-co
 PRIM_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "rsqrt": "rsqrt", "sqrt": "sqrt",
               "abs": "abs", "erf": "erf", "log1p": "log1p", "expm1": "expm1", "reciprocal": "reciprocal",
               "sin": "sin", "cos": "cos", "exp2": "exp2", "log2": "log2", "log10": "log10", "floor": "floor",
-              "ceil": "ceil", "sign": "sign", "signbit": "signbit",
+              "ceil": "ceil", "sign": "sign", "signbit": "signbit", "round": "round", "trunc": "trunc", "tan": "tan",
+              "atan": "atan", "asin": "asin", "acos": "acos", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh",
+              "acosh": "acosh", "atanh": "atanh",
               "bitwise_not": "not", "logical_not": "not", "sigmoid": "sigmoid"}
 PRIM_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "maximum": "maximum",
                "minimum": "minimum", "pow": "pow", "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt",

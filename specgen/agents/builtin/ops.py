@@ -43,6 +43,18 @@ OPS: dict[str, OpDef] = {
     "log10": OpDef(1, "log10((acc_t)({0}))", torch.log10),  # decibels: 10 * log10(power)
     "floor": OpDef(1, "floor((acc_t)({0}))", torch.floor),
     "ceil": OpDef(1, "ceil((acc_t)({0}))", torch.ceil),
+    # rint rounds half to even in the default rounding mode, as torch.round does (fake quantization)
+    "round": OpDef(1, "rint((acc_t)({0}))", torch.round),
+    "trunc": OpDef(1, "trunc((acc_t)({0}))", torch.trunc),
+    "tan": OpDef(1, "tan((acc_t)({0}))", torch.tan),
+    "atan": OpDef(1, "atan((acc_t)({0}))", torch.atan),
+    "asin": OpDef(1, "asin((acc_t)({0}))", torch.asin),
+    "acos": OpDef(1, "acos((acc_t)({0}))", torch.acos),
+    "sinh": OpDef(1, "sinh((acc_t)({0}))", torch.sinh),
+    "cosh": OpDef(1, "cosh((acc_t)({0}))", torch.cosh),
+    "asinh": OpDef(1, "asinh((acc_t)({0}))", torch.asinh),
+    "acosh": OpDef(1, "acosh((acc_t)({0}))", torch.acosh),
+    "atanh": OpDef(1, "atanh((acc_t)({0}))", torch.atanh),
     "sign": OpDef(1, "(acc_t)(((acc_t)0 < (acc_t)({0})) - ((acc_t)({0}) < (acc_t)0))", torch.sign),
     "isfinite": OpDef(1, "isfinite((acc_t)({0}))", torch.isfinite),  # bool: optimize.centered_affine's guard
     "signbit": OpDef(1, "signbit((acc_t)({0}))", torch.signbit),  # bool: torch.div(rounding_mode="floor") of ints

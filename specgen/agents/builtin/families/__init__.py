@@ -23,6 +23,8 @@
     staged      staged.py (+ staged_cut, staged_spec, staged_emit): last of all, a graph cut
                 into stages where its reductions change layout, each stage lowered whole by
                 the others, one kernel file running them in order.
+    specialized specialized.py (+ specialized_emit): int and bool scalars with few values, one
+                kernel per combination of values (any family's), chosen at run time.
 """
 from __future__ import annotations
 
@@ -74,7 +76,14 @@ def _staged() -> Family:
     return Family("staged", StagedProgram, lower_staged, emit_staged_source, last=True)
 
 
-FAMILIES: list[Callable[[], Family]] = [_axis_reduce, _staged]
+def _specialized() -> Family:
+    from .specialized import SpecializedProgram, lower_specialized
+    from .specialized_emit import emit_specialized_source
+
+    return Family("specialized", SpecializedProgram, lower_specialized, emit_specialized_source, last=True)
+
+
+FAMILIES: list[Callable[[], Family]] = [_axis_reduce, _staged, _specialized]
 
 
 def lower_family(spec, refusal: AgentRefused, last: bool = False) -> dict:
