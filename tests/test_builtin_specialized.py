@@ -96,3 +96,18 @@ def test_specialized_kernels_verify_on_the_gpu():
     spec = _spec()
     verdict = verify_kernel(spec, build_source(spec))
     assert verdict.passed, verdict.summary()
+
+
+def test_a_value_whose_kernel_is_refused_is_named_in_the_refusal(tmp_path):
+    path = tmp_path / "maybe_sorted.yaml"
+    path.write_text(
+        'name: maybe_sorted\ndescription: rows, sorted when asked.\n'
+        'signature: "maybe_sorted(x: Tensor[N, D], ordered: bool = False) -> Tensor[N, D]"\ndtypes: [float32]\n'
+        'dims: {N: [1, 64], D: [1, 64]}\n'
+        'reference: |\n  import torch\n\n  def reference(x, ordered=False):\n'
+        '      return torch.sort(x, dim=-1).values if ordered else x * 2\nbackward: none\n')
+    with pytest.raises(AgentRefused) as info:
+        lower_spec(load_spec(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}:") and ": at ordered=True, " in message and "sort" in message
+    assert "float scalars only" not in message  # the trace's first refusal says less

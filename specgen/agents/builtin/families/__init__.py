@@ -97,7 +97,9 @@ def lower_family(spec, refusal: AgentRefused, last: bool = False) -> dict:
             continue
         try:
             return family.lower(spec)
-        except AgentRefused:
+        except AgentRefused as why:
+            if getattr(why, "instead_of_the_first", False):  # it says more than the first refusal
+                refusal = why
             continue
         except Exception:  # a graph the family's lowering did not foresee (or a failed IR
             # validation): no kernel, the row lowering's refusal stands; SPECGEN_DEBUG shows it

@@ -66,6 +66,14 @@ class SpecializedProgram:
         raise ValueError(f"{self.op}: no kernel for {scalars}")
 
 
+def _refusal(message: str) -> AgentRefused:
+    """A refusal that replaces the trace's "float scalars only": it says which value, or what to
+    narrow, where that one would only say that the scalar is an int."""
+    refusal = AgentRefused(message)
+    refusal.instead_of_the_first = True
+    return refusal
+
+
 def scalar_values(spec) -> dict[str, list]:
     """The values each int and bool scalar takes in a kernel (AgentRefused when too many)."""
     found = {}
@@ -76,14 +84,14 @@ def scalar_values(spec) -> dict[str, list]:
             if p.value_range is not None:
                 lo, hi = int(p.value_range[0]), int(p.value_range[1])
                 if hi - lo + 1 > MAX_INT_VALUES:
-                    raise AgentRefused(f"{spec.path}: the int scalar {p.name} takes {hi - lo + 1} values "
+                    raise _refusal(f"{spec.path}: the int scalar {p.name} takes {hi - lo + 1} values "
                                        f"(in [{lo}, {hi}]); the builtin generator makes one kernel per value, at "
                                        f"most {MAX_INT_VALUES}: narrow its range, or {LLM}")
                 found[p.name] = list(range(lo, hi + 1))
             elif p.has_default:
                 found[p.name] = [int(p.default)]  # the verifier draws no other value
             else:
-                raise AgentRefused(f"{spec.path}: the int scalar {p.name} has neither a range nor a default; "
+                raise _refusal(f"{spec.path}: the int scalar {p.name} has neither a range nor a default; "
                                    f"give it `in [lo, hi]` (at most {MAX_INT_VALUES} values), or {LLM}")
     return found
 
@@ -119,15 +127,20 @@ def lower_specialized(spec) -> dict:
     if not values:
         raise AgentRefused(f"{spec.path}: no int or bool scalar to make kernels for")
     if spec.saved_values:
-        raise AgentRefused(f"{spec.path}: specialized kernels do not take saved intermediates")
+        raise _refusal(f"{spec.path}: kernels for int or bool scalars do not take saved intermediates; {LLM}")
     combos = [dict(zip(values, vs)) for vs in itertools.product(*values.values())]
     if len(combos) > MAX_COMBINATIONS:
-        raise AgentRefused(f"{spec.path}: the int and bool scalars take {len(combos)} combinations of values; the "
+        raise _refusal(f"{spec.path}: the int and bool scalars take {len(combos)} combinations of values; the "
                            f"builtin generator makes one kernel per combination, at most {MAX_COMBINATIONS}; {LLM}")
     choices = []
     for index, combo in enumerate(combos):
         fixed = fixed_spec(spec, combo, index)
-        lower_spec(fixed)  # AgentRefused: this family refuses too
+        try:
+            lower_spec(fixed)
+        except AgentRefused as why:  # the kernel at these values is refused: say so, and why
+            where, _, what = str(why).removeprefix(f"{spec.path}").partition(": ")
+            at = ", ".join(f"{k}={v!r}" for k, v in combo.items())
+            raise _refusal(f"{spec.path}{where}: at {at}, {what}") from None
         choices.append(Choice(combo, fixed))
     directions = ["forward"] + (["backward"] if spec.backward == "kernel" else [])
     return {d: SpecializedProgram(spec.op, d, choices) for d in directions}
