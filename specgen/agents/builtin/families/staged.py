@@ -28,6 +28,10 @@ from .staged_cut import Piece, cuts, extract, hints, layout_key
 from .staged_spec import field_types, mid_type, stage_spec, with_scalar_inputs
 
 MAX_STAGES = 4  # per direction: each stage is at least one more launch and a pass over its inputs
+# pieces lowered to find the cut, per direction: each is a trace and a lowering (0.1-1 s). Held-out
+# refusals tried up to 501 pieces (573 s, a backward) before this bound and the memo; every staging
+# found so far (tests, read held-out problems) needed at most 9.
+MAX_TRIALS = 32
 
 
 @dataclass
@@ -91,6 +95,7 @@ class _Planner:
         self.symbols, _ = size_symbols(self.traced)
         self.types = field_types(spec, direction)
         self.mid_of: dict[str, str] = {}  # a handed-over node's name -> its mid name
+        self.tried: dict[tuple, bool] = {}  # a piece (its code, inputs, outputs) -> whether it lowers
 
     def plan(self) -> StagedProgram:
         gm, names = with_scalar_inputs(self.traced)
@@ -116,6 +121,12 @@ class _Planner:
         return Stage(spec, list(piece.inputs), list(piece.outputs))
 
     def lowers(self, piece: Piece) -> bool:
+        key = (piece.graph.code, tuple(piece.inputs), tuple(piece.outputs))
+        if key not in self.tried:
+            self.tried[key] = len(self.tried) < MAX_TRIALS and self._lowers(piece)
+        return self.tried[key]
+
+    def _lowers(self, piece: Piece) -> bool:
         spec = stage_spec(self.spec, f"{self.spec.op}_{self.direction[0]}_trial", piece, self.types, "a trial stage")
         try:
             _lower_whole(spec)
