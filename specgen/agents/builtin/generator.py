@@ -31,37 +31,43 @@ _programs: dict[str, dict] = {}
 
 def lower_spec(spec) -> dict:
     """The program of each direction the spec asks a kernel for (cached per spec hash): one
-    kernel's, else stages of them (families/staged.py)."""
-    return _lowered(spec, staged=True)
+    kernel's, else stages of them or one kernel per int/bool value (the `last` families)."""
+    return _lowered(spec, last=True)
 
 
 def lower_whole(spec) -> dict:
     """As lower_spec, but one kernel per direction or AgentRefused: how the staged family asks
     whether a stage lowers (a stage is never staged again)."""
-    return _lowered(spec, staged=False)
+    return _lowered(spec, last=False)
 
 
-def _lowered(spec, staged: bool) -> dict:
+def _lowered(spec, last: bool) -> dict:
     key = spec.hash()
     if key not in _programs:
-        try:
-            programs = _row_programs(spec)
-        except (AgentRefused, IRError) as stopped:  # outside the row family: the other families (families/), or
-            # this refusal; a program its own invariants reject (IRError) is never a kernel, refused with why
-            refusal = stopped if isinstance(stopped, AgentRefused) else AgentRefused(
-                f"{spec.path}: the builtin generator cannot lower this reference (its program fails an internal "
-                f"check: {stopped}); use an LLM agent (--agent openai|anthropic|openai-compatible)")
-            try:
-                programs = lower_family(spec, refusal)
-            except AgentRefused:
-                try:
-                    programs = _row_retries(spec, refusal)
-                except AgentRefused:
-                    if not staged:
-                        raise
-                    programs = lower_family(spec, refusal, last=True)
-        _programs[key] = programs
+        _programs[key] = _first_lowering(spec, last)
     return _programs[key]
+
+
+def _first_lowering(spec, last: bool) -> dict:
+    """The row lowering; where it refuses, the other families (families/), the row lowering's
+    retries, then (`last`) the families tried last; else the row lowering's refusal."""
+    try:
+        return _row_programs(spec)
+    except (AgentRefused, IRError) as stopped:  # a program its own invariants reject (IRError) is never a
+        # kernel: refused with why
+        refusal = stopped if isinstance(stopped, AgentRefused) else AgentRefused(
+            f"{spec.path}: the builtin generator cannot lower this reference (its program fails an internal "
+            f"check: {stopped}); use an LLM agent (--agent openai|anthropic|openai-compatible)")
+    try:
+        return lower_family(spec, refusal)
+    except AgentRefused:
+        pass
+    try:
+        return _row_retries(spec, refusal)
+    except AgentRefused:
+        if not last:
+            raise
+    return lower_family(spec, refusal, last=True)
 
 
 # where the families refuse too, the row family once more, each way in turn:

@@ -88,7 +88,8 @@ FAMILIES: list[Callable[[], Family]] = [_axis_reduce, _staged, _specialized]
 
 def lower_family(spec, refusal: AgentRefused, last: bool = False) -> dict:
     """The first family's programs for `spec`, or `refusal` (the row lowering's) raised. `last`:
-    the families tried after the row lowering's retries (staged), else the others."""
+    the families tried after the row lowering's retries (staged, specialized), else the others. A
+    family's refusal marked `instead_of_the_first` replaces `refusal` (it says more)."""
     import os
 
     for make in FAMILIES:
