@@ -43,9 +43,6 @@ class SpecializedProgram:
 
         return [lower_spec(c.spec)[self.direction] for c in self.choices]
 
-    def nodes(self) -> list:
-        return [n for p in self.programs() for n in (p.nodes() if hasattr(p, "nodes") else [])]
-
     def describe(self) -> str:
         lines = [f"specialized program {self.op} {self.direction}: {len(self.choices)} kernels"]
         for choice, program in zip(self.choices, self.programs()):

@@ -53,9 +53,6 @@ class StagedProgram:
 
         return [lower_spec(stage.spec)["forward"] for stage in self.stages]
 
-    def nodes(self) -> list:
-        return [n for p in self.programs() for n in p.nodes()]
-
     def describe(self) -> str:
         lines = [f"staged program {self.op} {self.direction}: {len(self.stages)} stages, handing over "
                  + (", ".join(f"{n}: {t}" for n, t in self.mids.items()) or "nothing")]
@@ -101,7 +98,7 @@ class _Planner:
         gm, names = with_scalar_inputs(self.traced)
         if any(n.op == "get_attr" for n in gm.graph.nodes):
             raise AgentRefused(f"{self.spec.path}: staged lowering does not take tensors built while tracing")
-        outputs = [o for o in self.traced.outputs]
+        outputs = list(self.traced.outputs)
         if None in outputs:
             raise AgentRefused(f"{self.spec.path}: staged lowering needs every graph output to be a kernel output")
         whole = Piece(gm, [names[n] for n in gm.graph.nodes if n.op == "placeholder"], outputs)

@@ -85,10 +85,9 @@ def levels(graph: Graph) -> dict[Node, int]:
 def _join_later_passes(graph: Graph, level: dict[Node, int]) -> None:
     """Move a reduction to the latest level where its key appears, when nothing that depends on
     it is that early (the module's docstring)."""
-    layout = [n for n in graph.nodes if layout_key(n) is not None]
-    for node in reversed(layout):
-        key = layout_key(node)
-        later = [level[m] for m in layout if layout_key(m) == key and level[m] > level[node]]
+    keys = {n: key for n in graph.nodes if (key := layout_key(n)) is not None}
+    for node in reversed(list(keys)):
+        later = [level[m] for m in keys if keys[m] == keys[node] and level[m] > level[node]]
         if not later:
             continue
         floor = min((level[m] for m in _dependent_layout(node)), default=None)

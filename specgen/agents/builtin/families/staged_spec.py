@@ -42,7 +42,8 @@ REFERENCE_HEADER = ("import math\nimport operator\n\nimport torch\nfrom math imp
 
 def with_scalar_inputs(traced) -> tuple[GraphModule, dict[Node, str]]:
     """A copy of the traced graph where each float scalar is a placeholder and each number the
-    trace computed from one is that expression of it; and the name of every placeholder."""
+    trace computed from one is that expression of it, and whose sizes come from its inputs
+    (_numels_as_products, _sizes_from_inputs); and the name of every placeholder."""
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(traced.graph.graph, {}))
     gm = GraphModule(traced.graph, graph)
